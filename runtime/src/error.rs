@@ -1,0 +1,121 @@
+//! The one error type of the runtime.
+//!
+//! Every fallible operation has a `try_` form returning [`Result`]; the panicking form panics with the
+//! same message, so the words a user reads are the same either way.
+
+use std::fmt;
+
+/// A shape, printed as `[2, 3]`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Shape(pub Vec<usize>);
+
+impl fmt::Debug for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(s: &[usize]) -> Self {
+        Shape(s.to_vec())
+    }
+}
+
+/// Errors of the pool, scopes and tensor ops.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A rent would need more memory than the budget allows even after evicting every idle buffer.
+    #[error(
+        "pool budget exceeded: requested {requested} bytes ({class_bytes} with size-class rounding) \
+         while {in_use} bytes are in use and {cached} cached, limit {limit} bytes"
+    )]
+    BudgetExceeded {
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes of the size class the request rounds up to.
+        class_bytes: usize,
+        /// Bytes rented out and not yet returned.
+        in_use: usize,
+        /// Bytes held idle in the pool.
+        cached: usize,
+        /// The configured budget.
+        limit: usize,
+    },
+    /// The system allocator could not provide a fresh buffer.
+    #[error("the system allocator failed to provide {bytes} bytes")]
+    AllocationFailed {
+        /// Bytes asked of the allocator.
+        bytes: usize,
+    },
+    /// The byte size of a shape does not fit in `usize`.
+    #[error("shape {shape} of {elem_bytes}-byte elements overflows the addressable byte count")]
+    SizeOverflow {
+        /// The shape asked for.
+        shape: Shape,
+        /// Size of one element in bytes.
+        elem_bytes: usize,
+    },
+    /// Two operands' shapes do not fit together for `op`.
+    #[error("{op}: incompatible shapes {lhs} and {rhs}: {reason}")]
+    ShapeMismatch {
+        /// The operation, e.g. `"matmul"`.
+        op: &'static str,
+        /// Shape of the left operand.
+        lhs: Shape,
+        /// Shape of the right operand.
+        rhs: Shape,
+        /// What exactly does not fit.
+        reason: String,
+    },
+    /// One operand's shape is not accepted by `op`.
+    #[error("{op}: invalid shape {shape}: {reason}")]
+    InvalidShape {
+        /// The operation.
+        op: &'static str,
+        /// The offending shape.
+        shape: Shape,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An axis index past the tensor's rank.
+    #[error("{op}: axis {axis} is out of range for a tensor of rank {ndim}")]
+    AxisOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The axis asked for.
+        axis: usize,
+        /// The tensor's rank.
+        ndim: usize,
+    },
+    /// A data slice whose length does not match the shape's element count.
+    #[error("{op}: shape {shape} holds {expected} elements but {got} were given")]
+    LengthMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The shape asked for.
+        shape: Shape,
+        /// Elements the shape holds.
+        expected: usize,
+        /// Elements given.
+        got: usize,
+    },
+}
+
+/// `Result` with the runtime's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Unwraps a `try_` result for the panicking form of an API, with the error's own message.
+#[track_caller]
+pub(crate) fn or_panic<T>(r: Result<T>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}

@@ -1,0 +1,114 @@
+//! Escape: handing values from a scope to its parent.
+//!
+//! [`Scope::escape`](crate::Scope::escape) takes anything that implements [`Escape`]: a tensor, and
+//! tuples, arrays, `Vec`, `Option` and `Result` of escapable values, and plain values (numbers,
+//! `bool`, `String`, `()`) that pass through unchanged.
+
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+use crate::element::Element;
+use crate::scope::ScopeState;
+use crate::tensor::Tensor;
+
+/// Where an escape goes: the parent of the escaping scope, with its brand `'to`. Made only by
+/// [`Scope::escape`](crate::Scope::escape); implementations of [`Escape`] pass it on to their fields.
+pub struct EscapeTarget<'to> {
+    state: Rc<ScopeState>,
+    _brand: PhantomData<&'to ()>,
+}
+
+impl EscapeTarget<'_> {
+    pub(crate) fn new(state: &Rc<ScopeState>) -> Self {
+        EscapeTarget {
+            state: Rc::clone(state),
+            _brand: PhantomData,
+        }
+    }
+
+    pub(crate) fn state(&self) -> &Rc<ScopeState> {
+        &self.state
+    }
+}
+
+/// A value that can be handed to an outer scope with brand `'to`.
+///
+/// Implemented for [`Tensor`], tuples of up to 8 elements, arrays, `Vec`, `Option`, `Result` (only the
+/// `Ok` value is escaped; an error type holding tensors would keep its brand and not compile), and
+/// for scalar types, `String` and `()`, which pass through.
+pub trait Escape<'to> {
+    /// The same value re-branded for the outer scope.
+    type Escaped;
+    /// Moves every tensor inside `self` to `target`, without copying data.
+    fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped;
+}
+
+impl<'to, T: Element> Escape<'to> for Tensor<'_, T> {
+    type Escaped = Tensor<'to, T>;
+    fn escape_to(self, target: &EscapeTarget<'to>) -> Tensor<'to, T> {
+        self.move_to(target.state())
+    }
+}
+
+impl<'to, E: Escape<'to>> Escape<'to> for Vec<E> {
+    type Escaped = Vec<E::Escaped>;
+    fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped {
+        self.into_iter().map(|e| e.escape_to(target)).collect()
+    }
+}
+
+impl<'to, E: Escape<'to>, const N: usize> Escape<'to> for [E; N] {
+    type Escaped = [E::Escaped; N];
+    fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped {
+        self.map(|e| e.escape_to(target))
+    }
+}
+
+impl<'to, E: Escape<'to>> Escape<'to> for Option<E> {
+    type Escaped = Option<E::Escaped>;
+    fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped {
+        self.map(|e| e.escape_to(target))
+    }
+}
+
+impl<'to, E: Escape<'to>, Err> Escape<'to> for Result<E, Err> {
+    type Escaped = Result<E::Escaped, Err>;
+    fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped {
+        self.map(|e| e.escape_to(target))
+    }
+}
+
+macro_rules! escape_tuple {
+    ($($name:ident)+) => {
+        impl<'to, $($name: Escape<'to>),+> Escape<'to> for ($($name,)+) {
+            type Escaped = ($($name::Escaped,)+);
+            #[allow(non_snake_case)]
+            fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped {
+                let ($($name,)+) = self;
+                ($($name.escape_to(target),)+)
+            }
+        }
+    };
+}
+
+escape_tuple!(A);
+escape_tuple!(A B);
+escape_tuple!(A B C);
+escape_tuple!(A B C D);
+escape_tuple!(A B C D E);
+escape_tuple!(A B C D E F);
+escape_tuple!(A B C D E F G);
+escape_tuple!(A B C D E F G H);
+
+macro_rules! escape_plain {
+    ($($t:ty)*) => {$(
+        impl<'to> Escape<'to> for $t {
+            type Escaped = $t;
+            fn escape_to(self, _target: &EscapeTarget<'to>) -> $t {
+                self
+            }
+        }
+    )*};
+}
+
+escape_plain!(() bool char u8 u16 u32 u64 u128 usize i8 i16 i32 i64 i128 isize f32 f64 half::f16 half::bf16 String);

@@ -1,0 +1,50 @@
+//! Runtime of [tensorscope](https://docs.rs/tensorscope): pooled buffers, scopes, scope-branded
+//! tensors and their ops. Use it through the `tensorscope` crate, which re-exports all of this.
+//!
+//! - [`Pool`]: rents aligned buffers, takes them back, reuses them, and keeps one memory budget.
+//! - [`Scope`]: a region of work handed to a closure; its tensors carry its lifetime brand, so
+//!   keeping one past the scope is a compile error unless it is [escaped](Scope::escape).
+//! - [`Tensor`]: an n-d array on a pooled buffer; dropping its last handle returns the buffer at once.
+//! - [`ops`]: arithmetic with broadcasting, matmul, activations, softmax, layer norm, reductions.
+//!
+//! ```
+//! use tensorscope_runtime::{Pool, TensorOps};
+//!
+//! let pool = Pool::with_max_memory_mb(64);
+//! let w = pool.detached_tensor(&ndarray::Array2::<f32>::eye(4)).unwrap();
+//! let forward = || {
+//!     pool.scope(|s| {
+//!         let x = s.ones::<f32>(&[2, 4]);
+//!         let y = x.matmul(&w).relu(); // `relu` runs in the matmul's output buffer
+//!         assert_eq!(y.sum(1).to_vec(), vec![4.0, 4.0]);
+//!     })
+//! };
+//! forward();
+//! let after_first = pool.stats();
+//! for _ in 0..10 {
+//!     forward();
+//! }
+//! // Every pass after the first is served from the pool: no new allocation.
+//! assert_eq!(pool.stats().misses, after_first.misses);
+//! assert_eq!(pool.stats().hits, after_first.hits + 10 * 3);
+//! ```
+
+mod element;
+mod error;
+mod escape;
+mod init;
+pub mod ops;
+mod pool;
+mod scope;
+mod tensor;
+
+pub use element::Element;
+pub use error::{Error, Result, Shape};
+pub use escape::{Escape, EscapeTarget};
+pub use ops::TensorOps;
+pub use pool::{Pool, PoolBuffer, PoolConfig, PoolStats, ALIGN, DEFAULT_MAX_MEMORY_MB};
+pub use scope::{scope, Scope, ScopeStats};
+pub use tensor::Tensor;
+
+pub use half::{bf16, f16};
+pub use ndarray;

@@ -1,0 +1,191 @@
+//! Binary elementwise ops with NumPy broadcasting, as operators and methods.
+//!
+//! `+ - * /` are implemented for every mix of `Tensor` and `&Tensor`, and with an element scalar on
+//! the right (`&x * 2.0`); `f32` and `f64` scalars also work on the left (`2.0 * &x`). A by-value
+//! operand that is unique and already has the output's shape receives the result in place.
+//!
+//! ```
+//! use tensorscope_runtime::Pool;
+//! let pool = Pool::with_max_memory_mb(16);
+//! pool.scope(|s| {
+//!     let x = s.from_slice::<f32>(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
+//!     let b = s.from_slice::<f32>(&[3], &[10., 20., 30.]);
+//!     let y = &x + &b;                    // broadcast over the rows
+//!     assert_eq!(y.to_vec(), vec![11., 22., 33., 14., 25., 36.]);
+//!     let err = x.try_add(&s.zeros::<f32>(&[2])).unwrap_err();
+//!     assert!(err.to_string().starts_with("add: incompatible shapes [2, 3] and [2]"));
+//! });
+//! ```
+
+use std::ops::{Add, Div, Mul, Neg, Sub};
+
+use ndarray::Zip;
+
+use super::{broadcast_shape, Operand};
+use crate::element::Element;
+use crate::error::{or_panic, Result};
+use crate::scope::deeper;
+use crate::tensor::Tensor;
+use crate::TensorOps;
+
+/// `f(a, b)` elementwise over the broadcast shape, written into a unique owned operand if one fits.
+pub(crate) fn zip_with<'s, T: Element>(
+    op: &'static str,
+    a: Operand<'_, 's, T>,
+    b: Operand<'_, 's, T>,
+    f: impl Fn(T, T) -> T,
+) -> Result<Tensor<'s, T>> {
+    let shape = broadcast_shape(op, a.tensor().shape(), b.tensor().shape())?;
+    let scope = deeper(&a.tensor().scope, &b.tensor().scope).clone();
+    let a = match a.into_writable(&shape) {
+        Ok(mut dst) => {
+            write_over(&mut dst, b.tensor(), |x, y| f(x, y));
+            return Ok(dst.with_scope(&scope));
+        }
+        Err(a) => a,
+    };
+    let b = match b.into_writable(&shape) {
+        Ok(mut dst) => {
+            write_over(&mut dst, a.tensor(), |y, x| f(x, y));
+            return Ok(dst.with_scope(&scope));
+        }
+        Err(b) => b,
+    };
+    let (a, b) = (a.tensor(), b.tensor());
+    let mut out = Tensor::try_rent_in(&scope, &shape)?;
+    if a.shape() == shape.as_slice() && b.shape() == shape.as_slice() {
+        out.unique_slice_mut()
+            .iter_mut()
+            .zip(a.as_slice().iter().zip(b.as_slice()))
+            .for_each(|(o, (&x, &y))| *o = f(x, y));
+    } else {
+        Zip::from(out.unique_view_mut())
+            .and_broadcast(&a.view())
+            .and_broadcast(&b.view())
+            .for_each(|o, &x, &y| *o = f(x, y));
+    }
+    Ok(out)
+}
+
+/// `dst = f(dst, other)` elementwise, `other` broadcast to `dst`'s shape (already checked).
+fn write_over<T: Element>(dst: &mut Tensor<'_, T>, other: &Tensor<'_, T>, f: impl Fn(T, T) -> T) {
+    if dst.shape() == other.shape() {
+        dst.unique_slice_mut()
+            .iter_mut()
+            .zip(other.as_slice())
+            .for_each(|(d, &o)| *d = f(*d, o));
+    } else {
+        Zip::from(dst.unique_view_mut())
+            .and_broadcast(&other.view())
+            .for_each(|d, &o| *d = f(*d, o));
+    }
+}
+
+impl<'s, T: Element> Tensor<'s, T> {
+    /// `f(a, b)` for every pair of elements of `self` and `other` broadcast together. Fails with
+    /// [`Error::ShapeMismatch`](crate::Error::ShapeMismatch) if the shapes do not broadcast.
+    pub fn try_zip_map(
+        &self,
+        other: &Tensor<'s, T>,
+        f: impl Fn(T, T) -> T,
+    ) -> Result<Tensor<'s, T>> {
+        zip_with(
+            "zip_map",
+            Operand::Borrowed(self),
+            Operand::Borrowed(other),
+            f,
+        )
+    }
+
+    /// `f(a, b)` elementwise with broadcasting; see [`Tensor::try_zip_map`].
+    ///
+    /// # Panics
+    /// If the shapes do not broadcast or the budget is exhausted, with the error's message.
+    #[track_caller]
+    pub fn zip_map(&self, other: &Tensor<'s, T>, f: impl Fn(T, T) -> T) -> Tensor<'s, T> {
+        or_panic(self.try_zip_map(other, f))
+    }
+}
+
+macro_rules! binary_op {
+    ($Trait:ident, $method:ident, $try_method:ident, $name:literal, $op:tt) => {
+        impl<'s, T: Element> Tensor<'s, T> {
+            #[doc = concat!("`self ", stringify!($op), " other` elementwise with broadcasting. Fails with ")]
+            #[doc = "[`Error::ShapeMismatch`](crate::Error::ShapeMismatch) if the shapes do not broadcast."]
+            pub fn $try_method(&self, other: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+                zip_with($name, Operand::Borrowed(self), Operand::Borrowed(other), |x, y| x $op y)
+            }
+        }
+
+        binary_op!(@impl $Trait, $method, $name, $op, Tensor<'s, T>, Tensor<'s, T>, Owned, Owned);
+        binary_op!(@impl $Trait, $method, $name, $op, Tensor<'s, T>, &Tensor<'s, T>, Owned, Borrowed);
+        binary_op!(@impl $Trait, $method, $name, $op, &Tensor<'s, T>, Tensor<'s, T>, Borrowed, Owned);
+        binary_op!(@impl $Trait, $method, $name, $op, &Tensor<'s, T>, &Tensor<'s, T>, Borrowed, Borrowed);
+
+        impl<'s, T: Element> $Trait<T> for Tensor<'s, T> {
+            type Output = Tensor<'s, T>;
+            #[track_caller]
+            fn $method(self, rhs: T) -> Tensor<'s, T> {
+                self.map(move |x| x $op rhs)
+            }
+        }
+
+        impl<'s, T: Element> $Trait<T> for &Tensor<'s, T> {
+            type Output = Tensor<'s, T>;
+            #[track_caller]
+            fn $method(self, rhs: T) -> Tensor<'s, T> {
+                self.map(move |x| x $op rhs)
+            }
+        }
+
+        binary_op!(@scalar_lhs $Trait, $method, $op, f32);
+        binary_op!(@scalar_lhs $Trait, $method, $op, f64);
+    };
+    (@impl $Trait:ident, $method:ident, $name:literal, $op:tt, $L:ty, $R:ty, $lw:ident, $rw:ident) => {
+        impl<'s, T: Element> $Trait<$R> for $L {
+            type Output = Tensor<'s, T>;
+            #[track_caller]
+            fn $method(self, rhs: $R) -> Tensor<'s, T> {
+                or_panic(zip_with($name, Operand::$lw(self), Operand::$rw(rhs), |x, y| x $op y))
+            }
+        }
+    };
+    (@scalar_lhs $Trait:ident, $method:ident, $op:tt, $t:ty) => {
+        impl<'s> $Trait<Tensor<'s, $t>> for $t {
+            type Output = Tensor<'s, $t>;
+            #[track_caller]
+            fn $method(self, rhs: Tensor<'s, $t>) -> Tensor<'s, $t> {
+                rhs.map(move |x| self $op x)
+            }
+        }
+
+        impl<'s> $Trait<&Tensor<'s, $t>> for $t {
+            type Output = Tensor<'s, $t>;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor<'s, $t>) -> Tensor<'s, $t> {
+                rhs.map(move |x| self $op x)
+            }
+        }
+    };
+}
+
+binary_op!(Add, add, try_add, "add", +);
+binary_op!(Sub, sub, try_sub, "sub", -);
+binary_op!(Mul, mul, try_mul, "mul", *);
+binary_op!(Div, div, try_div, "div", /);
+
+impl<'s, T: Element> Neg for Tensor<'s, T> {
+    type Output = Tensor<'s, T>;
+    #[track_caller]
+    fn neg(self) -> Tensor<'s, T> {
+        self.map(|x| -x)
+    }
+}
+
+impl<'s, T: Element> Neg for &Tensor<'s, T> {
+    type Output = Tensor<'s, T>;
+    #[track_caller]
+    fn neg(self) -> Tensor<'s, T> {
+        self.map(|x| -x)
+    }
+}

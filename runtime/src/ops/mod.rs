@@ -1,0 +1,121 @@
+//! Tensor operations.
+//!
+//! Every op checks shapes first and reports a mismatch as an [`Error`](crate::Error) naming the op and
+//! both shapes; the panicking forms (operators, methods without `try_`) panic with that message.
+//! Outputs are rented from the pool in the deeper of the operands' scopes.
+//!
+//! - [`elementwise`]: `+ - * /` with NumPy broadcasting, scalar forms, negation, `zip_map`.
+//! - [`TensorOps`]: ops that can write in place: activations, `map`, softmax, layer norm. They are
+//!   implemented for both `Tensor` (in place when the handle is unique) and `&Tensor` (new output).
+//! - [`linalg`]: matmul (2-D, batched 3-D) and transpose of the last two axes.
+//! - [`reduce`]: sum and mean along an axis.
+//! - [`shape`]: concatenation.
+
+pub mod elementwise;
+pub mod linalg;
+pub mod reduce;
+pub mod shape;
+mod unary;
+
+pub use unary::TensorOps;
+
+use crate::element::Element;
+use crate::error::{Error, Result, Shape};
+use crate::tensor::Tensor;
+
+/// An op's input, borrowed or owned; an owned unique tensor can be written in place.
+pub(crate) enum Operand<'r, 's, T: Element> {
+    Owned(Tensor<'s, T>),
+    Borrowed(&'r Tensor<'s, T>),
+}
+
+impl<'s, T: Element> Operand<'_, 's, T> {
+    pub(crate) fn tensor(&self) -> &Tensor<'s, T> {
+        match self {
+            Operand::Owned(t) => t,
+            Operand::Borrowed(t) => t,
+        }
+    }
+
+    /// The tensor itself if it is owned, unique and of `shape`, so its buffer can be the output.
+    pub(crate) fn into_writable(self, shape: &[usize]) -> std::result::Result<Tensor<'s, T>, Self> {
+        match self {
+            Operand::Owned(t) if t.is_unique() && t.shape() == shape => Ok(t),
+            other => Err(other),
+        }
+    }
+
+    /// A tensor to write the result into: the operand itself if it can be written in place, else a
+    /// fresh rent of the same shape holding a copy.
+    pub(crate) fn into_writable_copy(self) -> Result<Tensor<'s, T>> {
+        let shape = self.tensor().shape().to_vec();
+        match self.into_writable(&shape) {
+            Ok(t) => Ok(t),
+            Err(src) => {
+                let src = src.tensor();
+                let mut out = Tensor::try_rent_in(&src.scope, &shape)?;
+                out.unique_slice_mut().copy_from_slice(src.as_slice());
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// The NumPy broadcast of two shapes: axes aligned from the right, each pair equal or one of them 1.
+pub(crate) fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| (i + s.len()).checked_sub(n).map_or(1, |j| s[j]);
+    (0..n)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y || y == 1 => Ok(x),
+            (1, y) => Ok(y),
+            (x, y) => Err(Error::ShapeMismatch {
+                op,
+                lhs: Shape::from(a),
+                rhs: Shape::from(b),
+                reason: format!(
+                    "cannot broadcast: axis {i} of the result has lengths {x} and {y}, neither is 1"
+                ),
+            }),
+        })
+        .collect()
+}
+
+/// Checks that `axis` is an axis of `t`.
+pub(crate) fn check_axis<T: Element>(
+    op: &'static str,
+    t: &Tensor<'_, T>,
+    axis: usize,
+) -> Result<()> {
+    if axis < t.ndim() {
+        Ok(())
+    } else {
+        Err(Error::AxisOutOfRange {
+            op,
+            axis,
+            ndim: t.ndim(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_follows_numpy() {
+        assert_eq!(broadcast_shape("t", &[2, 3], &[3]).unwrap(), vec![2, 3]);
+        assert_eq!(
+            broadcast_shape("t", &[4, 1, 3], &[5, 1]).unwrap(),
+            vec![4, 5, 3]
+        );
+        assert_eq!(broadcast_shape("t", &[], &[2]).unwrap(), vec![2]);
+        assert_eq!(broadcast_shape("t", &[0, 3], &[1, 3]).unwrap(), vec![0, 3]);
+        let err = broadcast_shape("add", &[2, 3], &[2]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "add: incompatible shapes [2, 3] and [2]: cannot broadcast: axis 1 of the result has \
+             lengths 3 and 2, neither is 1"
+        );
+    }
+}

@@ -1,0 +1,534 @@
+//! The buffer pool: rent and return of aligned buffers under one memory budget.
+//!
+//! A [`Pool`] keeps buffers that were returned (dropped) and hands them out again to later rents of
+//! the same size class, so a steady-state loop makes no system allocations. Buffers are raw 64-byte
+//! aligned blocks, so one buffer can serve `f32` now and `f16` later, and one byte budget covers every
+//! element type.
+//!
+//! - **Size classes.** A request is rounded up to a class: whole 64-byte blocks, then quarter steps
+//!   between powers of two (4, 5, 6, 7, 8, 10, 12, 14, 16, 20 ... blocks). The slack is at most 25% of
+//!   the request (plus the rounding to one block), and a rent is only served by a buffer of its own
+//!   class, so it never gets a buffer much larger than it asked for.
+//! - **Budget.** `max_bytes` bounds the bytes in use plus the bytes cached. Before a fresh allocation
+//!   would pass it, idle buffers are evicted least recently used first, where age is counted in rentals,
+//!   not wall time. If the buffers in use alone would pass it, the rent fails with
+//!   [`Error::BudgetExceeded`] naming the requested, in-use, cached and limit bytes.
+//! - **Return on drop.** A [`PoolBuffer`] goes back to the pool when dropped. Safety never depends on
+//!   that drop running: a buffer that is leaked (`mem::forget`) is simply never reused.
+
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::{fmt, mem};
+
+use crate::element::Element;
+use crate::error::{or_panic, Error, Result, Shape};
+
+/// Alignment of every pooled buffer, in bytes (one cache line; enough for any SIMD width in use).
+pub const ALIGN: usize = 64;
+
+/// One aligned unit of pool storage. Buffers are boxed slices of blocks, so their start is 64-byte
+/// aligned and `bytemuck` can view them as slices of any [`Element`] without `unsafe`.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+pub(crate) struct Block([u8; ALIGN]);
+
+/// Default budget of a pool, as in the C# `ActivationPool` the design follows: 4096 MiB.
+pub const DEFAULT_MAX_MEMORY_MB: usize = 4096;
+
+const MIB: usize = 1 << 20;
+
+/// Settings of a [`Pool`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Upper bound on bytes in use plus bytes cached.
+    pub max_bytes: usize,
+}
+
+impl PoolConfig {
+    /// A config with a budget of `mb` mebibytes (saturating at `usize::MAX` bytes).
+    pub fn with_max_memory_mb(mb: usize) -> Self {
+        PoolConfig {
+            max_bytes: mb.saturating_mul(MIB),
+        }
+    }
+}
+
+impl Default for PoolConfig {
+    /// A budget of [`DEFAULT_MAX_MEMORY_MB`].
+    fn default() -> Self {
+        PoolConfig::with_max_memory_mb(DEFAULT_MAX_MEMORY_MB)
+    }
+}
+
+/// Counters and gauges of a pool; see [`Pool::stats`].
+///
+/// Byte figures are in allocated bytes (the size class), except `requested_bytes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Rents served by an idle buffer.
+    pub hits: u64,
+    /// Rents that needed a fresh allocation.
+    pub misses: u64,
+    /// Buffers given back to the pool.
+    pub returns: u64,
+    /// Idle buffers freed to stay within the budget.
+    pub evictions: u64,
+    /// Rents refused because the buffers in use alone would pass the budget (or the system allocator
+    /// failed).
+    pub failed_rents: u64,
+    /// Bytes rented out and not yet returned.
+    pub bytes_in_use: usize,
+    /// Bytes held idle, ready to be rented again.
+    pub bytes_cached: usize,
+    /// The highest `bytes_in_use` seen since the pool was made.
+    pub peak_bytes_in_use: usize,
+    /// Total bytes asked for by successful rents.
+    pub requested_bytes: u64,
+    /// Total bytes handed out by successful rents (`requested_bytes` plus size-class slack).
+    pub rented_bytes: u64,
+    /// Total bytes freshly allocated from the system (the misses).
+    pub allocated_bytes: u64,
+}
+
+impl PoolStats {
+    /// Fraction of rents served from the cache, `hits / (hits + misses)`; 0 before the first rent.
+    pub fn hit_ratio(&self) -> f64 {
+        let rents = self.hits + self.misses;
+        if rents == 0 {
+            0.0
+        } else {
+            self.hits as f64 / rents as f64
+        }
+    }
+}
+
+/// A shared handle on a buffer pool. Cloning it is cheap and gives another handle on the same pool;
+/// it is `Send + Sync`, so threads can share one pool.
+#[derive(Clone)]
+pub struct Pool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    max_bytes: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Rentals so far; the clock that idle ages are counted in.
+    tick: u64,
+    /// Idle buffers per size class, oldest at the front.
+    idle: Vec<VecDeque<Idle>>,
+    stats: PoolStats,
+}
+
+struct Idle {
+    blocks: Box<[Block]>,
+    returned_at: u64,
+}
+
+/// The size class of a request of `bytes`: its index and its size in blocks; `None` for zero bytes.
+fn size_class(bytes: usize) -> Option<(usize, usize)> {
+    if bytes == 0 {
+        return None;
+    }
+    let blocks = bytes.div_ceil(ALIGN);
+    if blocks <= 4 {
+        return Some((blocks - 1, blocks));
+    }
+    let mut exp = blocks.ilog2() as usize;
+    let step = 1usize << (exp - 2);
+    let mut quarters = blocks.div_ceil(step);
+    if quarters == 8 {
+        exp += 1;
+        quarters = 4;
+    }
+    let class_blocks = quarters << (exp - 2);
+    Some((3 + 4 * (exp - 2) + (quarters - 4), class_blocks))
+}
+
+/// Bytes needed for `shape` elements of `T`, or [`Error::SizeOverflow`].
+pub(crate) fn shape_bytes<T: Element>(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(mem::size_of::<T>(), |acc, &d| acc.checked_mul(d))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| Error::SizeOverflow {
+            shape: Shape::from(shape),
+            elem_bytes: mem::size_of::<T>(),
+        })
+}
+
+impl State {
+    /// Takes the least recently returned idle buffer out of the cache.
+    fn evict_lru(&mut self) -> Option<Box<[Block]>> {
+        let class = self
+            .idle
+            .iter()
+            .enumerate()
+            .filter_map(|(class, q)| q.front().map(|b| (b.returned_at, class)))
+            .min()?
+            .1;
+        let idle = self.idle[class].pop_front()?;
+        let bytes = idle.blocks.len() * ALIGN;
+        self.stats.bytes_cached -= bytes;
+        self.stats.evictions += 1;
+        Some(idle.blocks)
+    }
+}
+
+impl Pool {
+    /// A new, empty pool with the given settings.
+    pub fn new(config: PoolConfig) -> Self {
+        Pool {
+            shared: Arc::new(Shared {
+                max_bytes: config.max_bytes,
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+
+    /// A new, empty pool with a budget of `mb` mebibytes.
+    pub fn with_max_memory_mb(mb: usize) -> Self {
+        Pool::new(PoolConfig::with_max_memory_mb(mb))
+    }
+
+    /// The process-wide default pool (budget [`DEFAULT_MAX_MEMORY_MB`]), used by
+    /// [`crate::scope()`]. Created on first use.
+    pub fn global() -> &'static Pool {
+        static GLOBAL: OnceLock<Pool> = OnceLock::new();
+        GLOBAL.get_or_init(|| Pool::new(PoolConfig::default()))
+    }
+
+    /// The budget in bytes.
+    pub fn max_bytes(&self) -> usize {
+        self.shared.max_bytes
+    }
+
+    /// A snapshot of the pool's counters and gauges.
+    pub fn stats(&self) -> PoolStats {
+        self.lock().stats
+    }
+
+    /// Bytes held by the pool: in use plus cached.
+    pub fn memory_usage(&self) -> usize {
+        let stats = self.stats();
+        stats.bytes_in_use + stats.bytes_cached
+    }
+
+    /// Frees every idle buffer. Buffers in use are untouched and return to the pool as usual; the
+    /// counters are kept.
+    pub fn clear(&self) {
+        let freed: Vec<VecDeque<Idle>> = {
+            let mut state = self.lock();
+            state.stats.bytes_cached = 0;
+            mem::take(&mut state.idle)
+        };
+        drop(freed);
+    }
+
+    /// Rents a buffer for `shape` elements of `T`. Its contents are unspecified (the values of an
+    /// earlier use, or zeros) but always initialized.
+    ///
+    /// Fails with [`Error::SizeOverflow`] if the byte count overflows, [`Error::BudgetExceeded`] if
+    /// the buffers in use alone would pass the budget, and [`Error::AllocationFailed`] if the system
+    /// allocator refuses. An empty shape (a zero-length axis) needs no memory and does not touch the pool.
+    pub fn try_rent<T: Element>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
+        let bytes = shape_bytes::<T>(shape)?;
+        let blocks = self.rent_blocks(bytes)?;
+        Ok(PoolBuffer {
+            blocks,
+            len: bytes / mem::size_of::<T>(),
+            pool: self.clone(),
+            _elem: PhantomData,
+        })
+    }
+
+    /// Like [`Pool::try_rent`], but the buffer is zeroed.
+    pub fn try_rent_zeroed<T: Element>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
+        let mut buf = self.try_rent::<T>(shape)?;
+        buf.fill(T::zero());
+        Ok(buf)
+    }
+
+    /// Rents a buffer; see [`Pool::try_rent`].
+    ///
+    /// # Panics
+    /// With the message of the [`Error`] that `try_rent` would return.
+    #[track_caller]
+    pub fn rent<T: Element>(&self, shape: &[usize]) -> PoolBuffer<T> {
+        or_panic(self.try_rent(shape))
+    }
+
+    /// Rents a zeroed buffer; see [`Pool::try_rent_zeroed`].
+    ///
+    /// # Panics
+    /// With the message of the [`Error`] that `try_rent_zeroed` would return.
+    #[track_caller]
+    pub fn rent_zeroed<T: Element>(&self, shape: &[usize]) -> PoolBuffer<T> {
+        or_panic(self.try_rent_zeroed(shape))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No user code runs under the lock, so a poisoned lock still holds consistent figures.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn rent_blocks(&self, bytes: usize) -> Result<Box<[Block]>> {
+        let Some((class, class_blocks)) = size_class(bytes) else {
+            return Ok(Box::default());
+        };
+        let class_bytes = class_blocks * ALIGN;
+        let max = self.shared.max_bytes;
+        let mut evicted = Vec::new();
+        {
+            let mut state = self.lock();
+            let state = &mut *state;
+            state.tick += 1;
+            if let Some(idle) = state.idle.get_mut(class).and_then(VecDeque::pop_back) {
+                let s = &mut state.stats;
+                s.hits += 1;
+                s.bytes_cached -= class_bytes;
+                s.bytes_in_use += class_bytes;
+                s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
+                s.requested_bytes += bytes as u64;
+                s.rented_bytes += class_bytes as u64;
+                return Ok(idle.blocks);
+            }
+            let s = state.stats;
+            if s.bytes_in_use.saturating_add(class_bytes) > max {
+                state.stats.failed_rents += 1;
+                return Err(Error::BudgetExceeded {
+                    requested: bytes,
+                    class_bytes,
+                    in_use: s.bytes_in_use,
+                    cached: s.bytes_cached,
+                    limit: max,
+                });
+            }
+            while state.stats.bytes_in_use + state.stats.bytes_cached + class_bytes > max {
+                match state.evict_lru() {
+                    Some(blocks) => evicted.push(blocks),
+                    None => break,
+                }
+            }
+            // Reserve the bytes now; the allocation itself happens outside the lock.
+            let s = &mut state.stats;
+            s.misses += 1;
+            s.bytes_in_use += class_bytes;
+            s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
+            s.requested_bytes += bytes as u64;
+            s.rented_bytes += class_bytes as u64;
+            s.allocated_bytes += class_bytes as u64;
+        }
+        drop(evicted);
+        bytemuck::allocation::try_zeroed_slice_box::<Block>(class_blocks).map_err(|()| {
+            let mut state = self.lock();
+            let s = &mut state.stats;
+            s.misses -= 1;
+            s.bytes_in_use -= class_bytes;
+            s.requested_bytes -= bytes as u64;
+            s.rented_bytes -= class_bytes as u64;
+            s.allocated_bytes -= class_bytes as u64;
+            s.failed_rents += 1;
+            Error::AllocationFailed { bytes: class_bytes }
+        })
+    }
+
+    fn give_back(&self, blocks: Box<[Block]>) {
+        let bytes = blocks.len() * ALIGN;
+        let Some((class, _)) = size_class(bytes) else {
+            return;
+        };
+        let mut state = self.lock();
+        let state = &mut *state;
+        if state.idle.len() <= class {
+            state.idle.resize_with(class + 1, VecDeque::new);
+        }
+        state.idle[class].push_back(Idle {
+            blocks,
+            returned_at: state.tick,
+        });
+        let s = &mut state.stats;
+        s.returns += 1;
+        s.bytes_in_use -= bytes;
+        s.bytes_cached += bytes;
+    }
+
+    /// Whether two handles refer to the same pool.
+    pub fn ptr_eq(&self, other: &Pool) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+impl Default for Pool {
+    /// A new pool with [`PoolConfig::default`] (not the global pool).
+    fn default() -> Self {
+        Pool::new(PoolConfig::default())
+    }
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("max_bytes", &self.shared.max_bytes)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// A buffer of `T` rented from a [`Pool`]; it dereferences to `[T]` and goes back to its pool when
+/// dropped. The start is aligned to [`ALIGN`] bytes.
+pub struct PoolBuffer<T: Element> {
+    blocks: Box<[Block]>,
+    len: usize,
+    pool: Pool,
+    _elem: PhantomData<T>,
+}
+
+impl<T: Element> PoolBuffer<T> {
+    /// The pool this buffer returns to.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Bytes this buffer takes from the budget (its size class).
+    pub fn allocated_bytes(&self) -> usize {
+        self.blocks.len() * ALIGN
+    }
+}
+
+impl<T: Element> Deref for PoolBuffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &bytemuck::cast_slice(&self.blocks)[..self.len]
+    }
+}
+
+impl<T: Element> DerefMut for PoolBuffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut bytemuck::cast_slice_mut(&mut self.blocks)[..self.len]
+    }
+}
+
+impl<T: Element> Drop for PoolBuffer<T> {
+    fn drop(&mut self) {
+        if !self.blocks.is_empty() {
+            self.pool.give_back(mem::take(&mut self.blocks));
+        }
+    }
+}
+
+impl<T: Element> fmt::Debug for PoolBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolBuffer")
+            .field("elem", &T::NAME)
+            .field("len", &self.len)
+            .field("allocated_bytes", &self.allocated_bytes())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_have_bounded_slack_and_increasing_indices() {
+        let mut last = None;
+        for bytes in (1..200_000).step_by(7).chain([1 << 20, (1 << 26) + 1]) {
+            let (idx, blocks) = size_class(bytes).unwrap();
+            let class_bytes = blocks * ALIGN;
+            assert!(class_bytes >= bytes);
+            let rounded = bytes.div_ceil(ALIGN) * ALIGN;
+            assert!(
+                class_bytes * 4 <= rounded * 5,
+                "{bytes} -> {class_bytes} exceeds 25% slack"
+            );
+            if let Some((last_idx, last_blocks)) = last {
+                assert!(idx >= last_idx);
+                assert_eq!(idx == last_idx, blocks == last_blocks);
+            }
+            last = Some((idx, blocks));
+        }
+        assert_eq!(size_class(0), None);
+        assert_eq!(size_class(64), Some((0, 1)));
+        assert_eq!(size_class(4 * 64 + 1), Some((4, 5)));
+        assert_eq!(size_class(8 * 64 + 1), Some((8, 10)));
+    }
+
+    #[test]
+    fn returned_buffer_is_handed_out_again() {
+        let pool = Pool::with_max_memory_mb(16);
+        let a = pool.rent::<f32>(&[1000]);
+        let ptr = a.as_ptr() as usize;
+        assert_eq!(ptr % ALIGN, 0);
+        drop(a);
+        // Same class, other element type: the same allocation comes back.
+        let b = pool.rent::<half::f16>(&[2000]);
+        assert_eq!(b.as_ptr() as usize, ptr);
+        let s = pool.stats();
+        assert_eq!((s.hits, s.misses, s.returns), (1, 1, 1));
+    }
+
+    #[test]
+    fn budget_evicts_lru_then_fails_with_figures() {
+        let pool = Pool::new(PoolConfig { max_bytes: 4096 });
+        let a = pool.rent::<f32>(&[256]); // 1024 bytes
+        let b = pool.rent::<f32>(&[512]); // 2048 bytes
+        drop(a);
+        drop(b);
+        assert_eq!(pool.stats().bytes_cached, 3072);
+        // A fresh 3072-byte buffer fits only once both idle buffers are evicted.
+        let c = pool.rent::<f32>(&[768]);
+        let s = pool.stats();
+        assert_eq!((s.evictions, s.bytes_cached, s.bytes_in_use), (2, 0, 3072));
+        let err = pool.try_rent::<f32>(&[512]).unwrap_err();
+        assert_eq!(
+            err,
+            Error::BudgetExceeded {
+                requested: 2048,
+                class_bytes: 2048,
+                in_use: 3072,
+                cached: 0,
+                limit: 4096
+            }
+        );
+        assert!(err.to_string().contains("limit 4096 bytes"));
+        drop(c);
+        assert_eq!(pool.stats().failed_rents, 1);
+        let d = pool.rent::<f32>(&[512]);
+        assert_eq!(d.len(), 512);
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_returned() {
+        let pool = Pool::new(PoolConfig {
+            max_bytes: 3 * 1024,
+        });
+        let a = pool.rent::<f32>(&[256]);
+        let b = pool.rent::<f32>(&[256]);
+        let b_ptr = b.as_ptr() as usize;
+        drop(b); // returned first: oldest
+        drop(a);
+        let _c = pool.rent::<f32>(&[512]); // needs 2048: one eviction, of b
+        assert_eq!(pool.stats().evictions, 1);
+        let again = pool.rent::<f32>(&[256]);
+        assert_ne!(again.as_ptr() as usize, b_ptr);
+        assert_eq!(pool.stats().hits, 1);
+    }
+
+    #[test]
+    fn overflowing_shape_is_an_error() {
+        let pool = Pool::default();
+        let err = pool.try_rent::<f64>(&[usize::MAX / 4, 3]).unwrap_err();
+        assert!(matches!(err, Error::SizeOverflow { elem_bytes: 8, .. }));
+        assert_eq!(pool.stats(), PoolStats::default());
+    }
+}

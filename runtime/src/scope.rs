@@ -1,0 +1,493 @@
+//! Scopes: regions of work whose tensors carry the region's lifetime brand.
+//!
+//! A scope is only ever handed to a closure, as with [`std::thread::scope`]:
+//!
+//! ```
+//! use tensorscope_runtime::{Pool, Tensor};
+//!
+//! let pool = Pool::with_max_memory_mb(64);
+//! let kept: Tensor<'static> = pool.scope(|s| {
+//!     let x = s.ones::<f32>(&[2, 3]);
+//!     let y = s.scope(|inner| {
+//!         let t = &x * 2.0; // a temporary of the inner scope...
+//!         inner.escape(t + 1.0) // ...handed to the outer scope on purpose
+//!     });
+//!     s.escape(y) // escaping from the outermost scope detaches
+//! });
+//! assert_eq!(kept.to_vec(), vec![3.0; 6]);
+//! ```
+//!
+//! The closure receives `&'s Scope<'p>`: `'s` is the scope's own brand, the lifetime of every tensor
+//! it creates, and `'p` is its parent's brand. Because the closure must accept every `'s`, nothing
+//! typed `Tensor<'s>` can leave it except through [`Scope::escape`]:
+//!
+//! ```compile_fail
+//! use tensorscope_runtime::Pool;
+//! let pool = Pool::with_max_memory_mb(64);
+//! let leaked = pool.scope(|s| s.zeros::<f32>(&[4])); // error: the tensor would outlive its scope
+//! ```
+//!
+//! ```compile_fail
+//! use tensorscope_runtime::{Pool, Tensor};
+//! let pool = Pool::with_max_memory_mb(64);
+//! pool.scope(|s| {
+//!     let mut acc: Vec<Tensor<'_>> = Vec::new();
+//!     for _ in 0..3 {
+//!         s.scope(|step| acc.push(step.ones::<f32>(&[4]))); // error: `step` tensors die with `step`
+//!     }
+//! });
+//! ```
+//!
+//! Memory safety never rests on the brand: buffers are reference counted and go back to the pool when
+//! their last handle drops, at once, whatever the scope is doing. The brand is for discipline and for
+//! the per-scope accounting in [`ScopeStats`].
+
+use std::cell::Cell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+use ndarray::{ArrayViewMutD, AsArray, Dimension};
+
+use crate::element::Element;
+use crate::error::{or_panic, Error, Result, Shape};
+use crate::escape::{Escape, EscapeTarget};
+use crate::init::SplitMix64;
+use crate::pool::Pool;
+use crate::tensor::Tensor;
+
+/// Per-scope counters; see [`Scope::stats`] and [`Scope::scope_with_stats`].
+///
+/// Counts are of buffers (a tensor and its aliases share one), bytes are allocated bytes. While the
+/// scope is open `rented + adopted = released + escaped + live`; when it ends, the buffers still live
+/// (only possible through `mem::forget` or a reference cycle) are counted in `leaked`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScopeStats {
+    /// Buffers rented in this scope.
+    pub rented: u64,
+    /// Buffers whose last handle dropped while this scope owned them.
+    pub released: u64,
+    /// Buffers this scope handed to its parent (or detached).
+    pub escaped: u64,
+    /// Buffers handed to this scope by an escaping child.
+    pub adopted: u64,
+    /// Buffers still owned by this scope when it ended; 0 while it is open.
+    pub leaked: u64,
+    /// Bytes of the buffers this scope owns now.
+    pub bytes_in_use: usize,
+    /// The highest `bytes_in_use` of this scope.
+    pub peak_bytes: usize,
+}
+
+impl ScopeStats {
+    /// Buffers this scope owns now: `rented + adopted - released - escaped`.
+    pub fn live(&self) -> u64 {
+        (self.rented + self.adopted) - (self.released + self.escaped)
+    }
+}
+
+/// The shared state behind a [`Scope`]; tensors keep it alive for their accounting.
+pub(crate) struct ScopeState {
+    pool: Pool,
+    parent: Option<Rc<ScopeState>>,
+    depth: usize,
+    stats: Cell<ScopeStats>,
+}
+
+impl ScopeState {
+    /// The state of a fresh root scope on `pool`, whose parent is a depth-0 sink for detached tensors.
+    fn root(pool: &Pool) -> Rc<ScopeState> {
+        let detached = ScopeState::new(pool.clone(), None);
+        ScopeState::new(pool.clone(), Some(detached))
+    }
+
+    fn new(pool: Pool, parent: Option<Rc<ScopeState>>) -> Rc<ScopeState> {
+        let depth = parent.as_ref().map_or(0, |p| p.depth + 1);
+        Rc::new(ScopeState {
+            pool,
+            parent,
+            depth,
+            stats: Cell::default(),
+        })
+    }
+
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub(crate) fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// The depth-0 state that owns detached tensors of this scope's tree.
+    pub(crate) fn detached(self: &Rc<Self>) -> Rc<ScopeState> {
+        let mut state = self;
+        while let Some(parent) = &state.parent {
+            state = parent;
+        }
+        Rc::clone(state)
+    }
+
+    fn update(&self, f: impl FnOnce(&mut ScopeStats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        s.peak_bytes = s.peak_bytes.max(s.bytes_in_use);
+        self.stats.set(s);
+    }
+
+    pub(crate) fn on_rent(&self, bytes: usize) {
+        self.update(|s| {
+            s.rented += 1;
+            s.bytes_in_use += bytes;
+        });
+    }
+
+    pub(crate) fn on_release(&self, bytes: usize) {
+        self.update(|s| {
+            s.released += 1;
+            s.bytes_in_use -= bytes;
+        });
+    }
+
+    pub(crate) fn on_escape(&self, bytes: usize) {
+        self.update(|s| {
+            s.escaped += 1;
+            s.bytes_in_use -= bytes;
+        });
+    }
+
+    pub(crate) fn on_adopt(&self, bytes: usize) {
+        self.update(|s| {
+            s.adopted += 1;
+            s.bytes_in_use += bytes;
+        });
+    }
+}
+
+/// Of two scope states, the deeper one: where the result of an op on tensors of both belongs.
+pub(crate) fn deeper<'a>(a: &'a Rc<ScopeState>, b: &'a Rc<ScopeState>) -> &'a Rc<ScopeState> {
+    if b.depth > a.depth {
+        b
+    } else {
+        a
+    }
+}
+
+/// A region of work on a [`Pool`]. It is handed to a closure as `&'s Scope<'p>`, where `'s` brands
+/// the tensors made in it and `'p` is the parent's brand (`'static` for an outermost scope).
+///
+/// `Scope` is neither `Send` nor `Sync`: a scope and its tensors stay on the thread that opened it.
+pub struct Scope<'p> {
+    state: Rc<ScopeState>,
+    _parent: PhantomData<&'p ()>,
+}
+
+/// Runs `f` in a scope with `state`, then records what it leaked.
+fn run<'p, R>(
+    state: Rc<ScopeState>,
+    f: impl for<'s> FnOnce(&'s Scope<'p>) -> R,
+) -> (R, ScopeStats) {
+    let scope = Scope {
+        state,
+        _parent: PhantomData,
+    };
+    let result = f(&scope);
+    let state = &scope.state;
+    state.update(|s| s.leaked = s.live());
+    (result, state.stats.get())
+}
+
+impl Pool {
+    /// Runs `f` in a new outermost scope on this pool and returns what it returns.
+    ///
+    /// Tensors made in the scope cannot be returned from `f` unless escaped with [`Scope::escape`],
+    /// which for an outermost scope detaches them (`Tensor<'static>`).
+    pub fn scope<R>(&self, f: impl for<'s> FnOnce(&'s Scope<'static>) -> R) -> R {
+        self.scope_with_stats(f).0
+    }
+
+    /// Like [`Pool::scope`], and also returns the scope's final [`ScopeStats`].
+    pub fn scope_with_stats<R>(
+        &self,
+        f: impl for<'s> FnOnce(&'s Scope<'static>) -> R,
+    ) -> (R, ScopeStats) {
+        run(ScopeState::root(self), f)
+    }
+
+    /// Copies `array` into a new tensor bound to no scope, for parameters and other values that live
+    /// as long as the caller wants. Its buffer returns to this pool when its last handle drops.
+    pub fn detached_tensor<'a, T: Element, D: Dimension>(
+        &self,
+        array: impl AsArray<'a, T, D>,
+    ) -> Result<Tensor<'static, T>> {
+        Tensor::try_copy_of(&ScopeState::root(self).detached(), array.into())
+    }
+}
+
+/// Runs `f` in a new outermost scope on the process-wide default pool, [`Pool::global`].
+pub fn scope<R>(f: impl for<'s> FnOnce(&'s Scope<'static>) -> R) -> R {
+    Pool::global().scope(f)
+}
+
+impl<'p> Scope<'p> {
+    /// Runs `f` in a child scope and returns what it returns. Tensors of this scope are usable in the
+    /// child; the child's own tensors reach this scope only through the child's [`Scope::escape`].
+    pub fn scope<'s, R>(&'s self, f: impl for<'i> FnOnce(&'i Scope<'s>) -> R) -> R {
+        self.scope_with_stats(f).0
+    }
+
+    /// Like [`Scope::scope`], and also returns the child scope's final [`ScopeStats`].
+    pub fn scope_with_stats<'s, R>(
+        &'s self,
+        f: impl for<'i> FnOnce(&'i Scope<'s>) -> R,
+    ) -> (R, ScopeStats) {
+        run(
+            ScopeState::new(self.state.pool.clone(), Some(Rc::clone(&self.state))),
+            f,
+        )
+    }
+
+    /// Hands `value` (a tensor, or a tuple, array, `Vec`, `Option` or `Result` of them) to the parent
+    /// scope: the result carries the parent's brand and its buffers are counted as the parent's.
+    /// Escaping from an outermost scope detaches. No data is copied.
+    pub fn escape<'s, E>(&'s self, value: E) -> E::Escaped
+    where
+        E: Escape<'p> + 's,
+    {
+        let parent = self.state.parent.as_ref().unwrap_or(&self.state);
+        value.escape_to(&EscapeTarget::new(parent))
+    }
+
+    /// A zero-copy alias of `tensor` whose ops rent their outputs in this scope. Use it to bring an
+    /// outer tensor in, so that everything derived from it is this scope's to release.
+    pub fn rebind<'s, T: Element>(&'s self, tensor: &Tensor<'s, T>) -> Tensor<'s, T> {
+        tensor.alias_in(&self.state)
+    }
+
+    /// A snapshot of this scope's counters.
+    pub fn stats(&self) -> ScopeStats {
+        self.state.stats.get()
+    }
+
+    /// The pool this scope rents from.
+    pub fn pool(&self) -> &Pool {
+        &self.state.pool
+    }
+
+    /// Nesting depth: 1 for an outermost scope.
+    pub fn depth(&self) -> usize {
+        self.state.depth
+    }
+
+    /// Rents a tensor of `shape` whose contents are unspecified (but initialized); see
+    /// [`Pool::try_rent`] for the errors.
+    pub fn try_rent<'s, T: Element>(&'s self, shape: &[usize]) -> Result<Tensor<'s, T>> {
+        Tensor::try_rent_in(&self.state, shape)
+    }
+
+    /// Rents a tensor with unspecified contents; see [`Scope::try_rent`].
+    ///
+    /// # Panics
+    /// With the message of the [`Error`] `try_rent` would return.
+    #[track_caller]
+    pub fn rent<'s, T: Element>(&'s self, shape: &[usize]) -> Tensor<'s, T> {
+        or_panic(self.try_rent(shape))
+    }
+
+    /// Rents a tensor of `shape` and lets `kernel` write it: the way to fill a pooled buffer with a
+    /// custom computation. The view starts with unspecified contents.
+    pub fn try_rent_with<'s, T: Element>(
+        &'s self,
+        shape: &[usize],
+        kernel: impl FnOnce(ArrayViewMutD<'_, T>),
+    ) -> Result<Tensor<'s, T>> {
+        let mut t = self.try_rent(shape)?;
+        kernel(t.unique_view_mut());
+        Ok(t)
+    }
+
+    /// Rents a tensor and fills it with `kernel`; see [`Scope::try_rent_with`].
+    ///
+    /// # Panics
+    /// On a bad shape or an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn rent_with<'s, T: Element>(
+        &'s self,
+        shape: &[usize],
+        kernel: impl FnOnce(ArrayViewMutD<'_, T>),
+    ) -> Tensor<'s, T> {
+        or_panic(self.try_rent_with(shape, kernel))
+    }
+
+    /// A tensor of `shape` filled with `value`.
+    pub fn try_full<'s, T: Element>(&'s self, shape: &[usize], value: T) -> Result<Tensor<'s, T>> {
+        self.try_rent_with(shape, |mut v| v.fill(value))
+    }
+
+    /// A tensor of `shape` filled with `value`; see [`Scope::try_full`].
+    ///
+    /// # Panics
+    /// On a bad shape or an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn full<'s, T: Element>(&'s self, shape: &[usize], value: T) -> Tensor<'s, T> {
+        or_panic(self.try_full(shape, value))
+    }
+
+    /// A tensor of zeros (a rented buffer, zeroed).
+    ///
+    /// # Panics
+    /// On a bad shape or an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn zeros<'s, T: Element>(&'s self, shape: &[usize]) -> Tensor<'s, T> {
+        self.full(shape, T::zero())
+    }
+
+    /// A tensor of ones.
+    ///
+    /// # Panics
+    /// On a bad shape or an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn ones<'s, T: Element>(&'s self, shape: &[usize]) -> Tensor<'s, T> {
+        self.full(shape, T::one())
+    }
+
+    /// A tensor holding a copy of `array` (an ndarray array or view of any dimension).
+    pub fn try_tensor<'s, 'a, T: Element, D: Dimension>(
+        &'s self,
+        array: impl AsArray<'a, T, D>,
+    ) -> Result<Tensor<'s, T>> {
+        Tensor::try_copy_of(&self.state, array.into())
+    }
+
+    /// A tensor holding a copy of `array`; see [`Scope::try_tensor`].
+    ///
+    /// # Panics
+    /// On an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn tensor<'s, 'a, T: Element, D: Dimension>(
+        &'s self,
+        array: impl AsArray<'a, T, D>,
+    ) -> Tensor<'s, T> {
+        or_panic(self.try_tensor(array))
+    }
+
+    /// A tensor of `shape` holding a copy of `data` in row-major order. Fails with
+    /// [`Error::LengthMismatch`] if `data` has not exactly as many elements as `shape` holds.
+    pub fn try_from_slice<'s, T: Element>(
+        &'s self,
+        shape: &[usize],
+        data: &[T],
+    ) -> Result<Tensor<'s, T>> {
+        let expected = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if expected != Some(data.len()) {
+            return Err(Error::LengthMismatch {
+                op: "from_slice",
+                shape: Shape::from(shape),
+                expected: expected.unwrap_or(usize::MAX),
+                got: data.len(),
+            });
+        }
+        let mut t = self.try_rent(shape)?;
+        t.unique_slice_mut().copy_from_slice(data);
+        Ok(t)
+    }
+
+    /// A tensor of `shape` holding a copy of `data`; see [`Scope::try_from_slice`].
+    ///
+    /// # Panics
+    /// If the length does not match the shape, or on an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn from_slice<'s, T: Element>(&'s self, shape: &[usize], data: &[T]) -> Tensor<'s, T> {
+        or_panic(self.try_from_slice(shape, data))
+    }
+
+    /// A tensor of standard normal samples from a deterministic generator seeded with `seed`
+    /// (SplitMix64 and Box-Muller: reproducible across platforms, not for cryptography).
+    ///
+    /// # Panics
+    /// On a bad shape or an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn randn<'s, T: Element>(&'s self, shape: &[usize], seed: u64) -> Tensor<'s, T> {
+        let mut rng = SplitMix64::new(seed);
+        self.rent_with(shape, |mut v| {
+            v.iter_mut().for_each(|x| *x = T::from_f64(rng.normal()))
+        })
+    }
+
+    /// A tensor of samples uniform in `[low, high)` from a deterministic generator seeded with `seed`.
+    ///
+    /// # Panics
+    /// On a bad shape or an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn uniform<'s, T: Element>(
+        &'s self,
+        shape: &[usize],
+        low: f64,
+        high: f64,
+        seed: u64,
+    ) -> Tensor<'s, T> {
+        let mut rng = SplitMix64::new(seed);
+        self.rent_with(shape, |mut v| {
+            v.iter_mut()
+                .for_each(|x| *x = T::from_f64(low + (high - low) * rng.next_f64()))
+        })
+    }
+}
+
+impl fmt::Debug for Scope<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("depth", &self.state.depth)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_balance_after_rent_release_escape() {
+        let pool = Pool::with_max_memory_mb(8);
+        let (kept, outer) = pool.scope_with_stats(|s| {
+            let a = s.zeros::<f32>(&[16]);
+            let (b, inner) = s.scope_with_stats(|i| {
+                let t = i.ones::<f32>(&[16]);
+                let _dropped = i.ones::<f32>(&[32]);
+                i.escape(t)
+            });
+            assert_eq!(
+                inner,
+                ScopeStats {
+                    rented: 2,
+                    released: 1,
+                    escaped: 1,
+                    adopted: 0,
+                    leaked: 0,
+                    bytes_in_use: 0,
+                    peak_bytes: 64 + 128,
+                }
+            );
+            drop(a);
+            s.escape(b)
+        });
+        assert_eq!(outer.rented, 1);
+        assert_eq!(outer.adopted, 1);
+        assert_eq!(outer.released, 1);
+        assert_eq!(outer.escaped, 1);
+        assert_eq!(outer.leaked, 0);
+        assert_eq!(pool.stats().bytes_in_use, 64);
+        drop(kept);
+        assert_eq!(pool.stats().bytes_in_use, 0);
+    }
+
+    #[test]
+    fn forgotten_tensor_is_counted_as_leaked_and_never_reused() {
+        let pool = Pool::with_max_memory_mb(8);
+        let ((), stats) = pool.scope_with_stats(|s| std::mem::forget(s.ones::<f32>(&[4])));
+        assert_eq!(stats.leaked, 1);
+        assert_eq!(pool.stats().bytes_in_use, 64);
+        assert_eq!(pool.stats().bytes_cached, 0);
+    }
+}

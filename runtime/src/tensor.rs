@@ -1,0 +1,320 @@
+//! Tensors: n-d arrays on pooled buffers, branded with the lifetime of the scope that made them.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
+
+use crate::element::Element;
+use crate::error::{or_panic, Error, Result, Shape};
+use crate::pool::PoolBuffer;
+use crate::scope::ScopeState;
+
+/// An n-dimensional array of `T` in a pooled buffer, usable while the scope with brand `'s` is open.
+///
+/// - `clone()` is a zero-copy alias: both handles share one buffer, which goes back to the pool the
+///   moment the last of them drops.
+/// - Ops on `&Tensor` rent a new output; ops on an owned `Tensor` that is the only handle on its buffer
+///   write in place (see [`crate::TensorOps`]), so `x.relu()` on a temporary allocates nothing.
+/// - Data is always contiguous, row-major, and 64-byte aligned.
+/// - `Tensor` is not `Send`: it belongs to its scope's thread. Copy out with [`Tensor::to_array`].
+///
+/// The brand `'s` is covariant: a tensor of an outer scope can be used wherever one of an inner scope is
+/// expected, never the other way round.
+pub struct Tensor<'s, T: Element = f32> {
+    data: Rc<Storage<T>>,
+    /// The scope that ops on this handle rent their outputs in.
+    pub(crate) scope: Rc<ScopeState>,
+    dim: IxDyn,
+    _brand: PhantomData<&'s ()>,
+}
+
+/// A buffer and the scope whose accounting it belongs to.
+struct Storage<T: Element> {
+    buf: PoolBuffer<T>,
+    owner: RefCell<Rc<ScopeState>>,
+}
+
+impl<T: Element> Drop for Storage<T> {
+    fn drop(&mut self) {
+        self.owner.borrow().on_release(self.buf.allocated_bytes());
+        // `buf` drops next and returns to its pool.
+    }
+}
+
+impl<'s, T: Element> Tensor<'s, T> {
+    /// Rents an uninitialized-content tensor owned by `scope`.
+    pub(crate) fn try_rent_in(scope: &Rc<ScopeState>, shape: &[usize]) -> Result<Self> {
+        let buf = scope.pool().try_rent::<T>(shape)?;
+        scope.on_rent(buf.allocated_bytes());
+        Ok(Tensor {
+            data: Rc::new(Storage {
+                buf,
+                owner: RefCell::new(Rc::clone(scope)),
+            }),
+            scope: Rc::clone(scope),
+            dim: IxDyn(shape),
+            _brand: PhantomData,
+        })
+    }
+
+    /// A tensor owned by `scope` holding a copy of `array`.
+    pub(crate) fn try_copy_of<D: Dimension>(
+        scope: &Rc<ScopeState>,
+        array: ArrayView<'_, T, D>,
+    ) -> Result<Self> {
+        let mut t = Tensor::try_rent_in(scope, array.shape())?;
+        t.unique_view_mut().assign(&array.into_dyn());
+        Ok(t)
+    }
+
+    /// Another handle on the same buffer whose ops rent in `scope`.
+    pub(crate) fn alias_in<'t>(&self, scope: &Rc<ScopeState>) -> Tensor<'t, T> {
+        Tensor {
+            data: Rc::clone(&self.data),
+            scope: Rc::clone(scope),
+            dim: self.dim.clone(),
+            _brand: PhantomData,
+        }
+    }
+
+    /// Re-brands this tensor for `target`, moving its buffer's accounting there if it belongs to a
+    /// deeper scope.
+    pub(crate) fn move_to<'t>(self, target: &Rc<ScopeState>) -> Tensor<'t, T> {
+        let bytes = self.data.buf.allocated_bytes();
+        {
+            let mut owner = self.data.owner.borrow_mut();
+            if owner.depth() > target.depth() {
+                owner.on_escape(bytes);
+                target.on_adopt(bytes);
+                *owner = Rc::clone(target);
+            }
+        }
+        let scope = if self.scope.depth() > target.depth() {
+            Rc::clone(target)
+        } else {
+            self.scope
+        };
+        Tensor {
+            data: self.data,
+            scope,
+            dim: self.dim,
+            _brand: PhantomData,
+        }
+    }
+
+    /// The buffer, writable, if this handle is the only one on it.
+    pub(crate) fn unique_slice_mut_opt(&mut self) -> Option<&mut [T]> {
+        Rc::get_mut(&mut self.data).map(|s| &mut *s.buf)
+    }
+
+    /// The buffer of a tensor that was just rented and so has no alias yet.
+    pub(crate) fn unique_slice_mut(&mut self) -> &mut [T] {
+        self.unique_slice_mut_opt()
+            .expect("a freshly rented tensor has no alias")
+    }
+
+    pub(crate) fn unique_view_mut(&mut self) -> ArrayViewMutD<'_, T> {
+        let dim = self.dim.clone();
+        ArrayViewMutD::from_shape(dim, self.unique_slice_mut())
+            .expect("a tensor's buffer holds exactly its shape")
+    }
+
+    /// Sets the scope this handle's ops rent in.
+    pub(crate) fn with_scope(mut self, scope: &Rc<ScopeState>) -> Self {
+        if !Rc::ptr_eq(&self.scope, scope) {
+            self.scope = Rc::clone(scope);
+        }
+        self
+    }
+
+    /// The shape, one length per axis.
+    pub fn shape(&self) -> &[usize] {
+        self.dim.slice()
+    }
+
+    /// The number of axes.
+    pub fn ndim(&self) -> usize {
+        self.dim.ndim()
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.data.buf.len()
+    }
+
+    /// Whether the tensor has no elements (some axis has length 0).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements in row-major order.
+    pub fn as_slice(&self) -> &[T] {
+        &self.data.buf
+    }
+
+    /// A read-only ndarray view of the data.
+    pub fn view(&self) -> ArrayViewD<'_, T> {
+        ArrayViewD::from_shape(self.dim.clone(), self.as_slice())
+            .expect("a tensor's buffer holds exactly its shape")
+    }
+
+    /// A writable ndarray view. If other handles share the buffer, the data is first copied into a
+    /// buffer of this handle's own (copy on write), so the aliases never see the writes.
+    ///
+    /// Fails only if that copy cannot be rented ([`Error::BudgetExceeded`]).
+    pub fn try_view_mut(&mut self) -> Result<ArrayViewMutD<'_, T>> {
+        if Rc::get_mut(&mut self.data).is_none() {
+            let mut copy = Tensor::<T>::try_rent_in(&self.scope, self.shape())?;
+            copy.unique_slice_mut().copy_from_slice(self.as_slice());
+            self.data = copy.data;
+        }
+        Ok(self.unique_view_mut())
+    }
+
+    /// A writable ndarray view; see [`Tensor::try_view_mut`].
+    ///
+    /// # Panics
+    /// If a copy is needed and the pool budget is exhausted.
+    #[track_caller]
+    pub fn view_mut(&mut self) -> ArrayViewMutD<'_, T> {
+        or_panic(self.try_view_mut())
+    }
+
+    /// Copies the data out into an owned ndarray array (not pooled).
+    pub fn to_array(&self) -> ArrayD<T> {
+        self.view().to_owned()
+    }
+
+    /// Copies the data out into a `Vec` in row-major order.
+    pub fn to_vec(&self) -> Vec<T> {
+        self.as_slice().to_vec()
+    }
+
+    /// A zero-copy alias with a new shape holding the same number of elements.
+    ///
+    /// Fails with [`Error::ShapeMismatch`] if the element counts differ.
+    pub fn try_reshape(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
+        let count = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if count != Some(self.len()) {
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                lhs: Shape::from(self.shape()),
+                rhs: Shape::from(shape),
+                reason: format!(
+                    "{} elements cannot be viewed as {}",
+                    self.len(),
+                    count.map_or_else(|| "more than usize::MAX".to_string(), |c| c.to_string())
+                ),
+            });
+        }
+        let mut alias = self.alias_in(&self.scope);
+        alias.dim = IxDyn(shape);
+        Ok(alias)
+    }
+
+    /// A zero-copy alias with a new shape; see [`Tensor::try_reshape`].
+    ///
+    /// # Panics
+    /// If the element counts differ, with the error's message.
+    #[track_caller]
+    pub fn reshape(&self, shape: &[usize]) -> Tensor<'s, T> {
+        or_panic(self.try_reshape(shape))
+    }
+
+    /// Whether this handle is the only one on its buffer (so by-value ops write in place).
+    pub fn is_unique(&self) -> bool {
+        Rc::strong_count(&self.data) == 1
+    }
+
+    /// Whether `self` and `other` are handles on the same buffer.
+    pub fn shares_buffer_with(&self, other: &Tensor<'_, T>) -> bool {
+        Rc::ptr_eq(&self.data, &other.data)
+    }
+
+    /// Bytes of pool budget the buffer takes (its size class).
+    pub fn allocated_bytes(&self) -> usize {
+        self.data.buf.allocated_bytes()
+    }
+
+    /// Unbinds the tensor from every scope: the result lives as long as its handles do, for
+    /// parameters and results the caller keeps. No data is copied.
+    pub fn detach(self) -> Tensor<'static, T> {
+        let sink = self.data.owner.borrow().detached();
+        self.move_to(&sink)
+    }
+}
+
+impl<T: Element> Clone for Tensor<'_, T> {
+    /// A zero-copy alias on the same buffer.
+    fn clone(&self) -> Self {
+        self.alias_in(&self.scope)
+    }
+}
+
+impl<T: Element> fmt::Debug for Tensor<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor<{}>{:?} ", T::NAME, self.shape())?;
+        fmt::Debug::fmt(&self.view(), f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Pool;
+
+    #[test]
+    fn clone_is_an_alias_and_last_drop_returns_the_buffer() {
+        let pool = Pool::with_max_memory_mb(8);
+        pool.scope(|s| {
+            let a = s.from_slice::<f32>(&[2, 2], &[1., 2., 3., 4.]);
+            let b = a.clone();
+            assert!(a.shares_buffer_with(&b));
+            assert!(!a.is_unique());
+            let r = b.reshape(&[4]);
+            assert_eq!(r.shape(), &[4]);
+            assert!(r.shares_buffer_with(&a));
+            drop(a);
+            drop(b);
+            assert_eq!(pool.stats().returns, 0);
+            drop(r);
+            assert_eq!(pool.stats().returns, 1);
+            assert_eq!(s.stats().released, 1);
+        });
+    }
+
+    #[test]
+    fn view_mut_copies_on_write_when_shared() {
+        let pool = Pool::with_max_memory_mb(8);
+        pool.scope(|s| {
+            let a = s.from_slice::<f64>(&[3], &[1., 2., 3.]);
+            let mut b = a.clone();
+            b.view_mut()[[0]] = 10.;
+            assert_eq!(a.to_vec(), vec![1., 2., 3.]);
+            assert_eq!(b.to_vec(), vec![10., 2., 3.]);
+            assert!(!a.shares_buffer_with(&b));
+            let ptr = b.as_slice().as_ptr();
+            b.view_mut()[[1]] = 20.;
+            assert_eq!(
+                b.as_slice().as_ptr(),
+                ptr,
+                "a unique tensor is written in place"
+            );
+        });
+    }
+
+    #[test]
+    fn reshape_to_a_different_count_names_both_shapes() {
+        let pool = Pool::with_max_memory_mb(8);
+        pool.scope(|s| {
+            let a = s.zeros::<f32>(&[2, 3]);
+            let err = a.try_reshape(&[4, 2]).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "reshape: incompatible shapes [2, 3] and [4, 2]: 6 elements cannot be viewed as 8"
+            );
+        });
+    }
+}
