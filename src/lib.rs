@@ -1,2 +1,9 @@
-//! tensorscope facade (docs filled in with the README below).
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
 pub use tensorscope_runtime::*;
+
+/// The names a forward function usually needs: `use tensorscope::prelude::*;`.
+pub mod prelude {
+    pub use tensorscope_runtime::{scope, Escape, Pool, Scope, Tensor, TensorOps};
+}

@@ -1,0 +1,67 @@
+//! A residual MLP block run for a few steps on the default pool, with pool stats before and after.
+//!
+//! `cargo run --release --example quickstart`
+
+use tensorscope::prelude::*;
+use tensorscope::{PoolStats, ScopeStats};
+
+/// Weights of one block, kept across steps: detached tensors, bound to no scope.
+struct BlockParams {
+    w1: Tensor<'static>,
+    w2: Tensor<'static>,
+}
+
+/// `x + gelu(x W1) W2`, with its temporaries in a child scope of the caller's.
+fn block<'a>(s: &'a Scope<'_>, x: &Tensor<'a>, p: &BlockParams) -> (Tensor<'a>, ScopeStats) {
+    s.scope_with_stats(|inner| {
+        let x = inner.rebind(x); // ops on `x` now rent in `inner`
+        let h = x.matmul(&p.w1).gelu(); // `gelu` runs in the matmul's buffer
+        inner.escape(&h.matmul(&p.w2) + &x) // the result goes to the caller's scope
+    })
+}
+
+fn row(step: &str, p: &PoolStats) {
+    println!(
+        "{step:>6} {:>6} {:>6} {:>8} {:>12} {:>12} {:>12}",
+        p.hits, p.misses, p.returns, p.bytes_in_use, p.bytes_cached, p.peak_bytes_in_use
+    );
+}
+
+fn main() {
+    let (width, hidden, batch) = (256, 1024, 64);
+    let params = tensorscope::scope(|s| BlockParams {
+        w1: (s.randn::<f32>(&[width, hidden], 1) * 0.03).detach(),
+        w2: (s.randn::<f32>(&[hidden, width], 2) * 0.03).detach(),
+    });
+    let pool = Pool::global();
+    println!(
+        "a {batch}x{width} input through a {width}->{hidden}->{width} residual block, 5 steps\n"
+    );
+    println!(
+        "{:>6} {:>6} {:>6} {:>8} {:>12} {:>12} {:>12}",
+        "step", "hits", "misses", "returns", "in use B", "cached B", "peak B"
+    );
+    row("before", &pool.stats());
+    let mut inner_stats = ScopeStats::default();
+    for step in 0..5 {
+        let norm = tensorscope::scope(|s| {
+            let x = s.randn::<f32>(&[batch, width], 100 + step);
+            let (y, stats) = block(s, &x, &params);
+            inner_stats = stats;
+            let sq = &y * &y;
+            sq.sum(1).mean(0).to_vec()[0].sqrt()
+        });
+        row(&step.to_string(), &pool.stats());
+        assert!(norm.is_finite());
+    }
+    let s = inner_stats;
+    println!(
+        "\nlast block scope: rented {}, released {}, escaped {}, leaked {}, peak {} B",
+        s.rented, s.released, s.escaped, s.leaked, s.peak_bytes
+    );
+    println!(
+        "hit ratio {:.2}: after step 0 every buffer came from the pool; in use outside the steps: {} B (the weights)",
+        pool.stats().hit_ratio(),
+        pool.stats().bytes_in_use
+    );
+}

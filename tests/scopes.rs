@@ -1,0 +1,242 @@
+//! Scopes and tensors working with the pool: reuse, steady state, escape accounting, panics, budgets.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use tensorscope::prelude::*;
+use tensorscope::{Error, PoolConfig};
+
+/// A fixed little forward: rents a few temporaries of mixed sizes and types, returns a scalar.
+fn forward(s: &Scope<'_>, w: &Tensor<'_>) -> f32 {
+    s.scope(|inner| {
+        let x = inner.randn::<f32>(&[16, 32], 3);
+        let h = x.matmul(w).relu();
+        let p = h.softmax(1);
+        let lowp = inner.full::<tensorscope::f16>(&[300], tensorscope::f16::ONE);
+        let total = p.sum(1).sum(0).to_vec()[0];
+        total + lowp.as_slice().len() as f32
+    })
+}
+
+#[test]
+fn second_run_of_a_fixed_forward_has_zero_misses() {
+    let pool = Pool::with_max_memory_mb(64);
+    let w = pool.scope(|s| s.randn::<f32>(&[32, 8], 1).detach());
+    let first = pool.scope(|s| forward(s, &w));
+    let after_first = pool.stats();
+    assert!(after_first.misses > 0);
+    for _ in 0..100 {
+        let again = pool.scope(|s| forward(s, &w));
+        assert_eq!(again, first);
+    }
+    let after = pool.stats();
+    assert_eq!(
+        after.misses, after_first.misses,
+        "no fresh allocation after the first run"
+    );
+    assert_eq!(after.bytes_in_use, w.allocated_bytes());
+    assert_eq!(after.peak_bytes_in_use, after_first.peak_bytes_in_use);
+    assert!(after.hits >= 100 * 4);
+}
+
+#[test]
+fn a_dropped_buffer_is_handed_out_again() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let a = s.zeros::<f32>(&[1024]);
+        let addr = a.as_slice().as_ptr() as usize;
+        drop(a);
+        let b = s.ones::<f32>(&[32, 32]);
+        assert_eq!(b.as_slice().as_ptr() as usize, addr);
+        assert_eq!(
+            b.to_vec(),
+            vec![1.0; 1024],
+            "a reused buffer is fully overwritten"
+        );
+    });
+    assert_eq!(pool.stats().hits, 1);
+    assert_eq!(pool.stats().misses, 1);
+}
+
+#[test]
+fn escaped_result_is_all_that_stays_in_use() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let x = s.randn::<f32>(&[8, 8], 5);
+        let in_use_before = pool.stats().bytes_in_use;
+        let (y, child) = s.scope_with_stats(|inner| {
+            let x = inner.rebind(&x);
+            let a = &x * 2.0;
+            let b = (&a + &x).tanh();
+            let _unused = inner.zeros::<f64>(&[100]);
+            inner.escape(b.matmul(&x))
+        });
+        assert_eq!(
+            child.rented, 4,
+            "a, the tanh output, the f64 zeros and the matmul output"
+        );
+        assert_eq!(child.released + child.escaped, child.rented);
+        assert_eq!((child.escaped, child.leaked, child.bytes_in_use), (1, 0, 0));
+        assert_eq!(
+            pool.stats().bytes_in_use,
+            in_use_before + y.allocated_bytes(),
+            "the pool holds exactly the escaped result beyond what was there"
+        );
+        let expected = {
+            let xv = x.to_array().into_dimensionality::<ndarray::Ix2>().unwrap();
+            (&xv * 3.0).mapv(f32::tanh).dot(&xv)
+        };
+        let got = y.to_array().into_dimensionality::<ndarray::Ix2>().unwrap();
+        let max_err = (&got - &expected).fold(0f32, |m, d| m.max(d.abs()));
+        assert!(max_err < 1e-4, "max abs error {max_err}");
+        assert_eq!(s.stats().adopted, 1);
+    });
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
+fn ops_on_outer_tensors_rent_in_the_deeper_scope() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|outer| {
+        let a = outer.ones::<f32>(&[4]);
+        let ((), inner_stats) = outer.scope_with_stats(|inner| {
+            let b = inner.ones::<f32>(&[4]);
+            let c = &a + &b; // mixes brands: rented in the inner scope
+            assert_eq!(c.to_vec(), vec![2.0; 4]);
+        });
+        assert_eq!(inner_stats.rented, 2);
+        assert_eq!(outer.stats().rented, 1);
+    });
+}
+
+#[test]
+fn escape_carries_tuples_vecs_options_and_results() {
+    let pool = Pool::with_max_memory_mb(64);
+    let out = pool.scope(|s| {
+        let (pair, v, o, r, n) = s.scope(|inner| {
+            let t = || inner.ones::<f32>(&[2]);
+            let r: Result<Tensor<'_>, String> = Ok(t());
+            inner.escape(((t(), t()), vec![t(), t(), t()], Some([t(), t()]), r, 7usize))
+        });
+        assert_eq!(s.stats().adopted, 8);
+        assert_eq!(n, 7);
+        let total = &(&pair.0 + &pair.1) + &(&v[2] + &o.unwrap()[1]);
+        s.escape(&total + &r.unwrap())
+    });
+    assert_eq!(out.to_vec(), vec![5.0, 5.0]);
+}
+
+#[test]
+fn detached_tensor_outlives_its_scope_and_returns_on_drop() {
+    let pool = Pool::with_max_memory_mb(64);
+    let (kept, stats) = pool.scope_with_stats(|s| s.full::<f64>(&[3], 1.5).detach());
+    assert_eq!((stats.escaped, stats.leaked), (1, 0));
+    assert_eq!(kept.to_vec(), vec![1.5; 3]);
+    // Ops on detached tensors alone produce detached tensors.
+    let doubled: Tensor<'static, f64> = &kept * 2.0;
+    assert_eq!(doubled.to_vec(), vec![3.0; 3]);
+    assert_eq!(pool.stats().bytes_in_use, 128);
+    drop((kept, doubled));
+    assert_eq!(pool.stats().bytes_in_use, 0);
+    let p = pool
+        .detached_tensor(&ndarray::arr2(&[[1.0f32, 2.0], [3.0, 4.0]]))
+        .unwrap();
+    assert_eq!(p.shape(), &[2, 2]);
+    assert_eq!(p.to_vec(), vec![1.0, 2.0, 3.0, 4.0]);
+}
+
+#[test]
+fn by_value_chain_on_a_unique_tensor_rents_nothing() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let x = s.randn::<f32>(&[64, 64], 9);
+        let reference = (&x).relu().exp();
+        let misses = pool.stats().misses;
+        let hits = pool.stats().hits;
+        let y = (x * 2.0 + 1.0).relu().exp() - 1.0;
+        assert_eq!((pool.stats().misses, pool.stats().hits), (misses, hits));
+        assert_eq!(y.shape(), reference.shape());
+    });
+}
+
+#[test]
+fn a_panic_inside_scopes_returns_every_buffer() {
+    let pool = Pool::with_max_memory_mb(64);
+    let kept = pool.scope(|s| s.ones::<f32>(&[256]).detach());
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        pool.scope(|s| {
+            let _a = s.ones::<f32>(&[1000]);
+            s.scope(|inner| {
+                let _b = inner.zeros::<f64>(&[10, 10]);
+                let c = inner.ones::<f32>(&[3, 4]);
+                let _ = c.matmul(&inner.ones::<f32>(&[5, 6])); // shape error: panics
+            });
+        })
+    }));
+    let message = *result.unwrap_err().downcast::<String>().unwrap();
+    assert_eq!(
+        message,
+        "matmul: incompatible shapes [3, 4] and [5, 6]: inner dimensions differ (4 and 5)"
+    );
+    let stats = pool.stats();
+    assert_eq!(stats.bytes_in_use, kept.allocated_bytes());
+    assert_eq!(
+        stats.returns,
+        stats.hits + stats.misses - 1,
+        "all but `kept` came back"
+    );
+    // The pool keeps working.
+    let sum = pool.scope(|s| s.ones::<f32>(&[1000]).sum(0).to_vec()[0]);
+    assert_eq!(sum, 1000.0);
+}
+
+#[test]
+fn budget_errors_name_the_figures_and_the_pool_recovers() {
+    let pool = Pool::new(PoolConfig { max_bytes: 1 << 20 });
+    pool.scope(|s| {
+        let big = s.zeros::<f32>(&[192 * 1024]); // 768 KiB
+        let err = s.try_rent::<f32>(&[128 * 1024]).unwrap_err();
+        assert_eq!(
+            err,
+            Error::BudgetExceeded {
+                requested: 512 * 1024,
+                class_bytes: 512 * 1024,
+                in_use: 768 * 1024,
+                cached: 0,
+                limit: 1 << 20,
+            }
+        );
+        let panic = catch_unwind(AssertUnwindSafe(|| s.zeros::<f32>(&[128 * 1024]))).unwrap_err();
+        assert_eq!(*panic.downcast::<String>().unwrap(), err.to_string());
+        drop(big);
+        assert_eq!(s.ones::<f32>(&[128 * 1024]).len(), 128 * 1024);
+    });
+    assert_eq!(pool.stats().failed_rents, 2);
+}
+
+#[test]
+fn default_scope_uses_the_global_pool() {
+    let before = Pool::global().stats();
+    let total = tensorscope::scope(|s| s.ones::<f32>(&[10]).sum(0).to_vec()[0]);
+    assert_eq!(total, 10.0);
+    let after = Pool::global().stats();
+    assert!(after.hits + after.misses > before.hits + before.misses);
+    assert_eq!(Pool::global().max_bytes(), 4096 << 20);
+}
+
+#[test]
+fn zero_sized_tensors_work_without_touching_the_pool() {
+    let pool = Pool::with_max_memory_mb(1);
+    pool.scope(|s| {
+        let e = s.zeros::<f32>(&[0, 5]);
+        assert!(e.is_empty());
+        let f = &e + &s.ones::<f32>(&[5]);
+        assert_eq!(f.shape(), &[0, 5]);
+        assert_eq!(e.sum(0).to_vec(), vec![0.0; 5]);
+    });
+    let stats = pool.stats();
+    assert_eq!(
+        stats.hits + stats.misses,
+        2,
+        "only the [5] ones and the [5] sum were pooled"
+    );
+}
