@@ -240,3 +240,23 @@ fn zero_sized_tensors_work_without_touching_the_pool() {
         "only the [5] ones and the [5] sum were pooled"
     );
 }
+
+#[test]
+fn pool_is_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync + Clone>() {}
+    assert_send_sync::<Pool>();
+    let pool = Pool::with_max_memory_mb(64);
+    let sums: Vec<f32> = std::thread::scope(|t| {
+        let handles: Vec<_> = (0..2)
+            .map(|i| {
+                let pool = pool.clone();
+                t.spawn(move || pool.scope(|s| s.full::<f32>(&[100], i as f32).sum(0).to_vec()[0]))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(sums, vec![0.0, 100.0]);
+    assert_eq!(pool.stats().bytes_in_use, 0);
+    assert!(Pool::global().ptr_eq(&Pool::global().clone()));
+    assert!(!pool.ptr_eq(Pool::global()));
+}

@@ -74,6 +74,12 @@ pub enum Error {
         /// What exactly does not fit.
         reason: String,
     },
+    /// An op that joins tensors was given none.
+    #[error("{op}: needs at least one tensor, got an empty list")]
+    NoInputs {
+        /// The operation.
+        op: &'static str,
+    },
     /// One operand's shape is not accepted by `op`.
     #[error("{op}: invalid shape {shape}: {reason}")]
     InvalidShape {

@@ -10,8 +10,8 @@
 //!   the request (plus the rounding to one block), and a rent is only served by a buffer of its own
 //!   class, so it never gets a buffer much larger than it asked for.
 //! - **Budget.** `max_bytes` bounds the bytes in use plus the bytes cached. Before a fresh allocation
-//!   would pass it, idle buffers are evicted least recently used first, where age is counted in rentals,
-//!   not wall time. If the buffers in use alone would pass it, the rent fails with
+//!   would pass it, idle buffers are evicted least recently used first: in the order they were returned,
+//!   counted by the pool, never by wall time. If the buffers in use alone would pass it, the rent fails with
 //!   [`Error::BudgetExceeded`] naming the requested, in-use, cached and limit bytes.
 //! - **Return on drop.** A [`PoolBuffer`] goes back to the pool when dropped. Safety never depends on
 //!   that drop running: a buffer that is leaked (`mem::forget`) is simply never reused.
@@ -118,8 +118,6 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    /// Rentals so far; the clock that idle ages are counted in.
-    tick: u64,
     /// Idle buffers per size class, oldest at the front.
     idle: Vec<VecDeque<Idle>>,
     stats: PoolStats,
@@ -127,6 +125,7 @@ struct State {
 
 struct Idle {
     blocks: Box<[Block]>,
+    /// The pool's return count when this buffer came back: its age, unique and increasing.
     returned_at: u64,
 }
 
@@ -290,7 +289,6 @@ impl Pool {
         {
             let mut state = self.lock();
             let state = &mut *state;
-            state.tick += 1;
             if let Some(idle) = state.idle.get_mut(class).and_then(VecDeque::pop_back) {
                 let s = &mut state.stats;
                 s.hits += 1;
@@ -351,12 +349,12 @@ impl Pool {
         if state.idle.len() <= class {
             state.idle.resize_with(class + 1, VecDeque::new);
         }
-        state.idle[class].push_back(Idle {
-            blocks,
-            returned_at: state.tick,
-        });
         let s = &mut state.stats;
         s.returns += 1;
+        state.idle[class].push_back(Idle {
+            blocks,
+            returned_at: s.returns,
+        });
         s.bytes_in_use -= bytes;
         s.bytes_cached += bytes;
     }

@@ -21,6 +21,15 @@ use crate::scope::ScopeState;
 /// - Data is always contiguous, row-major, and 64-byte aligned.
 /// - `Tensor` is not `Send`: it belongs to its scope's thread. Copy out with [`Tensor::to_array`].
 ///
+/// ```compile_fail
+/// use tensorscope_runtime::Pool;
+/// let pool = Pool::with_max_memory_mb(8);
+/// pool.scope(|s| {
+///     let t = s.zeros::<f32>(&[4]).detach();
+///     std::thread::spawn(move || t.len()); // error: `Rc<..>` cannot be sent between threads
+/// });
+/// ```
+///
 /// The brand `'s` is covariant: a tensor of an outer scope can be used wherever one of an inner scope is
 /// expected, never the other way round.
 pub struct Tensor<'s, T: Element = f32> {

@@ -39,7 +39,7 @@ pub(crate) fn zip_with<'s, T: Element>(
     let scope = deeper(&a.tensor().scope, &b.tensor().scope).clone();
     let a = match a.into_writable(&shape) {
         Ok(mut dst) => {
-            write_over(&mut dst, b.tensor(), |x, y| f(x, y));
+            write_over(&mut dst, b.tensor(), &f);
             return Ok(dst.with_scope(&scope));
         }
         Err(a) => a,

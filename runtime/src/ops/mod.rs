@@ -4,12 +4,12 @@
 //! both shapes; the panicking forms (operators, methods without `try_`) panic with that message.
 //! Outputs are rented from the pool in the deeper of the operands' scopes.
 //!
-//! - [`elementwise`]: `+ - * /` with NumPy broadcasting, scalar forms, negation, `zip_map`.
-//! - [`TensorOps`]: ops that can write in place: activations, `map`, softmax, layer norm. They are
+//! - [`elementwise`][]: `+ - * /` with NumPy broadcasting, scalar forms, negation, `zip_map`.
+//! - [`TensorOps`][]: ops that can write in place: activations, `map`, softmax, layer norm. They are
 //!   implemented for both `Tensor` (in place when the handle is unique) and `&Tensor` (new output).
-//! - [`linalg`]: matmul (2-D, batched 3-D) and transpose of the last two axes.
-//! - [`reduce`]: sum and mean along an axis.
-//! - [`shape`]: concatenation.
+//! - [`linalg`][]: matmul (2-D, batched 3-D) and transpose of the last two axes.
+//! - [`reduce`][]: sum and mean along an axis.
+//! - [`shape`][]: concatenation.
 
 pub mod elementwise;
 pub mod linalg;

@@ -9,28 +9,35 @@ use crate::tensor::Tensor;
 
 impl<'s, T: Element> Tensor<'s, T> {
     /// Joins `tensors` along `axis`. All must have the same rank and the same lengths on every other
-    /// axis. Fails with [`Error::InvalidShape`] for an empty list, [`Error::AxisOutOfRange`] for a bad
+    /// axis. Fails with [`Error::NoInputs`] for an empty list, [`Error::AxisOutOfRange`] for a bad
     /// axis, and [`Error::ShapeMismatch`] naming the first two shapes that do not fit.
     pub fn try_concat(tensors: &[&Tensor<'s, T>], axis: usize) -> Result<Tensor<'s, T>> {
         let Some((first, rest)) = tensors.split_first() else {
-            return Err(Error::InvalidShape {
-                op: "concat",
-                shape: Shape(vec![]),
-                reason: "no tensors to join".into(),
-            });
+            return Err(Error::NoInputs { op: "concat" });
         };
         super::check_axis("concat", first, axis)?;
         let mut shape = first.shape().to_vec();
         let mut scope = &first.scope;
         for t in rest {
-            let fits = t.ndim() == first.ndim()
-                && (0..t.ndim()).all(|i| i == axis || t.shape()[i] == first.shape()[i]);
-            if !fits {
+            let reason = if t.ndim() != first.ndim() {
+                Some(format!("ranks differ ({} and {})", first.ndim(), t.ndim()))
+            } else {
+                (0..t.ndim())
+                    .find(|&i| i != axis && t.shape()[i] != first.shape()[i])
+                    .map(|i| {
+                        format!(
+                            "axis {i} differs ({} and {}); only the joined axis {axis} may",
+                            first.shape()[i],
+                            t.shape()[i]
+                        )
+                    })
+            };
+            if let Some(reason) = reason {
                 return Err(Error::ShapeMismatch {
                     op: "concat",
                     lhs: Shape::from(first.shape()),
                     rhs: Shape::from(t.shape()),
-                    reason: format!("every axis but the joined axis {axis} must match"),
+                    reason,
                 });
             }
             shape[axis] += t.shape()[axis];

@@ -42,6 +42,15 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed {
         kernel: impl FnMut(ArrayViewMut1<'_, T>),
     ) -> Result<Tensor<'s, T>>;
 
+    /// Applies `kernel` to every 1-D lane along `axis`; see [`TensorOps::try_map_lanes`].
+    ///
+    /// # Panics
+    /// For a bad axis or an exhausted budget, with the error's message.
+    #[track_caller]
+    fn map_lanes(self, axis: usize, kernel: impl FnMut(ArrayViewMut1<'_, T>)) -> Tensor<'s, T> {
+        or_panic(self.try_map_lanes(axis, kernel))
+    }
+
     /// Applies `f` to every element.
     ///
     /// # Panics
