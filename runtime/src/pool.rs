@@ -236,21 +236,30 @@ impl Pool {
     /// the buffers in use alone would pass the budget, and [`Error::AllocationFailed`] if the system
     /// allocator refuses. An empty shape (a zero-length axis) needs no memory and does not touch the pool.
     pub fn try_rent<T: Element>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
+        Ok(self.rent_typed::<T>(shape)?.0)
+    }
+
+    /// Like [`Pool::try_rent`], but the buffer is zeroed. A fresh allocation is zero already and is
+    /// not written again, so its pages stay untouched until used.
+    pub fn try_rent_zeroed<T: Element>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
+        let (mut buf, fresh) = self.rent_typed::<T>(shape)?;
+        if !fresh {
+            buf.fill(T::zero());
+        }
+        Ok(buf)
+    }
+
+    /// A buffer for `shape`, and whether it is a fresh (zeroed) allocation.
+    fn rent_typed<T: Element>(&self, shape: &[usize]) -> Result<(PoolBuffer<T>, bool)> {
         let bytes = shape_bytes::<T>(shape)?;
-        let blocks = self.rent_blocks(bytes)?;
-        Ok(PoolBuffer {
+        let (blocks, fresh) = self.rent_blocks(bytes)?;
+        let buf = PoolBuffer {
             blocks,
             len: bytes / mem::size_of::<T>(),
             pool: self.clone(),
             _elem: PhantomData,
-        })
-    }
-
-    /// Like [`Pool::try_rent`], but the buffer is zeroed.
-    pub fn try_rent_zeroed<T: Element>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
-        let mut buf = self.try_rent::<T>(shape)?;
-        buf.fill(T::zero());
-        Ok(buf)
+        };
+        Ok((buf, fresh))
     }
 
     /// Rents a buffer; see [`Pool::try_rent`].
@@ -279,9 +288,9 @@ impl Pool {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn rent_blocks(&self, bytes: usize) -> Result<Box<[Block]>> {
+    fn rent_blocks(&self, bytes: usize) -> Result<(Box<[Block]>, bool)> {
         let Some((class, class_blocks)) = size_class(bytes) else {
-            return Ok(Box::default());
+            return Ok((Box::default(), true));
         };
         let class_bytes = class_blocks * ALIGN;
         let max = self.shared.max_bytes;
@@ -297,7 +306,7 @@ impl Pool {
                 s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
                 s.requested_bytes += bytes as u64;
                 s.rented_bytes += class_bytes as u64;
-                return Ok(idle.blocks);
+                return Ok((idle.blocks, false));
             }
             let s = state.stats;
             if s.bytes_in_use.saturating_add(class_bytes) > max {
@@ -326,17 +335,19 @@ impl Pool {
             s.allocated_bytes += class_bytes as u64;
         }
         drop(evicted);
-        bytemuck::allocation::try_zeroed_slice_box::<Block>(class_blocks).map_err(|()| {
-            let mut state = self.lock();
-            let s = &mut state.stats;
-            s.misses -= 1;
-            s.bytes_in_use -= class_bytes;
-            s.requested_bytes -= bytes as u64;
-            s.rented_bytes -= class_bytes as u64;
-            s.allocated_bytes -= class_bytes as u64;
-            s.failed_rents += 1;
-            Error::AllocationFailed { bytes: class_bytes }
-        })
+        let blocks =
+            bytemuck::allocation::try_zeroed_slice_box::<Block>(class_blocks).map_err(|()| {
+                let mut state = self.lock();
+                let s = &mut state.stats;
+                s.misses -= 1;
+                s.bytes_in_use -= class_bytes;
+                s.requested_bytes -= bytes as u64;
+                s.rented_bytes -= class_bytes as u64;
+                s.allocated_bytes -= class_bytes as u64;
+                s.failed_rents += 1;
+                Error::AllocationFailed { bytes: class_bytes }
+            })?;
+        Ok((blocks, true))
     }
 
     fn give_back(&self, blocks: Box<[Block]>) {

@@ -333,13 +333,18 @@ impl<'p> Scope<'p> {
         or_panic(self.try_full(shape, value))
     }
 
-    /// A tensor of zeros (a rented buffer, zeroed).
+    /// A tensor of zeros (see [`Pool::try_rent_zeroed`]).
+    pub fn try_zeros<'s, T: Element>(&'s self, shape: &[usize]) -> Result<Tensor<'s, T>> {
+        Tensor::try_rent_zeroed_in(&self.state, shape)
+    }
+
+    /// A tensor of zeros; see [`Scope::try_zeros`].
     ///
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
     pub fn zeros<'s, T: Element>(&'s self, shape: &[usize]) -> Tensor<'s, T> {
-        self.full(shape, T::zero())
+        or_panic(self.try_zeros(shape))
     }
 
     /// A tensor of ones.

@@ -54,11 +54,25 @@ impl<T: Element> Drop for Storage<T> {
 }
 
 impl<'s, T: Element> Tensor<'s, T> {
-    /// Rents an uninitialized-content tensor owned by `scope`.
+    /// Rents a tensor with unspecified contents, owned by `scope`.
     pub(crate) fn try_rent_in(scope: &Rc<ScopeState>, shape: &[usize]) -> Result<Self> {
-        let buf = scope.pool().try_rent::<T>(shape)?;
+        Ok(Tensor::of_buffer(
+            scope,
+            scope.pool().try_rent::<T>(shape)?,
+            shape,
+        ))
+    }
+
+    /// Rents a zeroed tensor owned by `scope`.
+    pub(crate) fn try_rent_zeroed_in(scope: &Rc<ScopeState>, shape: &[usize]) -> Result<Self> {
+        let buf = scope.pool().try_rent_zeroed::<T>(shape)?;
+        Ok(Tensor::of_buffer(scope, buf, shape))
+    }
+
+    /// Wraps a buffer just rented for `shape` as a tensor owned by `scope`.
+    fn of_buffer(scope: &Rc<ScopeState>, buf: PoolBuffer<T>, shape: &[usize]) -> Self {
         scope.on_rent(buf.allocated_bytes());
-        Ok(Tensor {
+        Tensor {
             data: Rc::new(Storage {
                 buf,
                 owner: RefCell::new(Rc::clone(scope)),
@@ -66,7 +80,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             scope: Rc::clone(scope),
             dim: IxDyn(shape),
             _brand: PhantomData,
-        })
+        }
     }
 
     /// A tensor owned by `scope` holding a copy of `array`.
