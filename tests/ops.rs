@@ -475,47 +475,33 @@ fn activations_saturate_without_nan_at_large_magnitudes() {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
-fn softmax_along_first_and_last_axis_of_3d_matches_reference_and_sums_to_one() {
+fn softmax_and_log_softmax_along_first_and_last_axis_of_3d_match_reference() {
     let pool = Pool::with_max_memory_mb(16);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[3, 4, 5], 40) * 2.0;
         let xa = to_f64(&x);
-        for axis in [0, 2] {
-            let want = softmax_ref(&xa, axis, false);
-            let y = (&x).softmax(axis);
-            assert_close(&format!("softmax axis {axis}"), &y, &want);
-            assert_close(
-                &format!("try_softmax axis {axis} (owned)"),
-                &x.clone().try_softmax(axis).unwrap(),
-                &want,
-            );
-            let sums = to_f64(&y).sum_axis(Axis(axis));
-            assert!(
-                sums.iter().all(|&t| (t - 1.0).abs() < 1e-5),
-                "softmax axis {axis}: lane sums {sums:?}"
-            );
-            assert!(to_f64(&y).iter().all(|&p| (0.0..=1.0).contains(&p)));
-        }
-    });
-}
-
-#[test]
-fn log_softmax_along_first_and_last_axis_of_3d_matches_reference() {
-    let pool = Pool::with_max_memory_mb(16);
-    pool.scope(|s| {
-        let x = s.randn::<f32>(&[3, 4, 5], 41) * 2.0;
-        let xa = to_f64(&x);
-        for axis in [0, 2] {
-            let want = softmax_ref(&xa, axis, true);
-            let y = (&x).log_softmax(axis);
-            assert_close(&format!("log_softmax axis {axis}"), &y, &want);
-            assert_close(
-                &format!("try_log_softmax axis {axis} (owned)"),
-                &x.clone().try_log_softmax(axis).unwrap(),
-                &want,
-            );
-            let sums = to_f64(&y).mapv(f64::exp).sum_axis(Axis(axis));
-            assert!(sums.iter().all(|&t| (t - 1.0).abs() < 1e-5), "{sums:?}");
+        for (log, name) in [(false, "softmax"), (true, "log_softmax")] {
+            for axis in [0, 2] {
+                let want = softmax_ref(&xa, axis, log);
+                let (by_ref, owned) = if log {
+                    ((&x).log_softmax(axis), x.clone().try_log_softmax(axis))
+                } else {
+                    ((&x).softmax(axis), x.clone().try_softmax(axis))
+                };
+                assert_close(&format!("{name} axis {axis}"), &by_ref, &want);
+                assert_close(
+                    &format!("try_{name} axis {axis} (owned)"),
+                    &owned.unwrap(),
+                    &want,
+                );
+                let probs = to_f64(&by_ref).mapv(|v| if log { v.exp() } else { v });
+                let sums = probs.sum_axis(Axis(axis));
+                assert!(
+                    sums.iter().all(|&t| (t - 1.0).abs() < 1e-5),
+                    "{name} axis {axis}: lane sums {sums:?}"
+                );
+                assert!(probs.iter().all(|&p| (0.0..=1.0).contains(&p)));
+            }
         }
     });
 }
