@@ -1,3 +1,92 @@
-//! Attribute macros of tensorscope. Use them through the `tensorscope` crate, which re-exports them.
+//! Attribute and derive macros of [tensorscope](https://docs.rs/tensorscope). Use them through the
+//! `tensorscope` crate, which re-exports them; the code they generate calls
+//! `::tensorscope::__private` only.
 //!
-//! This crate is a placeholder until `#[dispose_scope]` and `#[checkpoint]` land; it exports nothing yet.
+//! - [`macro@dispose_scope`]: run a forward function in its own child scope and escape its result.
+//! - [`derive@Escape`]: let a struct of tensors be returned from a scope.
+
+use proc_macro::TokenStream;
+
+mod args;
+mod dispose;
+mod escape;
+
+/// Runs the function body in a child scope of the caller's and escapes its return value, so every
+/// tensor the body makes is released when it drops (at the function's end at the latest) and the
+/// result lands in the caller's scope.
+///
+/// ```
+/// use tensorscope::prelude::*;
+///
+/// #[dispose_scope]
+/// fn block<'a>(x: &Tensor<'a>, w1: &Tensor<'_>, w2: &Tensor<'_>) -> Tensor<'a> {
+///     let h = x.matmul(w1).gelu(); // rented in the function's own scope, released at the end
+///     &h.matmul(w2) + x            // escaped to the caller's scope
+/// }
+///
+/// let pool = Pool::with_max_memory_mb(64);
+/// pool.scope(|s| {
+///     let x = s.ones::<f32>(&[2, 4]);
+///     let (w1, w2) = (s.full::<f32>(&[4, 8], 0.1), s.full::<f32>(&[8, 4], 0.1));
+///     let y = block(&x, &w1, &w2);
+///     let inner = s.last_child_stats().unwrap();
+///     assert_eq!((inner.escaped, inner.leaked), (1, 0));
+///     assert_eq!(inner.rented, inner.released + inner.escaped);
+///     assert_eq!(y.shape(), &[2, 4]);
+/// });
+/// ```
+///
+/// **The parent scope** is the first `&Scope` parameter (which the body then sees as the child), else
+/// the scope of the first tensor parameter, else a new outermost scope on the pool of the innermost
+/// scope open on this thread ([`current_pool`](../tensorscope/fn.current_pool.html)), whose escaped
+/// result is detached. The return type's brand must be that parent's brand.
+///
+/// **Tensor parameters** (`Tensor<..>` and `&Tensor<..>` with a plain name) are rebound into the
+/// child, so ops on them rent there; an owned tensor stays unique, so by-value ops on it still write
+/// in place. `&mut Tensor` parameters are left as they are.
+///
+/// **The return value** is escaped through [`Escape`](../tensorscope/trait.Escape.html) on every path:
+/// the tail expression, `return`, `?` and early returns from loops. Tensors, tuples, arrays, `Vec`,
+/// `Option`, `Result` and `#[derive(Escape)]` structs are accepted.
+///
+/// **Options:** `max_memory_mb = N` limits what the child scope and its descendants hold at once
+/// (a rent past it fails with the scope budget error); `crate = "path"` names the tensorscope crate
+/// when it is re-exported under another path.
+///
+/// Misuse (`async fn`, a non-function item, an unknown or repeated option, a wrong value) is a compile
+/// error at the offending tokens; the function is still emitted as written so that one mistake does not
+/// cascade into errors at every call site.
+#[proc_macro_attribute]
+pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
+    dispose::expand(args.into(), item.into()).into()
+}
+
+/// Implements `Escape` for a struct with exactly one lifetime parameter, the scope brand: fields whose
+/// type mentions that lifetime are escaped, the others are moved as they are.
+///
+/// ```
+/// use tensorscope::prelude::*;
+///
+/// #[derive(Escape)]
+/// struct Output<'s> {
+///     logits: Tensor<'s>,
+///     hidden: Vec<Tensor<'s>>,
+///     steps: usize,
+/// }
+///
+/// #[dispose_scope]
+/// fn run<'a>(x: &Tensor<'a>) -> Output<'a> {
+///     let h = x * 2.0;
+///     Output { logits: &h + 1.0, hidden: vec![h], steps: 1 }
+/// }
+///
+/// tensorscope::scope(|s| {
+///     let out = run(&s.ones::<f32>(&[3]));
+///     assert_eq!(out.logits.to_vec(), vec![3.0; 3]);
+///     assert_eq!((out.hidden.len(), out.steps), (1, 1));
+/// });
+/// ```
+#[proc_macro_derive(Escape)]
+pub fn derive_escape(input: TokenStream) -> TokenStream {
+    escape::derive(input.into()).into()
+}

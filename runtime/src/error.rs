@@ -48,6 +48,19 @@ pub enum Error {
         /// The configured budget.
         limit: usize,
     },
+    /// A scope's own byte limit (see [`crate::Scope::scope_with_budget`]) would be passed.
+    #[error(
+        "scope budget exceeded: requested {requested} bytes (size class) while the scope and its \
+         children hold {in_use}, scope limit {limit} bytes"
+    )]
+    ScopeBudgetExceeded {
+        /// Bytes of the size class asked for.
+        requested: usize,
+        /// Bytes held by the budgeted scope and its descendants.
+        in_use: usize,
+        /// The scope's limit.
+        limit: usize,
+    },
     /// The system allocator could not provide a fresh buffer.
     #[error("the system allocator failed to provide {bytes} bytes")]
     AllocationFailed {

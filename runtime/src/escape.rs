@@ -2,7 +2,7 @@
 //!
 //! [`Scope::escape`](crate::Scope::escape) takes anything that implements [`Escape`]: a tensor, and
 //! tuples, arrays, `Vec`, `Option` and `Result` of escapable values, and plain values (numbers,
-//! `bool`, `String`, `()`) that pass through unchanged.
+//! `bool`, `String`, `()`, errors and stats) that pass through unchanged.
 
 use std::marker::PhantomData;
 use std::rc::Rc;
@@ -35,7 +35,7 @@ impl EscapeTarget<'_> {
 ///
 /// Implemented for [`Tensor`], tuples of up to 8 elements, arrays, `Vec`, `Option`, `Result` (only the
 /// `Ok` value is escaped; an error type holding tensors would keep its brand and not compile), and
-/// for scalar types, `String` and `()`, which pass through.
+/// for scalar types, `String`, `()`, [`crate::Error`] and the stats types, which pass through.
 pub trait Escape<'to> {
     /// The same value re-branded for the outer scope.
     type Escaped;
@@ -112,3 +112,4 @@ macro_rules! escape_plain {
 }
 
 escape_plain!(() bool char u8 u16 u32 u64 u128 usize i8 i16 i32 i64 i128 isize f32 f64 half::f16 half::bf16 String);
+escape_plain!(crate::PoolStats crate::ScopeStats crate::Error);

@@ -29,6 +29,9 @@
 //! assert_eq!(pool.stats().hits, after_first.hits + 10 * 3);
 //! ```
 
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
 mod element;
 mod error;
 mod escape;
@@ -43,7 +46,7 @@ pub use error::{Error, Result, Shape};
 pub use escape::{Escape, EscapeTarget};
 pub use ops::TensorOps;
 pub use pool::{Pool, PoolBuffer, PoolConfig, PoolStats, ALIGN, DEFAULT_MAX_MEMORY_MB};
-pub use scope::{scope, Scope, ScopeStats};
+pub use scope::{current_pool, scope, Scope, ScopeStats};
 pub use tensor::Tensor;
 
 pub use half::{bf16, f16};

@@ -161,6 +161,11 @@ pub(crate) fn shape_bytes<T: Element>(shape: &[usize]) -> Result<usize> {
         })
 }
 
+/// Bytes of budget a rent of `shape` elements of `T` takes: its size class.
+pub(crate) fn class_bytes<T: Element>(shape: &[usize]) -> Result<usize> {
+    Ok(size_class(shape_bytes::<T>(shape)?).map_or(0, |(_, blocks)| blocks * ALIGN))
+}
+
 impl State {
     /// Takes the least recently returned idle buffer out of the cache.
     fn evict_lru(&mut self) -> Option<Box<[Block]>> {

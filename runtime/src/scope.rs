@@ -42,7 +42,7 @@
 //! their last handle drops, at once, whatever the scope is doing. The brand is for discipline and for
 //! the per-scope accounting in [`ScopeStats`].
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::marker::PhantomData;
 use std::rc::Rc;
@@ -53,7 +53,7 @@ use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::escape::{Escape, EscapeTarget};
 use crate::init::SplitMix64;
-use crate::pool::Pool;
+use crate::pool::{class_bytes, Pool};
 use crate::tensor::Tensor;
 
 /// Per-scope counters; see [`Scope::stats`] and [`Scope::scope_with_stats`].
@@ -92,23 +92,81 @@ pub(crate) struct ScopeState {
     parent: Option<Rc<ScopeState>>,
     depth: usize,
     stats: Cell<ScopeStats>,
+    /// The final counters of the child scope that ended last.
+    last_child: Cell<Option<ScopeStats>>,
+    /// The byte limits this scope's rents count against: its own and its ancestors', outermost first.
+    budgets: Vec<Rc<Budget>>,
+}
+
+/// A byte limit shared by a scope and its descendants (see [`Scope::scope_with_budget`]).
+pub(crate) struct Budget {
+    limit: usize,
+    used: Cell<usize>,
 }
 
 impl ScopeState {
     /// The state of a fresh root scope on `pool`, whose parent is a depth-0 sink for detached tensors.
-    fn root(pool: &Pool) -> Rc<ScopeState> {
-        let detached = ScopeState::new(pool.clone(), None);
-        ScopeState::new(pool.clone(), Some(detached))
+    pub(crate) fn root(pool: &Pool, budget: Option<usize>) -> Rc<ScopeState> {
+        let detached = Rc::new(ScopeState {
+            pool: pool.clone(),
+            parent: None,
+            depth: 0,
+            stats: Cell::default(),
+            last_child: Cell::new(None),
+            budgets: Vec::new(),
+        });
+        ScopeState::child(&detached, budget)
     }
 
-    fn new(pool: Pool, parent: Option<Rc<ScopeState>>) -> Rc<ScopeState> {
-        let depth = parent.as_ref().map_or(0, |p| p.depth + 1);
+    /// The state of a new child of `parent`, with an extra byte limit if `budget` is given.
+    pub(crate) fn child(parent: &Rc<ScopeState>, budget: Option<usize>) -> Rc<ScopeState> {
+        let mut budgets = parent.budgets.clone();
+        budgets.extend(budget.map(|limit| {
+            Rc::new(Budget {
+                limit,
+                used: Cell::new(0),
+            })
+        }));
         Rc::new(ScopeState {
-            pool,
-            parent,
-            depth,
+            pool: parent.pool.clone(),
+            parent: Some(Rc::clone(parent)),
+            depth: parent.depth + 1,
             stats: Cell::default(),
+            last_child: Cell::new(None),
+            budgets,
         })
+    }
+
+    /// Fails with [`Error::ScopeBudgetExceeded`] if renting `shape` of `T` here would pass a budget.
+    pub(crate) fn check_budgets<T: Element>(&self, shape: &[usize]) -> Result<()> {
+        if self.budgets.is_empty() {
+            return Ok(());
+        }
+        let requested = class_bytes::<T>(shape)?;
+        match self
+            .budgets
+            .iter()
+            .find(|b| b.used.get().saturating_add(requested) > b.limit)
+        {
+            Some(b) => Err(Error::ScopeBudgetExceeded {
+                requested,
+                in_use: b.used.get(),
+                limit: b.limit,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Moves `bytes` from the budgets of `from` to those of `to`, skipping the budgets both share.
+    pub(crate) fn transfer_budgets(from: &ScopeState, to: &ScopeState, bytes: usize) {
+        let shared =
+            |b: &Rc<Budget>, other: &ScopeState| other.budgets.iter().any(|o| Rc::ptr_eq(o, b));
+        for b in from.budgets.iter().filter(|b| !shared(b, to)) {
+            b.used.set(b.used.get() - bytes);
+        }
+        for b in to.budgets.iter().filter(|b| !shared(b, from)) {
+            b.used.set(b.used.get() + bytes);
+        }
     }
 
     pub(crate) fn pool(&self) -> &Pool {
@@ -140,6 +198,9 @@ impl ScopeState {
             s.rented += 1;
             s.bytes_in_use += bytes;
         });
+        for b in &self.budgets {
+            b.used.set(b.used.get() + bytes);
+        }
     }
 
     pub(crate) fn on_release(&self, bytes: usize) {
@@ -147,6 +208,9 @@ impl ScopeState {
             s.released += 1;
             s.bytes_in_use -= bytes;
         });
+        for b in &self.budgets {
+            b.used.set(b.used.get() - bytes);
+        }
     }
 
     pub(crate) fn on_escape(&self, bytes: usize) {
@@ -182,11 +246,27 @@ pub struct Scope<'p> {
     _parent: PhantomData<&'p ()>,
 }
 
+thread_local! {
+    /// The scopes open on this thread, innermost last; only read by [`current_pool`].
+    static OPEN: RefCell<Vec<Rc<ScopeState>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Pops this thread's innermost open scope when `run` ends, by return or by unwinding.
+struct Opened;
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        OPEN.with_borrow_mut(Vec::pop);
+    }
+}
+
 /// Runs `f` in a scope with `state`, then records what it leaked.
-fn run<'p, R>(
+pub(crate) fn run<'p, R>(
     state: Rc<ScopeState>,
     f: impl for<'s> FnOnce(&'s Scope<'p>) -> R,
 ) -> (R, ScopeStats) {
+    OPEN.with_borrow_mut(|open| open.push(Rc::clone(&state)));
+    let _opened = Opened;
     let scope = Scope {
         state,
         _parent: PhantomData,
@@ -194,7 +274,17 @@ fn run<'p, R>(
     let result = f(&scope);
     let state = &scope.state;
     state.update(|s| s.leaked = s.live());
-    (result, state.stats.get())
+    let stats = state.stats.get();
+    if let Some(parent) = &state.parent {
+        parent.last_child.set(Some(stats));
+    }
+    (result, stats)
+}
+
+/// The pool of the innermost scope open on this thread, or [`Pool::global`] if none is.
+pub fn current_pool() -> Pool {
+    OPEN.with_borrow(|open| open.last().map(|s| s.pool.clone()))
+        .unwrap_or_else(|| Pool::global().clone())
 }
 
 impl Pool {
@@ -211,7 +301,17 @@ impl Pool {
         &self,
         f: impl for<'s> FnOnce(&'s Scope<'static>) -> R,
     ) -> (R, ScopeStats) {
-        run(ScopeState::root(self), f)
+        run(ScopeState::root(self, None), f)
+    }
+
+    /// Like [`Pool::scope`], with a byte limit on the scope and its descendants; see
+    /// [`Scope::scope_with_budget`].
+    pub fn scope_with_budget<R>(
+        &self,
+        max_bytes: usize,
+        f: impl for<'s> FnOnce(&'s Scope<'static>) -> R,
+    ) -> R {
+        run(ScopeState::root(self, Some(max_bytes)), f).0
     }
 
     /// Copies `array` into a new tensor bound to no scope, for parameters and other values that live
@@ -220,7 +320,7 @@ impl Pool {
         &self,
         array: impl AsArray<'a, T, D>,
     ) -> Result<Tensor<'static, T>> {
-        Tensor::try_copy_of(&ScopeState::root(self).detached(), array.into())
+        Tensor::try_copy_of(&ScopeState::root(self, None).detached(), array.into())
     }
 }
 
@@ -241,10 +341,29 @@ impl<'p> Scope<'p> {
         &'s self,
         f: impl for<'i> FnOnce(&'i Scope<'s>) -> R,
     ) -> (R, ScopeStats) {
-        run(
-            ScopeState::new(self.state.pool.clone(), Some(Rc::clone(&self.state))),
-            f,
-        )
+        run(ScopeState::child(&self.state, None), f)
+    }
+
+    /// Like [`Scope::scope`], with a byte limit: tensors owned by the child and its descendants may
+    /// hold at most `max_bytes` (size-class bytes) at once. A rent past it fails with
+    /// [`Error::ScopeBudgetExceeded`] (the panicking forms panic with that message); the pool's own
+    /// budget still applies. Bytes escaped to the parent stop counting.
+    pub fn scope_with_budget<'s, R>(
+        &'s self,
+        max_bytes: usize,
+        f: impl for<'i> FnOnce(&'i Scope<'s>) -> R,
+    ) -> R {
+        run(ScopeState::child(&self.state, Some(max_bytes)), f).0
+    }
+
+    pub(crate) fn state(&self) -> &Rc<ScopeState> {
+        &self.state
+    }
+
+    /// Like [`Scope::rebind`] for an owned tensor: no new handle is made, so a tensor that was unique
+    /// stays unique and by-value ops on it still write in place.
+    pub fn rebind_owned<'s, T: Element>(&'s self, tensor: Tensor<'s, T>) -> Tensor<'s, T> {
+        tensor.with_scope(&self.state)
     }
 
     /// Hands `value` (a tensor, or a tuple, array, `Vec`, `Option` or `Result` of them) to the parent
@@ -267,6 +386,12 @@ impl<'p> Scope<'p> {
     /// A snapshot of this scope's counters.
     pub fn stats(&self) -> ScopeStats {
         self.state.stats.get()
+    }
+
+    /// The final counters of the child scope of this one that ended most recently, if any: how to see
+    /// what a `#[dispose_scope]` function released and escaped after it returns.
+    pub fn last_child_stats(&self) -> Option<ScopeStats> {
+        self.state.last_child.get()
     }
 
     /// The pool this scope rents from.
@@ -436,6 +561,22 @@ impl<'p> Scope<'p> {
             v.iter_mut()
                 .for_each(|x| *x = T::from_f64(low + (high - low) * rng.next_f64()))
         })
+    }
+}
+
+impl<'s, T: Element> Tensor<'s, T> {
+    /// Runs `f` in a child scope of the scope this tensor's ops rent in, typed as a child of the
+    /// tensor's brand: what a function that receives tensors but no [`Scope`] uses to open its own.
+    pub fn child_scope<R>(&self, f: impl for<'i> FnOnce(&'i Scope<'s>) -> R) -> R {
+        self.child_scope_with_stats(f).0
+    }
+
+    /// Like [`Tensor::child_scope`], and also returns the child scope's final [`ScopeStats`].
+    pub fn child_scope_with_stats<R>(
+        &self,
+        f: impl for<'i> FnOnce(&'i Scope<'s>) -> R,
+    ) -> (R, ScopeStats) {
+        run(ScopeState::child(&self.scope, None), f)
     }
 }
 

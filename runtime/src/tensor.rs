@@ -56,6 +56,7 @@ impl<T: Element> Drop for Storage<T> {
 impl<'s, T: Element> Tensor<'s, T> {
     /// Rents a tensor with unspecified contents, owned by `scope`.
     pub(crate) fn try_rent_in(scope: &Rc<ScopeState>, shape: &[usize]) -> Result<Self> {
+        scope.check_budgets::<T>(shape)?;
         Ok(Tensor::of_buffer(
             scope,
             scope.pool().try_rent::<T>(shape)?,
@@ -65,6 +66,7 @@ impl<'s, T: Element> Tensor<'s, T> {
 
     /// Rents a zeroed tensor owned by `scope`.
     pub(crate) fn try_rent_zeroed_in(scope: &Rc<ScopeState>, shape: &[usize]) -> Result<Self> {
+        scope.check_budgets::<T>(shape)?;
         let buf = scope.pool().try_rent_zeroed::<T>(shape)?;
         Ok(Tensor::of_buffer(scope, buf, shape))
     }
@@ -112,6 +114,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             if owner.depth() > target.depth() {
                 owner.on_escape(bytes);
                 target.on_adopt(bytes);
+                ScopeState::transfer_budgets(&owner, target, bytes);
                 *owner = Rc::clone(target);
             }
         }

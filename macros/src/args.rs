@@ -1,0 +1,118 @@
+//! Parsing of attribute options, with errors that list what is accepted.
+
+use proc_macro2::{Span, TokenStream};
+use syn::meta::ParseNestedMeta;
+use syn::parse::Parser;
+use syn::{Expr, ExprLit, Lit, LitStr, Path};
+
+/// The accepted options of an attribute: names and how each is written, for messages.
+pub(crate) struct Options {
+    pub(crate) attr: &'static str,
+    pub(crate) accepted: &'static [(&'static str, &'static str)],
+}
+
+/// A parsed option value, with the span of its key for later errors.
+pub(crate) enum Value {
+    Int(u64),
+    Path(Path),
+}
+
+/// Parses `key = value, ...`. Every problem is collected into one error (unknown keys with a
+/// did-you-mean, repeated keys, values of the wrong kind), so a user sees them all at once.
+pub(crate) fn parse(
+    options: &Options,
+    args: TokenStream,
+) -> syn::Result<Vec<(String, Span, Value)>> {
+    let mut found: Vec<(String, Span, Value)> = Vec::new();
+    let mut errors: Vec<syn::Error> = Vec::new();
+    let parser = syn::meta::parser(|meta: ParseNestedMeta<'_>| {
+        let path = &meta.path;
+        let key = path
+            .get_ident()
+            .map_or_else(|| quote::quote!(#path).to_string(), ToString::to_string);
+        let span = syn::spanned::Spanned::span(&meta.path);
+        let value: Expr = meta.value()?.parse()?;
+        match options.accepted.iter().find(|(name, _)| *name == key) {
+            None => errors.push(syn::Error::new(span, unknown_key(options, &key))),
+            Some(_) if found.iter().any(|(k, _, _)| *k == key) => errors.push(syn::Error::new(
+                span,
+                format!("`{key}` is given twice; keep one"),
+            )),
+            Some((_, form)) => match parse_value(&key, &value) {
+                Some(v) => found.push((key, span, v)),
+                None => errors.push(syn::Error::new_spanned(
+                    &value,
+                    format!("`{key}` expects {form}"),
+                )),
+            },
+        }
+        Ok(())
+    });
+    parser.parse2(args).map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            format!("{e}; {} accepts {}", options.attr, accepted_list(options)),
+        )
+    })?;
+    match errors.into_iter().reduce(|mut a, b| {
+        a.combine(b);
+        a
+    }) {
+        Some(e) => Err(e),
+        None => Ok(found),
+    }
+}
+
+fn parse_value(key: &str, value: &Expr) -> Option<Value> {
+    let Expr::Lit(ExprLit { lit, .. }) = value else {
+        return None;
+    };
+    match (key, lit) {
+        ("crate", Lit::Str(s)) => parse_path(s).map(Value::Path),
+        (_, Lit::Int(i)) => i.base10_parse().ok().map(Value::Int),
+        _ => None,
+    }
+}
+
+fn parse_path(s: &LitStr) -> Option<Path> {
+    s.parse_with(Path::parse_mod_style).ok()
+}
+
+fn accepted_list(options: &Options) -> String {
+    options
+        .accepted
+        .iter()
+        .map(|(_, form)| format!("`{form}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn unknown_key(options: &Options, key: &str) -> String {
+    let mut message = format!("unknown option `{key}` for {}", options.attr);
+    let closest = options
+        .accepted
+        .iter()
+        .map(|(name, _)| (edit_distance(key, name), *name))
+        .filter(|&(d, name)| d <= 3 || name.contains(key) || key.contains(name))
+        .min();
+    if let Some((_, name)) = closest {
+        message += &format!("; did you mean `{name}`?");
+    }
+    message + &format!(" Accepted: {}", accepted_list(options))
+}
+
+/// Levenshtein distance, for did-you-mean suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}

@@ -1,0 +1,100 @@
+//! `#[derive(Escape)]` for structs with one lifetime parameter.
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+use syn::visit::Visit;
+use syn::{Data, DeriveInput, Fields, GenericParam, Lifetime};
+
+pub(crate) fn derive(input: TokenStream) -> TokenStream {
+    match syn::parse2::<DeriveInput>(input).and_then(|input| generate(&input)) {
+        Ok(tokens) => tokens,
+        Err(error) => error.into_compile_error(),
+    }
+}
+
+fn mentions(ty: &syn::Type, lifetime: &Lifetime) -> bool {
+    struct Finder<'l>(&'l Lifetime, bool);
+    impl<'ast> Visit<'ast> for Finder<'_> {
+        fn visit_lifetime(&mut self, l: &'ast Lifetime) {
+            self.1 |= l.ident == self.0.ident;
+        }
+    }
+    let mut finder = Finder(lifetime, false);
+    finder.visit_type(ty);
+    finder.1
+}
+
+fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
+    let Data::Struct(data) = &input.data else {
+        return Err(syn::Error::new_spanned(
+            &input.ident,
+            "derive(Escape) supports structs; escape the fields of an enum by matching on it",
+        ));
+    };
+    let lifetimes: Vec<&Lifetime> = input.generics.lifetimes().map(|l| &l.lifetime).collect();
+    let [brand] = lifetimes[..] else {
+        return Err(syn::Error::new_spanned(
+            &input.generics,
+            "derive(Escape) needs exactly one lifetime parameter, the scope brand, as in \
+             `struct Output<'s> { y: Tensor<'s> }`",
+        ));
+    };
+    let name = &input.ident;
+    let to = Lifetime::new("'__escape_to", proc_macro2::Span::mixed_site());
+    let target = format_ident!("__target", span = proc_macro2::Span::mixed_site());
+
+    // `Output<'a, T>` -> `Output<'__escape_to, T>` for the escaped type.
+    let escaped_args = input.generics.params.iter().map(|p| match p {
+        GenericParam::Lifetime(_) => quote!(#to),
+        GenericParam::Type(t) => {
+            let ident = &t.ident;
+            quote!(#ident)
+        }
+        GenericParam::Const(c) => {
+            let ident = &c.ident;
+            quote!(#ident)
+        }
+    });
+    let mut with_target = input.generics.clone();
+    with_target.params.insert(
+        0,
+        GenericParam::Lifetime(syn::LifetimeParam::new(to.clone())),
+    );
+    let (impl_generics, _, _) = with_target.split_for_impl();
+    let (_, ty_generics, where_clause) = input.generics.split_for_impl();
+
+    let field = |ty: &syn::Type, access: TokenStream| {
+        if mentions(ty, brand) {
+            quote!(::tensorscope::Escape::escape_to(#access, #target))
+        } else {
+            access
+        }
+    };
+    let construct = match &data.fields {
+        Fields::Named(fields) => {
+            let inits = fields.named.iter().map(|f| {
+                let ident = &f.ident;
+                let value = field(&f.ty, quote!(self.#ident));
+                quote!(#ident: #value)
+            });
+            quote!(#name { #(#inits),* })
+        }
+        Fields::Unnamed(fields) => {
+            let inits = fields.unnamed.iter().enumerate().map(|(i, f)| {
+                let index = syn::Index::from(i);
+                field(&f.ty, quote!(self.#index))
+            });
+            quote!(#name(#(#inits),*))
+        }
+        Fields::Unit => quote!(#name),
+    };
+    Ok(quote! {
+        #[automatically_derived]
+        impl #impl_generics ::tensorscope::Escape<#to> for #name #ty_generics #where_clause {
+            type Escaped = #name<#(#escaped_args),*>;
+            fn escape_to(self, #target: &::tensorscope::EscapeTarget<#to>) -> Self::Escaped {
+                #construct
+            }
+        }
+    })
+}

@@ -1,0 +1,370 @@
+//! `#[dispose_scope]` behaviour: release and escape accounting, every return path, methods,
+//! generics, nesting, budgets, panics and the steady state of a loop.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use tensorscope::prelude::*;
+use tensorscope::{Element, Error, ScopeStats};
+
+struct Block {
+    w1: Tensor<'static>,
+    w2: Tensor<'static>,
+}
+
+impl Block {
+    fn new(pool: &Pool, width: usize, hidden: usize) -> Self {
+        pool.scope(|s| Block {
+            w1: (s.randn::<f32>(&[width, hidden], 1) * 0.1).detach(),
+            w2: (s.randn::<f32>(&[hidden, width], 2) * 0.1).detach(),
+        })
+    }
+
+    #[dispose_scope]
+    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
+        let h = x.matmul(&self.w1).gelu();
+        &h.matmul(&self.w2) + x
+    }
+
+    /// The same computation written by hand against the runtime API.
+    fn forward_by_hand<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
+        x.child_scope(|inner| {
+            let x = inner.rebind(x);
+            let h = x.matmul(&self.w1).gelu();
+            inner.escape(&h.matmul(&self.w2) + &x)
+        })
+    }
+}
+
+fn all_released_or_escaped(stats: ScopeStats) {
+    assert_eq!(
+        stats.rented + stats.adopted,
+        stats.released + stats.escaped,
+        "{stats:?}"
+    );
+    assert_eq!((stats.leaked, stats.bytes_in_use), (0, 0), "{stats:?}");
+}
+
+#[test]
+fn child_scope_releases_everything_but_the_escaped_result() {
+    let pool = Pool::with_max_memory_mb(64);
+    let block = Block::new(&pool, 16, 64);
+    pool.scope(|s| {
+        let x = s.randn::<f32>(&[8, 16], 3);
+        let before = pool.stats().bytes_in_use;
+        let y = block.forward(&x);
+        let child = s.last_child_stats().expect("forward opened a child scope");
+        assert_eq!(
+            (child.rented, child.escaped),
+            (3, 1),
+            "matmul, matmul, add; gelu is in place"
+        );
+        all_released_or_escaped(child);
+        assert_eq!(pool.stats().bytes_in_use, before + y.allocated_bytes());
+        assert_eq!(y.to_vec(), block.forward_by_hand(&x).to_vec());
+        assert_eq!(
+            s.stats().adopted,
+            2,
+            "both results are owned by the caller's scope"
+        );
+    });
+    assert_eq!(pool.stats().bytes_in_use, 2 * 16 * 64 * 4);
+}
+
+#[test]
+fn a_thousand_calls_stay_flat_with_no_miss_after_the_first() {
+    let pool = Pool::with_max_memory_mb(64);
+    let block = Block::new(&pool, 32, 128);
+    pool.scope(|s| {
+        let x = s.randn::<f32>(&[16, 32], 4);
+        let first = block.forward(&x);
+        drop(first);
+        let after_first = pool.stats();
+        for _ in 0..1000 {
+            let y = block.forward(&x);
+            assert_eq!(
+                pool.stats().bytes_in_use,
+                after_first.bytes_in_use + y.allocated_bytes()
+            );
+        }
+        let end = pool.stats();
+        assert_eq!(end.misses, after_first.misses);
+        assert_eq!(end.bytes_in_use, after_first.bytes_in_use);
+        assert_eq!(end.peak_bytes_in_use, after_first.peak_bytes_in_use);
+    });
+}
+
+#[derive(Debug, PartialEq)]
+enum ForwardError {
+    Empty,
+    Shape(Error),
+}
+
+impl From<Error> for ForwardError {
+    fn from(e: Error) -> Self {
+        ForwardError::Shape(e)
+    }
+}
+
+#[dispose_scope]
+fn checked<'a>(x: &Tensor<'a>, w: &Tensor<'_>) -> Result<Tensor<'a>, ForwardError> {
+    if x.is_empty() {
+        return Err(ForwardError::Empty);
+    }
+    let h = x.try_matmul(w)?;
+    if h.as_slice()[0] > 100.0 {
+        return Ok(h * 0.5);
+    }
+    Ok(h.relu())
+}
+
+#[test]
+fn every_return_path_is_escaped() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let w = s.ones::<f32>(&[2, 2]);
+        let ok = checked(&s.full::<f32>(&[1, 2], 1.0), &w).unwrap();
+        assert_eq!(ok.to_vec(), vec![2.0, 2.0]);
+        all_released_or_escaped(s.last_child_stats().unwrap());
+        let early = checked(&s.full::<f32>(&[1, 2], 100.0), &w).unwrap();
+        assert_eq!(early.to_vec(), vec![100.0, 100.0]);
+        assert_eq!(
+            checked(&s.zeros::<f32>(&[0, 2]), &w).unwrap_err(),
+            ForwardError::Empty
+        );
+        let err = checked(&s.ones::<f32>(&[1, 3]), &w).unwrap_err();
+        assert!(matches!(
+            err,
+            ForwardError::Shape(Error::ShapeMismatch { op: "matmul", .. })
+        ));
+        all_released_or_escaped(s.last_child_stats().unwrap());
+        drop((ok, early));
+    });
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[dispose_scope]
+fn first_above<'a>(xs: &[Tensor<'a>], x: &Tensor<'a>, limit: f32) -> Option<Tensor<'a>> {
+    for t in xs {
+        let scaled = t * x;
+        if scaled.as_slice().iter().all(|&v| v > limit) {
+            return Some(scaled); // early return from inside a loop
+        }
+    }
+    None
+}
+
+#[test]
+fn early_return_from_a_loop_is_escaped() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let xs: Vec<Tensor<'_>> = (1..=4).map(|i| s.full::<f32>(&[3], i as f32)).collect();
+        let x = s.full::<f32>(&[3], 2.0);
+        let found = first_above(&xs, &x, 5.0).unwrap();
+        assert_eq!(found.to_vec(), vec![6.0; 3]);
+        let child = s.last_child_stats().unwrap();
+        assert_eq!((child.rented, child.released, child.escaped), (3, 2, 1));
+        assert!(first_above(&xs, &x, 100.0).is_none());
+        all_released_or_escaped(s.last_child_stats().unwrap());
+    });
+}
+
+#[derive(Escape)]
+struct Heads<'s, T: Element = f32> {
+    logits: Tensor<'s, T>,
+    extra: (Tensor<'s, T>, [Tensor<'s, T>; 2]),
+    all: Vec<Tensor<'s, T>>,
+    label: String,
+}
+
+#[dispose_scope]
+fn heads<'a, T: Element>(x: Tensor<'a, T>) -> Heads<'a, T> {
+    let y = (&x).exp();
+    let z = x.relu(); // by value: x was rebound without a copy, so this runs in place
+    Heads {
+        logits: &y + &z,
+        extra: (y.clone(), [z.clone(), &z * T::from_f64(2.0)]),
+        all: vec![y, z],
+        label: "heads".to_string(),
+    }
+}
+
+#[test]
+fn tuples_arrays_vecs_generics_and_derived_structs_are_escaped() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let x = s.from_slice::<f64>(&[2], &[-1.0, 1.0]);
+        let ptr = x.as_slice().as_ptr();
+        let h = heads(x);
+        assert_eq!(
+            h.all[1].as_slice().as_ptr(),
+            ptr,
+            "relu ran in the argument's buffer"
+        );
+        assert_eq!(h.logits.to_vec(), vec![(-1f64).exp(), 1f64.exp() + 1.0]);
+        assert_eq!(h.extra.1[1].to_vec(), vec![0.0, 2.0]);
+        assert_eq!(h.label, "heads");
+        all_released_or_escaped(s.last_child_stats().unwrap());
+    });
+}
+
+struct Counter {
+    calls: usize,
+}
+
+impl Counter {
+    #[dispose_scope]
+    fn step<'a>(&mut self, s: &'a Scope<'_>, n: usize) -> (Tensor<'a>, usize) {
+        self.calls += 1;
+        let t = s.full::<f32>(&[n], self.calls as f32); // `s` is the function's own scope here
+        let _scratch = s.zeros::<f32>(&[1024]);
+        (t, self.calls)
+    }
+}
+
+#[test]
+fn methods_with_a_scope_parameter_rent_in_the_child() {
+    let pool = Pool::with_max_memory_mb(64);
+    let mut counter = Counter { calls: 0 };
+    pool.scope(|s| {
+        let (t, calls) = counter.step(s, 3);
+        assert_eq!((t.to_vec(), calls), (vec![1.0; 3], 1));
+        let child = s.last_child_stats().unwrap();
+        assert_eq!((child.rented, child.released, child.escaped), (2, 1, 1));
+        assert_eq!(
+            s.stats().rented,
+            0,
+            "nothing was rented in the caller's scope itself"
+        );
+        assert_eq!(counter.step(s, 1).1, 2);
+    });
+}
+
+#[dispose_scope]
+fn inner_layer<'a>(x: &Tensor<'a>) -> Tensor<'a> {
+    (x * 3.0).relu()
+}
+
+#[dispose_scope]
+fn outer_layer<'a>(x: &Tensor<'a>) -> (Tensor<'a>, usize) {
+    let a = inner_layer(x);
+    let b = inner_layer(&a);
+    // `x` was rebound into this function's scope, so a scope opened from it is one level deeper.
+    let child_depth = x.child_scope(|probe| probe.depth());
+    (&a + &b, child_depth)
+}
+
+#[test]
+fn nested_annotated_calls_nest_scopes() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let x = s.from_slice::<f32>(&[2], &[1.0, -1.0]);
+        let (y, child_depth) = outer_layer(&x);
+        assert_eq!(y.to_vec(), vec![12.0, 0.0]);
+        assert_eq!(child_depth, 3, "caller 1, outer_layer 2, its children 3");
+        let outer = s.last_child_stats().unwrap();
+        // `a` and `b` adopted from the two inner calls; the sum rented and escaped.
+        assert_eq!((outer.adopted, outer.rented, outer.escaped), (2, 1, 1));
+        all_released_or_escaped(outer);
+    });
+}
+
+#[dispose_scope(max_memory_mb = 1)]
+fn bounded<'a>(s: &'a Scope<'_>, x: &Tensor<'a>, floats: usize) -> Result<Tensor<'a>, Error> {
+    let big = s.try_zeros::<f32>(&[floats])?; // `s` is the function's own, budgeted scope
+    s.scope(|child| child.try_zeros::<f32>(&[floats]).map(|t| t.len()))?; // so are its children
+    Ok(&big.sum(0) + x)
+}
+
+#[test]
+fn max_memory_mb_bounds_the_function_scope_and_its_children() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let x = s.ones::<f32>(&[1]);
+        let fits = bounded(s, &x, 128 * 1024).unwrap(); // 2 x 512 KiB at once: exactly 1 MiB
+        assert_eq!(fits.to_vec(), vec![1.0]);
+        let err = bounded(s, &x, 160 * 1024).unwrap_err(); // 2 x 640 KiB: the child's rent fails
+        assert_eq!(
+            err,
+            Error::ScopeBudgetExceeded {
+                requested: 640 << 10,
+                in_use: 640 << 10,
+                limit: 1 << 20
+            }
+        );
+        let err = bounded(s, &x, 512 * 1024).unwrap_err(); // 2 MiB: the first rent fails
+        assert_eq!(
+            err.to_string(),
+            "scope budget exceeded: requested 2097152 bytes (size class) while the scope and its \
+             children hold 0, scope limit 1048576 bytes"
+        );
+        assert_eq!(
+            pool.stats().failed_rents,
+            0,
+            "the pool itself was never short"
+        );
+    });
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[dispose_scope]
+fn no_params() -> Tensor<'static> {
+    tensorscope::scope(|s| s.escape(s.ones::<f32>(&[4]))) * 2.0
+}
+
+#[test]
+fn a_function_without_scope_or_tensor_uses_the_current_pool_and_detaches() {
+    let pool = Pool::with_max_memory_mb(64);
+    let kept = pool.scope(|_| {
+        assert!(tensorscope::current_pool().ptr_eq(&pool));
+        no_params()
+    });
+    assert_eq!(kept.to_vec(), vec![2.0; 4]);
+    assert!(tensorscope::current_pool().ptr_eq(Pool::global()));
+}
+
+#[dispose_scope]
+fn panics_midway<'a>(x: &Tensor<'a>, fail: bool) -> Tensor<'a> {
+    let h = x * 2.0;
+    let _big = h.child_scope(|c| c.escape(c.zeros::<f32>(&[4096])));
+    assert!(!fail, "failure in the middle of a forward");
+    h + 1.0
+}
+
+#[test]
+fn a_panic_inside_an_annotated_forward_leaves_the_pool_consistent() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let x = s.ones::<f32>(&[8]);
+        let before = pool.stats().bytes_in_use;
+        let caught = catch_unwind(AssertUnwindSafe(|| panics_midway(&x, true)));
+        assert!(caught.is_err());
+        assert_eq!(pool.stats().bytes_in_use, before);
+        let y = panics_midway(&x, false);
+        assert_eq!(y.to_vec(), vec![3.0; 8]);
+        all_released_or_escaped(s.last_child_stats().unwrap());
+    });
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.bytes_in_use, stats.returns),
+        (0, stats.hits + stats.misses)
+    );
+}
+
+mod reexported {
+    pub(crate) use tensorscope as ts;
+}
+
+#[dispose_scope(crate = "reexported::ts")]
+fn through_a_reexport<'a>(x: &Tensor<'a>) -> Tensor<'a> {
+    x + 1.0
+}
+
+#[test]
+fn the_crate_option_names_a_reexported_path() {
+    tensorscope::scope(|s| {
+        assert_eq!(
+            through_a_reexport(&s.zeros::<f32>(&[2])).to_vec(),
+            vec![1.0; 2]
+        );
+    });
+}
