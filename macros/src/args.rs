@@ -5,10 +5,17 @@ use syn::meta::ParseNestedMeta;
 use syn::parse::Parser;
 use syn::{Expr, ExprLit, Lit, LitStr, Path};
 
-/// The accepted options of an attribute: names and how each is written, for messages.
+/// The accepted options of an attribute, for parsing and for messages.
 pub(crate) struct Options {
     pub(crate) attr: &'static str,
-    pub(crate) accepted: &'static [(&'static str, &'static str)],
+    pub(crate) accepted: &'static [Accepted],
+}
+
+/// One accepted option: its name, what its value is, and an example.
+pub(crate) struct Accepted {
+    pub(crate) name: &'static str,
+    pub(crate) value: &'static str,
+    pub(crate) example: &'static str,
 }
 
 /// A parsed option value, with the span of its key for later errors.
@@ -32,17 +39,20 @@ pub(crate) fn parse(
             .map_or_else(|| quote::quote!(#path).to_string(), ToString::to_string);
         let span = syn::spanned::Spanned::span(&meta.path);
         let value: Expr = meta.value()?.parse()?;
-        match options.accepted.iter().find(|(name, _)| *name == key) {
+        match options.accepted.iter().find(|a| a.name == key) {
             None => errors.push(syn::Error::new(span, unknown_key(options, &key))),
             Some(_) if found.iter().any(|(k, _, _)| *k == key) => errors.push(syn::Error::new(
                 span,
                 format!("`{key}` is given twice; keep one"),
             )),
-            Some((_, form)) => match parse_value(&key, &value) {
+            Some(accepted) => match parse_value(&key, &value) {
                 Some(v) => found.push((key, span, v)),
                 None => errors.push(syn::Error::new_spanned(
                     &value,
-                    format!("`{key}` expects {form}"),
+                    format!(
+                        "`{key}` expects {}, as in `{}`",
+                        accepted.value, accepted.example
+                    ),
                 )),
             },
         }
@@ -82,7 +92,7 @@ fn accepted_list(options: &Options) -> String {
     options
         .accepted
         .iter()
-        .map(|(_, form)| format!("`{form}`"))
+        .map(|a| format!("`{}`", a.example))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -92,7 +102,7 @@ fn unknown_key(options: &Options, key: &str) -> String {
     let closest = options
         .accepted
         .iter()
-        .map(|(name, _)| (edit_distance(key, name), *name))
+        .map(|a| (edit_distance(key, a.name), a.name))
         .filter(|&(d, name)| d <= 3 || name.contains(key) || key.contains(name))
         .min();
     if let Some((_, name)) = closest {

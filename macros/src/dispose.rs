@@ -7,19 +7,21 @@ use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{FnArg, Ident, ItemFn, Lifetime, Pat, PatIdent, Path, ReturnType, Type};
 
-use crate::args::{self, Options, Value};
+use crate::args::{self, Accepted, Options, Value};
 
 const OPTIONS: Options = Options {
     attr: "#[dispose_scope]",
     accepted: &[
-        (
-            "max_memory_mb",
-            "max_memory_mb = N (a whole number of MiB, at least 1)",
-        ),
-        (
-            "crate",
-            "crate = \"path\" (the path of the tensorscope crate)",
-        ),
+        Accepted {
+            name: "max_memory_mb",
+            value: "a whole number of MiB, at least 1",
+            example: "max_memory_mb = 256",
+        },
+        Accepted {
+            name: "crate",
+            value: "the path of the tensorscope crate as a string",
+            example: "crate = \"my_reexports::tensorscope\"",
+        },
     ],
 };
 

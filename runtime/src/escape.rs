@@ -36,6 +36,12 @@ impl EscapeTarget<'_> {
 /// Implemented for [`Tensor`], tuples of up to 8 elements, arrays, `Vec`, `Option`, `Result` (only the
 /// `Ok` value is escaped; an error type holding tensors would keep its brand and not compile), and
 /// for scalar types, `String`, `()`, [`crate::Error`] and the stats types, which pass through.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be escaped from a scope",
+    label = "this value would leave its scope",
+    note = "add `#[derive(Escape)]` to a struct of tensors, or return tensors, tuples, arrays, `Vec`, \
+            `Option` or `Result` of them"
+)]
 pub trait Escape<'to> {
     /// The same value re-branded for the outer scope.
     type Escaped;

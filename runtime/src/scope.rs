@@ -369,10 +369,10 @@ impl<'p> Scope<'p> {
     /// Hands `value` (a tensor, or a tuple, array, `Vec`, `Option` or `Result` of them) to the parent
     /// scope: the result carries the parent's brand and its buffers are counted as the parent's.
     /// Escaping from an outermost scope detaches. No data is copied.
-    pub fn escape<'s, E>(&'s self, value: E) -> E::Escaped
-    where
-        E: Escape<'p> + 's,
-    {
+    ///
+    /// A tensor of a deeper scope that can see this one may be escaped here too; it then skips the
+    /// levels in between, and the accounting follows (escaped from its owner, adopted by the parent).
+    pub fn escape<E: Escape<'p>>(&self, value: E) -> E::Escaped {
         let parent = self.state.parent.as_ref().unwrap_or(&self.state);
         value.escape_to(&EscapeTarget::new(parent))
     }

@@ -1,0 +1,8 @@
+use tensorscope::prelude::*;
+
+#[dispose_scope(max_memory = 64)]
+fn forward<'a>(x: &Tensor<'a>) -> Tensor<'a> {
+    x * 2.0
+}
+
+fn main() {}
