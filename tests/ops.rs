@@ -1416,3 +1416,31 @@ fn custom_kernels_map_lanes_and_rent_with_match_ndarray() {
         );
     });
 }
+
+#[test]
+fn huge_lengths_next_to_a_zero_axis_are_size_errors_not_panics() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let overflow = |e: Error| matches!(e, Error::SizeOverflow { elem_bytes: 4, .. });
+        // ndarray's rule: the non-zero lengths must address at most isize::MAX bytes.
+        assert!(overflow(
+            s.try_full::<f32>(&[0, usize::MAX], 1.0).unwrap_err()
+        ));
+        assert!(overflow(
+            s.try_zeros::<f32>(&[0, 1 << 40, 1 << 40]).unwrap_err()
+        ));
+        assert!(overflow(
+            s.try_zeros::<f32>(&[1 << 40, 1 << 40, 0]).unwrap_err()
+        ));
+        let ok = s.try_zeros::<f32>(&[0, 1 << 20]).unwrap();
+        assert_eq!((ok.len(), ok.view().shape()), (0, &[0, 1 << 20][..]));
+        let empty = s.zeros::<f32>(&[0]);
+        assert!(overflow(empty.try_reshape(&[0, usize::MAX]).unwrap_err()));
+        assert!(overflow(
+            s.try_from_slice::<f32>(&[usize::MAX, 2], &[]).unwrap_err()
+        ));
+        let wide = s.zeros::<f32>(&[0, 1 << 60]); // 2^62 bytes per row: still valid
+        assert_eq!(Tensor::concat(&[&wide, &wide], 0).shape(), &[0, 1 << 60]);
+        assert!(Tensor::try_concat(&[&wide, &wide], 1).is_err_and(overflow));
+    });
+}

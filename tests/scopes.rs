@@ -260,3 +260,60 @@ fn pool_is_shared_across_threads() {
     assert!(Pool::global().ptr_eq(&Pool::global().clone()));
     assert!(!pool.ptr_eq(Pool::global()));
 }
+
+#[test]
+fn temporaries_of_parameters_alone_belong_to_the_open_scope() {
+    let pool = Pool::with_max_memory_mb(64);
+    let w = pool
+        .detached_tensor(&ndarray::Array2::<f32>::eye(8))
+        .unwrap();
+    let mut history = Vec::new();
+    let ((), stats) = pool.scope_with_stats(|s| {
+        let scaled = &w * 2.0; // only parameters in: still this scope's temporary
+        let transposed = w.transpose();
+        assert_eq!(s.stats().rented, 2);
+        drop((scaled, transposed));
+        history.push(&w * 3.0); // typed 'static, so this compiles; the scope reports it
+    });
+    assert_eq!((stats.rented, stats.released, stats.leaked), (3, 2, 1));
+    assert_eq!(history[0].to_vec()[0], 3.0);
+    // Outside every scope, ops on parameters give detached tensors.
+    let outside = &w * 1.0;
+    assert_eq!(pool.stats().bytes_in_use, 3 * w.allocated_bytes());
+    drop((outside, history));
+    assert_eq!(pool.stats().bytes_in_use, w.allocated_bytes());
+}
+
+#[test]
+fn escaping_from_an_unrelated_scope_moves_the_accounting() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|a| {
+        a.scope(|a2| {
+            // A fresh outermost scope opened while `a2` is open, e.g. by a library function.
+            let (t, b) = pool.scope_with_stats(|b| a2.escape(b.ones::<f32>(&[4])));
+            assert_eq!((b.escaped, b.leaked), (1, 0));
+            assert_eq!(a.stats().adopted, 1);
+            let u = &t * 2.0;
+            assert_eq!(
+                a.stats().rented,
+                1,
+                "ops on the escaped tensor rent in `a`, its new owner"
+            );
+            drop((t, u));
+        });
+        assert_eq!(a.stats().released, 2);
+    });
+}
+
+#[test]
+fn escaping_a_detached_tensor_leaves_it_detached() {
+    let pool = Pool::with_max_memory_mb(64);
+    let w = pool.scope(|s| s.ones::<f32>(&[16]).detach());
+    let (alias, stats) = pool.scope_with_stats(|s| {
+        let inner = s.scope(|i| i.escape(w.clone()));
+        assert_eq!(s.stats().adopted, 0);
+        s.escape(inner)
+    });
+    assert_eq!((stats.adopted, stats.escaped, stats.leaked), (0, 0, 0));
+    assert!(alias.shares_buffer_with(&w));
+}

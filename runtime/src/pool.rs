@@ -66,6 +66,7 @@ impl Default for PoolConfig {
 ///
 /// Byte figures are in allocated bytes (the size class), except `requested_bytes`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolStats {
     /// Rents served by an idle buffer.
     pub hits: u64,
@@ -149,16 +150,32 @@ fn size_class(bytes: usize) -> Option<(usize, usize)> {
     Some((3 + 4 * (exp - 2) + (quarters - 4), class_blocks))
 }
 
+/// The element count of `shape`, or [`Error::SizeOverflow`] unless the product of its non-zero
+/// lengths times the element size fits in `isize::MAX` bytes. That is ndarray's rule for a valid
+/// shape, so every tensor shape is one ndarray can view, even with a zero-length axis.
+pub(crate) fn element_count<T: Element>(shape: &[usize]) -> Result<usize> {
+    let elem_bytes = mem::size_of::<T>();
+    let nonzero = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|n| {
+            n.checked_mul(elem_bytes)
+                .is_some_and(|b| b <= isize::MAX as usize)
+        });
+    match nonzero {
+        Some(_) if shape.contains(&0) => Ok(0),
+        Some(n) => Ok(n),
+        None => Err(Error::SizeOverflow {
+            shape: Shape::from(shape),
+            elem_bytes,
+        }),
+    }
+}
+
 /// Bytes needed for `shape` elements of `T`, or [`Error::SizeOverflow`].
 pub(crate) fn shape_bytes<T: Element>(shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(mem::size_of::<T>(), |acc, &d| acc.checked_mul(d))
-        .filter(|&b| b <= isize::MAX as usize)
-        .ok_or_else(|| Error::SizeOverflow {
-            shape: Shape::from(shape),
-            elem_bytes: mem::size_of::<T>(),
-        })
+    Ok(element_count::<T>(shape)? * mem::size_of::<T>())
 }
 
 /// Bytes of budget a rent of `shape` elements of `T` takes: its size class.

@@ -53,7 +53,7 @@ use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::escape::{Escape, EscapeTarget};
 use crate::init::SplitMix64;
-use crate::pool::{class_bytes, Pool};
+use crate::pool::{class_bytes, element_count, Pool};
 use crate::tensor::Tensor;
 
 /// Per-scope counters; see [`Scope::stats`] and [`Scope::scope_with_stats`].
@@ -62,6 +62,7 @@ use crate::tensor::Tensor;
 /// scope is open `rented + adopted = released + escaped + live`; when it ends, the buffers still live
 /// (only possible through `mem::forget` or a reference cycle) are counted in `leaked`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ScopeStats {
     /// Buffers rented in this scope.
     pub rented: u64,
@@ -177,6 +178,20 @@ impl ScopeState {
         self.depth
     }
 
+    /// Whether `other` is this scope or one of its ancestors.
+    pub(crate) fn is_within(&self, other: &ScopeState) -> bool {
+        let mut state = self;
+        loop {
+            if std::ptr::eq(state, other) {
+                return true;
+            }
+            match &state.parent {
+                Some(parent) => state = parent,
+                None => return false,
+            }
+        }
+    }
+
     /// The depth-0 state that owns detached tensors of this scope's tree.
     pub(crate) fn detached(self: &Rc<Self>) -> Rc<ScopeState> {
         let mut state = self;
@@ -235,6 +250,18 @@ pub(crate) fn deeper<'a>(a: &'a Rc<ScopeState>, b: &'a Rc<ScopeState>) -> &'a Rc
     } else {
         a
     }
+}
+
+/// The scope an op's new output is rented in, given the deepest of its operands' scopes: that
+/// scope, unless every operand is detached (depth 0). Then it is the innermost scope open on this
+/// thread, so that a temporary computed from parameters alone is still some scope's to count, and
+/// shows up in its `leaked` figure if kept past it; outside every scope it is detached too.
+pub(crate) fn rent_scope(deepest: &Rc<ScopeState>) -> Rc<ScopeState> {
+    if deepest.depth > 0 {
+        return Rc::clone(deepest);
+    }
+    OPEN.with_borrow(|open| open.last().cloned())
+        .unwrap_or_else(|| Rc::clone(deepest))
 }
 
 /// A region of work on a [`Pool`]. It is handed to a closure as `&'s Scope<'p>`, where `'s` brands
@@ -481,7 +508,8 @@ impl<'p> Scope<'p> {
         self.full(shape, T::one())
     }
 
-    /// A tensor holding a copy of `array` (an ndarray array or view of any dimension).
+    /// A tensor holding a copy of `array`: a reference to an ndarray array (`&array`) or a view, of
+    /// any dimension. Fails with a budget error if the pool or scope cannot hold it.
     pub fn try_tensor<'s, 'a, T: Element, D: Dimension>(
         &'s self,
         array: impl AsArray<'a, T, D>,
@@ -502,18 +530,20 @@ impl<'p> Scope<'p> {
     }
 
     /// A tensor of `shape` holding a copy of `data` in row-major order. Fails with
-    /// [`Error::LengthMismatch`] if `data` has not exactly as many elements as `shape` holds.
+    /// [`Error::LengthMismatch`] if `data` has not exactly as many elements as `shape` holds,
+    /// [`Error::SizeOverflow`] for a shape too large to address, and with a budget error if the pool
+    /// or scope cannot hold it.
     pub fn try_from_slice<'s, T: Element>(
         &'s self,
         shape: &[usize],
         data: &[T],
     ) -> Result<Tensor<'s, T>> {
-        let expected = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        if expected != Some(data.len()) {
+        let expected = element_count::<T>(shape)?;
+        if expected != data.len() {
             return Err(Error::LengthMismatch {
                 op: "from_slice",
                 shape: Shape::from(shape),
-                expected: expected.unwrap_or(usize::MAX),
+                expected,
                 got: data.len(),
             });
         }
@@ -545,6 +575,8 @@ impl<'p> Scope<'p> {
     }
 
     /// A tensor of samples uniform in `[low, high)` from a deterministic generator seeded with `seed`.
+    /// The samples are drawn in `f64` and rounded to `T`, so `high` itself can occur after rounding
+    /// (about once in 2^25 samples for `f32`, 2^12 for `f16`).
     ///
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.

@@ -9,7 +9,7 @@ use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
-use crate::pool::PoolBuffer;
+use crate::pool::{element_count, PoolBuffer};
 use crate::scope::ScopeState;
 
 /// An n-dimensional array of `T` in a pooled buffer, usable while the scope with brand `'s` is open.
@@ -105,23 +105,24 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
     }
 
-    /// Re-brands this tensor for `target`, moving its buffer's accounting there if it belongs to a
-    /// deeper scope.
+    /// Re-brands this tensor for `target`, moving its buffer's accounting there unless it already
+    /// belongs to `target` or one of its ancestors. Detached buffers stay detached: their other
+    /// handles (a model's parameters, say) live on outside any scope.
     pub(crate) fn move_to<'t>(self, target: &Rc<ScopeState>) -> Tensor<'t, T> {
         let bytes = self.data.buf.allocated_bytes();
         {
             let mut owner = self.data.owner.borrow_mut();
-            if owner.depth() > target.depth() {
+            if owner.depth() > 0 && !target.is_within(&owner) {
                 owner.on_escape(bytes);
                 target.on_adopt(bytes);
                 ScopeState::transfer_budgets(&owner, target, bytes);
                 *owner = Rc::clone(target);
             }
         }
-        let scope = if self.scope.depth() > target.depth() {
-            Rc::clone(target)
-        } else {
+        let scope = if target.is_within(&self.scope) {
             self.scope
+        } else {
+            Rc::clone(target)
         };
         Tensor {
             data: self.data,
@@ -193,7 +194,9 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// Fails only if that copy cannot be rented ([`Error::BudgetExceeded`]).
     pub fn try_view_mut(&mut self) -> Result<ArrayViewMutD<'_, T>> {
         if Rc::get_mut(&mut self.data).is_none() {
-            let mut copy = Tensor::<T>::try_rent_in(&self.scope, self.shape())?;
+            // The copy is the same value, so it is owned where the original is.
+            let owner = Rc::clone(&self.data.owner.borrow());
+            let mut copy = Tensor::<T>::try_rent_in(&owner, self.shape())?;
             copy.unique_slice_mut().copy_from_slice(self.as_slice());
             self.data = copy.data;
         }
@@ -221,19 +224,16 @@ impl<'s, T: Element> Tensor<'s, T> {
 
     /// A zero-copy alias with a new shape holding the same number of elements.
     ///
-    /// Fails with [`Error::ShapeMismatch`] if the element counts differ.
+    /// Fails with [`Error::ShapeMismatch`] if the element counts differ, [`Error::SizeOverflow`] if the
+    /// new shape is too large to address.
     pub fn try_reshape(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
-        let count = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        if count != Some(self.len()) {
+        let count = element_count::<T>(shape)?;
+        if count != self.len() {
             return Err(Error::ShapeMismatch {
                 op: "reshape",
                 lhs: Shape::from(self.shape()),
                 rhs: Shape::from(shape),
-                reason: format!(
-                    "{} elements cannot be viewed as {}",
-                    self.len(),
-                    count.map_or_else(|| "more than usize::MAX".to_string(), |c| c.to_string())
-                ),
+                reason: format!("{} elements cannot be viewed as {count}", self.len()),
             });
         }
         let mut alias = self.alias_in(&self.scope);

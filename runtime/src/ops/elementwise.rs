@@ -24,7 +24,7 @@ use ndarray::Zip;
 use super::{broadcast_shape, Operand};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
-use crate::scope::deeper;
+use crate::scope::{deeper, rent_scope};
 use crate::tensor::Tensor;
 use crate::TensorOps;
 
@@ -52,7 +52,7 @@ pub(crate) fn zip_with<'s, T: Element>(
         Err(b) => b,
     };
     let (a, b) = (a.tensor(), b.tensor());
-    let mut out = Tensor::try_rent_in(&scope, &shape)?;
+    let mut out = Tensor::try_rent_in(&rent_scope(&scope), &shape)?;
     if a.shape() == shape.as_slice() && b.shape() == shape.as_slice() {
         out.unique_slice_mut()
             .iter_mut()

@@ -8,7 +8,7 @@ use ndarray::{ArrayView2, ArrayViewMut2};
 
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::deeper;
+use crate::scope::{deeper, rent_scope};
 use crate::tensor::Tensor;
 
 fn matrix<T>(rows: usize, cols: usize, data: &[T]) -> ArrayView2<'_, T> {
@@ -62,7 +62,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             2 => vec![m, n],
             _ => vec![batch, m, n],
         };
-        let scope = deeper(&self.scope, &other.scope).clone();
+        let scope = rent_scope(deeper(&self.scope, &other.scope));
         let mut out = Tensor::try_rent_in(&scope, &out_shape)?;
         let (a, b, c) = (self.as_slice(), other.as_slice(), out.unique_slice_mut());
         if batched_rhs {
@@ -100,7 +100,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
         let mut view = self.view();
         view.swap_axes(nd - 2, nd - 1);
-        let mut out = Tensor::try_rent_in(&self.scope, view.shape())?;
+        let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), view.shape())?;
         out.unique_view_mut().assign(&view);
         Ok(out)
     }

@@ -21,6 +21,7 @@ pub use unary::TensorOps;
 
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
+use crate::scope::rent_scope;
 use crate::tensor::Tensor;
 
 /// An op's input, borrowed or owned; an owned unique tensor can be written in place.
@@ -53,7 +54,7 @@ impl<'s, T: Element> Operand<'_, 's, T> {
             Ok(t) => Ok(t),
             Err(src) => {
                 let src = src.tensor();
-                let mut out = Tensor::try_rent_in(&src.scope, &shape)?;
+                let mut out = Tensor::try_rent_in(&rent_scope(&src.scope), &shape)?;
                 out.unique_slice_mut().copy_from_slice(src.as_slice());
                 Ok(out)
             }

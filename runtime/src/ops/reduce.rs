@@ -1,10 +1,11 @@
 //! Reductions along an axis.
 
-use ndarray::Axis;
+use ndarray::{Axis, Zip};
 
 use super::check_axis;
 use crate::element::Element;
 use crate::error::{or_panic, Result};
+use crate::scope::rent_scope;
 use crate::tensor::Tensor;
 
 impl<'s, T: Element> Tensor<'s, T> {
@@ -51,10 +52,23 @@ impl<'s, T: Element> Tensor<'s, T> {
         let view = self.view();
         let mut shape = self.shape().to_vec();
         let len = shape.remove(axis);
-        let mut out = Tensor::try_rent_in(&self.scope, &shape)?;
-        ndarray::Zip::from(out.unique_view_mut())
-            .and(view.lanes(Axis(axis)))
-            .for_each(|o, lane| *o = finish(lane.sum(), len));
+        let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), &shape)?;
+        let mut acc = out.unique_view_mut();
+        if axis + 1 == self.ndim() {
+            // Contiguous lanes: one sum each.
+            Zip::from(&mut acc)
+                .and(view.lanes(Axis(axis)))
+                .for_each(|o, lane| *o = finish(lane.sum(), len));
+        } else {
+            // Strided lanes would be read one element per cache line: add whole slices instead.
+            acc.fill(T::zero());
+            for slice in view.axis_iter(Axis(axis)) {
+                Zip::from(&mut acc)
+                    .and(&slice)
+                    .for_each(|o, &x| *o = *o + x);
+            }
+            acc.mapv_inplace(|sum| finish(sum, len));
+        }
         Ok(out)
     }
 }

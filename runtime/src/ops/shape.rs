@@ -4,7 +4,7 @@ use ndarray::{Axis, Slice};
 
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::deeper;
+use crate::scope::{deeper, rent_scope};
 use crate::tensor::Tensor;
 
 impl<'s, T: Element> Tensor<'s, T> {
@@ -40,10 +40,11 @@ impl<'s, T: Element> Tensor<'s, T> {
                     reason,
                 });
             }
-            shape[axis] += t.shape()[axis];
+            // Saturating: an overflowing length is then refused by the rent as a size overflow.
+            shape[axis] = shape[axis].saturating_add(t.shape()[axis]);
             scope = deeper(scope, &t.scope);
         }
-        let mut out = Tensor::try_rent_in(&scope.clone(), &shape)?;
+        let mut out = Tensor::try_rent_in(&rent_scope(scope), &shape)?;
         let mut view = out.unique_view_mut();
         let mut start = 0;
         for t in tensors {

@@ -5,6 +5,7 @@ use ndarray::{ArrayViewMut1, Axis};
 use super::{check_axis, Operand};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
+use crate::scope::rent_scope;
 use crate::tensor::Tensor;
 
 /// Ops that write in place when they can, implemented for both `Tensor` and `&Tensor`.
@@ -163,12 +164,14 @@ fn softmax_lane<T: Element>(mut lane: ArrayViewMut1<'_, T>, log: bool) {
     let max = lane.fold(T::neg_infinity(), |m, &x| m.max(x));
     // A lane of all -inf has no finite max; shifting by 0 keeps the result NaN-free where possible.
     let shift = if max.is_finite() { max } else { T::zero() };
-    let sum: T = lane.iter().map(|&x| (x - shift).exp()).sum();
     if log {
-        let log_sum = sum.ln();
+        let log_sum = lane.iter().map(|&x| (x - shift).exp()).sum::<T>().ln();
         lane.mapv_inplace(|x| x - shift - log_sum);
     } else {
-        lane.mapv_inplace(|x| (x - shift).exp() / sum);
+        // One `exp` per element: write it, then scale by the reciprocal of the sum.
+        lane.mapv_inplace(|x| (x - shift).exp());
+        let inv = lane.sum().recip();
+        lane.mapv_inplace(|x| x * inv);
     }
 }
 
@@ -189,7 +192,7 @@ fn try_map<'s, T: Element>(src: Operand<'_, 's, T>, f: impl Fn(T) -> T) -> Resul
         }
         Err(src) => {
             let src = src.tensor();
-            let mut out = Tensor::try_rent_in(&src.scope, &shape)?;
+            let mut out = Tensor::try_rent_in(&rent_scope(&src.scope), &shape)?;
             out.unique_slice_mut()
                 .iter_mut()
                 .zip(src.as_slice())
