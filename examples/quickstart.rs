@@ -11,13 +11,12 @@ struct BlockParams {
     w2: Tensor<'static>,
 }
 
-/// `x + gelu(x W1) W2`, with its temporaries in a child scope of the caller's.
-fn block<'a>(s: &'a Scope<'_>, x: &Tensor<'a>, p: &BlockParams) -> (Tensor<'a>, ScopeStats) {
-    s.scope_with_stats(|inner| {
-        let x = inner.rebind(x); // ops on `x` now rent in `inner`
-        let h = x.matmul(&p.w1).gelu(); // `gelu` runs in the matmul's buffer
-        inner.escape(&h.matmul(&p.w2) + &x) // the result goes to the caller's scope
-    })
+/// `x + gelu(x W1) W2`. Everything it rents lives in its own child scope of the caller's and is
+/// released when dropped; the result is escaped to the caller.
+#[dispose_scope]
+fn block<'a>(x: &Tensor<'a>, p: &BlockParams) -> Tensor<'a> {
+    let h = x.matmul(&p.w1).gelu(); // `gelu` runs in the matmul's buffer
+    &h.matmul(&p.w2) + x
 }
 
 fn row(step: &str, p: &PoolStats) {
@@ -47,8 +46,8 @@ fn main() {
     for step in 0..5 {
         let norm = tensorscope::scope(|s| {
             let x = s.randn::<f32>(&[batch, width], 100 + step);
-            let (y, stats) = block(s, &x, &params);
-            inner_stats = stats;
+            let y = block(&x, &params);
+            inner_stats = s.last_child_stats().expect("block opened a child scope");
             let sq = &y * &y;
             sq.sum(1).mean(0).to_vec()[0].sqrt()
         });
