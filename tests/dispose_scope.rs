@@ -368,3 +368,105 @@ fn the_crate_option_names_a_reexported_path() {
         );
     });
 }
+
+#[dispose_scope]
+fn linear<'a>(w: &Tensor<'_>, x: &Tensor<'a>) -> Tensor<'a> {
+    x.matmul(w) // the weights come first; the result's brand picks `x` as the parent
+}
+
+#[dispose_scope]
+fn pick_and_halve<'a>(mut x: &Tensor<'a>, other: &Tensor<'a>, mut y: Tensor<'a>) -> Tensor<'a> {
+    if y.as_slice()[0] > 1.0 {
+        x = other; // a `mut` reference parameter, reassigned
+    }
+    y = y * 0.5; // a `mut` owned parameter, updated in place
+    &y + x
+}
+
+#[test]
+fn the_parent_is_the_parameter_that_carries_the_return_brand() {
+    let pool = Pool::with_max_memory_mb(64);
+    let w = pool.scope(|s| s.ones::<f32>(&[2, 2]).detach());
+    pool.scope(|s| {
+        let x = s.ones::<f32>(&[1, 2]);
+        let y = linear(&w, &x);
+        assert_eq!(y.to_vec(), vec![2.0, 2.0]);
+        let child = s
+            .last_child_stats()
+            .expect("opened under `x`'s scope, not the weights'");
+        assert_eq!((child.rented, child.escaped, child.leaked), (1, 1, 0));
+        assert_eq!(s.stats().adopted, 1);
+
+        let other = s.full::<f32>(&[1, 2], 10.0);
+        let picked = pick_and_halve(&x, &other, s.full::<f32>(&[1, 2], 8.0));
+        assert_eq!(picked.to_vec(), vec![14.0, 14.0]);
+    });
+}
+
+#[derive(Escape, Debug, PartialEq)]
+struct Metrics {
+    mean: f32,
+}
+
+#[dispose_scope]
+fn summary<'a>(x: &Tensor<'a>) -> f32 {
+    (x * 2.0).mean(0).to_vec()[0] // no lifetime in the return type: nothing to escape
+}
+
+#[dispose_scope]
+fn with_metrics<'a>(x: &Tensor<'a>) -> (Tensor<'a>, Metrics) {
+    let y = x.exp();
+    let mean = y.mean(0).to_vec()[0];
+    (y, Metrics { mean })
+}
+
+#[test]
+fn plain_return_values_need_no_escape_and_lifetimeless_structs_pass_through() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let x = s.from_slice::<f32>(&[2], &[1.0, 3.0]);
+        assert_eq!(summary(&x), 4.0);
+        all_released_or_escaped(s.last_child_stats().unwrap());
+        let (y, metrics) = with_metrics(&x);
+        assert_eq!(y.len(), 2);
+        assert_eq!(
+            metrics,
+            Metrics {
+                mean: (1f32.exp() + 3f32.exp()) / 2.0
+            }
+        );
+    });
+}
+
+#[derive(Escape)]
+struct Pair<'s> {
+    a: Tensor<'s>,
+    b: Tensor<'s>,
+}
+
+impl<'s> Pair<'s> {
+    #[dispose_scope]
+    fn swapped(&self, x: &Tensor<'s>) -> Self {
+        Pair {
+            a: &self.b + x,
+            b: &self.a + x,
+        }
+    }
+}
+
+#[test]
+fn methods_returning_self_are_escaped() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let pair = Pair {
+            a: s.zeros::<f32>(&[1]),
+            b: s.ones::<f32>(&[1]),
+        };
+        let swapped = pair.swapped(&s.full::<f32>(&[1], 10.0));
+        assert_eq!(
+            (swapped.a.to_vec(), swapped.b.to_vec()),
+            (vec![11.0], vec![10.0])
+        );
+        all_released_or_escaped(s.last_child_stats().unwrap());
+    });
+}

@@ -11,11 +11,21 @@ pub(crate) struct Options {
     pub(crate) accepted: &'static [Accepted],
 }
 
-/// One accepted option: its name, what its value is, and an example.
+/// One accepted option: its name, the kind of its value, what the value is, and an example.
 pub(crate) struct Accepted {
     pub(crate) name: &'static str,
+    pub(crate) kind: Kind,
     pub(crate) value: &'static str,
     pub(crate) example: &'static str,
+}
+
+/// The kind of literal an option takes.
+#[derive(Clone, Copy)]
+pub(crate) enum Kind {
+    /// A whole number, `every = 4`.
+    Int,
+    /// A path in a string, `crate = "tensorscope"`.
+    Path,
 }
 
 /// A parsed option value, with the span of its key for later errors.
@@ -45,7 +55,7 @@ pub(crate) fn parse(
                 span,
                 format!("`{key}` is given twice; keep one"),
             )),
-            Some(accepted) => match parse_value(&key, &value) {
+            Some(accepted) => match parse_value(accepted.kind, &value) {
                 Some(v) => found.push((key, span, v)),
                 None => errors.push(syn::Error::new_spanned(
                     &value,
@@ -73,13 +83,13 @@ pub(crate) fn parse(
     }
 }
 
-fn parse_value(key: &str, value: &Expr) -> Option<Value> {
+fn parse_value(kind: Kind, value: &Expr) -> Option<Value> {
     let Expr::Lit(ExprLit { lit, .. }) = value else {
         return None;
     };
-    match (key, lit) {
-        ("crate", Lit::Str(s)) => parse_path(s).map(Value::Path),
-        (_, Lit::Int(i)) => i.base10_parse().ok().map(Value::Int),
+    match (kind, lit) {
+        (Kind::Path, Lit::Str(s)) => parse_path(s).map(Value::Path),
+        (Kind::Int, Lit::Int(i)) => i.base10_parse().ok().map(Value::Int),
         _ => None,
     }
 }

@@ -7,18 +7,20 @@ use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{FnArg, Ident, ItemFn, Lifetime, Pat, PatIdent, Path, ReturnType, Type};
 
-use crate::args::{self, Accepted, Options, Value};
+use crate::args::{self, Accepted, Kind as ValueKind, Options, Value};
 
 const OPTIONS: Options = Options {
     attr: "#[dispose_scope]",
     accepted: &[
         Accepted {
             name: "max_memory_mb",
+            kind: ValueKind::Int,
             value: "a whole number of MiB, at least 1",
             example: "max_memory_mb = 256",
         },
         Accepted {
             name: "crate",
+            kind: ValueKind::Path,
             value: "the path of the tensorscope crate as a string",
             example: "crate = \"my_reexports::tensorscope\"",
         },
@@ -56,7 +58,7 @@ fn first_token_span(item: &TokenStream) -> Span {
 }
 
 struct Settings {
-    max_memory_mb: Option<u64>,
+    max_memory_mb: Option<usize>,
     krate: Path,
 }
 
@@ -81,15 +83,21 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
     };
     match args::parse(&OPTIONS, args) {
         Ok(found) => {
-            for (key, span, value) in found {
-                match (key.as_str(), value) {
-                    ("max_memory_mb", Value::Int(0)) => errors.push(syn::Error::new(
+            // `max_memory_mb` is the only number and `crate` the only path (see `OPTIONS`).
+            for (_, span, value) in found {
+                match value {
+                    Value::Int(0) => errors.push(syn::Error::new(
                         span,
                         "`max_memory_mb = 0` would fail every rent; give at least 1 (MiB)",
                     )),
-                    ("max_memory_mb", Value::Int(n)) => settings.max_memory_mb = Some(n),
-                    (_, Value::Path(path)) => settings.krate = path,
-                    (_, Value::Int(_)) => unreachable!("only max_memory_mb takes a number"),
+                    Value::Int(n) => match usize::try_from(n) {
+                        Ok(n) => settings.max_memory_mb = Some(n),
+                        Err(_) => errors.push(syn::Error::new(
+                            span,
+                            "`max_memory_mb` does not fit this target's `usize`",
+                        )),
+                    },
+                    Value::Path(path) => settings.krate = path,
                 }
             }
         }
@@ -105,15 +113,50 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
 }
 
 /// How a parameter takes part: the scope to open a child of, or a tensor to rebind.
-enum Param {
-    Scope(Ident),
-    TensorRef(Ident),
-    TensorOwned(PatIdent),
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Scope,
+    TensorRef,
+    TensorOwned,
 }
 
-fn last_segment_is(ty: &Type, name: &str) -> bool {
-    matches!(ty, Type::Path(p) if p.qself.is_none()
-        && p.path.segments.last().is_some_and(|s| s.ident == name))
+/// A parameter the macro works with: its binding, its kind, and its brand lifetime (the lifetime of
+/// a `&'a Scope` borrow, or the first lifetime argument of `Tensor<'a, ..>`).
+struct Param {
+    pat: PatIdent,
+    kind: Kind,
+    brand: Option<String>,
+}
+
+/// The type inside invisible groups (from `macro_rules!` `$t:ty`) and parentheses.
+fn peel(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(g) => peel(&g.elem),
+        Type::Paren(p) => peel(&p.elem),
+        _ => ty,
+    }
+}
+
+/// The last path segment of `ty` if it is named `name`.
+fn segment_named<'t>(ty: &'t Type, name: &str) -> Option<&'t syn::PathSegment> {
+    match peel(ty) {
+        Type::Path(p) if p.qself.is_none() => p.path.segments.last().filter(|s| s.ident == name),
+        _ => None,
+    }
+}
+
+fn lifetime_args(segment: &syn::PathSegment) -> Vec<String> {
+    match &segment.arguments {
+        syn::PathArguments::AngleBracketed(a) => a
+            .args
+            .iter()
+            .filter_map(|g| match g {
+                syn::GenericArgument::Lifetime(l) => Some(l.ident.to_string()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn classify(arg: &FnArg) -> Option<Param> {
@@ -126,16 +169,60 @@ fn classify(arg: &FnArg) -> Option<Param> {
     if pat.by_ref.is_some() || pat.subpat.is_some() {
         return None;
     }
-    match &*typed.ty {
-        Type::Reference(r) if r.mutability.is_none() && last_segment_is(&r.elem, "Scope") => {
-            Some(Param::Scope(pat.ident.clone()))
+    let param = |kind, brand| {
+        Some(Param {
+            pat: pat.clone(),
+            kind,
+            brand,
+        })
+    };
+    match peel(&typed.ty) {
+        Type::Reference(r) if r.mutability.is_none() => {
+            // tensorscope's `Scope` has one lifetime parameter; `std::thread::Scope` has two.
+            if let Some(seg) = segment_named(&r.elem, "Scope") {
+                if lifetime_args(seg).len() <= 1 {
+                    return param(
+                        Kind::Scope,
+                        r.lifetime.as_ref().map(|l| l.ident.to_string()),
+                    );
+                }
+            }
+            let seg = segment_named(&r.elem, "Tensor")?;
+            param(Kind::TensorRef, lifetime_args(seg).into_iter().next())
         }
-        Type::Reference(r) if r.mutability.is_none() && last_segment_is(&r.elem, "Tensor") => {
-            Some(Param::TensorRef(pat.ident.clone()))
+        ty => {
+            let seg = segment_named(ty, "Tensor")?;
+            param(Kind::TensorOwned, lifetime_args(seg).into_iter().next())
         }
-        ty if last_segment_is(ty, "Tensor") => Some(Param::TensorOwned(pat.clone())),
-        _ => None,
     }
+}
+
+/// The named lifetimes in `ty`, `'static` and `'_` excluded.
+fn named_lifetimes(ty: &Type) -> Vec<String> {
+    struct Finder(Vec<String>);
+    impl<'ast> syn::visit::Visit<'ast> for Finder {
+        fn visit_lifetime(&mut self, l: &'ast Lifetime) {
+            if l.ident != "static" && l.ident != "_" {
+                self.0.push(l.ident.to_string());
+            }
+        }
+    }
+    let mut finder = Finder(Vec::new());
+    syn::visit::visit_type(&mut finder, ty);
+    finder.0
+}
+
+/// Whether `ty` has any lifetime at all, elided `'_` and `'static` included.
+fn has_lifetime(ty: &Type) -> bool {
+    struct Finder(bool);
+    impl<'ast> syn::visit::Visit<'ast> for Finder {
+        fn visit_lifetime(&mut self, _: &'ast Lifetime) {
+            self.0 = true;
+        }
+    }
+    let mut finder = Finder(false);
+    syn::visit::visit_type(&mut finder, ty);
+    finder.0
 }
 
 /// Replaces every named lifetime but `'static` with `'_`, so a closure's return type can be
@@ -150,11 +237,17 @@ impl VisitMut for ElideLifetimes {
     }
 }
 
-fn contains_impl_trait(ty: &Type) -> bool {
+/// Whether the inner closure's return type cannot be written out: `impl Trait` is not allowed
+/// there, and `Self` would keep the caller's brand.
+fn unannotatable(ty: &Type) -> bool {
     struct Finder(bool);
     impl<'ast> syn::visit::Visit<'ast> for Finder {
         fn visit_type_impl_trait(&mut self, _: &'ast syn::TypeImplTrait) {
             self.0 = true;
+        }
+        fn visit_path_segment(&mut self, segment: &'ast syn::PathSegment) {
+            self.0 |= segment.ident == "Self";
+            syn::visit::visit_path_segment(self, segment);
         }
     }
     let mut finder = Finder(false);
@@ -162,64 +255,165 @@ fn contains_impl_trait(ty: &Type) -> bool {
     finder.0
 }
 
+/// Checks what the expansion cannot support.
+fn check_supported(func: &ItemFn) -> syn::Result<()> {
+    if let ReturnType::Type(_, ty) = &func.sig.output {
+        if matches!(peel(ty), Type::Never(_)) {
+            return Err(syn::Error::new_spanned(
+                ty,
+                "#[dispose_scope] needs a function that returns: `-> !` has no value to escape",
+            ));
+        }
+    }
+    if let Some(attr) = func
+        .attrs
+        .iter()
+        .find(|a| a.path().is_ident("track_caller"))
+    {
+        return Err(syn::Error::new_spanned(
+            attr,
+            "#[track_caller] cannot be combined with #[dispose_scope]: the body runs in a closure, \
+             so the caller's location would be lost",
+        ));
+    }
+    Ok(())
+}
+
+/// The parameter whose scope the child is opened in, or `None` for the current pool.
+fn parent_param<'p>(params: &'p [Param], output: &ReturnType) -> syn::Result<Option<&'p Param>> {
+    let ReturnType::Type(_, ty) = output else {
+        return Ok(params.first());
+    };
+    let returned = named_lifetimes(ty);
+    if returned.is_empty() {
+        return Ok(params
+            .iter()
+            .find(|p| p.kind == Kind::Scope)
+            .or(params.first()));
+    }
+    let carrying = params
+        .iter()
+        .filter(|p| p.brand.as_ref().is_some_and(|b| returned.contains(b)));
+    let mut carrying = carrying.collect::<Vec<_>>();
+    carrying.sort_by_key(|p| p.kind != Kind::Scope);
+    match carrying.first() {
+        Some(p) => Ok(Some(p)),
+        None => Err(syn::Error::new_spanned(
+            ty,
+            format!(
+                "#[dispose_scope] cannot tell which scope the result belongs to: the return type \
+                 names `'{}`, but no `&'{0} Scope` or `Tensor<'{0}>`/`&Tensor<'{0}>` parameter \
+                 carries it (tensors inside slices, options, type aliases or `self` are not looked \
+                 into); add a parameter `s: &'{0} Scope<'_>`",
+                returned[0]
+            ),
+        )),
+    }
+}
+
 fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
+    check_supported(&func)?;
     let krate = &settings.krate;
     let private = quote!(#krate::__private);
     let scope = Ident::new("__tensorscope_scope", Span::mixed_site());
     let params: Vec<Param> = func.sig.inputs.iter().filter_map(classify).collect();
+    let parent_param = parent_param(&params, &func.sig.output)?;
 
-    let parent = params
-        .iter()
-        .find_map(|p| match p {
-            Param::Scope(ident) => Some(quote!(#private::Parent::of_scope(#ident))),
-            _ => None,
-        })
-        .or_else(|| {
-            params.iter().find_map(|p| match p {
-                Param::TensorRef(ident) => Some(quote!(#private::Parent::of_tensor(#ident))),
-                Param::TensorOwned(pat) => {
-                    let ident = &pat.ident;
-                    Some(quote!(#private::Parent::of_tensor(&#ident)))
-                }
-                Param::Scope(_) => None,
-            })
-        })
-        .unwrap_or_else(|| quote!(#private::Parent::current()));
-
-    let rebinds = params.iter().map(|p| match p {
-        Param::Scope(ident) => quote!(let #ident = #scope;),
-        Param::TensorRef(ident) => quote!(let #ident = &#scope.rebind(#ident);),
-        Param::TensorOwned(pat) => {
-            let (mutability, ident) = (&pat.mutability, &pat.ident);
-            quote!(let #mutability #ident = #scope.rebind_owned(#ident);)
+    let parent = match parent_param {
+        Some(Param {
+            pat,
+            kind: Kind::Scope,
+            ..
+        }) => {
+            let ident = &pat.ident;
+            quote!(#private::Parent::of_scope(#ident))
         }
-    });
+        Some(Param {
+            pat,
+            kind: Kind::TensorRef,
+            ..
+        }) => {
+            let ident = &pat.ident;
+            quote!(#private::Parent::of_tensor(#ident))
+        }
+        Some(Param {
+            pat,
+            kind: Kind::TensorOwned,
+            ..
+        }) => {
+            let ident = &pat.ident;
+            quote!(#private::Parent::of_tensor(&#ident))
+        }
+        None => quote!(#private::Parent::current()),
+    };
+
+    // The chosen scope parameter becomes the child; tensor parameters are rebound into it, except
+    // those named `_x` (unused by convention). `mut` moves from the parameter to the rebinding.
+    let parent_ident = parent_param.map(|p| &p.pat.ident);
+    let rebinds: Vec<TokenStream> = params
+        .iter()
+        .filter(|p| !p.pat.ident.to_string().starts_with('_'))
+        .filter_map(|p| {
+            let (mutability, ident) = (&p.pat.mutability, &p.pat.ident);
+            match p.kind {
+                Kind::Scope if Some(ident) == parent_ident => Some(quote!(let #ident = #scope;)),
+                Kind::Scope => None,
+                Kind::TensorRef => Some(quote!(let #mutability #ident = &#scope.rebind(#ident);)),
+                Kind::TensorOwned => {
+                    Some(quote!(let #mutability #ident = #scope.rebind_owned(#ident);))
+                }
+            }
+        })
+        .collect();
+    let rebound: Vec<Ident> = params
+        .iter()
+        .filter(|p| !p.pat.ident.to_string().starts_with('_') && p.kind != Kind::Scope)
+        .map(|p| p.pat.ident.clone())
+        .collect();
+    for arg in &mut func.sig.inputs {
+        if let FnArg::Typed(typed) = arg {
+            if let Pat::Ident(pat) = &mut *typed.pat {
+                if rebound.contains(&pat.ident) {
+                    pat.mutability = None;
+                }
+            }
+        }
+    }
 
     let budget = match settings.max_memory_mb {
-        Some(mb) => {
-            let mb = mb as usize;
-            quote!(::core::option::Option::Some(#private::mib(#mb)))
-        }
+        Some(mb) => quote!(::core::option::Option::Some(#private::mib(#mb))),
         None => quote!(::core::option::Option::None),
     };
 
-    let (outer_ret, inner_ret) = match &func.sig.output {
-        ReturnType::Type(_, ty) if contains_impl_trait(ty) => (quote!(), quote!()),
+    let (outer_ret, inner_ret, escapes) = match &func.sig.output {
+        ReturnType::Type(_, ty) if unannotatable(ty) => (quote!(), quote!(), true),
         ReturnType::Type(_, ty) => {
             let mut elided = (**ty).clone();
             ElideLifetimes.visit_type_mut(&mut elided);
-            (quote!(-> #ty), quote_spanned!(ty.span()=> -> #elided))
+            (
+                quote!(-> #ty),
+                quote_spanned!(ty.span()=> -> #elided),
+                has_lifetime(ty),
+            )
         }
-        ReturnType::Default => (quote!(-> ()), quote!(-> ())),
+        ReturnType::Default => (quote!(-> ()), quote!(-> ()), false),
     };
 
     let body = &func.block;
     let stmts = &body.stmts;
+    let run_body = quote!(#private::call(|| #inner_ret { #(#stmts)* }));
+    // A return type without any lifetime holds no scoped tensor, so it needs no escape (and need not
+    // implement `Escape`); if a brand hides in it, the borrow checker still refuses the body.
+    let result = match &func.sig.output {
+        // Spanned on the return type, so "cannot be escaped" points at the type to fix.
+        ReturnType::Type(_, ty) if escapes => quote_spanned!(ty.span()=> #scope.escape(#run_body)),
+        _ => run_body,
+    };
     let new_body = quote_spanned! {body.span()=>
         {
             #parent.open(#budget, |#scope| #outer_ret {
                 #(#rebinds)*
-                #scope.escape(#private::call(|| #inner_ret { #(#stmts)* }))
+                #result
             })
         }
     };

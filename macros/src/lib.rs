@@ -36,33 +36,40 @@ mod escape;
 /// });
 /// ```
 ///
-/// **The parent scope** is the first `&Scope` parameter (which the body then sees as the child), else
-/// the scope of the first tensor parameter, else a new outermost scope on the pool of the innermost
-/// scope open on this thread ([`current_pool`](../tensorscope/fn.current_pool.html)), whose escaped
-/// result is detached. The return type's brand must be that parent's brand.
+/// **The parent scope** is that of the parameter carrying the return type's brand: a `&'a Scope`
+/// parameter (which the body then sees as the child scope), else a `Tensor<'a>` or `&Tensor<'a>`
+/// parameter. If the return type names a lifetime that no such parameter carries (tensors inside a
+/// slice, an `Option`, a type alias or `self` are not looked into) the macro says so at compile time;
+/// add a `s: &'a Scope<'_>` parameter. A return type without lifetimes takes the first scope or tensor
+/// parameter, else a new outermost scope on [`current_pool`](../tensorscope/fn.current_pool.html).
 ///
-/// **Tensor parameters** (`Tensor<..>` and `&Tensor<..>` with a plain name) are rebound into the
-/// child, so ops on them rent there; an owned tensor stays unique, so by-value ops on it still write
-/// in place. `&mut Tensor` parameters are left as they are.
+/// **Tensor parameters** (`Tensor<..>` and `&Tensor<..>` with a plain name not starting with `_`) are
+/// rebound into the child, so ops on them rent there; an owned tensor stays unique, so by-value ops on
+/// it still write in place. Other inputs (`&[Tensor]`, `Option<&Tensor>`, fields of `self`) are not
+/// rebound: ops on them alone rent in their own scope. Inside the body, tensors carry the child's
+/// brand, so write `'_` rather than the function's `'a` in local type annotations.
 ///
 /// **The return value** is escaped through [`Escape`](../tensorscope/trait.Escape.html) on every path:
 /// the tail expression, `return`, `?` and early returns from loops. Tensors, tuples, arrays, `Vec`,
-/// `Option`, `Result` and `#[derive(Escape)]` structs are accepted.
+/// `Option`, `Result` and `#[derive(Escape)]` structs are accepted; a return type without lifetimes
+/// (`f32`, an ndarray array) is returned as it is.
 ///
 /// **Options:** `max_memory_mb = N` limits what the child scope and its descendants hold at once
 /// (a rent past it fails with the scope budget error); `crate = "path"` names the tensorscope crate
 /// when it is re-exported under another path.
 ///
-/// Misuse (`async fn`, a non-function item, an unknown or repeated option, a wrong value) is a compile
-/// error at the offending tokens; the function is still emitted as written so that one mistake does not
+/// Misuse (`async fn`, `const fn`, `-> !`, `#[track_caller]`, a non-function item, an unknown or
+/// repeated option, a wrong value) is a compile error at the offending tokens; the function is still emitted as written so that one mistake does not
 /// cascade into errors at every call site.
 #[proc_macro_attribute]
 pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
     dispose::expand(args.into(), item.into()).into()
 }
 
-/// Implements `Escape` for a struct with exactly one lifetime parameter, the scope brand: fields whose
-/// type mentions that lifetime are escaped, the others are moved as they are.
+/// Implements `Escape` for a struct. With one lifetime parameter, the scope brand, fields whose type
+/// mentions that lifetime are escaped and the others are moved as they are; with none, the value
+/// passes through unchanged (so it can sit in a tuple next to tensors). `#[escape(crate = "path")]`
+/// names the tensorscope crate when it is re-exported under another path.
 ///
 /// ```
 /// use tensorscope::prelude::*;
@@ -86,7 +93,7 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 ///     assert_eq!((out.hidden.len(), out.steps), (1, 1));
 /// });
 /// ```
-#[proc_macro_derive(Escape)]
+#[proc_macro_derive(Escape, attributes(escape))]
 pub fn derive_escape(input: TokenStream) -> TokenStream {
     escape::derive(input.into()).into()
 }
