@@ -320,29 +320,13 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
     let parent_param = parent_param(&params, &func.sig.output)?;
 
     let parent = match parent_param {
-        Some(Param {
-            pat,
-            kind: Kind::Scope,
-            ..
-        }) => {
-            let ident = &pat.ident;
-            quote!(#private::Parent::of_scope(#ident))
-        }
-        Some(Param {
-            pat,
-            kind: Kind::TensorRef,
-            ..
-        }) => {
-            let ident = &pat.ident;
-            quote!(#private::Parent::of_tensor(#ident))
-        }
-        Some(Param {
-            pat,
-            kind: Kind::TensorOwned,
-            ..
-        }) => {
-            let ident = &pat.ident;
-            quote!(#private::Parent::of_tensor(&#ident))
+        Some(param) => {
+            let ident = &param.pat.ident;
+            match param.kind {
+                Kind::Scope => quote!(#private::Parent::of_scope(#ident)),
+                Kind::TensorRef => quote!(#private::Parent::of_tensor(#ident)),
+                Kind::TensorOwned => quote!(#private::Parent::of_tensor(&#ident)),
+            }
         }
         None => quote!(#private::Parent::current()),
     };
