@@ -32,6 +32,7 @@
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
+pub mod checkpoint;
 mod element;
 mod error;
 mod escape;
@@ -41,6 +42,7 @@ mod pool;
 mod scope;
 mod tensor;
 
+pub use checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};
 pub use element::Element;
 pub use error::{Error, Result, Shape};
 pub use escape::{Escape, EscapeTarget};

@@ -10,7 +10,7 @@ use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::pool::{element_count, PoolBuffer};
-use crate::scope::ScopeState;
+use crate::scope::{rent_scope, ScopeState};
 
 /// An n-dimensional array of `T` in a pooled buffer, usable while the scope with brand `'s` is open.
 ///
@@ -248,6 +248,32 @@ impl<'s, T: Element> Tensor<'s, T> {
     #[track_caller]
     pub fn reshape(&self, shape: &[usize]) -> Tensor<'s, T> {
         or_panic(self.try_reshape(shape))
+    }
+
+    /// A copy converted to element type `U`, rounding to nearest (`f32` to `f16` loses precision and
+    /// maps values beyond `f16`'s range to infinity). Fails only with a budget error.
+    pub fn try_cast<U: Element>(&self) -> Result<Tensor<'s, U>> {
+        let mut out = Tensor::<U>::try_rent_in(&rent_scope(&self.scope), self.shape())?;
+        out.unique_slice_mut()
+            .iter_mut()
+            .zip(self.as_slice())
+            .for_each(|(o, &x)| *o = U::from_f64(x.to_f64()));
+        Ok(out)
+    }
+
+    /// A copy converted to element type `U`; see [`Tensor::try_cast`].
+    ///
+    /// # Panics
+    /// If the pool budget is exhausted, with the error's message.
+    #[track_caller]
+    pub fn cast<U: Element>(&self) -> Tensor<'s, U> {
+        or_panic(self.try_cast())
+    }
+
+    /// Bytes of the data itself, `len * size_of::<T>()` (the pool may hold a little more; see
+    /// [`Tensor::allocated_bytes`]).
+    pub fn data_bytes(&self) -> usize {
+        self.len() * std::mem::size_of::<T>()
     }
 
     /// Whether this handle is the only one on its buffer (so by-value ops write in place).
