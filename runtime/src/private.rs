@@ -4,6 +4,7 @@
 use std::marker::PhantomData;
 use std::rc::Rc;
 
+use crate::checkpoint::{self, CheckpointConfig, CheckpointError, Checkpointer};
 use crate::element::Element;
 use crate::scope::{current_pool, run, Scope, ScopeState};
 use crate::tensor::Tensor;
@@ -68,4 +69,70 @@ pub fn call<R>(f: impl FnOnce() -> R) -> R {
 /// `mb` mebibytes in bytes, saturating.
 pub const fn mib(mb: usize) -> usize {
     mb.saturating_mul(1 << 20)
+}
+
+/// Runs the layer loop of a `#[checkpoint]` function: `step(segment_scope, activation, layer)` for
+/// each of `layers` in order, the layers grouped into segments by the policy's plan and each segment
+/// run in its own child scope of the activation's (so its temporaries are that scope's to release).
+/// The input of each segment's first layer is saved into `ckpt`, else into the checkpointer installed
+/// on this thread ([`Checkpointer::install`]); with neither, nothing is stored (inference).
+pub fn checkpoint_layers<'s, T: Element, L: Clone>(
+    config: CheckpointConfig,
+    ckpt: Option<&mut Checkpointer<T>>,
+    input: Tensor<'s, T>,
+    layers: Vec<L>,
+    step: impl for<'b> FnMut(&'b Scope<'s>, Tensor<'b, T>, L) -> Tensor<'b, T>,
+) -> Result<Tensor<'s, T>, CheckpointError> {
+    match ckpt {
+        Some(ckpt) => run_layers(config, Some(ckpt), input, &layers, step),
+        None => checkpoint::with_active(|active| run_layers(config, active, input, &layers, step)),
+    }
+}
+
+fn run_layers<'s, T: Element, L: Clone>(
+    config: CheckpointConfig,
+    mut ckpt: Option<&mut Checkpointer<T>>,
+    input: Tensor<'s, T>,
+    layers: &[L],
+    mut step: impl for<'b> FnMut(&'b Scope<'s>, Tensor<'b, T>, L) -> Tensor<'b, T>,
+) -> Result<Tensor<'s, T>, CheckpointError> {
+    let n = layers.len();
+    let ids: Vec<usize> = (0..n).collect();
+    let plan = match ckpt.as_deref_mut() {
+        Some(ckpt) => {
+            ckpt.set_config(config);
+            ckpt.begin(&ids, &input)?;
+            ckpt.planned().to_vec()
+        }
+        None => {
+            let mut planner = Checkpointer::<T>::new(config);
+            planner.begin(&ids, &input)?;
+            planner.planned().to_vec()
+        }
+    };
+    let mut x = input;
+    for (j, &start) in plan.iter().enumerate() {
+        let end = plan.get(j + 1).copied().unwrap_or(n);
+        let parent = Parent::of_tensor(&x);
+        x = parent.open(None, |segment| {
+            let mut a = segment.rebind_owned(x);
+            for (pos, layer) in layers.iter().enumerate().take(end).skip(start) {
+                if let Some(ckpt) = ckpt.as_deref_mut() {
+                    ckpt.record(pos, &a)?;
+                }
+                a = step(segment, a, layer.clone());
+            }
+            Ok::<_, CheckpointError>(segment.escape(a))
+        })?;
+    }
+    Ok(x)
+}
+
+/// Unwraps the result of a `#[checkpoint]` loop in a function that does not return `Result`.
+#[track_caller]
+pub fn checkpoint_or_panic<T>(result: Result<T, CheckpointError>) -> T {
+    match result {
+        Ok(v) => v,
+        Err(e) => panic!("#[checkpoint]: {e}"),
+    }
 }

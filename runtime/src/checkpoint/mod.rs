@@ -409,25 +409,111 @@ impl<T: Element> Checkpointer<T> {
                 });
             }
         }
+        self.begin(layers, input)?;
+        let mut x = input.clone();
+        for (pos, &layer) in layers.iter().enumerate() {
+            self.record(pos, &x)?;
+            x = forward(&x, layer);
+        }
+        Ok(x)
+    }
+
+    /// Starts a forward over `layers` from `input`: plans, and drops earlier checkpoints.
+    pub(crate) fn begin(&mut self, layers: &[usize], input: &Tensor<'_, T>) -> Result<()> {
         let (plan, slots) = self.plan(layers.len(), input.len())?;
         self.clear();
         self.layers = layers.to_vec();
         self.shapes.clear();
         self.plan = plan;
         self.slots = slots;
-        let mut x = input.clone();
-        for (pos, &layer) in layers.iter().enumerate() {
-            self.shapes.push(x.shape().to_vec());
-            if self.plan.binary_search(&pos).is_ok() {
-                self.save(layer, &x)?;
-            } else {
-                self.saved_bytes += x.data_bytes();
-            }
-            x = forward(&x, layer);
-        }
-        Ok(x)
+        Ok(())
     }
 
+    /// Records `x`, the input of the layer at `pos`: stored if the plan says so, else counted saved.
+    pub(crate) fn record(&mut self, pos: usize, x: &Tensor<'_, T>) -> Result<()> {
+        self.shapes.push(x.shape().to_vec());
+        if self.plan.binary_search(&pos).is_ok() {
+            self.save(self.layers[pos], x)
+        } else {
+            self.saved_bytes += x.data_bytes();
+            Ok(())
+        }
+    }
+
+    /// The positions the last forward stored (its plan).
+    pub(crate) fn planned(&self) -> &[usize] {
+        &self.plan
+    }
+
+    /// Replaces the configuration; the next forward plans with it. `#[checkpoint]` uses this to apply
+    /// its options to the active checkpointer.
+    pub fn set_config(&mut self, config: CheckpointConfig) {
+        self.config = config;
+    }
+
+    /// Makes this checkpointer the active one on this thread while `f` runs: `#[checkpoint]`
+    /// functions without a `&mut Checkpointer` parameter save into it. Nested calls stack; the
+    /// checkpointer is back in `self` when `install` returns, also if `f` panics.
+    pub fn install<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let empty = Checkpointer::new(self.config.clone());
+        let taken = std::mem::replace(self, empty);
+        ACTIVE.with_borrow_mut(|stack| stack.push(Box::new(taken)));
+        let _restore = Restore(self);
+        f()
+        // `restore` drops here (or while unwinding) and puts the checkpointer back.
+    }
+}
+
+thread_local! {
+    /// Installed checkpointers, innermost last (see [`Checkpointer::install`]).
+    static ACTIVE: std::cell::RefCell<Vec<Box<dyn std::any::Any>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Puts an installed checkpointer back where it came from.
+struct Restore<'c, T: Element>(&'c mut Checkpointer<T>);
+
+impl<T: Element> Drop for Restore<'_, T> {
+    fn drop(&mut self) {
+        let top = ACTIVE.with_borrow_mut(Vec::pop);
+        if let Some(Ok(ckpt)) = top.map(|b| b.downcast::<Checkpointer<T>>()) {
+            *self.0 = *ckpt;
+        }
+    }
+}
+
+/// Runs `f` with the innermost installed checkpointer of element type `T`, taken out of the
+/// thread's stack for the duration (so a nested `#[checkpoint]` sees the next one down), or with
+/// `None` if there is none.
+pub(crate) fn with_active<T: Element, R>(f: impl FnOnce(Option<&mut Checkpointer<T>>) -> R) -> R {
+    let top = ACTIVE.with_borrow_mut(|stack| {
+        let is_t = stack.last().is_some_and(|b| b.is::<Checkpointer<T>>());
+        if is_t {
+            stack.pop()
+        } else {
+            None
+        }
+    });
+    let Some(boxed) = top else {
+        return f(None);
+    };
+    /// Pushes the checkpointer back when `f` ends, by return or by unwinding.
+    struct PutBack(Option<Box<dyn std::any::Any>>);
+    impl Drop for PutBack {
+        fn drop(&mut self) {
+            if let Some(b) = self.0.take() {
+                ACTIVE.with_borrow_mut(|stack| stack.push(b));
+            }
+        }
+    }
+    let mut guard = PutBack(Some(boxed));
+    f(guard
+        .0
+        .as_mut()
+        .and_then(|b| b.downcast_mut::<Checkpointer<T>>()))
+}
+
+impl<T: Element> Checkpointer<T> {
     fn position(&self, layer: usize, layers: &[usize]) -> Result<usize> {
         layers
             .iter()
