@@ -26,22 +26,26 @@ pub(crate) enum Kind {
     Int,
     /// A path in a string, `crate = "tensorscope"`.
     Path,
+    /// A string, `precision = "f16"`.
+    Str,
 }
 
 /// A parsed option value, with the span of its key for later errors.
 pub(crate) enum Value {
     Int(u64),
     Path(Path),
+    Str(String),
 }
 
-/// Parses `key = value, ...`. Every problem is collected into one error (unknown keys with a
-/// did-you-mean, repeated keys, values of the wrong kind), so a user sees them all at once.
+/// Parses `key = value, ...` and returns the options that parsed. Every problem (unknown keys with a
+/// did-you-mean, repeated keys, values of the wrong kind) is pushed to `errors`, and the rest is still
+/// parsed, so that the caller can check it too and the user sees every mistake at once.
 pub(crate) fn parse(
     options: &Options,
     args: TokenStream,
-) -> syn::Result<Vec<(String, Span, Value)>> {
+    errors: &mut Vec<syn::Error>,
+) -> Vec<(String, Span, Value)> {
     let mut found: Vec<(String, Span, Value)> = Vec::new();
-    let mut errors: Vec<syn::Error> = Vec::new();
     let parser = syn::meta::parser(|meta: ParseNestedMeta<'_>| {
         let path = &meta.path;
         let key = path
@@ -68,18 +72,23 @@ pub(crate) fn parse(
         }
         Ok(())
     });
-    parser.parse2(args).map_err(|e| {
-        syn::Error::new(
+    if let Err(e) = parser.parse2(args) {
+        errors.push(syn::Error::new(
             e.span(),
             format!("{e}; {} accepts {}", options.attr, accepted_list(options)),
-        )
-    })?;
+        ));
+    }
+    found
+}
+
+/// All of `errors` as one error (shown together), or `Ok` if there are none.
+pub(crate) fn combine(errors: Vec<syn::Error>) -> syn::Result<()> {
     match errors.into_iter().reduce(|mut a, b| {
         a.combine(b);
         a
     }) {
         Some(e) => Err(e),
-        None => Ok(found),
+        None => Ok(()),
     }
 }
 
@@ -90,6 +99,7 @@ fn parse_value(kind: Kind, value: &Expr) -> Option<Value> {
     match (kind, lit) {
         (Kind::Path, Lit::Str(s)) => parse_path(s).map(Value::Path),
         (Kind::Int, Lit::Int(i)) => i.base10_parse().ok().map(Value::Int),
+        (Kind::Str, Lit::Str(s)) => Some(Value::Str(s.value())),
         _ => None,
     }
 }

@@ -81,35 +81,25 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
         max_memory_mb: None,
         krate: syn::parse_quote!(::tensorscope),
     };
-    match args::parse(&OPTIONS, args) {
-        Ok(found) => {
-            // `max_memory_mb` is the only number and `crate` the only path (see `OPTIONS`).
-            for (_, span, value) in found {
-                match value {
-                    Value::Int(0) => errors.push(syn::Error::new(
-                        span,
-                        "`max_memory_mb = 0` would fail every rent; give at least 1 (MiB)",
-                    )),
-                    Value::Int(n) => match usize::try_from(n) {
-                        Ok(n) => settings.max_memory_mb = Some(n),
-                        Err(_) => errors.push(syn::Error::new(
-                            span,
-                            "`max_memory_mb` does not fit this target's `usize`",
-                        )),
-                    },
-                    Value::Path(path) => settings.krate = path,
-                }
-            }
+    // `max_memory_mb` is the only number and `crate` the only path (see `OPTIONS`).
+    for (_, span, value) in args::parse(&OPTIONS, args, &mut errors) {
+        match value {
+            Value::Int(0) => errors.push(syn::Error::new(
+                span,
+                "`max_memory_mb = 0` would fail every rent; give at least 1 (MiB)",
+            )),
+            Value::Int(n) => match usize::try_from(n) {
+                Ok(n) => settings.max_memory_mb = Some(n),
+                Err(_) => errors.push(syn::Error::new(
+                    span,
+                    "`max_memory_mb` does not fit this target's `usize`",
+                )),
+            },
+            Value::Path(path) => settings.krate = path,
+            Value::Str(_) => {} // no string option here
         }
-        Err(e) => errors.push(e),
     }
-    match errors.into_iter().reduce(|mut a, b| {
-        a.combine(b);
-        a
-    }) {
-        Some(e) => Err(e),
-        None => Ok(settings),
-    }
+    args::combine(errors).map(|()| settings)
 }
 
 /// How a parameter takes part: the scope to open a child of, or a tensor to rebind.

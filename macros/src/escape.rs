@@ -22,11 +22,13 @@ fn crate_path(input: &DeriveInput) -> syn::Result<Path> {
     let mut krate: Path = syn::parse_quote!(::tensorscope);
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("escape")) {
         let tokens = attr.meta.require_list()?.tokens.clone();
-        for (_, _, value) in args::parse(&OPTIONS, tokens)? {
+        let mut errors = Vec::new();
+        for (_, _, value) in args::parse(&OPTIONS, tokens, &mut errors) {
             if let Value::Path(path) = value {
                 krate = path;
             }
         }
+        args::combine(errors)?;
     }
     Ok(krate)
 }

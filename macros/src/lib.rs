@@ -8,6 +8,7 @@
 use proc_macro::TokenStream;
 
 mod args;
+mod checkpoint;
 mod dispose;
 mod escape;
 
@@ -64,6 +65,64 @@ mod escape;
 #[proc_macro_attribute]
 pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
     dispose::expand(args.into(), item.into()).into()
+}
+
+/// Inserts activation checkpointing into a forward function whose body is a `for` loop over layers
+/// that reassigns the activation, or a sequence of `let` statements that rebind it.
+///
+/// ```
+/// use tensorscope::prelude::*;
+/// use tensorscope::{CheckpointConfig, Checkpointer, Policy};
+///
+/// struct Mlp { weights: Vec<Tensor<'static>> }
+///
+/// impl Mlp {
+///     #[checkpoint(every = 2)]
+///     fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
+///         let mut x = x;
+///         for w in &self.weights {
+///             x = x.matmul(w).tanh(); // one layer: a step of the checkpointed loop
+///         }
+///         x
+///     }
+/// }
+///
+/// let pool = Pool::with_max_memory_mb(64);
+/// let mlp = pool.scope(|s| Mlp {
+///     weights: (0..6).map(|i| (s.randn::<f32>(&[8, 8], i) * 0.3).detach()).collect(),
+/// });
+/// let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(1)));
+/// pool.scope(|s| {
+///     let y = mlp.forward(&mut ckpt, s.ones::<f32>(&[2, 8]));
+///     assert_eq!(y.shape(), &[2, 8]);
+/// });
+/// // The attribute's policy applies: the inputs of layers 0, 2 and 4 are stored.
+/// assert_eq!(ckpt.stored_layers(), vec![0, 2, 4]);
+/// ```
+///
+/// **Where checkpoints go.** A `&mut Checkpointer` parameter, else the checkpointer installed on this
+/// thread with [`Checkpointer::install`](../tensorscope/checkpoint/struct.Checkpointer.html#method.install);
+/// with neither, the function runs as a plain segmented forward and stores nothing (inference). The
+/// attribute's options are applied to the checkpointer (`set_config`) before the forward. The stored
+/// layers are numbered by position: 0 for the first step of the loop or sequence.
+///
+/// **Segments.** The layers are grouped by the policy; each group runs in its own child scope of the
+/// activation's, so whatever a layer rents is that segment's and is released by its end at the latest.
+/// Inside the loop or sequence the activation carries the segment's brand: write `'_` in local type
+/// annotations there.
+///
+/// **The two forms.** A `for pat in iter { ...; act = ...; }` loop (the activation is the variable the
+/// body assigns), or two or more `let act = ...;` statements in a row (the first computes the input
+/// of the sequence; each later one is a layer). A layer's code cannot `return`, `break`, `continue` or
+/// use `?`. An error of the checkpointer (e.g. a NaN in an activation being stored) panics with its
+/// message.
+///
+/// **Options:** `every = N` or `policy = "sqrt"` (one of them is required), `precision = "f32" |
+/// "f16" | "bf16"`, `max = M` (at most `M` checkpoints), `crate = "path"`. Misuse is a compile error at
+/// the offending tokens, and the function is still emitted as written.
+#[proc_macro_attribute]
+pub fn checkpoint(args: TokenStream, item: TokenStream) -> TokenStream {
+    checkpoint::expand(args.into(), item.into()).into()
 }
 
 /// Implements `Escape` for a struct. With one lifetime parameter, the scope brand, fields whose type

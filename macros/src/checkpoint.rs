@@ -1,0 +1,346 @@
+//! `#[checkpoint(...)]`: activation checkpointing inserted into a layer loop or a sequence of
+//! `let` statements.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::visit::Visit;
+use syn::{Block, Expr, FnArg, Ident, ItemFn, Local, Pat, Path, Stmt, Type};
+
+use crate::args::{self, Accepted, Kind, Options, Value};
+
+const OPTIONS: Options = Options {
+    attr: "#[checkpoint]",
+    accepted: &[
+        Accepted {
+            name: "every",
+            kind: Kind::Int,
+            value: "a whole number of layers per segment, at least 1",
+            example: "every = 4",
+        },
+        Accepted {
+            name: "policy",
+            kind: Kind::Str,
+            value: "\"sqrt\" (segments of about sqrt(n) layers)",
+            example: "policy = \"sqrt\"",
+        },
+        Accepted {
+            name: "precision",
+            kind: Kind::Str,
+            value: "\"f32\", \"f16\" or \"bf16\"",
+            example: "precision = \"f16\"",
+        },
+        Accepted {
+            name: "max",
+            kind: Kind::Int,
+            value: "the most checkpoints to store, at least 1",
+            example: "max = 16",
+        },
+        Accepted {
+            name: "crate",
+            kind: Kind::Path,
+            value: "the path of the tensorscope crate as a string",
+            example: "crate = \"my_reexports::tensorscope\"",
+        },
+    ],
+};
+
+struct Settings {
+    policy: TokenStream,
+    precision: TokenStream,
+    max: Option<u64>,
+    krate: Path,
+}
+
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let func = match syn::parse2::<ItemFn>(item.clone()) {
+        Ok(func) => func,
+        Err(_) => {
+            let span = item
+                .clone()
+                .into_iter()
+                .next()
+                .map_or_else(Span::call_site, |t| t.span());
+            let error = syn::Error::new(span, "#[checkpoint] applies to a function with a body");
+            return with_item(error, item);
+        }
+    };
+    let settings = settings(args, &func);
+    match settings.and_then(|s| generate(&s, func)) {
+        Ok(tokens) => tokens,
+        Err(error) => with_item(error, item),
+    }
+}
+
+fn with_item(error: syn::Error, item: TokenStream) -> TokenStream {
+    let error = error.into_compile_error();
+    quote!(#error #item)
+}
+
+fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
+    let mut errors: Vec<syn::Error> = Vec::new();
+    if let Some(token) = func.sig.asyncness {
+        errors.push(syn::Error::new(
+            token.span(),
+            "#[checkpoint] does not support `async fn`: checkpointed segments run in scopes that \
+             cannot be held across an `.await`",
+        ));
+    }
+    let found = args::parse(&OPTIONS, args, &mut errors);
+    let mut settings = Settings {
+        policy: TokenStream::new(),
+        precision: quote!(Full),
+        max: None,
+        krate: syn::parse_quote!(::tensorscope),
+    };
+    let mut policy_key: Option<&str> = None;
+    for (key, span, value) in &found {
+        let error = |message: String| syn::Error::new(*span, message);
+        match (key.as_str(), value) {
+            ("every" | "policy", _) if policy_key.is_some() => errors.push(error(format!(
+                "give either `every` or `policy`, not both (`{}` is already given)",
+                policy_key.unwrap_or_default()
+            ))),
+            ("every", Value::Int(0)) => errors.push(error(
+                "`every = 0` would never store a checkpoint; give at least 1".into(),
+            )),
+            ("every", Value::Int(k)) => {
+                policy_key = Some("every");
+                let k = usize::try_from(*k).unwrap_or(usize::MAX);
+                settings.policy = quote!(Every(#k));
+            }
+            ("policy", Value::Str(p)) if p == "sqrt" => {
+                policy_key = Some("policy");
+                settings.policy = quote!(Sqrt);
+            }
+            ("policy", Value::Str(p)) => errors.push(error(format!(
+                "unknown policy \"{p}\"; accepted: \"sqrt\" (or `every = N`)"
+            ))),
+            ("precision", Value::Str(p)) => match p.as_str() {
+                "f32" => settings.precision = quote!(Full),
+                "f16" => settings.precision = quote!(F16),
+                "bf16" => settings.precision = quote!(Bf16),
+                _ => errors.push(error(format!(
+                    "unknown precision \"{p}\"; accepted: \"f32\", \"f16\", \"bf16\""
+                ))),
+            },
+            ("max", Value::Int(0)) => errors.push(error(
+                "`max = 0` would refuse every checkpoint; give at least 1".into(),
+            )),
+            ("max", Value::Int(m)) => settings.max = Some(*m),
+            (_, Value::Path(path)) => settings.krate = path.clone(),
+            _ => {}
+        }
+    }
+    if policy_key.is_none() && errors.is_empty() {
+        errors.push(syn::Error::new(
+            Span::call_site(),
+            "#[checkpoint] needs a policy: `every = N` or `policy = \"sqrt\"`",
+        ));
+    }
+    args::combine(errors).map(|()| settings)
+}
+
+/// Finds `return`, `break`, `continue` and `?` outside nested closures and async blocks.
+struct ControlFlow(Option<Span>);
+
+impl<'ast> Visit<'ast> for ControlFlow {
+    fn visit_expr_return(&mut self, e: &'ast syn::ExprReturn) {
+        self.0.get_or_insert(e.span());
+    }
+    fn visit_expr_break(&mut self, e: &'ast syn::ExprBreak) {
+        self.0.get_or_insert(e.span());
+    }
+    fn visit_expr_continue(&mut self, e: &'ast syn::ExprContinue) {
+        self.0.get_or_insert(e.span());
+    }
+    fn visit_expr_try(&mut self, e: &'ast syn::ExprTry) {
+        self.0.get_or_insert(e.question_token.span());
+    }
+    fn visit_expr_closure(&mut self, _: &'ast syn::ExprClosure) {}
+    fn visit_expr_async(&mut self, _: &'ast syn::ExprAsync) {}
+    fn visit_expr_for_loop(&mut self, e: &'ast syn::ExprForLoop) {
+        // A loop inside the step may break or continue itself.
+        self.visit_expr(&e.expr);
+    }
+    fn visit_expr_while(&mut self, e: &'ast syn::ExprWhile) {
+        self.visit_expr(&e.cond);
+    }
+    fn visit_expr_loop(&mut self, _: &'ast syn::ExprLoop) {}
+}
+
+fn check_no_control_flow(block: &Block) -> syn::Result<()> {
+    let mut finder = ControlFlow(None);
+    finder.visit_block(block);
+    match finder.0 {
+        Some(span) => Err(syn::Error::new(
+            span,
+            "#[checkpoint] runs each layer as one step of a checkpointed loop, so a layer's code \
+             cannot `return`, `break`, `continue` or use `?`",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The identifier a statement `name = ...;` assigns.
+fn assigned(stmt: &Stmt) -> Option<&Ident> {
+    let Stmt::Expr(Expr::Assign(assign), Some(_)) = stmt else {
+        return None;
+    };
+    match &*assign.left {
+        Expr::Path(p) if p.qself.is_none() => p.path.get_ident(),
+        _ => None,
+    }
+}
+
+/// The name and initial value of `let name = init;` (optionally typed, no `else`).
+fn rebinding(stmt: &Stmt) -> Option<(&Ident, &Expr)> {
+    let Stmt::Local(Local {
+        pat,
+        init: Some(init),
+        ..
+    }) = stmt
+    else {
+        return None;
+    };
+    if init.diverge.is_some() {
+        return None;
+    }
+    let pat = match pat {
+        Pat::Type(typed) => &*typed.pat,
+        pat => pat,
+    };
+    match pat {
+        Pat::Ident(p) if p.subpat.is_none() && p.by_ref.is_none() => Some((&p.ident, &init.expr)),
+        _ => None,
+    }
+}
+
+/// The `&mut Checkpointer` parameter, if any.
+fn checkpointer_param(func: &ItemFn) -> Option<&Ident> {
+    func.sig.inputs.iter().find_map(|arg| {
+        let FnArg::Typed(typed) = arg else {
+            return None;
+        };
+        let (Pat::Ident(pat), Type::Reference(r)) = (&*typed.pat, &*typed.ty) else {
+            return None;
+        };
+        let Type::Path(p) = &*r.elem else {
+            return None;
+        };
+        let is_ckpt = r.mutability.is_some()
+            && p.path
+                .segments
+                .last()
+                .is_some_and(|s| s.ident == "Checkpointer");
+        is_ckpt.then_some(&pat.ident)
+    })
+}
+
+fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
+    let krate = &settings.krate;
+    let private = quote!(#krate::__private);
+    let (policy, precision) = (&settings.policy, &settings.precision);
+    let max = settings
+        .max
+        .map(|m| {
+            let m = usize::try_from(m).unwrap_or(usize::MAX);
+            quote!(.with_max_checkpoints(#m))
+        })
+        .unwrap_or_default();
+    let config = quote! {
+        #krate::CheckpointConfig::new(#krate::Policy::#policy)
+            .with_precision(#krate::Precision::#precision)
+            #max
+    };
+    let ckpt = match checkpointer_param(&func) {
+        Some(ident) => quote!(::core::option::Option::Some(&mut *#ident)),
+        None => quote!(::core::option::Option::None),
+    };
+    let segment = Ident::new("_tensorscope_segment", Span::mixed_site());
+    let run = |act: &Ident, layers: TokenStream, step: TokenStream, span: Span| {
+        quote_spanned! {span=>
+            #private::checkpoint_or_panic(#private::checkpoint_layers(
+                #config, #ckpt, #act, #layers, #step,
+            ))
+        }
+    };
+
+    let stmts = &mut func.block.stmts;
+    // The loop form: `for pat in iter { ...; act = ...; }`.
+    let loop_at = stmts.iter().position(|s| match s {
+        Stmt::Expr(Expr::ForLoop(f), _) => f.body.stmts.iter().any(|s| assigned(s).is_some()),
+        _ => false,
+    });
+    if let Some(i) = loop_at {
+        let Stmt::Expr(Expr::ForLoop(for_loop), _) = &stmts[i] else {
+            unreachable!("found above");
+        };
+        if let Some(label) = &for_loop.label {
+            return Err(syn::Error::new_spanned(
+                label,
+                "#[checkpoint] cannot keep a label on the layer loop",
+            ));
+        }
+        check_no_control_flow(&for_loop.body)?;
+        let act = for_loop
+            .body
+            .stmts
+            .iter()
+            .find_map(assigned)
+            .cloned()
+            .expect("found above");
+        let (pat, iter, body) = (&for_loop.pat, &for_loop.expr, &for_loop.body.stmts);
+        let layers = quote! {
+            ::core::iter::IntoIterator::into_iter(#iter).collect::<::std::vec::Vec<_>>()
+        };
+        let step = quote!(|#segment, mut #act, #pat| { let _ = #segment; #(#body)* #act });
+        let call = run(&act, layers, step, for_loop.span());
+        stmts[i] = syn::parse2(quote!(#act = #call;))?;
+        return Ok(quote!(#func));
+    }
+
+    // The sequence form: `let act = ...;` twice or more in a row, the first giving the input.
+    let run_at = (0..stmts.len()).find_map(|start| {
+        let (name, _) = rebinding(&stmts[start])?;
+        let len = stmts[start..]
+            .iter()
+            .take_while(|s| rebinding(s).is_some_and(|(n, _)| n == name))
+            .count();
+        (len >= 2).then_some((start, len))
+    });
+    if let Some((start, len)) = run_at {
+        let act = rebinding(&stmts[start]).expect("found above").0.clone();
+        let steps: Vec<&Expr> = stmts[start + 1..start + len]
+            .iter()
+            .map(|s| rebinding(s).expect("found above").1)
+            .collect();
+        for step in &steps {
+            check_no_control_flow(&syn::parse_quote!({ #step }))?;
+        }
+        let count = steps.len();
+        let arms = steps.iter().enumerate().map(|(i, expr)| {
+            if i + 1 == count {
+                quote!(_ => { #expr })
+            } else {
+                quote!(#i => { #expr })
+            }
+        });
+        let index = Ident::new("__tensorscope_layer", Span::mixed_site());
+        let layers = quote!((0..#count).collect::<::std::vec::Vec<usize>>());
+        let step = quote! {
+            |#segment, #act, #index: usize| { let _ = #segment; match #index { #(#arms)* } }
+        };
+        let call = run(&act, layers, step, stmts[start + 1].span());
+        let replacement: Stmt = syn::parse2(quote!(let #act = #call;))?;
+        stmts.splice(start + 1..start + len, [replacement]);
+        return Ok(quote!(#func));
+    }
+
+    Err(syn::Error::new(
+        func.sig.ident.span(),
+        "#[checkpoint] found no layer loop or sequence in this function: write a `for` loop over \
+         the layers that reassigns the activation (`for layer in &self.layers { x = \
+         layer.forward(&x); }`) or a sequence of `let x = ...;` statements rebinding it",
+    ))
+}

@@ -1,0 +1,207 @@
+//! `#[checkpoint]`: both body forms, the three places checkpoints go, policies and precision, and
+//! exact recompute from what the annotated forward stored.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use tensorscope::prelude::*;
+use tensorscope::{CheckpointConfig, Checkpointer, Policy};
+
+struct Mlp {
+    weights: Vec<Tensor<'static>>,
+}
+
+impl Mlp {
+    fn new(pool: &Pool, n: usize, width: usize) -> Self {
+        pool.scope(|s| Mlp {
+            weights: (0..n)
+                .map(|i| (s.randn::<f32>(&[width, width], i as u64) * 0.2).detach())
+                .collect(),
+        })
+    }
+
+    /// One layer, also used to replay layers from checkpoints.
+    fn layer<'s>(&self, x: &Tensor<'s>, i: usize) -> Tensor<'s> {
+        (&x.matmul(&self.weights[i]) + x).tanh()
+    }
+
+    #[checkpoint(every = 4)]
+    fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for (i, _) in self.weights.iter().enumerate() {
+            let h = self.layer(&x, i);
+            x = h;
+        }
+        x
+    }
+
+    #[checkpoint(policy = "sqrt", precision = "f16")]
+    fn forward_installed<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for i in 0..self.weights.len() {
+            x = self.layer(&x, i);
+        }
+        x
+    }
+
+    fn forward_plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
+        (0..self.weights.len()).fold(x, |x, i| self.layer(&x, i))
+    }
+}
+
+#[test]
+fn the_loop_form_stores_the_policy_layers_and_replays_exactly() {
+    let pool = Pool::with_max_memory_mb(64);
+    let mlp = Mlp::new(&pool, 16, 8);
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(1)));
+    pool.scope(|s| {
+        let input = s.randn::<f32>(&[4, 8], 42);
+        let y = mlp.forward(&mut ckpt, input.clone());
+        assert_eq!(y.to_vec(), mlp.forward_plain(input.clone()).to_vec());
+        assert_eq!(ckpt.stored_layers(), vec![0, 4, 8, 12]);
+        assert_eq!(
+            ckpt.config().policy,
+            Policy::Every(4),
+            "the attribute's policy applies"
+        );
+        assert_eq!(ckpt.memory_saved_bytes(), 12 * 4 * 8 * 4);
+
+        // Replay any layer's input from the stored checkpoints: bit-identical.
+        let layers: Vec<usize> = (0..16).collect();
+        let mut plain = input.clone();
+        for i in 0..16 {
+            let replayed = ckpt
+                .recompute_from_checkpoint(i, &layers, |x, l| mlp.layer(x, l))
+                .unwrap();
+            assert_eq!(replayed.to_vec(), plain.to_vec(), "input of layer {i}");
+            plain = mlp.layer(&plain, i);
+        }
+    });
+}
+
+#[test]
+fn segments_release_their_temporaries() {
+    let pool = Pool::with_max_memory_mb(64);
+    let mlp = Mlp::new(&pool, 16, 8);
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(1)));
+    pool.scope(|s| {
+        let before = pool.stats().bytes_in_use;
+        let y = mlp.forward(&mut ckpt, s.randn::<f32>(&[4, 8], 42));
+        let segment = s
+            .last_child_stats()
+            .expect("the last segment ran in a child scope");
+        assert_eq!(
+            (segment.escaped, segment.leaked, segment.bytes_in_use),
+            (1, 0, 0)
+        );
+        assert_eq!(
+            segment.rented + segment.adopted,
+            segment.released + segment.escaped
+        );
+        // What stays: the output and the four stored inputs (aliases of forward activations).
+        assert_eq!(
+            pool.stats().bytes_in_use,
+            before + y.allocated_bytes() + 4 * 128,
+            "everything else went back to the pool"
+        );
+    });
+}
+
+#[test]
+fn the_installed_checkpointer_is_used_without_a_parameter() {
+    let pool = Pool::with_max_memory_mb(64);
+    let mlp = Mlp::new(&pool, 16, 8);
+    let mut ckpt = Checkpointer::<f32>::new(CheckpointConfig::new(Policy::Every(1)));
+    pool.scope(|s| {
+        let input = s.randn::<f32>(&[4, 8], 1);
+        let y = ckpt.install(|| mlp.forward_installed(input.clone()));
+        assert_eq!(ckpt.stored_layers(), vec![0, 4, 8, 12], "sqrt(16) = 4");
+        assert_eq!(
+            ckpt.memory_stored_bytes(),
+            4 * 32 * 2,
+            "f16: two bytes an element"
+        );
+        assert_eq!(y.to_vec(), mlp.forward_plain(input.clone()).to_vec());
+        // Not installed: the same result, and `ckpt` is left as it was (no forward replanned it).
+        let ckpt_before = ckpt.stored_layers();
+        let bytes_before = ckpt.memory_stored_bytes();
+        assert_eq!(mlp.forward_installed(input.clone()).to_vec(), y.to_vec());
+        assert_eq!(
+            (ckpt.stored_layers(), ckpt.memory_stored_bytes()),
+            (ckpt_before, bytes_before)
+        );
+    });
+}
+
+struct Stack {
+    a: Tensor<'static>,
+    b: Tensor<'static>,
+}
+
+impl Stack {
+    #[checkpoint(every = 2, max = 3)]
+    fn forward<'a>(&self, ckpt: &mut Checkpointer, x: &Tensor<'a>) -> Tensor<'a> {
+        let x = x * 1.0; // the input of the sequence
+        let x = x.matmul(&self.a).relu();
+        let x = &x + 1.0;
+        let x = x.matmul(&self.b).tanh();
+        let x = x.exp();
+        let x = x.sum(1);
+        x
+    }
+}
+
+#[test]
+fn the_sequence_form_stores_its_policy_layers() {
+    let pool = Pool::with_max_memory_mb(64);
+    let stack = pool.scope(|s| Stack {
+        a: (s.randn::<f32>(&[3, 3], 5) * 0.5).detach(),
+        b: (s.randn::<f32>(&[3, 3], 6) * 0.5).detach(),
+    });
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Sqrt));
+    pool.scope(|s| {
+        let x = s.randn::<f32>(&[2, 3], 9);
+        let y = stack.forward(&mut ckpt, &x);
+        let expected = x.matmul(&stack.a).relu() + 1.0;
+        let expected = expected.matmul(&stack.b).tanh().exp().sum(1);
+        assert_eq!(y.to_vec(), expected.to_vec());
+        assert_eq!(
+            ckpt.stored_layers(),
+            vec![0, 2, 4],
+            "5 layer steps, every 2"
+        );
+    });
+}
+
+impl Stack {
+    #[checkpoint(every = 1, max = 2)]
+    fn too_many<'a>(&self, ckpt: &mut Checkpointer, x: &Tensor<'a>) -> Tensor<'a> {
+        let x = x * 1.0;
+        let x = x.relu();
+        let x = x.exp();
+        let x = x.tanh();
+        x
+    }
+}
+
+#[test]
+fn a_checkpointer_error_panics_with_its_message() {
+    let pool = Pool::with_max_memory_mb(64);
+    let stack = pool.scope(|s| Stack {
+        a: s.ones::<f32>(&[1, 1]).detach(),
+        b: s.ones::<f32>(&[1, 1]).detach(),
+    });
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Sqrt));
+    pool.scope(|s| {
+        let x = s.ones::<f32>(&[1, 1]);
+        let panic = catch_unwind(AssertUnwindSafe(|| stack.too_many(&mut ckpt, &x))).unwrap_err();
+        assert_eq!(
+            *panic.downcast::<String>().unwrap(),
+            "#[checkpoint]: saving layer 2 would store 3 checkpoints, past the limit of 2"
+        );
+    });
+    assert_eq!(
+        pool.stats().bytes_in_use,
+        2 * 64,
+        "only the two weights remain"
+    );
+}
