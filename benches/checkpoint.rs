@@ -46,6 +46,10 @@ fn forward(c: &mut Criterion) {
             ("every4", CheckpointConfig::new(Policy::Every(4))),
             ("sqrt", CheckpointConfig::new(Policy::Sqrt)),
             (
+                "explicit_half",
+                CheckpointConfig::new(Policy::Explicit(vec![n / 2])),
+            ),
+            (
                 "sqrt_f16",
                 CheckpointConfig::new(Policy::Sqrt).with_precision(Precision::F16),
             ),

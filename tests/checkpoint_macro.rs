@@ -24,7 +24,7 @@ impl Mlp {
         (&x.matmul(&self.weights[i]) + x).tanh()
     }
 
-    #[checkpoint(every = 4)]
+    #[checkpoint(every = 4, replay = "forward_layer")]
     fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
         let mut x = x;
         for (i, _) in self.weights.iter().enumerate() {
@@ -138,7 +138,7 @@ struct Stack {
 }
 
 impl Stack {
-    #[checkpoint(every = 2, max = 3)]
+    #[checkpoint(every = 2, max = 3, replay = "step")]
     fn forward<'a>(&self, ckpt: &mut Checkpointer, x: &Tensor<'a>) -> Tensor<'a> {
         let x = x * 1.0; // the input of the sequence
         let x = x.matmul(&self.a).relu();
@@ -204,4 +204,61 @@ fn a_checkpointer_error_panics_with_its_message() {
         2 * 64,
         "only the two weights remain"
     );
+}
+
+#[test]
+fn the_generated_replay_drives_recompute_and_the_reverse_sweep() {
+    let pool = Pool::with_max_memory_mb(64);
+    let mlp = Mlp::new(&pool, 16, 8);
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(1)));
+    pool.scope(|s| {
+        let input = s.randn::<f32>(&[4, 8], 3);
+        mlp.forward(&mut ckpt, input.clone());
+        // The replay is the loop body for one layer: the same as the hand-written layer.
+        let mut inputs = Vec::new();
+        let mut plain = input.clone();
+        for i in 0..16 {
+            inputs.push(plain.to_vec());
+            let replayed = mlp.forward_layer(&plain, i);
+            plain = mlp.layer(&plain, i);
+            assert_eq!(replayed.to_vec(), plain.to_vec(), "layer {i}");
+        }
+        let a13 = ckpt
+            .recompute_from_checkpoint(13, &(0..16).collect::<Vec<_>>(), |x, i| {
+                mlp.forward_layer(x, i)
+            })
+            .unwrap();
+        assert_eq!(a13.to_vec(), inputs[13]);
+        let mut order = Vec::new();
+        let report = ckpt
+            .reverse(
+                |x, i| mlp.forward_layer(x, i),
+                |i, x| {
+                    assert_eq!(x.to_vec(), inputs[i], "input of layer {i}");
+                    order.push(i);
+                },
+            )
+            .unwrap();
+        assert_eq!(order, (0..16).rev().collect::<Vec<_>>());
+        assert_eq!(report.recomputed_steps, 16 - 4);
+    });
+}
+
+#[test]
+fn the_sequence_replay_runs_one_let_and_names_the_bad_index() {
+    let pool = Pool::with_max_memory_mb(64);
+    let stack = pool.scope(|s| Stack {
+        a: s.ones::<f32>(&[2, 2]).detach(),
+        b: s.ones::<f32>(&[2, 2]).detach(),
+    });
+    pool.scope(|s| {
+        let x = s.full::<f32>(&[1, 2], 0.5);
+        assert_eq!(stack.step(&x, 0).to_vec(), vec![1.0, 1.0]); // x.matmul(&a).relu()
+        assert_eq!(stack.step(&x, 1).to_vec(), vec![1.5, 1.5]); // &x + 1.0
+        let panic = catch_unwind(AssertUnwindSafe(|| stack.step(&x, 9))).unwrap_err();
+        assert_eq!(
+            *panic.downcast::<String>().unwrap(),
+            "layer 9 is past the last of the 5 layers"
+        );
+    });
 }

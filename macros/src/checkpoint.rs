@@ -37,6 +37,12 @@ const OPTIONS: Options = Options {
             example: "max = 16",
         },
         Accepted {
+            name: "replay",
+            kind: Kind::Str,
+            value: "the name of a function to generate that replays one layer",
+            example: "replay = \"forward_layer\"",
+        },
+        Accepted {
             name: "crate",
             kind: Kind::Path,
             value: "the path of the tensorscope crate as a string",
@@ -49,6 +55,7 @@ struct Settings {
     policy: TokenStream,
     precision: TokenStream,
     max: Option<u64>,
+    replay: Option<Ident>,
     krate: Path,
 }
 
@@ -91,6 +98,7 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
         policy: TokenStream::new(),
         precision: quote!(Full),
         max: None,
+        replay: None,
         krate: syn::parse_quote!(::tensorscope),
     };
     let mut policy_key: Option<&str> = None;
@@ -128,6 +136,12 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
                 "`max = 0` would refuse every checkpoint; give at least 1".into(),
             )),
             ("max", Value::Int(m)) => settings.max = Some(*m),
+            ("replay", Value::Str(name)) => match syn::parse_str::<Ident>(name) {
+                Ok(ident) => settings.replay = Some(Ident::new(&ident.to_string(), *span)),
+                Err(_) => errors.push(error(format!(
+                    "`replay = \"{name}\"` is not a function name"
+                ))),
+            },
             (_, Value::Path(path)) => settings.krate = path.clone(),
             _ => {}
         }
@@ -295,9 +309,23 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
             ::core::iter::IntoIterator::into_iter(#iter).collect::<::std::vec::Vec<_>>()
         };
         let step = quote!(|#segment, mut #act, #pat| { let _ = #segment; #(#body)* #act });
+        let (all, index) = (mixed("layers"), mixed("index"));
+        let replay_body = quote! {
+            let #all: ::std::vec::Vec<_> = ::core::iter::IntoIterator::into_iter(#iter).collect();
+            let #pat = match #all.get(#index) {
+                ::core::option::Option::Some(layer) => ::core::clone::Clone::clone(layer),
+                ::core::option::Option::None => ::core::panic!(
+                    "layer {} is past the last of the {} layers", #index, #all.len()
+                ),
+            };
+            let mut #act = ::core::clone::Clone::clone(#act);
+            #(#body)*
+            #act
+        };
         let call = run(&act, layers, step, for_loop.span());
         stmts[i] = syn::parse2(quote!(#act = #call;))?;
-        return Ok(quote!(#func));
+        let replay = replay_fn(settings, &func, &act, replay_body)?;
+        return Ok(quote!(#func #replay));
     }
 
     // The sequence form: `let act = ...;` twice or more in a row, the first giving the input.
@@ -331,10 +359,23 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
         let step = quote! {
             |#segment, #act, #index: usize| { let _ = #segment; match #index { #(#arms)* } }
         };
+        let index = mixed("index");
+        let replay_arms = steps
+            .iter()
+            .enumerate()
+            .map(|(i, expr)| quote!(#i => { #expr }));
+        let replay_body = quote! {
+            let #act = ::core::clone::Clone::clone(#act);
+            match #index {
+                #(#replay_arms)*
+                _ => ::core::panic!("layer {} is past the last of the {} layers", #index, #count),
+            }
+        };
         let call = run(&act, layers, step, stmts[start + 1].span());
         let replacement: Stmt = syn::parse2(quote!(let #act = #call;))?;
         stmts.splice(start + 1..start + len, [replacement]);
-        return Ok(quote!(#func));
+        let replay = replay_fn(settings, &func, &act, replay_body)?;
+        return Ok(quote!(#func #replay));
     }
 
     Err(syn::Error::new(
@@ -343,4 +384,92 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
          the layers that reassigns the activation (`for layer in &self.layers { x = \
          layer.forward(&x); }`) or a sequence of `let x = ...;` statements rebinding it",
     ))
+}
+
+/// An identifier the user's code cannot see or clash with.
+fn mixed(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
+/// The `replay = "name"` function: the same receiver and parameters as `func` (without the
+/// checkpointer and the activation), then the activation `act: &Tensor<'r, E>` and `index`, returning
+/// layer `index`'s output. `E` comes from `func`'s return type, which must be the activation tensor.
+fn replay_fn(
+    settings: &Settings,
+    func: &ItemFn,
+    act: &Ident,
+    body: TokenStream,
+) -> syn::Result<TokenStream> {
+    let Some(name) = &settings.replay else {
+        return Ok(TokenStream::new());
+    };
+    let krate = &settings.krate;
+    let syn::ReturnType::Type(_, ret) = &func.sig.output else {
+        return Err(syn::Error::new(
+            name.span(),
+            "`replay` needs the function to return the activation tensor",
+        ));
+    };
+    let Some(tensor) = (match &**ret {
+        Type::Path(p) => p.path.segments.last().filter(|s| s.ident == "Tensor"),
+        _ => None,
+    }) else {
+        return Err(syn::Error::new_spanned(
+            ret,
+            "`replay` needs the function to return the activation tensor (`Tensor<'a, ..>`)",
+        ));
+    };
+    let elem: Vec<&Type> = match &tensor.arguments {
+        syn::PathArguments::AngleBracketed(a) => a
+            .args
+            .iter()
+            .filter_map(|g| match g {
+                syn::GenericArgument::Type(t) => Some(t),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let brand = syn::Lifetime::new("'__tensorscope_replay", Span::mixed_site());
+    let mut generics = func.sig.generics.clone();
+    // Everything the function borrows outlives the replayed activation's brand.
+    let outlives: Vec<syn::WherePredicate> = generics
+        .lifetimes()
+        .map(|l| {
+            let l = &l.lifetime;
+            syn::parse_quote!(#l: #brand)
+        })
+        .collect();
+    generics.make_where_clause().predicates.extend(outlives);
+    generics.params.insert(
+        0,
+        syn::GenericParam::Lifetime(syn::LifetimeParam::new(brand.clone())),
+    );
+    let (impl_generics, _, where_clause) = generics.split_for_impl();
+    let ckpt = checkpointer_param(func);
+    let inputs = func.sig.inputs.iter().filter(|arg| match arg {
+        FnArg::Typed(t) => match &*t.pat {
+            Pat::Ident(p) => p.ident != *act && Some(&p.ident) != ckpt,
+            _ => true,
+        },
+        FnArg::Receiver(_) => true,
+    });
+    let vis = &func.vis;
+    let doc = format!(
+        "Runs layer `index` of `{}` on `{act}`: the replay that `Checkpointer::reverse` and \
+         `recompute_from_checkpoint` take. Generated by `#[checkpoint]`.",
+        func.sig.ident
+    );
+    let index = mixed("index");
+    Ok(quote! {
+        #[doc = #doc]
+        #[allow(unused_variables, clippy::too_many_arguments)]
+        #vis fn #name #impl_generics (
+            #(#inputs,)*
+            #act: &#krate::Tensor<#brand #(, #elem)*>,
+            #index: usize,
+        ) -> #krate::Tensor<#brand #(, #elem)*> #where_clause {
+            #body
+        }
+    })
 }

@@ -117,8 +117,16 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// use `?`. An error of the checkpointer (e.g. a NaN in an activation being stored) panics with its
 /// message.
 ///
+/// **Replay.** `replay = "forward_layer"` also generates `fn forward_layer(<the same receiver and
+/// parameters, without the checkpointer and the activation>, x: &Tensor<'r, E>, index: usize) ->
+/// Tensor<'r, E>`, which runs layer `index` (the loop body for iteration `index`, or the `index`-th
+/// `let` after the first) on `x`: the function `Checkpointer::reverse` and
+/// `recompute_from_checkpoint` take, `|x, i| model.forward_layer(x, i)`. It needs the function to
+/// return the activation tensor, and the loop's iterable and body to use only parameters (not locals
+/// made before the loop); it panics with the index and the layer count for an index past the end.
+///
 /// **Options:** `every = N` or `policy = "sqrt"` (one of them is required), `precision = "f32" |
-/// "f16" | "bf16"`, `max = M` (at most `M` checkpoints), `crate = "path"`. Misuse is a compile error at
+/// "f16" | "bf16"`, `max = M` (at most `M` checkpoints), `replay = "name"`, `crate = "path"`. Misuse is a compile error at
 /// the offending tokens, and the function is still emitted as written.
 #[proc_macro_attribute]
 pub fn checkpoint(args: TokenStream, item: TokenStream) -> TokenStream {

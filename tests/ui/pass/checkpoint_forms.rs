@@ -9,7 +9,7 @@ struct Model<T: Element> {
 }
 
 impl<T: Element> Model<T> {
-    #[checkpoint(every = 2, precision = "bf16")]
+    #[checkpoint(every = 2, precision = "bf16", replay = "layer")]
     fn forward<'a>(&self, ckpt: &mut Checkpointer<T>, x: Tensor<'a, T>) -> Tensor<'a, T> {
         let mut x = x;
         for scale in &self.scales {
@@ -36,4 +36,8 @@ fn main() {
         assert_eq!(sequence(&s.zeros::<f32>(&[2])).to_vec(), vec![2.0; 2]);
     });
     assert_eq!(ckpt.stored_layers(), vec![0, 2, 4]);
+    tensorscope::scope(|s| {
+        let one = model.layer(&s.zeros::<f64>(&[3]), 5);
+        assert_eq!(one.to_vec(), vec![0.0; 3]);
+    });
 }
