@@ -37,6 +37,7 @@ mod element;
 mod error;
 mod escape;
 mod init;
+pub mod nn;
 pub mod ops;
 mod pool;
 mod scope;

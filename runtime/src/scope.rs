@@ -562,21 +562,46 @@ impl<'p> Scope<'p> {
     }
 
     /// A tensor of standard normal samples from a deterministic generator seeded with `seed`
-    /// (SplitMix64 and Box-Muller: reproducible across platforms, not for cryptography).
+    /// (SplitMix64 and Box-Muller: reproducible across platforms, not for cryptography). Fails with a
+    /// shape or budget error.
+    pub fn try_randn<'s, T: Element>(
+        &'s self,
+        shape: &[usize],
+        seed: u64,
+    ) -> Result<Tensor<'s, T>> {
+        let mut rng = SplitMix64::new(seed);
+        self.try_rent_with(shape, |mut v| {
+            v.iter_mut().for_each(|x| *x = T::from_f64(rng.normal()))
+        })
+    }
+
+    /// Standard normal samples; see [`Scope::try_randn`].
     ///
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
     pub fn randn<'s, T: Element>(&'s self, shape: &[usize], seed: u64) -> Tensor<'s, T> {
-        let mut rng = SplitMix64::new(seed);
-        self.rent_with(shape, |mut v| {
-            v.iter_mut().for_each(|x| *x = T::from_f64(rng.normal()))
-        })
+        or_panic(self.try_randn(shape, seed))
     }
 
     /// A tensor of samples uniform in `[low, high)` from a deterministic generator seeded with `seed`.
     /// The samples are drawn in `f64` and rounded to `T`, so `high` itself can occur after rounding
-    /// (about once in 2^25 samples for `f32`, 2^12 for `f16`).
+    /// (about once in 2^25 samples for `f32`, 2^12 for `f16`). Fails with a shape or budget error.
+    pub fn try_uniform<'s, T: Element>(
+        &'s self,
+        shape: &[usize],
+        low: f64,
+        high: f64,
+        seed: u64,
+    ) -> Result<Tensor<'s, T>> {
+        let mut rng = SplitMix64::new(seed);
+        self.try_rent_with(shape, |mut v| {
+            v.iter_mut()
+                .for_each(|x| *x = T::from_f64(low + (high - low) * rng.next_f64()))
+        })
+    }
+
+    /// Uniform samples; see [`Scope::try_uniform`].
     ///
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
@@ -588,11 +613,7 @@ impl<'p> Scope<'p> {
         high: f64,
         seed: u64,
     ) -> Tensor<'s, T> {
-        let mut rng = SplitMix64::new(seed);
-        self.rent_with(shape, |mut v| {
-            v.iter_mut()
-                .for_each(|x| *x = T::from_f64(low + (high - low) * rng.next_f64()))
-        })
+        or_panic(self.try_uniform(shape, low, high, seed))
     }
 }
 

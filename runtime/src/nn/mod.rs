@@ -1,0 +1,13 @@
+//! A small training path: named parameters, losses with their gradients, and optimizers.
+//!
+//! Parameters live in a [`ParamStore`] under names like `"fc1.weight"`, each with its data and its
+//! gradient, both detached pool tensors. The layers with backward passes and the checkpointed
+//! training step build on this.
+
+mod loss;
+mod optim;
+mod params;
+
+pub use loss::{mse, softmax_cross_entropy};
+pub use optim::{Adam, Optimizer, Sgd};
+pub use params::{NnError, Param, ParamId, ParamStore};

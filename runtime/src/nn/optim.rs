@@ -1,0 +1,126 @@
+//! Optimizers: they update every parameter of a store from its gradient, in place.
+
+use ndarray::Zip;
+
+use super::{NnError, ParamStore};
+use crate::element::Element;
+use crate::tensor::Tensor;
+
+/// Updates parameters from their gradients.
+pub trait Optimizer<T: Element> {
+    /// One update of every parameter in `params` (in registration order) from its gradient.
+    fn step(&mut self, params: &mut ParamStore<T>) -> Result<(), NnError>;
+}
+
+/// A zeroed state tensor of `like`'s shape, detached, from `params`' pool.
+fn zeros_like<T: Element>(
+    params: &ParamStore<T>,
+    like: &Tensor<'_, T>,
+) -> Result<Tensor<'static, T>, NnError> {
+    Ok(params
+        .pool()
+        .scope(|s| s.try_zeros::<T>(like.shape()).map(Tensor::detach))?)
+}
+
+/// Stochastic gradient descent with momentum (PyTorch's form):
+/// `v = momentum v + g; p = p - lr v` (plain SGD for `momentum = 0`).
+pub struct Sgd<T: Element = f32> {
+    lr: T,
+    momentum: T,
+    velocity: Vec<Tensor<'static, T>>,
+}
+
+impl<T: Element> Sgd<T> {
+    /// SGD with learning rate `lr` and `momentum` in `[0, 1)`.
+    pub fn new(lr: T, momentum: T) -> Self {
+        Sgd {
+            lr,
+            momentum,
+            velocity: Vec::new(),
+        }
+    }
+}
+
+impl<T: Element> Optimizer<T> for Sgd<T> {
+    fn step(&mut self, params: &mut ParamStore<T>) -> Result<(), NnError> {
+        for i in self.velocity.len()..params.len() {
+            let like = params.iter().nth(i).map(|(_, p)| p.data.clone());
+            if let Some(like) = like {
+                self.velocity.push(zeros_like(params, &like)?);
+            }
+        }
+        let (lr, momentum) = (self.lr, self.momentum);
+        for (p, v) in params.params_mut().zip(&mut self.velocity) {
+            let grad = p.grad.view();
+            Zip::from(p.data.try_view_mut()?)
+                .and(v.try_view_mut()?)
+                .and(&grad)
+                .for_each(|w, v, &g| {
+                    *v = momentum * *v + g;
+                    *w = *w - lr * *v;
+                });
+        }
+        Ok(())
+    }
+}
+
+/// Adam (Kingma and Ba 2015) with bias correction.
+pub struct Adam<T: Element = f32> {
+    lr: T,
+    beta1: T,
+    beta2: T,
+    eps: T,
+    t: i32,
+    moments: Vec<(Tensor<'static, T>, Tensor<'static, T>)>,
+}
+
+impl<T: Element> Adam<T> {
+    /// Adam with learning rate `lr` and the usual `beta1 = 0.9`, `beta2 = 0.999`, `eps = 1e-8`.
+    pub fn new(lr: T) -> Self {
+        Adam::with_betas(lr, T::from_f64(0.9), T::from_f64(0.999), T::from_f64(1e-8))
+    }
+
+    /// Adam with every coefficient given.
+    pub fn with_betas(lr: T, beta1: T, beta2: T, eps: T) -> Self {
+        Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            t: 0,
+            moments: Vec::new(),
+        }
+    }
+}
+
+impl<T: Element> Optimizer<T> for Adam<T> {
+    fn step(&mut self, params: &mut ParamStore<T>) -> Result<(), NnError> {
+        for i in self.moments.len()..params.len() {
+            let like = params.iter().nth(i).map(|(_, p)| p.data.clone());
+            if let Some(like) = like {
+                self.moments
+                    .push((zeros_like(params, &like)?, zeros_like(params, &like)?));
+            }
+        }
+        self.t = self.t.saturating_add(1);
+        let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
+        let correction1 = T::one() - b1.powi(self.t);
+        let correction2 = T::one() - b2.powi(self.t);
+        let lr = self.lr;
+        for (p, (m, v)) in params.params_mut().zip(&mut self.moments) {
+            let grad = p.grad.view();
+            Zip::from(p.data.try_view_mut()?)
+                .and(m.try_view_mut()?)
+                .and(v.try_view_mut()?)
+                .and(&grad)
+                .for_each(|w, m, v, &g| {
+                    *m = b1 * *m + (T::one() - b1) * g;
+                    *v = b2 * *v + (T::one() - b2) * g * g;
+                    let m_hat = *m / correction1;
+                    let v_hat = *v / correction2;
+                    *w = *w - lr * m_hat / (v_hat.sqrt() + eps);
+                });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,277 @@
+//! Named parameters with data and gradient.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use ndarray::Zip;
+
+use crate::element::Element;
+use crate::error::{Error, Shape};
+use crate::pool::Pool;
+use crate::tensor::Tensor;
+
+/// Errors of the training path.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NnError {
+    /// No parameter has this name; `close` lists registered names that look alike.
+    #[error("no parameter named \"{name}\"{}", suggest(close))]
+    UnknownParam {
+        /// The name asked for.
+        name: String,
+        /// Registered names within a small edit distance, closest first.
+        close: Vec<String>,
+    },
+    /// A second parameter with a name already registered.
+    #[error("a parameter named \"{0}\" is already registered")]
+    DuplicateParam(String),
+    /// A class label past the number of classes.
+    #[error("label {label} of batch row {row} is out of range for {classes} classes")]
+    LabelOutOfRange {
+        /// The row of the batch.
+        row: usize,
+        /// The label given.
+        label: usize,
+        /// The number of classes (the logits' last axis).
+        classes: usize,
+    },
+    /// An error of a tensor op (shapes, budgets).
+    #[error(transparent)]
+    Tensor(#[from] Error),
+}
+
+fn suggest(close: &[String]) -> String {
+    match close {
+        [] => String::new(),
+        names => format!(
+            "; did you mean {}?",
+            names
+                .iter()
+                .map(|n| format!("\"{n}\""))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    }
+}
+
+/// Levenshtein distance, for suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// A parameter: its value and the gradient accumulated for it, both detached pool tensors of the
+/// same shape.
+pub struct Param<T: Element = f32> {
+    /// The value.
+    pub data: Tensor<'static, T>,
+    /// The accumulated gradient (zeros after [`ParamStore::zero_grad`]).
+    pub grad: Tensor<'static, T>,
+}
+
+impl<T: Element> Param<T> {
+    /// Adds `g` to the gradient, in place. Fails with [`Error::ShapeMismatch`] if the shapes
+    /// differ.
+    pub fn accumulate(&mut self, g: &Tensor<'_, T>) -> Result<(), NnError> {
+        if g.shape() != self.grad.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "accumulate",
+                lhs: Shape::from(self.grad.shape()),
+                rhs: Shape::from(g.shape()),
+                reason: "a gradient must have its parameter's shape".into(),
+            }
+            .into());
+        }
+        Zip::from(self.grad.try_view_mut()?)
+            .and(&g.view())
+            .for_each(|a, &b| *a = *a + b);
+        Ok(())
+    }
+}
+
+impl<T: Element> fmt::Debug for Param<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Param")
+            .field("shape", &self.data.shape())
+            .finish()
+    }
+}
+
+/// The position of a parameter in its store, for fast access by layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ParamId(usize);
+
+/// Named parameters in registration order.
+///
+/// ```
+/// use tensorscope_runtime::nn::ParamStore;
+/// use tensorscope_runtime::Pool;
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// let mut params = ParamStore::<f32>::new(&pool);
+/// params.randn("fc1.weight", &[4, 2], 0.1, 1).unwrap();
+/// params.zeros("fc1.bias", &[2]).unwrap();
+/// assert_eq!(params.get("fc1.bias").unwrap().data.to_vec(), vec![0.0, 0.0]);
+/// let err = params.get("fc1.weights").unwrap_err();
+/// assert_eq!(err.to_string(), "no parameter named \"fc1.weights\"; did you mean \"fc1.weight\"?");
+/// ```
+pub struct ParamStore<T: Element = f32> {
+    pool: Pool,
+    names: Vec<String>,
+    params: Vec<Param<T>>,
+    index: HashMap<String, usize>,
+}
+
+impl<T: Element> ParamStore<T> {
+    /// An empty store whose parameters are rented from `pool`.
+    pub fn new(pool: &Pool) -> Self {
+        ParamStore {
+            pool: pool.clone(),
+            names: Vec::new(),
+            params: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    /// Registers `data` (detached, no copy) under `name`, with a zero gradient. Fails with
+    /// [`NnError::DuplicateParam`] or a budget error.
+    pub fn add(&mut self, name: &str, data: Tensor<'_, T>) -> Result<ParamId, NnError> {
+        if self.index.contains_key(name) {
+            return Err(NnError::DuplicateParam(name.to_string()));
+        }
+        let data = data.detach();
+        let grad = self
+            .pool
+            .scope(|s| s.try_zeros::<T>(data.shape()).map(Tensor::detach))?;
+        let id = self.params.len();
+        self.params.push(Param { data, grad });
+        self.names.push(name.to_string());
+        self.index.insert(name.to_string(), id);
+        Ok(ParamId(id))
+    }
+
+    /// Registers a parameter of normal samples with standard deviation `std` (reproducible from
+    /// `seed`).
+    pub fn randn(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        std: f64,
+        seed: u64,
+    ) -> Result<ParamId, NnError> {
+        let data = self.pool.clone().scope(|s| {
+            s.try_randn::<T>(shape, seed)
+                .map(|t| (t * T::from_f64(std)).detach())
+        })?;
+        self.add(name, data)
+    }
+
+    /// Registers a parameter of zeros.
+    pub fn zeros(&mut self, name: &str, shape: &[usize]) -> Result<ParamId, NnError> {
+        let data = self
+            .pool
+            .clone()
+            .scope(|s| s.try_zeros::<T>(shape).map(Tensor::detach))?;
+        self.add(name, data)
+    }
+
+    /// Registers a parameter of ones.
+    pub fn ones(&mut self, name: &str, shape: &[usize]) -> Result<ParamId, NnError> {
+        let data = self
+            .pool
+            .clone()
+            .scope(|s| s.try_full::<T>(shape, T::one()).map(Tensor::detach))?;
+        self.add(name, data)
+    }
+
+    /// The id of `name`; see [`ParamStore::get`] for the error.
+    pub fn id(&self, name: &str) -> Result<ParamId, NnError> {
+        self.index
+            .get(name)
+            .map(|&i| ParamId(i))
+            .ok_or_else(|| self.unknown(name))
+    }
+
+    /// The parameter named `name`. Fails with [`NnError::UnknownParam`] listing the registered names
+    /// that look alike.
+    pub fn get(&self, name: &str) -> Result<&Param<T>, NnError> {
+        self.id(name).map(|id| &self.params[id.0])
+    }
+
+    /// The parameter named `name`, writable.
+    pub fn get_mut(&mut self, name: &str) -> Result<&mut Param<T>, NnError> {
+        let id = self.id(name)?;
+        Ok(&mut self.params[id.0])
+    }
+
+    fn unknown(&self, name: &str) -> NnError {
+        let mut close: Vec<(usize, &String)> = self
+            .names
+            .iter()
+            .map(|n| (edit_distance(name, n), n))
+            .filter(|&(d, n)| d <= 3 || n.contains(name))
+            .collect();
+        close.sort();
+        NnError::UnknownParam {
+            name: name.to_string(),
+            close: close.into_iter().take(3).map(|(_, n)| n.clone()).collect(),
+        }
+    }
+
+    /// Sets every gradient to zero, in place.
+    pub fn zero_grad(&mut self) {
+        for p in &mut self.params {
+            if let Ok(mut g) = p.grad.try_view_mut() {
+                g.fill(T::zero());
+            }
+        }
+    }
+
+    /// Names and parameters, in registration order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Param<T>)> {
+        self.names.iter().map(String::as_str).zip(&self.params)
+    }
+
+    /// Parameters in registration order, writable (what optimizers walk).
+    pub fn params_mut(&mut self) -> impl Iterator<Item = &mut Param<T>> {
+        self.params.iter_mut()
+    }
+
+    /// The number of parameters.
+    pub fn len(&self) -> usize {
+        self.params.len()
+    }
+
+    /// Whether no parameter is registered.
+    pub fn is_empty(&self) -> bool {
+        self.params.is_empty()
+    }
+
+    /// The pool the parameters are rented from.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl<T: Element> std::ops::Index<ParamId> for ParamStore<T> {
+    type Output = Param<T>;
+    fn index(&self, id: ParamId) -> &Param<T> {
+        &self.params[id.0]
+    }
+}
+
+impl<T: Element> std::ops::IndexMut<ParamId> for ParamStore<T> {
+    fn index_mut(&mut self, id: ParamId) -> &mut Param<T> {
+        &mut self.params[id.0]
+    }
+}

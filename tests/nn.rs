@@ -1,0 +1,211 @@
+//! The training path's groundwork: named parameters, losses (values and gradients against central
+//! finite differences in f64) and optimizers (against hand-computed updates).
+
+use tensorscope::nn::{mse, softmax_cross_entropy, Adam, NnError, Optimizer, ParamStore, Sgd};
+use tensorscope::prelude::*;
+use tensorscope::Error;
+
+#[test]
+fn params_are_found_by_name_in_registration_order() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut params = ParamStore::<f32>::new(&pool);
+    let w = params.randn("fc1.weight", &[3, 2], 0.5, 1).unwrap();
+    params.zeros("fc1.bias", &[2]).unwrap();
+    params.ones("fc2.weight", &[2, 2]).unwrap();
+    let names: Vec<&str> = params.iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight"]);
+    assert_eq!(params.id("fc1.weight").unwrap(), w);
+    assert_eq!(params[w].data.shape(), &[3, 2]);
+    assert_eq!(
+        params.get("fc2.weight").unwrap().data.to_vec(),
+        vec![1.0; 4]
+    );
+
+    let err = params.get("fc1.bais").unwrap_err();
+    assert_eq!(
+        err,
+        NnError::UnknownParam {
+            name: "fc1.bais".into(),
+            close: vec!["fc1.bias".into()]
+        }
+    );
+    assert_eq!(
+        params.get("fc.weight").unwrap_err().to_string(),
+        "no parameter named \"fc.weight\"; did you mean \"fc1.weight\" or \"fc2.weight\"?"
+    );
+    assert_eq!(
+        params.get("decoder").unwrap_err().to_string(),
+        "no parameter named \"decoder\""
+    );
+    assert_eq!(
+        params.zeros("fc1.bias", &[2]).unwrap_err(),
+        NnError::DuplicateParam("fc1.bias".into())
+    );
+}
+
+#[test]
+fn gradients_accumulate_in_place_and_zero() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.zeros("b", &[3]).unwrap();
+    pool.scope(|s| {
+        let g = s.from_slice::<f32>(&[3], &[1.0, 2.0, 3.0]);
+        let p = params.get_mut("b").unwrap();
+        let before = p.grad.as_slice().as_ptr();
+        p.accumulate(&g).unwrap();
+        p.accumulate(&g).unwrap();
+        assert_eq!(p.grad.to_vec(), vec![2.0, 4.0, 6.0]);
+        assert_eq!(p.grad.as_slice().as_ptr(), before, "no new buffer");
+        let err = p.accumulate(&s.zeros::<f32>(&[2])).unwrap_err();
+        assert!(matches!(
+            err,
+            NnError::Tensor(Error::ShapeMismatch {
+                op: "accumulate",
+                ..
+            })
+        ));
+    });
+    params.zero_grad();
+    assert_eq!(params.get("b").unwrap().grad.to_vec(), vec![0.0; 3]);
+    assert_eq!(pool.stats().bytes_in_use, 2 * 64, "data and grad only");
+}
+
+/// Central finite differences of `f` at `x`, element by element.
+fn numeric_grad(x: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
+    let h = 1e-6;
+    (0..x.len())
+        .map(|i| {
+            let mut plus = x.to_vec();
+            let mut minus = x.to_vec();
+            plus[i] += h;
+            minus[i] -= h;
+            (f(&plus) - f(&minus)) / (2.0 * h)
+        })
+        .collect()
+}
+
+fn assert_grad_close(analytic: &[f64], numeric: &[f64]) {
+    for (i, (a, n)) in analytic.iter().zip(numeric).enumerate() {
+        assert!(
+            (a - n).abs() <= 1e-6 * (1.0 + n.abs()),
+            "element {i}: {a} vs {n}"
+        );
+    }
+}
+
+#[test]
+fn mse_value_and_gradient() {
+    tensorscope::scope(|s| {
+        let pred: Vec<f64> = vec![0.5, -1.0, 2.0, 0.25, 3.0, -0.75];
+        let target: Vec<f64> = vec![1.0, -1.5, 1.0, 0.0, 2.5, 0.25];
+        let t = s.from_slice::<f64>(&[2, 3], &target);
+        let loss_of = |p: &[f64]| mse(&s.from_slice::<f64>(&[2, 3], p), &t).unwrap().0;
+        let (loss, grad) = mse(&s.from_slice::<f64>(&[2, 3], &pred), &t).unwrap();
+        let expected: f64 = pred
+            .iter()
+            .zip(&target)
+            .map(|(p, t)| (p - t).powi(2))
+            .sum::<f64>()
+            / 6.0;
+        assert!((loss - expected).abs() < 1e-15);
+        assert_grad_close(&grad.to_vec(), &numeric_grad(&pred, loss_of));
+        let err = mse(&s.zeros::<f64>(&[2]), &s.zeros::<f64>(&[3])).unwrap_err();
+        assert!(matches!(
+            err,
+            NnError::Tensor(Error::ShapeMismatch { op: "mse", .. })
+        ));
+    });
+}
+
+#[test]
+fn softmax_cross_entropy_value_gradient_and_errors() {
+    tensorscope::scope(|s| {
+        let logits: Vec<f64> = vec![1.0, 2.0, 0.5, -1.0, 0.0, 3.0];
+        let labels = [1usize, 2];
+        let loss_of = |l: &[f64]| {
+            softmax_cross_entropy(&s.from_slice::<f64>(&[2, 3], l), &labels)
+                .unwrap()
+                .0
+        };
+        let (loss, grad) =
+            softmax_cross_entropy(&s.from_slice::<f64>(&[2, 3], &logits), &labels).unwrap();
+        let row_loss = |row: &[f64], label: usize| {
+            let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+            lse - row[label]
+        };
+        let expected = (row_loss(&logits[0..3], 1) + row_loss(&logits[3..6], 2)) / 2.0;
+        assert!((loss - expected).abs() < 1e-14, "{loss} vs {expected}");
+        assert_grad_close(&grad.to_vec(), &numeric_grad(&logits, loss_of));
+
+        let bad = s.zeros::<f64>(&[2, 3]);
+        assert_eq!(
+            softmax_cross_entropy(&bad, &[0, 3])
+                .unwrap_err()
+                .to_string(),
+            "label 3 of batch row 1 is out of range for 3 classes"
+        );
+        assert!(matches!(
+            softmax_cross_entropy(&bad, &[0]).unwrap_err(),
+            NnError::Tensor(Error::LengthMismatch {
+                expected: 2,
+                got: 1,
+                ..
+            })
+        ));
+        assert!(matches!(
+            softmax_cross_entropy(&s.zeros::<f64>(&[6]), &[0]).unwrap_err(),
+            NnError::Tensor(Error::InvalidShape { .. })
+        ));
+    });
+}
+
+fn store_with(pool: &Pool, value: &[f64], grad: &[f64]) -> ParamStore<f64> {
+    let mut params = ParamStore::<f64>::new(pool);
+    let data = pool.scope(|s| s.from_slice::<f64>(&[value.len()], value).detach());
+    params.add("w", data).unwrap();
+    pool.scope(|s| {
+        let g = s.from_slice::<f64>(&[grad.len()], grad);
+        params.get_mut("w").unwrap().accumulate(&g).unwrap();
+    });
+    params
+}
+
+#[test]
+fn sgd_with_momentum_matches_the_update_rule() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut params = store_with(&pool, &[1.0, -2.0], &[0.5, -1.0]);
+    let mut sgd = Sgd::new(0.1, 0.9);
+    sgd.step(&mut params).unwrap(); // v = g; w -= 0.1 g
+    assert_eq!(
+        params.get("w").unwrap().data.to_vec(),
+        vec![1.0 - 0.05, -2.0 + 0.1]
+    );
+    sgd.step(&mut params).unwrap(); // v = 0.9 g + g = 1.9 g; w -= 0.19 g
+    let w = params.get("w").unwrap().data.to_vec();
+    assert!((w[0] - (0.95 - 0.1 * 1.9 * 0.5)).abs() < 1e-15);
+    assert!((w[1] - (-1.9 + 0.1 * 1.9 * 1.0)).abs() < 1e-15);
+}
+
+#[test]
+fn adam_matches_the_update_rule() {
+    let pool = Pool::with_max_memory_mb(16);
+    let (lr, b1, b2, eps) = (0.01, 0.9, 0.999, 1e-8);
+    let g = [0.5, -2.0];
+    let mut params = store_with(&pool, &[1.0, 1.0], &g);
+    let mut adam = Adam::with_betas(lr, b1, b2, eps);
+    let (mut m, mut v, mut w) = ([0.0f64; 2], [0.0f64; 2], [1.0f64; 2]);
+    for t in 1..=3 {
+        adam.step(&mut params).unwrap();
+        for i in 0..2 {
+            m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+            let m_hat = m[i] / (1.0 - b1.powi(t));
+            let v_hat = v[i] / (1.0 - b2.powi(t));
+            w[i] -= lr * m_hat / (v_hat.sqrt() + eps);
+        }
+        let got = params.get("w").unwrap().data.to_vec();
+        for i in 0..2 {
+            assert!((got[i] - w[i]).abs() < 1e-15, "step {t}, element {i}");
+        }
+    }
+}
