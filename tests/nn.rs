@@ -209,3 +209,140 @@ fn adam_matches_the_update_rule() {
         }
     }
 }
+
+mod layers {
+    use super::*;
+    use tensorscope::nn::{Activation, Cache, Layer, LayerNorm, Linear, Residual, Sequential};
+
+    /// `L = sum(layer(x) * r)` for `x` given as values.
+    fn loss(
+        layer: &dyn Layer<f64>,
+        params: &ParamStore<f64>,
+        shape: &[usize],
+        x: &[f64],
+        r: &[f64],
+    ) -> f64 {
+        tensorscope::scope(|s| {
+            let y = layer
+                .forward(params, &s.from_slice::<f64>(shape, x), None)
+                .unwrap();
+            y.as_slice().iter().zip(r).map(|(a, b)| a * b).sum()
+        })
+    }
+
+    fn set(params: &mut ParamStore<f64>, name: &str, values: &[f64]) {
+        let p = params.get_mut(name).unwrap();
+        p.data
+            .view_mut()
+            .as_slice_mut()
+            .unwrap()
+            .copy_from_slice(values);
+    }
+
+    /// Checks `layer`'s backward against central finite differences of `L = sum(y * r)`, for the
+    /// input and for every parameter, in f64.
+    fn check(make: impl Fn(&mut ParamStore<f64>) -> Box<dyn Layer<f64>>, shape: &[usize]) {
+        let pool = Pool::with_max_memory_mb(64);
+        let mut params = ParamStore::<f64>::new(&pool);
+        let layer = make(&mut params);
+        let (x, r, dx) = pool.scope(|s| {
+            let x = s.randn::<f64>(shape, 11);
+            let mut cache = Cache::new();
+            let y = layer.forward(&params, &x, Some(&mut cache)).unwrap();
+            let r = s.randn::<f64>(y.shape(), 12);
+            let dx = layer.backward(&mut params, &mut cache, &r).unwrap();
+            assert!(
+                cache.is_empty(),
+                "{}: backward popped all it pushed",
+                layer.name()
+            );
+            let plain = layer.forward(&params, &x, None).unwrap();
+            assert_eq!(
+                y.to_vec(),
+                plain.to_vec(),
+                "caching does not change the output"
+            );
+            (x.to_vec(), r.to_vec(), dx.to_vec())
+        });
+        let numeric = numeric_grad(&x, |v| loss(&*layer, &params, shape, v, &r));
+        assert_grad_close(&dx, &numeric);
+
+        let names: Vec<String> = params.iter().map(|(n, _)| n.to_string()).collect();
+        for name in names {
+            let value = params.get(&name).unwrap().data.to_vec();
+            let grad = params.get(&name).unwrap().grad.to_vec();
+            let mut numeric = Vec::new();
+            for i in 0..value.len() {
+                let h = 1e-6;
+                let mut plus = value.clone();
+                plus[i] += h;
+                set(&mut params, &name, &plus);
+                let up = loss(&*layer, &params, shape, &x, &r);
+                plus[i] -= 2.0 * h;
+                set(&mut params, &name, &plus);
+                let down = loss(&*layer, &params, shape, &x, &r);
+                numeric.push((up - down) / (2.0 * h));
+            }
+            set(&mut params, &name, &value);
+            assert_grad_close(&grad, &numeric);
+        }
+    }
+
+    #[test]
+    fn linear_backward_matches_finite_differences() {
+        check(
+            |p| Box::new(Linear::new(p, "fc", 4, 3, 1).unwrap()),
+            &[5, 4],
+        );
+    }
+
+    #[test]
+    fn activations_backward_match_finite_differences() {
+        check(|_| Box::new(Activation::relu()), &[3, 4]);
+        check(|_| Box::new(Activation::gelu()), &[3, 4]);
+        check(|_| Box::new(Activation::tanh()), &[3, 4]);
+    }
+
+    #[test]
+    fn layer_norm_backward_matches_finite_differences() {
+        check(
+            |p| Box::new(LayerNorm::new(p, "ln", 6, 1e-5).unwrap()),
+            &[4, 6],
+        );
+    }
+
+    #[test]
+    fn residual_block_and_sequential_backward_match_finite_differences() {
+        check(
+            |p| {
+                let inner = Sequential::new()
+                    .push(Linear::new(p, "b.fc1", 4, 8, 2).unwrap())
+                    .push(Activation::gelu())
+                    .push(Linear::new(p, "b.fc2", 8, 4, 3).unwrap());
+                Box::new(
+                    Sequential::new()
+                        .push(Residual::new(inner))
+                        .push(LayerNorm::new(p, "b.ln", 4, 1e-5).unwrap())
+                        .push(Activation::tanh()),
+                )
+            },
+            &[3, 4],
+        );
+    }
+
+    #[test]
+    fn backward_without_forward_is_an_error() {
+        let pool = Pool::with_max_memory_mb(16);
+        let mut params = ParamStore::<f32>::new(&pool);
+        let fc = Linear::new(&mut params, "fc", 2, 2, 1).unwrap();
+        pool.scope(|s| {
+            let err = fc
+                .backward(&mut params, &mut Cache::new(), &s.ones::<f32>(&[1, 2]))
+                .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "linear: backward found no cached forward values; run forward with a cache first"
+            );
+        });
+    }
+}

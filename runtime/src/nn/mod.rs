@@ -4,10 +4,12 @@
 //! gradient, both detached pool tensors. The layers with backward passes and the checkpointed
 //! training step build on this.
 
+mod layers;
 mod loss;
 mod optim;
 mod params;
 
+pub use layers::{Activation, Cache, Layer, LayerNorm, Linear, Residual, Sequential};
 pub use loss::{mse, softmax_cross_entropy};
 pub use optim::{Adam, Optimizer, Sgd};
 pub use params::{NnError, Param, ParamId, ParamStore};

@@ -35,6 +35,19 @@ pub enum NnError {
         /// The number of classes (the logits' last axis).
         classes: usize,
     },
+    /// A backward pass popped a cache its forward did not fill.
+    #[error("{layer}: backward found no cached forward values; run forward with a cache first")]
+    CacheUnderflow {
+        /// The layer.
+        layer: &'static str,
+    },
+    /// A training step left values in the cache: some layer's backward popped less than its forward
+    /// pushed (checked in debug builds).
+    #[error("the cache holds {left} tensors after backward: a layer's backward pops less than its forward pushes")]
+    CacheNotEmpty {
+        /// Tensors left.
+        left: usize,
+    },
     /// An error of a tensor op (shapes, budgets).
     #[error(transparent)]
     Tensor(#[from] Error),

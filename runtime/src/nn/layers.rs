@@ -1,0 +1,419 @@
+//! Layers with forward and backward passes.
+//!
+//! A layer's forward pushes what its backward needs onto a [`Cache`] when one is given (the
+//! checkpointed forward gives none, so nothing but the checkpoints is kept); its backward pops that,
+//! adds its parameters' gradients into the [`ParamStore`], and returns the gradient with respect to
+//! its input. One cache serves a whole model: nested layers push and pop in stack order.
+
+use ndarray::{Axis, Zip};
+
+use super::{NnError, ParamId, ParamStore};
+use crate::element::Element;
+use crate::error::{Error, Shape};
+use crate::tensor::Tensor;
+use crate::TensorOps;
+
+/// What forward passes keep for their backward passes: a stack of tensors (aliases, no copies).
+pub struct Cache<'s, T: Element = f32> {
+    stack: Vec<Tensor<'s, T>>,
+}
+
+impl<'s, T: Element> Cache<'s, T> {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Cache { stack: Vec::new() }
+    }
+
+    /// Keeps `t` for the backward pass.
+    pub fn push(&mut self, t: Tensor<'s, T>) {
+        self.stack.push(t);
+    }
+
+    /// Takes back the last tensor pushed. Fails with [`NnError::CacheUnderflow`] naming `layer` if
+    /// the cache is empty (a backward without its forward).
+    pub fn pop(&mut self, layer: &'static str) -> Result<Tensor<'s, T>, NnError> {
+        self.stack.pop().ok_or(NnError::CacheUnderflow { layer })
+    }
+
+    /// Tensors still held.
+    pub fn len(&self) -> usize {
+        self.stack.len()
+    }
+
+    /// Whether nothing is held: true after a complete backward.
+    pub fn is_empty(&self) -> bool {
+        self.stack.is_empty()
+    }
+}
+
+impl<T: Element> Default for Cache<'_, T> {
+    fn default() -> Self {
+        Cache::new()
+    }
+}
+
+/// A differentiable layer.
+pub trait Layer<T: Element = f32> {
+    /// A short name for messages, e.g. `"linear"`.
+    fn name(&self) -> &'static str;
+
+    /// The output for input `x`; pushes what [`Layer::backward`] needs onto `cache` if one is given.
+    fn forward<'s>(
+        &self,
+        params: &ParamStore<T>,
+        x: &Tensor<'s, T>,
+        cache: Option<&mut Cache<'s, T>>,
+    ) -> Result<Tensor<'s, T>, NnError>;
+
+    /// Pops what the forward pushed, adds the parameters' gradients into `params`, and returns the
+    /// gradient with respect to the input, given `grad` with respect to the output.
+    fn backward<'s>(
+        &self,
+        params: &mut ParamStore<T>,
+        cache: &mut Cache<'s, T>,
+        grad: &Tensor<'s, T>,
+    ) -> Result<Tensor<'s, T>, NnError>;
+}
+
+/// `y = x W + b` for `x` of shape `[batch, inputs]`, `W` `[inputs, outputs]`, `b` `[outputs]`.
+pub struct Linear {
+    weight: ParamId,
+    bias: ParamId,
+}
+
+impl Linear {
+    /// Registers `{name}.weight` (normal, std `1/sqrt(inputs)`) and `{name}.bias` (zeros).
+    pub fn new<T: Element>(
+        params: &mut ParamStore<T>,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        seed: u64,
+    ) -> Result<Self, NnError> {
+        let std = 1.0 / (inputs.max(1) as f64).sqrt();
+        Ok(Linear {
+            weight: params.randn(&format!("{name}.weight"), &[inputs, outputs], std, seed)?,
+            bias: params.zeros(&format!("{name}.bias"), &[outputs])?,
+        })
+    }
+}
+
+impl<T: Element> Layer<T> for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn forward<'s>(
+        &self,
+        params: &ParamStore<T>,
+        x: &Tensor<'s, T>,
+        cache: Option<&mut Cache<'s, T>>,
+    ) -> Result<Tensor<'s, T>, NnError> {
+        if let Some(cache) = cache {
+            cache.push(x.clone());
+        }
+        let y = x.try_matmul(&params[self.weight].data)?;
+        Ok(y.try_add(&params[self.bias].data)?)
+    }
+
+    fn backward<'s>(
+        &self,
+        params: &mut ParamStore<T>,
+        cache: &mut Cache<'s, T>,
+        grad: &Tensor<'s, T>,
+    ) -> Result<Tensor<'s, T>, NnError> {
+        let x = cache.pop("linear")?;
+        params[self.weight].accumulate(&x.try_transpose()?.try_matmul(grad)?)?;
+        params[self.bias].accumulate(&grad.try_sum(0)?)?;
+        Ok(grad.try_matmul(&params[self.weight].data.try_transpose()?)?)
+    }
+}
+
+/// An elementwise activation: `f(x)` forward, `grad * f'(x)` backward (the cache holds `x`).
+pub struct Activation {
+    kind: ActivationKind,
+}
+
+#[derive(Clone, Copy)]
+enum ActivationKind {
+    Relu,
+    Gelu,
+    Tanh,
+}
+
+impl Activation {
+    /// `max(x, 0)`.
+    pub fn relu() -> Self {
+        Activation {
+            kind: ActivationKind::Relu,
+        }
+    }
+
+    /// GELU, tanh approximation (as [`TensorOps::gelu`]).
+    pub fn gelu() -> Self {
+        Activation {
+            kind: ActivationKind::Gelu,
+        }
+    }
+
+    /// `tanh(x)`.
+    pub fn tanh() -> Self {
+        Activation {
+            kind: ActivationKind::Tanh,
+        }
+    }
+}
+
+/// `d/dx` of the tanh-approximated GELU.
+fn gelu_grad<T: Element>(x: T) -> T {
+    let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
+    let k = T::from_f64(0.044_715);
+    let half = T::from_f64(0.5);
+    let three = T::from_f64(3.0);
+    let inner = c * (x + k * x * x * x);
+    let t = inner.tanh();
+    half * (T::one() + t) + half * x * (T::one() - t * t) * c * (T::one() + three * k * x * x)
+}
+
+impl<T: Element> Layer<T> for Activation {
+    fn name(&self) -> &'static str {
+        match self.kind {
+            ActivationKind::Relu => "relu",
+            ActivationKind::Gelu => "gelu",
+            ActivationKind::Tanh => "tanh",
+        }
+    }
+
+    fn forward<'s>(
+        &self,
+        _params: &ParamStore<T>,
+        x: &Tensor<'s, T>,
+        cache: Option<&mut Cache<'s, T>>,
+    ) -> Result<Tensor<'s, T>, NnError> {
+        if let Some(cache) = cache {
+            cache.push(x.clone());
+        }
+        Ok(match self.kind {
+            ActivationKind::Relu => x.try_map(|v| v.max(T::zero()))?,
+            ActivationKind::Gelu => x.gelu(),
+            ActivationKind::Tanh => x.try_map(T::tanh)?,
+        })
+    }
+
+    fn backward<'s>(
+        &self,
+        _params: &mut ParamStore<T>,
+        cache: &mut Cache<'s, T>,
+        grad: &Tensor<'s, T>,
+    ) -> Result<Tensor<'s, T>, NnError> {
+        let x = cache.pop(Layer::<T>::name(self))?;
+        let kind = self.kind;
+        Ok(grad.try_zip_map(&x, move |g, x| {
+            g * match kind {
+                ActivationKind::Relu if x > T::zero() => T::one(),
+                ActivationKind::Relu => T::zero(),
+                ActivationKind::Gelu => gelu_grad(x),
+                ActivationKind::Tanh => T::one() - x.tanh() * x.tanh(),
+            }
+        })?)
+    }
+}
+
+/// Layer normalization over the last axis with a learned scale and shift:
+/// `y = gamma (x - mean) / sqrt(var + eps) + beta`.
+pub struct LayerNorm<T: Element = f32> {
+    gamma: ParamId,
+    beta: ParamId,
+    eps: T,
+}
+
+impl<T: Element> LayerNorm<T> {
+    /// Registers `{name}.gamma` (ones) and `{name}.beta` (zeros) of shape `[width]`.
+    pub fn new(
+        params: &mut ParamStore<T>,
+        name: &str,
+        width: usize,
+        eps: T,
+    ) -> Result<Self, NnError> {
+        Ok(LayerNorm {
+            gamma: params.ones(&format!("{name}.gamma"), &[width])?,
+            beta: params.zeros(&format!("{name}.beta"), &[width])?,
+            eps,
+        })
+    }
+}
+
+impl<T: Element> Layer<T> for LayerNorm<T> {
+    fn name(&self) -> &'static str {
+        "layer_norm"
+    }
+
+    fn forward<'s>(
+        &self,
+        params: &ParamStore<T>,
+        x: &Tensor<'s, T>,
+        cache: Option<&mut Cache<'s, T>>,
+    ) -> Result<Tensor<'s, T>, NnError> {
+        let normalized = x.try_layer_norm(self.eps)?;
+        if let Some(cache) = cache {
+            cache.push(normalized.clone());
+            cache.push(x.clone());
+        }
+        let scaled = normalized.try_mul(&params[self.gamma].data)?;
+        Ok(scaled.try_add(&params[self.beta].data)?)
+    }
+
+    fn backward<'s>(
+        &self,
+        params: &mut ParamStore<T>,
+        cache: &mut Cache<'s, T>,
+        grad: &Tensor<'s, T>,
+    ) -> Result<Tensor<'s, T>, NnError> {
+        let x = cache.pop("layer_norm")?;
+        let normalized = cache.pop("layer_norm")?;
+        let axis = x.ndim() - 1;
+        let width = x.shape()[axis];
+        let batch_axes: Vec<usize> = (0..axis).collect();
+        // Parameter gradients: sums over every axis but the last.
+        let mut dgamma = grad.try_mul(&normalized)?;
+        let mut dbeta = grad.clone();
+        for _ in &batch_axes {
+            dgamma = dgamma.try_sum(0)?;
+            dbeta = dbeta.try_sum(0)?;
+        }
+        params[self.gamma].accumulate(&dgamma)?;
+        params[self.beta].accumulate(&dbeta)?;
+        // dx = inv_std / n * (n dxhat - sum(dxhat) - xhat * sum(dxhat * xhat)), per row.
+        let dxhat = grad.try_mul(&params[self.gamma].data)?;
+        let n = T::from_f64(width as f64);
+        let eps = self.eps;
+        let mut dx = dxhat;
+        let mut out = dx.try_view_mut()?;
+        let xv = x.view();
+        let nv = normalized.view();
+        Zip::from(out.lanes_mut(Axis(axis)))
+            .and(xv.lanes(Axis(axis)))
+            .and(nv.lanes(Axis(axis)))
+            .for_each(|mut d, xrow, xhat| {
+                let mean = xrow.sum() / n;
+                let var = xrow.fold(T::zero(), |a, &v| a + (v - mean) * (v - mean)) / n;
+                let inv_std = (var + eps).sqrt().recip();
+                let sum_d = d.sum();
+                let sum_dx = Zip::from(&d)
+                    .and(&xhat)
+                    .fold(T::zero(), |a, &g, &h| a + g * h);
+                Zip::from(&mut d).and(&xhat).for_each(|g, &h| {
+                    *g = inv_std / n * (n * *g - sum_d - h * sum_dx);
+                });
+            });
+        Ok(dx)
+    }
+}
+
+/// `y = x + inner(x)`.
+pub struct Residual<T: Element = f32> {
+    inner: Sequential<T>,
+}
+
+impl<T: Element> Residual<T> {
+    /// A residual connection around `inner`, whose output must have the input's shape.
+    pub fn new(inner: Sequential<T>) -> Self {
+        Residual { inner }
+    }
+}
+
+impl<T: Element> Layer<T> for Residual<T> {
+    fn name(&self) -> &'static str {
+        "residual"
+    }
+
+    fn forward<'s>(
+        &self,
+        params: &ParamStore<T>,
+        x: &Tensor<'s, T>,
+        cache: Option<&mut Cache<'s, T>>,
+    ) -> Result<Tensor<'s, T>, NnError> {
+        let inner = self.inner.forward(params, x, cache)?;
+        if inner.shape() != x.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "residual",
+                lhs: Shape::from(x.shape()),
+                rhs: Shape::from(inner.shape()),
+                reason: "the inner layers must keep the shape".into(),
+            }
+            .into());
+        }
+        Ok(inner.try_add(x)?)
+    }
+
+    fn backward<'s>(
+        &self,
+        params: &mut ParamStore<T>,
+        cache: &mut Cache<'s, T>,
+        grad: &Tensor<'s, T>,
+    ) -> Result<Tensor<'s, T>, NnError> {
+        let inner = self.inner.backward(params, cache, grad)?;
+        Ok(inner.try_add(grad)?)
+    }
+}
+
+/// Layers applied in order.
+pub struct Sequential<T: Element = f32> {
+    layers: Vec<Box<dyn Layer<T>>>,
+}
+
+impl<T: Element> Sequential<T> {
+    /// No layers yet.
+    pub fn new() -> Self {
+        Sequential { layers: Vec::new() }
+    }
+
+    /// Appends `layer`.
+    pub fn push(mut self, layer: impl Layer<T> + 'static) -> Self {
+        self.layers.push(Box::new(layer));
+        self
+    }
+
+    /// The layers, in order.
+    pub fn layers(&self) -> &[Box<dyn Layer<T>>] {
+        &self.layers
+    }
+}
+
+impl<T: Element> Default for Sequential<T> {
+    fn default() -> Self {
+        Sequential::new()
+    }
+}
+
+impl<T: Element> Layer<T> for Sequential<T> {
+    fn name(&self) -> &'static str {
+        "sequential"
+    }
+
+    fn forward<'s>(
+        &self,
+        params: &ParamStore<T>,
+        x: &Tensor<'s, T>,
+        mut cache: Option<&mut Cache<'s, T>>,
+    ) -> Result<Tensor<'s, T>, NnError> {
+        let mut x = x.clone();
+        for layer in &self.layers {
+            x = layer.forward(params, &x, cache.as_deref_mut())?;
+        }
+        Ok(x)
+    }
+
+    fn backward<'s>(
+        &self,
+        params: &mut ParamStore<T>,
+        cache: &mut Cache<'s, T>,
+        grad: &Tensor<'s, T>,
+    ) -> Result<Tensor<'s, T>, NnError> {
+        let mut grad = grad.clone();
+        for layer in self.layers.iter().rev() {
+            grad = layer.backward(params, cache, &grad)?;
+        }
+        Ok(grad)
+    }
+}
