@@ -48,6 +48,9 @@ pub enum NnError {
         /// Tensors left.
         left: usize,
     },
+    /// An error of the checkpointer during a checkpointed step.
+    #[error(transparent)]
+    Checkpoint(Box<crate::checkpoint::CheckpointError>),
     /// An error of a tensor op (shapes, budgets).
     #[error(transparent)]
     Tensor(#[from] Error),
