@@ -135,3 +135,58 @@ fn low_precision_storage_gives_a_small_measured_gradient_error() {
         assert!(worst > 0.0 && worst < bound, "{precision:?}: {worst}");
     }
 }
+
+/// A layer whose backward pops less than its forward pushes.
+struct Leaky;
+
+impl tensorscope::nn::Layer for Leaky {
+    fn name(&self) -> &'static str {
+        "leaky"
+    }
+    fn forward<'s>(
+        &self,
+        _: &ParamStore,
+        x: &Tensor<'s>,
+        cache: Option<&mut tensorscope::nn::Cache<'s>>,
+    ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
+        if let Some(cache) = cache {
+            cache.push(x.clone());
+            cache.push(x.clone());
+        }
+        Ok(x.clone())
+    }
+    fn backward<'s>(
+        &self,
+        _: &mut ParamStore,
+        cache: &mut tensorscope::nn::Cache<'s>,
+        grad: &Tensor<'s>,
+    ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
+        cache.pop("leaky")?;
+        Ok(grad.clone())
+    }
+}
+
+#[test]
+#[cfg(debug_assertions)]
+fn a_cache_left_non_empty_is_an_error_in_debug_builds() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut params = ParamStore::new(&pool);
+    let seq = Sequential::new().push(Leaky);
+    let err = pool
+        .scope(|s| {
+            let x = s.ones::<f32>(&[1, 2]);
+            train_step(
+                &seq,
+                &mut params,
+                &mut Sgd::new(0.1, 0.0),
+                &x,
+                |y| mse(y, &x),
+                None,
+            )
+        })
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the cache holds 1 tensors after backward: a layer's backward pops less than its forward pushes"
+    );
+}

@@ -240,6 +240,13 @@ impl Pool {
         stats.bytes_in_use + stats.bytes_cached
     }
 
+    /// Restarts the peak: `peak_bytes_in_use` becomes the bytes in use now. For measuring the peak of
+    /// one phase of a program (one training step, say) on a pool that has been in use before.
+    pub fn reset_peak(&self) {
+        let mut state = self.lock();
+        state.stats.peak_bytes_in_use = state.stats.bytes_in_use;
+    }
+
     /// Frees every idle buffer. Buffers in use are untouched and return to the pool as usual; the
     /// counters are kept.
     pub fn clear(&self) {

@@ -91,6 +91,19 @@ impl Linear {
         seed: u64,
     ) -> Result<Self, NnError> {
         let std = 1.0 / (inputs.max(1) as f64).sqrt();
+        Linear::with_std(params, name, inputs, outputs, std, seed)
+    }
+
+    /// Like [`Linear::new`] with the weights' standard deviation given, e.g. small for the last layer
+    /// of a residual branch so that a deep stack starts near the identity.
+    pub fn with_std<T: Element>(
+        params: &mut ParamStore<T>,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        std: f64,
+        seed: u64,
+    ) -> Result<Self, NnError> {
         Ok(Linear {
             weight: params.randn(&format!("{name}.weight"), &[inputs, outputs], std, seed)?,
             bias: params.zeros(&format!("{name}.bias"), &[outputs])?,
