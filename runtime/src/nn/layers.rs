@@ -208,7 +208,7 @@ impl<T: Element> Layer<T> for Activation {
         }
         Ok(match self.kind {
             ActivationKind::Relu => x.try_map(|v| v.max(T::zero()))?,
-            ActivationKind::Gelu => x.gelu(),
+            ActivationKind::Gelu => x.try_map(crate::ops::gelu)?,
             ActivationKind::Tanh => x.try_map(T::tanh)?,
         })
     }

@@ -17,6 +17,7 @@ pub mod reduce;
 pub mod shape;
 mod unary;
 
+pub(crate) use unary::gelu;
 pub use unary::TensorOps;
 
 use crate::element::Element;

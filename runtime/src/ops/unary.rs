@@ -71,10 +71,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed {
     /// `approximate="tanh"`). Panics only as [`TensorOps::map`] does.
     #[track_caller]
     fn gelu(self) -> Tensor<'s, T> {
-        let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
-        let k = T::from_f64(0.044_715);
-        let half = T::from_f64(0.5);
-        self.map(move |x| half * x * (T::one() + (c * (x + k * x * x * x)).tanh()))
+        self.map(gelu)
     }
 
     /// SiLU (swish), `x * sigmoid(x)`. Panics only as [`TensorOps::map`] does.
@@ -158,6 +155,13 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed {
     fn layer_norm(self, eps: T) -> Tensor<'s, T> {
         or_panic(self.try_layer_norm(eps))
     }
+}
+
+/// GELU of one value, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+pub(crate) fn gelu<T: Element>(x: T) -> T {
+    let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
+    let k = T::from_f64(0.044_715);
+    T::from_f64(0.5) * x * (T::one() + (c * (x + k * x * x * x)).tanh())
 }
 
 fn softmax_lane<T: Element>(mut lane: ArrayViewMut1<'_, T>, log: bool) {
