@@ -329,3 +329,71 @@ fn bad_input_gives_typed_errors() {
         );
     });
 }
+
+#[test]
+fn edge_cases_found_in_review() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let input = s.ones::<f32>(&[4]);
+        let layers: Vec<usize> = (0..8).collect();
+
+        // The sweep follows the plan the forward made, even if the config changed since.
+        let mut ckpt = Checkpointer::new(config(Policy::Every(4)));
+        ckpt.checkpointed_forward(&input, &layers, layer_step)
+            .unwrap();
+        ckpt.set_config(config(Policy::Budget(1 << 20)));
+        let mut calls = 0;
+        let report = ckpt.reverse(layer_step, |_, _| calls += 1).unwrap();
+        assert_eq!((calls, report.recomputed_steps), (8, 6));
+        // A second sweep finds the checkpoints consumed.
+        let err = ckpt.reverse(layer_step, |_, _| ()).unwrap_err();
+        assert_eq!(
+            err,
+            CheckpointError::UnknownLayer {
+                layer: 0,
+                stored: vec![]
+            }
+        );
+
+        // No layers: nothing stored, nothing to sweep, under every policy.
+        for policy in [
+            Policy::Explicit(vec![]),
+            Policy::Budget(1 << 20),
+            Policy::Sqrt,
+        ] {
+            let mut ckpt = Checkpointer::new(config(policy));
+            let out = ckpt.checkpointed_forward(&input, &[], layer_step).unwrap();
+            assert!(out.shares_buffer_with(&input));
+            assert_eq!(ckpt.num_checkpoints(), 0);
+            assert_eq!(
+                ckpt.reverse(layer_step, |_, _| unreachable!())
+                    .unwrap()
+                    .recomputed_steps,
+                0
+            );
+        }
+
+        // The limit error names the layer id, not its position.
+        let ids: Vec<usize> = (100..108).collect();
+        let mut limited = Checkpointer::new(config(Policy::Every(2)).with_max_checkpoints(3));
+        let err = limited
+            .checkpointed_forward(&input, &ids, layer_step)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            CheckpointError::LimitExceeded {
+                layer: 106,
+                needed: 4,
+                limit: 3
+            }
+        );
+
+        // `clear` forgets the plan too.
+        let mut sqrt = Checkpointer::new(config(Policy::Sqrt));
+        sqrt.checkpointed_forward(&input, &layers, layer_step)
+            .unwrap();
+        assert!(sqrt.is_checkpoint_layer(3));
+        sqrt.clear();
+        assert!(!sqrt.is_checkpoint_layer(3));
+    });
+}

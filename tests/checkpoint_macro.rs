@@ -262,3 +262,107 @@ fn the_sequence_replay_runs_one_let_and_names_the_bad_index() {
         );
     });
 }
+
+mod review {
+    use super::*;
+
+    struct Lin {
+        scale: f32,
+        calls: usize,
+    }
+
+    struct Net {
+        layers: Vec<Lin>,
+    }
+
+    impl Net {
+        /// Layers borrowed mutably (not `Clone`); the iterable reads the activation.
+        #[checkpoint(every = 2)]
+        fn forward_mut<'a>(&mut self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
+            let mut x = x;
+            for layer in &mut self.layers {
+                layer.calls += 1;
+                x = x * layer.scale;
+            }
+            for _ in 0..x.shape()[0] {
+                x = x + 1.0;
+            }
+            x
+        }
+
+        /// Several variables assigned; the activation is the one returned. A non-tensor run of
+        /// `let`s comes first.
+        #[checkpoint(every = 1, max = 1)]
+        fn counted<'a>(&self, input: Tensor<'a>) -> Tensor<'a> {
+            let k = 1usize;
+            let k = k + 1;
+            let mut last = 0;
+            let mut h = input;
+            for (i, layer) in self.layers.iter().enumerate() {
+                last = i + k;
+                h = h * layer.scale;
+            }
+            assert!(last > 0);
+            h
+        }
+
+        #[checkpoint(every = 2, replay = "layer")]
+        fn named<'a>(&self, input: Tensor<'a>) -> Tensor<'a> {
+            let mut h = input;
+            for layer in &self.layers {
+                h = h * layer.scale;
+            }
+            h
+        }
+    }
+
+    #[checkpoint(every = 1)]
+    fn inner_forward<'a>(x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for _ in 0..3 {
+            x = x + 1.0;
+        }
+        x
+    }
+
+    #[checkpoint(every = 2)]
+    fn outer_forward<'a>(x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for _ in 0..4 {
+            x = inner_forward(x * 2.0);
+        }
+        x
+    }
+
+    #[test]
+    fn fixes_from_review() {
+        let pool = Pool::with_max_memory_mb(64);
+        let mut net = Net {
+            layers: (0..4)
+                .map(|i| Lin {
+                    scale: 1.0 + i as f32,
+                    calls: 0,
+                })
+                .collect(),
+        };
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(1)));
+        pool.scope(|s| {
+            let y = net.forward_mut(&mut ckpt, s.ones::<f32>(&[3]));
+            assert_eq!(y.to_vec(), vec![24.0 + 3.0; 3]);
+            assert_eq!(net.layers[3].calls, 1);
+            // `max = 1` with no checkpointer stores nothing, so it does not fail.
+            assert_eq!(net.counted(s.ones::<f32>(&[2])).to_vec(), vec![24.0; 2]);
+            // The replay takes the activation, not the parameter it was bound from.
+            let a = s.full::<f32>(&[2], 2.0);
+            assert_eq!(net.layer(&a, 2).to_vec(), vec![6.0; 2]);
+            assert_eq!(net.named(a).to_vec(), vec![48.0; 2]);
+
+            // A nested #[checkpoint] forward does not replan the outer one's checkpointer.
+            let mut outer = Checkpointer::<f32>::new(CheckpointConfig::new(Policy::Every(1)));
+            let y = outer.install(|| outer_forward(s.zeros::<f32>(&[1])));
+            assert_eq!(y.to_vec(), vec![45.0]);
+            assert_eq!(outer.stored_layers(), vec![0, 2]);
+            assert_eq!(outer.config().policy, Policy::Every(2));
+        });
+    }
+}

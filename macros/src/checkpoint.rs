@@ -155,38 +155,56 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
     args::combine(errors).map(|()| settings)
 }
 
-/// Finds `return`, `break`, `continue` and `?` outside nested closures and async blocks.
-struct ControlFlow(Option<Span>);
+/// Finds what would leave a layer step early: `return` and `?` anywhere outside nested closures and
+/// async blocks, and `break`/`continue` that are labeled or outside an inner loop of the step.
+#[derive(Default)]
+struct ControlFlow {
+    found: Option<Span>,
+    inner_loops: usize,
+}
+
+impl ControlFlow {
+    fn loop_body(&mut self, visit: impl FnOnce(&mut Self)) {
+        self.inner_loops += 1;
+        visit(self);
+        self.inner_loops -= 1;
+    }
+}
 
 impl<'ast> Visit<'ast> for ControlFlow {
     fn visit_expr_return(&mut self, e: &'ast syn::ExprReturn) {
-        self.0.get_or_insert(e.span());
-    }
-    fn visit_expr_break(&mut self, e: &'ast syn::ExprBreak) {
-        self.0.get_or_insert(e.span());
-    }
-    fn visit_expr_continue(&mut self, e: &'ast syn::ExprContinue) {
-        self.0.get_or_insert(e.span());
+        self.found.get_or_insert(e.span());
     }
     fn visit_expr_try(&mut self, e: &'ast syn::ExprTry) {
-        self.0.get_or_insert(e.question_token.span());
+        self.found.get_or_insert(e.question_token.span());
+    }
+    fn visit_expr_break(&mut self, e: &'ast syn::ExprBreak) {
+        if e.label.is_some() || self.inner_loops == 0 {
+            self.found.get_or_insert(e.span());
+        }
+    }
+    fn visit_expr_continue(&mut self, e: &'ast syn::ExprContinue) {
+        if e.label.is_some() || self.inner_loops == 0 {
+            self.found.get_or_insert(e.span());
+        }
     }
     fn visit_expr_closure(&mut self, _: &'ast syn::ExprClosure) {}
     fn visit_expr_async(&mut self, _: &'ast syn::ExprAsync) {}
     fn visit_expr_for_loop(&mut self, e: &'ast syn::ExprForLoop) {
-        // A loop inside the step may break or continue itself.
-        self.visit_expr(&e.expr);
+        self.loop_body(|v| syn::visit::visit_expr_for_loop(v, e));
     }
     fn visit_expr_while(&mut self, e: &'ast syn::ExprWhile) {
-        self.visit_expr(&e.cond);
+        self.loop_body(|v| syn::visit::visit_expr_while(v, e));
     }
-    fn visit_expr_loop(&mut self, _: &'ast syn::ExprLoop) {}
+    fn visit_expr_loop(&mut self, e: &'ast syn::ExprLoop) {
+        self.loop_body(|v| syn::visit::visit_expr_loop(v, e));
+    }
 }
 
 fn check_no_control_flow(block: &Block) -> syn::Result<()> {
-    let mut finder = ControlFlow(None);
+    let mut finder = ControlFlow::default();
     finder.visit_block(block);
-    match finder.0 {
+    match finder.found {
         Some(span) => Err(syn::Error::new(
             span,
             "#[checkpoint] runs each layer as one step of a checkpointed loop, so a layer's code \
@@ -228,6 +246,25 @@ fn rebinding(stmt: &Stmt) -> Option<(&Ident, &Expr)> {
         Pat::Ident(p) if p.subpat.is_none() && p.by_ref.is_none() => Some((&p.ident, &init.expr)),
         _ => None,
     }
+}
+
+/// The variable the function ends with (`... x }`), if it ends with one.
+fn returned(func: &ItemFn) -> Option<&Ident> {
+    match func.block.stmts.last() {
+        Some(Stmt::Expr(Expr::Path(p), None)) if p.qself.is_none() => p.path.get_ident(),
+        _ => None,
+    }
+}
+
+/// The parameter the activation is first bound from (`let mut h = input;`), if any.
+fn initialised_from<'f>(func: &'f ItemFn, act: &Ident) -> Option<&'f Ident> {
+    func.block
+        .stmts
+        .iter()
+        .find_map(|stmt| match rebinding(stmt) {
+            Some((name, Expr::Path(p))) if name == act && p.qself.is_none() => p.path.get_ident(),
+            _ => None,
+        })
 }
 
 /// The `&mut Checkpointer` parameter, if any.
@@ -280,6 +317,7 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
+    let ends_with = returned(&func).cloned();
     let stmts = &mut func.block.stmts;
     // The loop form: `for pat in iter { ...; act = ...; }`.
     let loop_at = stmts.iter().position(|s| match s {
@@ -297,17 +335,27 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
             ));
         }
         check_no_control_flow(&for_loop.body)?;
-        let act = for_loop
-            .body
-            .stmts
-            .iter()
-            .find_map(assigned)
-            .cloned()
-            .expect("found above");
-        let (pat, iter, body) = (&for_loop.pat, &for_loop.expr, &for_loop.body.stmts);
-        let layers = quote! {
-            ::core::iter::IntoIterator::into_iter(#iter).collect::<::std::vec::Vec<_>>()
+        let mut candidates: Vec<&Ident> = for_loop.body.stmts.iter().filter_map(assigned).collect();
+        candidates.dedup();
+        let act = match (ends_with.as_ref(), candidates.as_slice()) {
+            (Some(r), _) if candidates.contains(&r) => r.clone(),
+            (_, [only]) => (*only).clone(),
+            _ => {
+                let names: Vec<String> = candidates.iter().map(|c| format!("`{c}`")).collect();
+                return Err(syn::Error::new(
+                    for_loop.span(),
+                    format!(
+                        "the layer loop assigns {}; #[checkpoint] takes the activation to be the \
+                         variable the function ends with, so end it with one of them",
+                        names.join(" and ")
+                    ),
+                ));
+            }
         };
+        let (pat, iter, body) = (&for_loop.pat, &for_loop.expr, &for_loop.body.stmts);
+        // Collected before the call, where the activation has not been moved yet.
+        let collected = mixed("layers");
+        let layers = quote!(#collected);
         let step = quote!(|#segment, mut #act, #pat| { let _ = #segment; #(#body)* #act });
         let (all, index) = (mixed("layers"), mixed("index"));
         let replay_body = quote! {
@@ -323,20 +371,34 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
             #act
         };
         let call = run(&act, layers, step, for_loop.span());
-        stmts[i] = syn::parse2(quote!(#act = #call;))?;
+        stmts[i] = syn::parse2(quote! {
+            {
+                let #collected: ::std::vec::Vec<_> =
+                    ::core::iter::IntoIterator::into_iter(#iter).collect();
+                #act = #call;
+            }
+        })?;
         let replay = replay_fn(settings, &func, &act, replay_body)?;
         return Ok(quote!(#func #replay));
     }
 
     // The sequence form: `let act = ...;` twice or more in a row, the first giving the input.
-    let run_at = (0..stmts.len()).find_map(|start| {
-        let (name, _) = rebinding(&stmts[start])?;
-        let len = stmts[start..]
-            .iter()
-            .take_while(|s| rebinding(s).is_some_and(|(n, _)| n == name))
-            .count();
-        (len >= 2).then_some((start, len))
-    });
+    let runs: Vec<(usize, usize)> = (0..stmts.len())
+        .filter_map(|start| {
+            let (name, _) = rebinding(&stmts[start])?;
+            let len = stmts[start..]
+                .iter()
+                .take_while(|s| rebinding(s).is_some_and(|(n, _)| n == name))
+                .count();
+            (len >= 2).then_some((start, len))
+        })
+        .collect();
+    // Prefer the run of the variable the function ends with.
+    let run_at = runs
+        .iter()
+        .find(|&&(start, _)| rebinding(&stmts[start]).map(|(n, _)| n) == ends_with.as_ref())
+        .or(runs.first())
+        .copied();
     if let Some((start, len)) = run_at {
         let act = rebinding(&stmts[start]).expect("found above").0.clone();
         let steps: Vec<&Expr> = stmts[start + 1..start + len]
@@ -447,9 +509,10 @@ fn replay_fn(
     );
     let (impl_generics, _, where_clause) = generics.split_for_impl();
     let ckpt = checkpointer_param(func);
+    let source = initialised_from(func, act);
     let inputs = func.sig.inputs.iter().filter(|arg| match arg {
         FnArg::Typed(t) => match &*t.pat {
-            Pat::Ident(p) => p.ident != *act && Some(&p.ident) != ckpt,
+            Pat::Ident(p) => p.ident != *act && Some(&p.ident) != ckpt && Some(&p.ident) != source,
             _ => true,
         },
         FnArg::Receiver(_) => true,

@@ -76,7 +76,7 @@ pub const fn mib(mb: usize) -> usize {
 /// run in its own child scope of the activation's (so its temporaries are that scope's to release).
 /// The input of each segment's first layer is saved into `ckpt`, else into the checkpointer installed
 /// on this thread ([`Checkpointer::install`]); with neither, nothing is stored (inference).
-pub fn checkpoint_layers<'s, T: Element, L: Clone>(
+pub fn checkpoint_layers<'s, T: Element, L>(
     config: CheckpointConfig,
     ckpt: Option<&mut Checkpointer<T>>,
     input: Tensor<'s, T>,
@@ -84,16 +84,16 @@ pub fn checkpoint_layers<'s, T: Element, L: Clone>(
     step: impl for<'b> FnMut(&'b Scope<'s>, Tensor<'b, T>, L) -> Tensor<'b, T>,
 ) -> Result<Tensor<'s, T>, CheckpointError> {
     match ckpt {
-        Some(ckpt) => run_layers(config, Some(ckpt), input, &layers, step),
-        None => checkpoint::with_active(|active| run_layers(config, active, input, &layers, step)),
+        Some(ckpt) => run_layers(config, Some(ckpt), input, layers, step),
+        None => checkpoint::with_active(|active| run_layers(config, active, input, layers, step)),
     }
 }
 
-fn run_layers<'s, T: Element, L: Clone>(
-    config: CheckpointConfig,
+fn run_layers<'s, T: Element, L>(
+    mut config: CheckpointConfig,
     mut ckpt: Option<&mut Checkpointer<T>>,
     input: Tensor<'s, T>,
-    layers: &[L],
+    layers: Vec<L>,
     mut step: impl for<'b> FnMut(&'b Scope<'s>, Tensor<'b, T>, L) -> Tensor<'b, T>,
 ) -> Result<Tensor<'s, T>, CheckpointError> {
     let n = layers.len();
@@ -105,22 +105,25 @@ fn run_layers<'s, T: Element, L: Clone>(
             ckpt.planned().to_vec()
         }
         None => {
+            // Nothing is stored, so there is no limit to respect: the plan only groups segments.
+            config.max_checkpoints = None;
             let mut planner = Checkpointer::<T>::new(config);
             planner.begin(&ids, &input)?;
             planner.planned().to_vec()
         }
     };
     let mut x = input;
+    let mut layers = layers.into_iter().enumerate();
     for (j, &start) in plan.iter().enumerate() {
         let end = plan.get(j + 1).copied().unwrap_or(n);
         let parent = Parent::of_tensor(&x);
         x = parent.open(None, |segment| {
             let mut a = segment.rebind_owned(x);
-            for (pos, layer) in layers.iter().enumerate().take(end).skip(start) {
+            for (pos, layer) in layers.by_ref().take(end - start) {
                 if let Some(ckpt) = ckpt.as_deref_mut() {
                     ckpt.record(pos, &a)?;
                 }
-                a = step(segment, a, layer.clone());
+                a = step(segment, a, layer);
             }
             Ok::<_, CheckpointError>(segment.escape(a))
         })?;

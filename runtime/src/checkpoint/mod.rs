@@ -289,6 +289,8 @@ impl<T: Element> Checkpointer<T> {
     /// Drops every stored activation (their buffers go back to the pool).
     pub fn clear(&mut self) {
         self.stored.clear();
+        self.plan.clear();
+        self.slots = 0;
         self.saved_bytes = 0;
     }
 
@@ -346,6 +348,9 @@ impl<T: Element> Checkpointer<T> {
 
     /// Positions to store for `n` layers whose activations hold `activation_bytes` each (as `T`).
     fn plan(&self, n: usize, activation_elems: usize) -> Result<(Vec<usize>, usize)> {
+        if n == 0 {
+            return Ok((Vec::new(), 0));
+        }
         let every = |k: usize| (0..n).step_by(k).collect::<Vec<_>>();
         let (plan, slots) = match &self.config.policy {
             Policy::Every(0) => {
@@ -379,15 +384,6 @@ impl<T: Element> Checkpointer<T> {
                 (schedule::binomial_chain(n, slots), slots)
             }
         };
-        if let Some(limit) = self.config.max_checkpoints {
-            if plan.len() > limit {
-                return Err(CheckpointError::LimitExceeded {
-                    layer: plan.get(limit).copied().unwrap_or(0),
-                    needed: plan.len(),
-                    limit,
-                });
-            }
-        }
         Ok((plan, slots))
     }
 
@@ -421,6 +417,15 @@ impl<T: Element> Checkpointer<T> {
     /// Starts a forward over `layers` from `input`: plans, and drops earlier checkpoints.
     pub(crate) fn begin(&mut self, layers: &[usize], input: &Tensor<'_, T>) -> Result<()> {
         let (plan, slots) = self.plan(layers.len(), input.len())?;
+        if let Some(limit) = self.config.max_checkpoints {
+            if plan.len() > limit {
+                return Err(CheckpointError::LimitExceeded {
+                    layer: layers[plan[limit]],
+                    needed: plan.len(),
+                    limit,
+                });
+            }
+        }
         self.clear();
         self.layers = layers.to_vec();
         self.shapes.clear();
@@ -482,14 +487,18 @@ impl<T: Element> Drop for Restore<'_, T> {
     }
 }
 
-/// Runs `f` with the innermost installed checkpointer of element type `T`, taken out of the
-/// thread's stack for the duration (so a nested `#[checkpoint]` sees the next one down), or with
-/// `None` if there is none.
+/// Stands in the thread's stack for a checkpointer a `#[checkpoint]` forward is using.
+struct Busy;
+
+/// Runs `f` with the innermost installed checkpointer if it holds element type `T`, or with `None`
+/// (no checkpointer installed, one of another type, or one already in use by an enclosing
+/// `#[checkpoint]` forward: nested forwards store nothing rather than replan the outer one's).
 pub(crate) fn with_active<T: Element, R>(f: impl FnOnce(Option<&mut Checkpointer<T>>) -> R) -> R {
     let top = ACTIVE.with_borrow_mut(|stack| {
-        let is_t = stack.last().is_some_and(|b| b.is::<Checkpointer<T>>());
-        if is_t {
-            stack.pop()
+        if stack.last().is_some_and(|b| b.is::<Checkpointer<T>>()) {
+            let ckpt = stack.pop();
+            stack.push(Box::new(Busy));
+            ckpt
         } else {
             None
         }
@@ -497,12 +506,15 @@ pub(crate) fn with_active<T: Element, R>(f: impl FnOnce(Option<&mut Checkpointer
     let Some(boxed) = top else {
         return f(None);
     };
-    /// Pushes the checkpointer back when `f` ends, by return or by unwinding.
+    /// Puts the checkpointer back in place of the marker when `f` ends, by return or unwinding.
     struct PutBack(Option<Box<dyn std::any::Any>>);
     impl Drop for PutBack {
         fn drop(&mut self) {
             if let Some(b) = self.0.take() {
-                ACTIVE.with_borrow_mut(|stack| stack.push(b));
+                ACTIVE.with_borrow_mut(|stack| {
+                    stack.pop();
+                    stack.push(b);
+                });
             }
         }
     }
@@ -570,6 +582,13 @@ impl<T: Element> Checkpointer<T> {
         mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Tensor<'s, T>,
         mut backward: impl FnMut(usize, &Tensor<'s, T>),
     ) -> Result<ReverseReport> {
+        if self.plan.is_empty() && !self.layers.is_empty() {
+            // Already swept (or cleared): the checkpoints are gone.
+            return Err(CheckpointError::UnknownLayer {
+                layer: self.layers[0],
+                stored: Vec::new(),
+            });
+        }
         let mut sweep = Sweep {
             stored: std::mem::take(&mut self.stored),
             layers: &self.layers,
@@ -579,7 +598,8 @@ impl<T: Element> Checkpointer<T> {
             report: ReverseReport::default(),
             held: 0,
         };
-        let result = if matches!(self.config.policy, Policy::Budget(_)) {
+        // The schedule the forward planned, whatever the config says now.
+        let result = if self.slots > 0 {
             sweep.binomial(&self.plan, self.slots)
         } else {
             sweep.segments(&self.plan)

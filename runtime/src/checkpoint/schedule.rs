@@ -31,24 +31,52 @@ fn binomial(n: u64, k: u64) -> u128 {
 }
 
 /// Griewank and Walther's `t(l, s)`: the fewest forward steps that reverse `l` steps from a stored
-/// start with `s >= 1` slots, every advance paid.
+/// start with `s` slots, every advance paid. Computed in 128 bits and saturated at `u64::MAX`.
+///
+/// # Panics
+/// If `s == 0`: without a slot even the start cannot be kept.
 pub fn revolve_forward_steps(l: u64, s: u64) -> u64 {
     assert!(s >= 1, "revolve needs at least one slot");
     if l <= 1 {
         return 0;
     }
-    let mut r = 0u64;
-    while binomial(s + r, s) < u128::from(l) {
-        r += 1;
+    let l = u128::from(l);
+    if u128::from(s) + 1 >= l {
+        // A slot for every state: each step once (r = 1, and C(s + 1, s + 1) = 1).
+        return saturate(l - 1);
     }
-    let subtracted = binomial(s + r, s + 1);
-    (u128::from(r) * u128::from(l) - subtracted) as u64
+    if s == 1 {
+        return saturate(l * (l - 1) / 2);
+    }
+    // The least r with C(s + r, s) >= l; C grows with r, and r = l - 1 always suffices.
+    let (mut lo, mut hi) = (1u64, u64::try_from(l - 1).unwrap_or(u64::MAX));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if binomial(s.saturating_add(mid), s) >= l {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let r = lo;
+    let subtracted = binomial(s.saturating_add(r), s.saturating_add(1));
+    saturate((u128::from(r) * l).saturating_sub(subtracted))
+}
+
+fn saturate(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
 }
 
 /// Layer steps the reverse sweep recomputes for `n` layers with `s` slots under the binomial
-/// schedule: `t(n + 1, s) - n`.
+/// schedule: `t(n + 1, s) - n`, saturated.
+///
+/// # Panics
+/// If `s == 0`.
 pub fn binomial_recompute_steps(n: u64, s: u64) -> u64 {
-    revolve_forward_steps(n + 1, s) - n
+    match revolve_forward_steps(n.saturating_add(1), s) {
+        u64::MAX => u64::MAX,
+        t => t - n,
+    }
 }
 
 /// The split of a paid reversal of `l` steps with `s >= 2` slots: advance `m` steps, store, reverse
@@ -151,5 +179,18 @@ mod tests {
         assert_eq!(binomial_recompute_steps(16, 1), 16 * 15 / 2);
         assert_eq!(binomial_chain(16, 16), (0..16).collect::<Vec<_>>());
         assert_eq!(binomial_chain(16, 1), vec![0]);
+    }
+
+    #[test]
+    fn huge_inputs_saturate_instead_of_overflowing() {
+        // t(2^50, 2) is about 5.3e22, past u64.
+        assert_eq!(revolve_forward_steps(1 << 50, 2), u64::MAX);
+        assert_eq!(
+            revolve_forward_steps(1 << 28, 1),
+            (1u64 << 28) * ((1 << 28) - 1) / 2
+        );
+        assert_eq!(revolve_forward_steps(5, u64::MAX), 4);
+        assert_eq!(binomial_recompute_steps(u64::MAX, 3), u64::MAX);
+        assert_eq!(binomial_recompute_steps(1000, 1000), 0);
     }
 }
