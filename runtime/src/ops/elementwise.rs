@@ -67,6 +67,12 @@ pub(crate) fn zip_with<'s, T: Element>(
     Ok(out)
 }
 
+/// Whether `small` broadcasts over `big` as a repeated trailing block (`[64]` over `[n, 64]`), so
+/// that both can be walked as plain slices.
+fn is_trailing_block(big: &[usize], small: &[usize]) -> bool {
+    small.len() <= big.len() && big[big.len() - small.len()..] == *small && !small.is_empty()
+}
+
 /// `dst = f(dst, other)` elementwise, `other` broadcast to `dst`'s shape (already checked).
 fn write_over<T: Element>(dst: &mut Tensor<'_, T>, other: &Tensor<'_, T>, f: impl Fn(T, T) -> T) {
     if dst.shape() == other.shape() {
@@ -74,6 +80,17 @@ fn write_over<T: Element>(dst: &mut Tensor<'_, T>, other: &Tensor<'_, T>, f: imp
             .iter_mut()
             .zip(other.as_slice())
             .for_each(|(d, &o)| *d = f(*d, o));
+    } else if is_trailing_block(dst.shape(), other.shape()) && !other.is_empty() {
+        // A row vector (or trailing block) added to every row: contiguous chunks, no index math.
+        let block = other.as_slice();
+        dst.unique_slice_mut()
+            .chunks_exact_mut(block.len())
+            .for_each(|chunk| {
+                chunk
+                    .iter_mut()
+                    .zip(block)
+                    .for_each(|(d, &o)| *d = f(*d, o))
+            });
     } else {
         Zip::from(dst.unique_view_mut())
             .and_broadcast(&other.view())

@@ -213,10 +213,19 @@ fn try_map_lanes<'s, T: Element>(
 ) -> Result<Tensor<'s, T>> {
     check_axis("map_lanes", src.tensor(), axis)?;
     let mut out = src.into_writable_copy()?;
-    out.unique_view_mut()
-        .lanes_mut(Axis(axis))
-        .into_iter()
-        .for_each(kernel);
+    let lane = out.shape()[axis];
+    if axis + 1 == out.ndim() && lane > 0 {
+        // Lanes along the last axis are contiguous runs of the buffer.
+        out.unique_slice_mut()
+            .chunks_exact_mut(lane)
+            .map(ArrayViewMut1::from)
+            .for_each(kernel);
+    } else {
+        out.unique_view_mut()
+            .lanes_mut(Axis(axis))
+            .into_iter()
+            .for_each(kernel);
+    }
     Ok(out)
 }
 
