@@ -1,6 +1,6 @@
 //! Tensor operations.
 //!
-//! Every op checks shapes first and reports a mismatch as an [`Error`](crate::Error) naming the op and
+//! Every op checks shapes first and reports a mismatch as an [`Error`] naming the op and
 //! both shapes; the panicking forms (operators, methods without `try_`) panic with that message.
 //! Outputs are rented from the pool in the deeper of the operands' scopes.
 //!
