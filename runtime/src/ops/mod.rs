@@ -10,7 +10,9 @@
 //! - [`linalg`][]: matmul (2-D, batched 3-D) and transpose of the last two axes.
 //! - [`reduce`][]: sum and mean along an axis.
 //! - [`shape`][]: concatenation.
+//! - [`conv`][]: 2-D convolution (im2col), group normalization, nearest upsampling.
 
+pub mod conv;
 pub mod elementwise;
 pub mod linalg;
 pub mod reduce;

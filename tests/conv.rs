@@ -1,0 +1,127 @@
+//! Image ops against naive reference loops: convolution (strides, padding, non-square kernels),
+//! group normalization, nearest upsampling, and their errors.
+
+use tensorscope::Error;
+
+fn conv_ref(
+    x: &[f64],
+    xs: [usize; 4],
+    w: &[f64],
+    ws: [usize; 4],
+    stride: usize,
+    pad: usize,
+) -> Vec<f64> {
+    let [n, ci, h, wd] = xs;
+    let [co, _, kh, kw] = ws;
+    let ho = (h + 2 * pad - kh) / stride + 1;
+    let wo = (wd + 2 * pad - kw) / stride + 1;
+    let mut out = vec![0.0; n * co * ho * wo];
+    for b in 0..n {
+        for o in 0..co {
+            for oy in 0..ho {
+                for ox in 0..wo {
+                    let mut acc = 0.0;
+                    for c in 0..ci {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy = (oy * stride + ky) as isize - pad as isize;
+                                let ix = (ox * stride + kx) as isize - pad as isize;
+                                if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < wd {
+                                    acc += x[((b * ci + c) * h + iy as usize) * wd + ix as usize]
+                                        * w[((o * ci + c) * kh + ky) * kw + kx];
+                                }
+                            }
+                        }
+                    }
+                    out[((b * co + o) * ho + oy) * wo + ox] = acc;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn close(got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-12 * (1.0 + w.abs()),
+            "element {i}: {g} vs {w}"
+        );
+    }
+}
+
+#[test]
+fn conv2d_matches_the_naive_loops() {
+    tensorscope::scope(|s| {
+        for (xs, ws, stride, pad) in [
+            ([2, 3, 7, 6], [4, 3, 3, 3], 1, 1),
+            ([1, 2, 8, 8], [3, 2, 3, 2], 2, 0),
+            ([2, 1, 5, 5], [2, 1, 1, 1], 1, 0),
+            ([1, 4, 6, 5], [5, 4, 3, 3], 2, 1),
+        ] {
+            let x = s.randn::<f64>(&xs, 1);
+            let w = s.randn::<f64>(&ws, 2);
+            let y = x.conv2d(&w, stride, pad);
+            let want = conv_ref(x.as_slice(), xs, w.as_slice(), ws, stride, pad);
+            close(y.as_slice(), &want);
+        }
+    });
+}
+
+#[test]
+fn group_norm_and_upsample_match_the_naive_loops() {
+    tensorscope::scope(|s| {
+        let x = s.randn::<f64>(&[2, 6, 3, 4], 3);
+        let y = x.group_norm(3, 1e-5);
+        let per_group = 2 * 3 * 4;
+        let mut want = Vec::new();
+        for group in x.as_slice().chunks(per_group) {
+            let mean = group.iter().sum::<f64>() / per_group as f64;
+            let var = group.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / per_group as f64;
+            want.extend(group.iter().map(|v| (v - mean) / (var + 1e-5).sqrt()));
+        }
+        close(y.as_slice(), &want);
+
+        let small = s.from_slice::<f64>(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let up = small.upsample_nearest2d(2);
+        assert_eq!(up.shape(), &[1, 1, 4, 4]);
+        assert_eq!(
+            up.to_vec(),
+            vec![1., 1., 2., 2., 1., 1., 2., 2., 3., 3., 4., 4., 3., 3., 4., 4.]
+        );
+    });
+}
+
+#[test]
+fn image_ops_name_bad_shapes() {
+    tensorscope::scope(|s| {
+        let x = s.zeros::<f32>(&[1, 3, 4, 4]);
+        let err = x
+            .try_conv2d(&s.zeros::<f32>(&[2, 4, 3, 3]), 1, 0)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "conv2d: incompatible shapes [1, 3, 4, 4] and [2, 4, 3, 3]: input channels differ (3 and 4)"
+        );
+        let err = x
+            .try_conv2d(&s.zeros::<f32>(&[2, 3, 5, 5]), 1, 0)
+            .unwrap_err();
+        assert!(err
+            .to_string()
+            .ends_with("a 5x5 kernel does not fit a 4x4 padded image"));
+        assert!(matches!(
+            x.try_conv2d(&s.zeros::<f32>(&[2, 3, 3, 3]), 0, 0),
+            Err(Error::ShapeMismatch { .. })
+        ));
+        assert!(matches!(
+            s.zeros::<f32>(&[3, 4]).try_conv2d(&x, 1, 0),
+            Err(Error::InvalidShape { op: "conv2d", .. })
+        ));
+        assert_eq!(
+            x.try_group_norm(2, 1e-5).unwrap_err().to_string(),
+            "group_norm: invalid shape [1, 3, 4, 4]: 2 groups do not divide 3 channels"
+        );
+        assert!(x.try_upsample_nearest2d(0).is_err());
+    });
+}
