@@ -119,6 +119,8 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
+    /// Returned buffers are freed instead of kept (see [`Pool::set_caching`]).
+    uncached: bool,
     /// Idle buffers per size class, oldest at the front.
     idle: Vec<VecDeque<Idle>>,
     stats: PoolStats,
@@ -238,6 +240,16 @@ impl Pool {
     pub fn memory_usage(&self) -> usize {
         let stats = self.stats();
         stats.bytes_in_use + stats.bytes_cached
+    }
+
+    /// Turns keeping returned buffers on (the default) or off. With caching off every rent is a fresh
+    /// allocation and every return frees its buffer: the same program without pooling, for measuring
+    /// what the pool saves. Turning it off also frees the idle buffers.
+    pub fn set_caching(&self, enabled: bool) {
+        self.lock().uncached = !enabled;
+        if !enabled {
+            self.clear();
+        }
     }
 
     /// Restarts the peak: `peak_bytes_in_use` becomes the bytes in use now. For measuring the peak of
@@ -384,8 +396,15 @@ impl Pool {
         let Some((class, _)) = size_class(bytes) else {
             return;
         };
-        let mut state = self.lock();
-        let state = &mut *state;
+        let mut guard = self.lock();
+        if guard.uncached {
+            guard.stats.returns += 1;
+            guard.stats.bytes_in_use -= bytes;
+            drop(guard);
+            drop(blocks); // freed outside the lock
+            return;
+        }
+        let state = &mut *guard;
         if state.idle.len() <= class {
             state.idle.resize_with(class + 1, VecDeque::new);
         }
@@ -559,6 +578,25 @@ mod tests {
         assert_eq!(pool.stats().evictions, 1);
         let again = pool.rent::<f32>(&[256]);
         assert_ne!(again.as_ptr() as usize, b_ptr);
+        assert_eq!(pool.stats().hits, 1);
+    }
+
+    #[test]
+    fn without_caching_every_rent_allocates() {
+        let pool = Pool::with_max_memory_mb(16);
+        drop(pool.rent::<f32>(&[1000]));
+        pool.set_caching(false);
+        assert_eq!(pool.stats().bytes_cached, 0, "idle buffers freed");
+        drop(pool.rent::<f32>(&[1000]));
+        drop(pool.rent::<f32>(&[1000]));
+        let s = pool.stats();
+        assert_eq!(
+            (s.hits, s.misses, s.returns, s.bytes_in_use, s.bytes_cached),
+            (0, 3, 3, 0, 0)
+        );
+        pool.set_caching(true);
+        drop(pool.rent::<f32>(&[1000]));
+        drop(pool.rent::<f32>(&[1000]));
         assert_eq!(pool.stats().hits, 1);
     }
 
