@@ -3,11 +3,18 @@
 //! run for 50 denoising steps on the pool, then the same loop with the pool's caching turned off
 //! (every op a fresh allocation).
 //!
-//! `cargo run --release --example diffusion_denoise`
+//! `cargo run --release --example diffusion_denoise [-- --timeline DIR]`
+//!
+//! With `--timeline DIR` it also writes the pooled run's memory timeline (bytes in use and cached
+//! after every rent and return) to `DIR/memory.svg` (a plot) and `DIR/memory.trace.json` (a Chrome
+//! trace: open it in Perfetto or `chrome://tracing`).
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use plotters::prelude::*;
 use tensorscope::prelude::*;
+use tensorscope::TimelinePoint;
 
 const CHANNELS: usize = 64;
 const LATENT: usize = 4;
@@ -85,7 +92,100 @@ fn denoise(pool: &Pool, model: &Denoiser) -> Run {
     }
 }
 
+const MIB: f64 = (1 << 20) as f64;
+const PLOTTED_STEPS: usize = 4;
+
+/// Writes the first `PLOTTED_STEPS` steps of `points` as an SVG plot (the whole run is too dense to
+/// read; the trace keeps all of it).
+fn write_svg(points: &[TimelinePoint], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let points = &points[..(points.len() * PLOTTED_STEPS / STEPS + 1).min(points.len())];
+    let ms = |p: &TimelinePoint| p.micros as f64 / 1e3;
+    let end = points.last().map_or(1.0, ms).max(1.0);
+    let top = points
+        .iter()
+        .map(|p| (p.bytes_in_use + p.bytes_cached) as f64 / MIB)
+        .fold(1.0, f64::max);
+    let root = SVGBackend::new(path, (900, 340)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("pool memory, the first {PLOTTED_STEPS} of {STEPS} denoising steps"),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..end, 0.0..top * 1.1)?;
+    chart.configure_mesh().x_desc("ms").y_desc("MiB").draw()?;
+    let series = [
+        (
+            "in use",
+            BLUE,
+            Box::new(|p: &TimelinePoint| p.bytes_in_use) as Box<dyn Fn(&TimelinePoint) -> usize>,
+        ),
+        (
+            "cached (idle)",
+            RED,
+            Box::new(|p: &TimelinePoint| p.bytes_cached),
+        ),
+    ];
+    for (label, color, value) in series {
+        chart
+            .draw_series(LineSeries::new(
+                // A step plot: a figure holds until the next rent or return changes it.
+                points.windows(2).flat_map(|w| {
+                    let v = value(&w[0]) as f64 / MIB;
+                    [(ms(&w[0]), v), (ms(&w[1]), v)]
+                }),
+                &color,
+            ))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Writes `points` as Chrome trace counter events.
+fn write_trace(points: &[TimelinePoint], path: &Path) -> std::io::Result<()> {
+    let events: Vec<String> = points
+        .iter()
+        .map(|p| {
+            format!(
+                "{{\"name\":\"pool\",\"ph\":\"C\",\"ts\":{},\"pid\":1,\"tid\":1,\
+                 \"args\":{{\"in use MiB\":{:.4},\"cached MiB\":{:.4}}}}}",
+                p.micros,
+                p.bytes_in_use as f64 / MIB,
+                p.bytes_cached as f64 / MIB
+            )
+        })
+        .collect();
+    std::fs::write(
+        path,
+        format!("{{\"traceEvents\":[\n{}\n]}}\n", events.join(",\n")),
+    )
+}
+
+fn timeline_dir() -> Option<PathBuf> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => None,
+        [flag, dir] if flag == "--timeline" => Some(PathBuf::from(dir)),
+        _ => {
+            eprintln!("usage: diffusion_denoise [--timeline DIR]");
+            std::process::exit(2)
+        }
+    }
+}
+
 fn main() {
+    let timeline = timeline_dir();
     let pool = Pool::with_max_memory_mb(2048);
     let model = Denoiser::new(&pool);
     let activation = CHANNELS * SIZE * SIZE * 4;
@@ -93,7 +193,11 @@ fn main() {
         "{STEPS} denoising steps of a [1, {LATENT}, {SIZE}, {SIZE}] latent; activations up to \
          [1, {CHANNELS}, {SIZE}, {SIZE}] ({activation} B)\n"
     );
+    if timeline.is_some() {
+        pool.start_timeline();
+    }
     let pooled = denoise(&pool, &model);
+    let points = pool.take_timeline();
     pool.set_caching(false);
     let fresh = denoise(&pool, &model);
     pool.set_caching(true);
@@ -123,4 +227,26 @@ fn main() {
         fresh.checksum
     );
     assert_eq!(pooled.checksum, fresh.checksum);
+
+    if let Some(dir) = timeline {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            eprintln!("cannot create {}: {e}", dir.display());
+            std::process::exit(1);
+        }
+        let (svg, trace) = (dir.join("memory.svg"), dir.join("memory.trace.json"));
+        if let Err(e) = write_svg(&points, &svg) {
+            eprintln!("cannot write {}: {e}", svg.display());
+            std::process::exit(1);
+        }
+        if let Err(e) = write_trace(&points, &trace) {
+            eprintln!("cannot write {}: {e}", trace.display());
+            std::process::exit(1);
+        }
+        println!(
+            "\n{} timeline points written to {} and {}",
+            points.len(),
+            svg.display(),
+            trace.display()
+        );
+    }
 }

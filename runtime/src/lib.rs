@@ -48,7 +48,9 @@ pub use element::Element;
 pub use error::{Error, Result, Shape};
 pub use escape::{Escape, EscapeTarget};
 pub use ops::TensorOps;
-pub use pool::{Pool, PoolBuffer, PoolConfig, PoolStats, ALIGN, DEFAULT_MAX_MEMORY_MB};
+pub use pool::{
+    Pool, PoolBuffer, PoolConfig, PoolStats, TimelinePoint, ALIGN, DEFAULT_MAX_MEMORY_MB,
+};
 pub use scope::{current_pool, scope, Scope, ScopeStats};
 pub use tensor::Tensor;
 

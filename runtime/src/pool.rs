@@ -117,8 +117,21 @@ struct Shared {
     state: Mutex<State>,
 }
 
+/// One point of a pool's memory timeline (see [`Pool::start_timeline`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimelinePoint {
+    /// Microseconds since the timeline started.
+    pub micros: u64,
+    /// Bytes rented out at that moment.
+    pub bytes_in_use: usize,
+    /// Bytes held idle at that moment.
+    pub bytes_cached: usize,
+}
+
 #[derive(Default)]
 struct State {
+    /// The memory timeline being recorded, if any: its start and its points.
+    timeline: Option<(std::time::Instant, Vec<TimelinePoint>)>,
     /// Returned buffers are freed instead of kept (see [`Pool::set_caching`]).
     uncached: bool,
     /// Idle buffers per size class, oldest at the front.
@@ -186,6 +199,17 @@ pub(crate) fn class_bytes<T: Element>(shape: &[usize]) -> Result<usize> {
 }
 
 impl State {
+    /// Adds a timeline point for the figures as they are now, if a timeline is being recorded.
+    fn record(&mut self) {
+        if let Some((start, points)) = &mut self.timeline {
+            points.push(TimelinePoint {
+                micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+                bytes_in_use: self.stats.bytes_in_use,
+                bytes_cached: self.stats.bytes_cached,
+            });
+        }
+    }
+
     /// Takes the least recently returned idle buffer out of the cache.
     fn evict_lru(&mut self) -> Option<Box<[Block]>> {
         let class = self
@@ -240,6 +264,23 @@ impl Pool {
     pub fn memory_usage(&self) -> usize {
         let stats = self.stats();
         stats.bytes_in_use + stats.bytes_cached
+    }
+
+    /// Starts recording a memory timeline: a point (time, bytes in use, bytes cached) after every rent
+    /// and return, until [`Pool::take_timeline`]. Recording costs a clock read per event.
+    pub fn start_timeline(&self) {
+        let mut state = self.lock();
+        state.timeline = Some((std::time::Instant::now(), Vec::new()));
+        state.record();
+    }
+
+    /// Stops recording and returns the timeline (empty if none was started).
+    pub fn take_timeline(&self) -> Vec<TimelinePoint> {
+        self.lock()
+            .timeline
+            .take()
+            .map(|(_, points)| points)
+            .unwrap_or_default()
     }
 
     /// Turns keeping returned buffers on (the default) or off. With caching off every rent is a fresh
@@ -347,6 +388,7 @@ impl Pool {
                 s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
                 s.requested_bytes += bytes as u64;
                 s.rented_bytes += class_bytes as u64;
+                state.record();
                 return Ok((idle.blocks, false));
             }
             let s = state.stats;
@@ -374,6 +416,7 @@ impl Pool {
             s.requested_bytes += bytes as u64;
             s.rented_bytes += class_bytes as u64;
             s.allocated_bytes += class_bytes as u64;
+            state.record();
         }
         drop(evicted);
         let blocks =
@@ -400,6 +443,7 @@ impl Pool {
         if guard.uncached {
             guard.stats.returns += 1;
             guard.stats.bytes_in_use -= bytes;
+            guard.record();
             drop(guard);
             drop(blocks); // freed outside the lock
             return;
@@ -416,6 +460,7 @@ impl Pool {
         });
         s.bytes_in_use -= bytes;
         s.bytes_cached += bytes;
+        state.record();
     }
 
     /// Whether two handles refer to the same pool.
@@ -579,6 +624,36 @@ mod tests {
         let again = pool.rent::<f32>(&[256]);
         assert_ne!(again.as_ptr() as usize, b_ptr);
         assert_eq!(pool.stats().hits, 1);
+    }
+
+    #[test]
+    fn the_timeline_records_every_rent_and_return() {
+        let pool = Pool::with_max_memory_mb(16);
+        pool.start_timeline();
+        let a = pool.rent::<f32>(&[256]);
+        let b = pool.rent::<f32>(&[512]);
+        drop(a);
+        drop(b);
+        let c = pool.rent::<f32>(&[256]);
+        let points = pool.take_timeline();
+        let figures: Vec<(usize, usize)> = points
+            .iter()
+            .map(|p| (p.bytes_in_use, p.bytes_cached))
+            .collect();
+        assert_eq!(
+            figures,
+            vec![
+                (0, 0),
+                (1024, 0),
+                (3072, 0),
+                (2048, 1024),
+                (0, 3072),
+                (1024, 2048)
+            ]
+        );
+        assert!(points.windows(2).all(|w| w[0].micros <= w[1].micros));
+        drop(c);
+        assert!(pool.take_timeline().is_empty(), "recording stopped");
     }
 
     #[test]
