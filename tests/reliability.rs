@@ -1,0 +1,199 @@
+//! Stress and faults: threads sharing one pool, a panic in the middle of a checkpointed training
+//! step, and the pool working on after budget exhaustion.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use tensorscope::nn::{mse, train_step, Activation, Linear, ParamStore, Sequential, Sgd};
+use tensorscope::prelude::*;
+use tensorscope::{CheckpointConfig, Checkpointer, Error, Policy};
+
+#[test]
+fn threads_with_their_own_scopes_share_one_pool_exactly() {
+    let pool = Pool::with_max_memory_mb(256);
+    let threads = 4;
+    let rounds = 2000;
+    let rents_per_thread: Vec<u64> = std::thread::scope(|t| {
+        let handles: Vec<_> = (0..threads)
+            .map(|id| {
+                let pool = pool.clone();
+                t.spawn(move || {
+                    let mut rents = 0u64;
+                    let mut state = 0x9E37_79B9u32.wrapping_mul(id + 1);
+                    for round in 0..rounds {
+                        pool.scope(|s| {
+                            // A few tensors at once, each filled with a value no other thread uses.
+                            let live: Vec<Tensor<'_>> = (0..3)
+                                .map(|k| {
+                                    state ^= state << 13;
+                                    state ^= state >> 17;
+                                    state ^= state << 5;
+                                    let len = 1 + (state % 5000) as usize;
+                                    let value = (id * 100_000 + round * 4 + k) as f32;
+                                    rents += 1;
+                                    s.full::<f32>(&[len], value)
+                                })
+                                .collect();
+                            for (k, t) in live.iter().enumerate() {
+                                let value = (id * 100_000 + round * 4 + k as u32) as f32;
+                                assert!(
+                                    t.as_slice().iter().all(|&v| v == value),
+                                    "a buffer was handed to two threads at once"
+                                );
+                            }
+                        });
+                    }
+                    rents
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .collect()
+    });
+    let stats = pool.stats();
+    let total: u64 = rents_per_thread.iter().sum();
+    assert_eq!(total, u64::from(threads) * u64::from(rounds) * 3);
+    assert_eq!(stats.hits + stats.misses, total);
+    assert_eq!(stats.returns, total);
+    assert_eq!(stats.bytes_in_use, 0);
+    assert_eq!(stats.failed_rents, 0);
+}
+
+/// A layer that panics on demand, in the middle of a model.
+struct Faulty {
+    fail: std::cell::Cell<bool>,
+}
+
+impl tensorscope::nn::Layer for Faulty {
+    fn name(&self) -> &'static str {
+        "faulty"
+    }
+    fn forward<'s>(
+        &self,
+        _: &ParamStore,
+        x: &Tensor<'s>,
+        cache: Option<&mut tensorscope::nn::Cache<'s>>,
+    ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
+        assert!(
+            !self.fail.get(),
+            "fault injected in the middle of a forward"
+        );
+        if let Some(cache) = cache {
+            cache.push(x.clone());
+        }
+        Ok(x.clone())
+    }
+    fn backward<'s>(
+        &self,
+        _: &mut ParamStore,
+        cache: &mut tensorscope::nn::Cache<'s>,
+        grad: &Tensor<'s>,
+    ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
+        cache.pop("faulty")?;
+        Ok(grad.clone())
+    }
+}
+
+#[test]
+fn a_panic_in_a_checkpointed_training_step_leaves_the_pool_consistent() {
+    let pool = Pool::with_max_memory_mb(64);
+    let mut params = ParamStore::new(&pool);
+    let faulty = std::rc::Rc::new(Faulty {
+        fail: std::cell::Cell::new(false),
+    });
+    struct Shared(std::rc::Rc<Faulty>);
+    impl tensorscope::nn::Layer for Shared {
+        fn name(&self) -> &'static str {
+            self.0.name()
+        }
+        fn forward<'s>(
+            &self,
+            p: &ParamStore,
+            x: &Tensor<'s>,
+            c: Option<&mut tensorscope::nn::Cache<'s>>,
+        ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
+            self.0.forward(p, x, c)
+        }
+        fn backward<'s>(
+            &self,
+            p: &mut ParamStore,
+            c: &mut tensorscope::nn::Cache<'s>,
+            g: &Tensor<'s>,
+        ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
+            self.0.backward(p, c, g)
+        }
+    }
+    let mut model = Sequential::new();
+    for i in 0..8 {
+        model = model
+            .push(Linear::new(&mut params, &format!("fc{i}"), 8, 8, i).unwrap())
+            .push(Activation::tanh());
+        if i == 4 {
+            model = model.push(Shared(faulty.clone()));
+        }
+    }
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(3)));
+    let mut sgd = Sgd::new(0.01, 0.0);
+    let mut step = |params: &mut ParamStore, ckpt: &mut Checkpointer| {
+        pool.scope(|s| {
+            let x = s.randn::<f32>(&[4, 8], 1);
+            let target = s.zeros::<f32>(&[4, 8]);
+            train_step(
+                &model,
+                params,
+                &mut sgd,
+                &x,
+                |y| mse(y, &target),
+                Some(ckpt),
+            )
+            .unwrap()
+            .loss
+        })
+    };
+    let first = step(&mut params, &mut ckpt);
+    let steady = pool.stats().bytes_in_use;
+
+    faulty.fail.set(true);
+    let caught = catch_unwind(AssertUnwindSafe(|| step(&mut params, &mut ckpt)));
+    assert!(caught.is_err());
+    faulty.fail.set(false);
+    // The checkpoints of the interrupted step are the only thing left over; clearing them restores
+    // the steady state exactly.
+    ckpt.clear();
+    assert_eq!(
+        pool.stats().bytes_in_use,
+        steady,
+        "every activation of the failed step returned"
+    );
+    let next = step(&mut params, &mut ckpt);
+    assert!(
+        next.is_finite() && next < first,
+        "training goes on: {first} -> {next}"
+    );
+}
+
+#[test]
+fn after_budget_exhaustion_the_pool_keeps_working() {
+    let pool = Pool::with_max_memory_mb(1);
+    pool.scope(|s| {
+        let a = s.zeros::<f32>(&[200_000]); // 800 KB
+        let err = s.try_zeros::<f32>(&[100_000]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::BudgetExceeded {
+                    in_use: 800_768..,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        drop(a);
+        for _ in 0..10 {
+            assert_eq!(s.zeros::<f32>(&[100_000]).len(), 100_000);
+        }
+    });
+    let stats = pool.stats();
+    assert_eq!((stats.failed_rents, stats.bytes_in_use), (1, 0));
+}
