@@ -122,27 +122,11 @@ fn unknown_key(options: &Options, key: &str) -> String {
     let closest = options
         .accepted
         .iter()
-        .map(|a| (edit_distance(key, a.name), a.name))
+        .map(|a| (strsim::levenshtein(key, a.name), a.name))
         .filter(|&(d, name)| d <= 3 || name.contains(key) || key.contains(name))
         .min();
     if let Some((_, name)) = closest {
         message += &format!("; did you mean `{name}`?");
     }
     message + &format!(" Accepted: {}", accepted_list(options))
-}
-
-/// Levenshtein distance, for did-you-mean suggestions.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }

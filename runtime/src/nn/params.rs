@@ -70,22 +70,6 @@ fn suggest(close: &[String]) -> String {
     }
 }
 
-/// Levenshtein distance, for suggestions.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
-}
-
 /// A parameter: its value and the gradient accumulated for it, both detached pool tensors of the
 /// same shape.
 pub struct Param<T: Element = f32> {
@@ -234,7 +218,7 @@ impl<T: Element> ParamStore<T> {
         let mut close: Vec<(usize, &String)> = self
             .names
             .iter()
-            .map(|n| (edit_distance(name, n), n))
+            .map(|n| (strsim::levenshtein(name, n), n))
             .filter(|&(d, n)| d <= 3 || n.contains(name))
             .collect();
         close.sort();
