@@ -8,6 +8,7 @@ use syn::visit::Visit;
 use syn::{Block, Expr, FnArg, Ident, ItemFn, Local, Pat, Path, Stmt, Type};
 
 use crate::args::{self, Accepted, Kind, Options, Value};
+use crate::item;
 
 const OPTIONS: Options = Options {
     attr: "#[checkpoint]",
@@ -60,28 +61,10 @@ struct Settings {
 }
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
-    let func = match syn::parse2::<ItemFn>(item.clone()) {
-        Ok(func) => func,
-        Err(_) => {
-            let span = item
-                .clone()
-                .into_iter()
-                .next()
-                .map_or_else(Span::call_site, |t| t.span());
-            let error = syn::Error::new(span, "#[checkpoint] applies to a function with a body");
-            return with_item(error, item);
-        }
-    };
-    let settings = settings(args, &func);
-    match settings.and_then(|s| generate(&s, func)) {
-        Ok(tokens) => tokens,
-        Err(error) => with_item(error, item),
-    }
-}
-
-fn with_item(error: syn::Error, item: TokenStream) -> TokenStream {
-    let error = error.into_compile_error();
-    quote!(#error #item)
+    item::expand_fn("#[checkpoint]", item, |func| {
+        let settings = settings(args, &func)?;
+        generate(&settings, func)
+    })
 }
 
 fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {

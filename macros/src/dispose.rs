@@ -8,6 +8,7 @@ use syn::visit_mut::VisitMut;
 use syn::{FnArg, Ident, ItemFn, Lifetime, Pat, PatIdent, Path, ReturnType, Type};
 
 use crate::args::{self, Accepted, Kind as ValueKind, Options, Value};
+use crate::item;
 
 const OPTIONS: Options = Options {
     attr: "#[dispose_scope]",
@@ -28,33 +29,10 @@ const OPTIONS: Options = Options {
 };
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
-    let func = match syn::parse2::<ItemFn>(item.clone()) {
-        Ok(func) => func,
-        Err(_) => {
-            let error = syn::Error::new(
-                first_token_span(&item),
-                "#[dispose_scope] applies to a function or method with a body",
-            );
-            return with_item(error, item);
-        }
-    };
-    match settings(args, &func).and_then(|s| generate(&s, func)) {
-        Ok(tokens) => tokens,
-        Err(error) => with_item(error, item),
-    }
-}
-
-/// The error, and the user's item unchanged so that one mistake does not cascade.
-fn with_item(error: syn::Error, item: TokenStream) -> TokenStream {
-    let error = error.into_compile_error();
-    quote!(#error #item)
-}
-
-fn first_token_span(item: &TokenStream) -> Span {
-    item.clone()
-        .into_iter()
-        .next()
-        .map_or_else(Span::call_site, |t| t.span())
+    item::expand_fn("#[dispose_scope]", item, |func| {
+        let settings = settings(args, &func)?;
+        generate(&settings, func)
+    })
 }
 
 struct Settings {

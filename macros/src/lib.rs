@@ -11,6 +11,7 @@ mod args;
 mod checkpoint;
 mod dispose;
 mod escape;
+mod item;
 
 /// Runs the function body in a child scope of the caller's and escapes its return value, so every
 /// tensor the body makes is released when it drops (at the function's end at the latest) and the
