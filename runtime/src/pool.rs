@@ -210,6 +210,16 @@ impl State {
         }
     }
 
+    /// Counts a buffer of `class_bytes` handed out for a request of `bytes` (a hit or a miss).
+    fn hand_out(&mut self, bytes: usize, class_bytes: usize) {
+        let s = &mut self.stats;
+        s.bytes_in_use += class_bytes;
+        s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
+        s.requested_bytes += bytes as u64;
+        s.rented_bytes += class_bytes as u64;
+        self.record();
+    }
+
     /// Takes the least recently returned idle buffer out of the cache.
     fn evict_lru(&mut self) -> Option<Box<[Block]>> {
         let class = self
@@ -384,11 +394,7 @@ impl Pool {
                 let s = &mut state.stats;
                 s.hits += 1;
                 s.bytes_cached -= class_bytes;
-                s.bytes_in_use += class_bytes;
-                s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
-                s.requested_bytes += bytes as u64;
-                s.rented_bytes += class_bytes as u64;
-                state.record();
+                state.hand_out(bytes, class_bytes);
                 return Ok((idle.blocks, false));
             }
             let s = state.stats;
@@ -411,12 +417,8 @@ impl Pool {
             // Reserve the bytes now; the allocation itself happens outside the lock.
             let s = &mut state.stats;
             s.misses += 1;
-            s.bytes_in_use += class_bytes;
-            s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
-            s.requested_bytes += bytes as u64;
-            s.rented_bytes += class_bytes as u64;
             s.allocated_bytes += class_bytes as u64;
-            state.record();
+            state.hand_out(bytes, class_bytes);
         }
         drop(evicted);
         let blocks =

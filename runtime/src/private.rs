@@ -107,9 +107,7 @@ fn run_layers<'s, T: Element, L>(
         None => {
             // Nothing is stored, so there is no limit to respect: the plan only groups segments.
             config.max_checkpoints = None;
-            let mut planner = Checkpointer::<T>::new(config);
-            planner.begin(&ids, &input)?;
-            planner.planned().to_vec()
+            Checkpointer::<T>::new(config).plan(n, input.len())?.0
         }
     };
     let mut x = input;

@@ -132,14 +132,10 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
     }
 
-    /// The buffer, writable, if this handle is the only one on it.
-    pub(crate) fn unique_slice_mut_opt(&mut self) -> Option<&mut [T]> {
-        Rc::get_mut(&mut self.data).map(|s| &mut *s.buf)
-    }
-
-    /// The buffer of a tensor that was just rented and so has no alias yet.
+    /// The buffer of a tensor that was just rented (or checked unique) and so has no alias.
     pub(crate) fn unique_slice_mut(&mut self) -> &mut [T] {
-        self.unique_slice_mut_opt()
+        Rc::get_mut(&mut self.data)
+            .map(|s| &mut *s.buf)
             .expect("a freshly rented tensor has no alias")
     }
 

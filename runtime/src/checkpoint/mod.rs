@@ -347,7 +347,7 @@ impl<T: Element> Checkpointer<T> {
     }
 
     /// Positions to store for `n` layers whose activations hold `activation_bytes` each (as `T`).
-    fn plan(&self, n: usize, activation_elems: usize) -> Result<(Vec<usize>, usize)> {
+    pub(crate) fn plan(&self, n: usize, activation_elems: usize) -> Result<(Vec<usize>, usize)> {
         if n == 0 {
             return Ok((Vec::new(), 0));
         }

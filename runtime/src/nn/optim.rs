@@ -22,6 +22,19 @@ fn zeros_like<T: Element>(
         .scope(|s| s.try_zeros::<T>(like.shape()).map(Tensor::detach))?)
 }
 
+/// Adds optimizer state for the parameters registered since the last step: `make(params, data)`
+/// for each parameter past the `state.len()` already covered.
+fn grow_state<T: Element, S>(
+    state: &mut Vec<S>,
+    params: &ParamStore<T>,
+    make: impl Fn(&ParamStore<T>, &Tensor<'static, T>) -> Result<S, NnError>,
+) -> Result<(), NnError> {
+    for (_, p) in params.iter().skip(state.len()) {
+        state.push(make(params, &p.data)?);
+    }
+    Ok(())
+}
+
 /// Stochastic gradient descent with momentum (PyTorch's form):
 /// `v = momentum v + g; p = p - lr v` (plain SGD for `momentum = 0`).
 pub struct Sgd<T: Element = f32> {
@@ -43,12 +56,9 @@ impl<T: Element> Sgd<T> {
 
 impl<T: Element> Optimizer<T> for Sgd<T> {
     fn step(&mut self, params: &mut ParamStore<T>) -> Result<(), NnError> {
-        for i in self.velocity.len()..params.len() {
-            let like = params.iter().nth(i).map(|(_, p)| p.data.clone());
-            if let Some(like) = like {
-                self.velocity.push(zeros_like(params, &like)?);
-            }
-        }
+        grow_state(&mut self.velocity, params, |params, like| {
+            zeros_like(params, like)
+        })?;
         let (lr, momentum) = (self.lr, self.momentum);
         for (p, v) in params.params_mut().zip(&mut self.velocity) {
             let grad = p.grad.view();
@@ -95,13 +105,9 @@ impl<T: Element> Adam<T> {
 
 impl<T: Element> Optimizer<T> for Adam<T> {
     fn step(&mut self, params: &mut ParamStore<T>) -> Result<(), NnError> {
-        for i in self.moments.len()..params.len() {
-            let like = params.iter().nth(i).map(|(_, p)| p.data.clone());
-            if let Some(like) = like {
-                self.moments
-                    .push((zeros_like(params, &like)?, zeros_like(params, &like)?));
-            }
-        }
+        grow_state(&mut self.moments, params, |params, like| {
+            Ok((zeros_like(params, like)?, zeros_like(params, like)?))
+        })?;
         self.t = self.t.saturating_add(1);
         let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
         let correction1 = T::one() - b1.powi(self.t);
