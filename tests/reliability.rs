@@ -1,7 +1,9 @@
 //! Stress and faults: threads sharing one pool, a panic in the middle of a checkpointed training
 //! step, and the pool working on after budget exhaustion.
 
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
 
 use tensorscope::nn::{mse, train_step, Activation, Linear, ParamStore, Sequential, Sgd};
 use tensorscope::prelude::*;
@@ -60,9 +62,9 @@ fn threads_with_their_own_scopes_share_one_pool_exactly() {
     assert_eq!(stats.failed_rents, 0);
 }
 
-/// A layer that panics on demand, in the middle of a model.
+/// A layer that panics on demand (the flag is shared with the test), in the middle of a model.
 struct Faulty {
-    fail: std::cell::Cell<bool>,
+    fail: Rc<Cell<bool>>,
 }
 
 impl tensorscope::nn::Layer for Faulty {
@@ -99,38 +101,14 @@ impl tensorscope::nn::Layer for Faulty {
 fn a_panic_in_a_checkpointed_training_step_leaves_the_pool_consistent() {
     let pool = Pool::with_max_memory_mb(64);
     let mut params = ParamStore::new(&pool);
-    let faulty = std::rc::Rc::new(Faulty {
-        fail: std::cell::Cell::new(false),
-    });
-    struct Shared(std::rc::Rc<Faulty>);
-    impl tensorscope::nn::Layer for Shared {
-        fn name(&self) -> &'static str {
-            self.0.name()
-        }
-        fn forward<'s>(
-            &self,
-            p: &ParamStore,
-            x: &Tensor<'s>,
-            c: Option<&mut tensorscope::nn::Cache<'s>>,
-        ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
-            self.0.forward(p, x, c)
-        }
-        fn backward<'s>(
-            &self,
-            p: &mut ParamStore,
-            c: &mut tensorscope::nn::Cache<'s>,
-            g: &Tensor<'s>,
-        ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
-            self.0.backward(p, c, g)
-        }
-    }
+    let fail = Rc::new(Cell::new(false));
     let mut model = Sequential::new();
     for i in 0..8 {
         model = model
             .push(Linear::new(&mut params, &format!("fc{i}"), 8, 8, i).unwrap())
             .push(Activation::tanh());
         if i == 4 {
-            model = model.push(Shared(faulty.clone()));
+            model = model.push(Faulty { fail: fail.clone() });
         }
     }
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(3)));
@@ -154,10 +132,10 @@ fn a_panic_in_a_checkpointed_training_step_leaves_the_pool_consistent() {
     let first = step(&mut params, &mut ckpt);
     let steady = pool.stats().bytes_in_use;
 
-    faulty.fail.set(true);
+    fail.set(true);
     let caught = catch_unwind(AssertUnwindSafe(|| step(&mut params, &mut ckpt)));
     assert!(caught.is_err());
-    faulty.fail.set(false);
+    fail.set(false);
     // The checkpoints of the interrupted step are the only thing left over; clearing them restores
     // the steady state exactly.
     ckpt.clear();
