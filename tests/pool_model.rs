@@ -497,7 +497,7 @@ fn check(pool: &Pool, model: &Model, slots: &[Slot]) {
 /// Applies `ops` to a fresh pool and to the model, checking after every step; returns the stats as
 /// they were after the last op (before the final returns).
 fn run_ops(max_bytes: usize, ops: &[Op]) -> PoolStats {
-    let pool = Pool::new(PoolConfig { max_bytes });
+    let pool = Pool::new(PoolConfig::with_max_bytes(max_bytes));
     let mut model = Model::new(max_bytes);
     let mut slots: Vec<Slot> = Vec::new();
     check(&pool, &model, &slots);
@@ -545,7 +545,7 @@ fn model_size_classes_match_the_documented_sequence() {
     classes.dedup();
     assert_eq!(classes, [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24]);
     // And the pool agrees with the model's rounding (probed with 2-byte elements).
-    let pool = Pool::new(PoolConfig { max_bytes: 1 << 20 });
+    let pool = Pool::new(PoolConfig::with_max_bytes(1 << 20));
     for n in (1..=20_000).step_by(37) {
         let buf = pool.rent::<f16>(&[n]);
         assert_eq!(buf.allocated_bytes(), class_blocks(2 * n).unwrap() * 64);
@@ -645,9 +645,7 @@ fn threads_share_one_pool() {
     const THREADS: usize = 4;
     const CYCLES: usize = 3000;
     const MAX_HELD: usize = 3;
-    let pool = Pool::new(PoolConfig {
-        max_bytes: 48 * 1024,
-    });
+    let pool = Pool::new(PoolConfig::with_max_bytes(48 * 1024));
 
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {

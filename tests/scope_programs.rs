@@ -277,7 +277,7 @@ proptest! {
 
     #[test]
     fn random_scope_programs_keep_every_invariant(ops in prop::collection::vec(op(), 1..80)) {
-        let pool = Pool::new(PoolConfig { max_bytes: 1 << 20 });
+        let pool = Pool::new(PoolConfig::with_max_bytes(1 << 20));
         let mut world = World { pool: pool.clone(), next_buffer: 0, rents: 0, detached: Vec::new() };
         let mut iter = ops.iter();
         let (escaped, stats) = pool.scope_with_stats(|s| run(s, &mut iter, &mut world, &[]));

@@ -50,6 +50,7 @@ pub use escape::{Escape, EscapeTarget};
 pub use ops::TensorOps;
 pub use pool::{
     Pool, PoolBuffer, PoolConfig, PoolStats, TimelinePoint, ALIGN, DEFAULT_MAX_MEMORY_MB,
+    POISON_BYTE,
 };
 pub use scope::{current_pool, scope, Scope, ScopeStats};
 pub use tensor::Tensor;

@@ -15,10 +15,15 @@
 //!   [`Error::BudgetExceeded`] naming the requested, in-use, cached and limit bytes.
 //! - **Return on drop.** A [`PoolBuffer`] goes back to the pool when dropped. Safety never depends on
 //!   that drop running: a buffer that is leaked (`mem::forget`) is simply never reused.
+//! - **Poison.** A pool made with [`PoolConfig::poisoned`] (or switched with [`Pool::set_poison`])
+//!   fills every buffer of an unzeroed rent with [`POISON_BYTE`], which reads as NaN in every float
+//!   type: an op that forgets to write part of its output then shows NaN instead of another tensor's
+//!   old values. The tests run with it on; it is off by default.
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::{fmt, mem};
 
@@ -39,19 +44,40 @@ pub const DEFAULT_MAX_MEMORY_MB: usize = 4096;
 
 const MIB: usize = 1 << 20;
 
+/// The byte every unzeroed rent of a poisoned pool is filled with (see [`PoolConfig::poisoned`]).
+/// A float of all-ones bytes is a NaN whose payload bits are all set, a value that arithmetic on
+/// ordinary inputs never produces, so a surviving sentinel is easy to tell from a computed NaN.
+pub const POISON_BYTE: u8 = 0xFF;
+
 /// Settings of a [`Pool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolConfig {
     /// Upper bound on bytes in use plus bytes cached.
     pub max_bytes: usize,
+    /// Fill every buffer of an unzeroed rent with [`POISON_BYTE`] (NaN for every float type), so
+    /// that reading memory an op never wrote shows up as NaN. For tests; off by default.
+    pub poison: bool,
 }
 
 impl PoolConfig {
+    /// A config with a budget of `max_bytes` bytes and no poisoning.
+    pub fn with_max_bytes(max_bytes: usize) -> Self {
+        PoolConfig {
+            max_bytes,
+            poison: false,
+        }
+    }
+
     /// A config with a budget of `mb` mebibytes (saturating at `usize::MAX` bytes).
     pub fn with_max_memory_mb(mb: usize) -> Self {
-        PoolConfig {
-            max_bytes: mb.saturating_mul(MIB),
-        }
+        PoolConfig::with_max_bytes(mb.saturating_mul(MIB))
+    }
+
+    /// The same config with poisoning on or off (see [`PoolConfig::poison`]).
+    pub fn poisoned(mut self, poison: bool) -> Self {
+        self.poison = poison;
+        self
     }
 }
 
@@ -114,6 +140,7 @@ pub struct Pool {
 
 struct Shared {
     max_bytes: usize,
+    poison: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -195,7 +222,12 @@ pub(crate) fn shape_bytes<T: Element>(shape: &[usize]) -> Result<usize> {
 
 /// Bytes of budget a rent of `shape` elements of `T` takes: its size class.
 pub(crate) fn class_bytes<T: Element>(shape: &[usize]) -> Result<usize> {
-    Ok(size_class(shape_bytes::<T>(shape)?).map_or(0, |(_, blocks)| blocks * ALIGN))
+    Ok(class_bytes_of(shape_bytes::<T>(shape)?))
+}
+
+/// Bytes of budget a rent of `bytes` bytes takes: its size class (0 for 0 bytes).
+pub(crate) fn class_bytes_of(bytes: usize) -> usize {
+    size_class(bytes).map_or(0, |(_, blocks)| blocks * ALIGN)
 }
 
 impl State {
@@ -210,14 +242,20 @@ impl State {
         }
     }
 
-    /// Counts a buffer of `class_bytes` handed out for a request of `bytes` (a hit or a miss).
+    /// Counts a buffer of `class_bytes` handed out for a request of `bytes` (a hit, or the
+    /// reservation of a miss). The peak is the caller's to update once the buffer exists.
     fn hand_out(&mut self, bytes: usize, class_bytes: usize) {
         let s = &mut self.stats;
         s.bytes_in_use += class_bytes;
-        s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
         s.requested_bytes += bytes as u64;
         s.rented_bytes += class_bytes as u64;
         self.record();
+    }
+
+    /// Raises the peak to the bytes in use now.
+    fn note_peak(&mut self) {
+        let s = &mut self.stats;
+        s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
     }
 
     /// Takes the least recently returned idle buffer out of the cache.
@@ -243,6 +281,7 @@ impl Pool {
         Pool {
             shared: Arc::new(Shared {
                 max_bytes: config.max_bytes,
+                poison: AtomicBool::new(config.poison),
                 state: Mutex::new(State::default()),
             }),
         }
@@ -303,6 +342,16 @@ impl Pool {
         }
     }
 
+    /// Turns poisoning on or off (see [`PoolConfig::poison`]); affects rents from now on.
+    pub fn set_poison(&self, poison: bool) {
+        self.shared.poison.store(poison, Ordering::Relaxed);
+    }
+
+    /// Whether unzeroed rents are filled with [`POISON_BYTE`].
+    pub fn is_poisoned(&self) -> bool {
+        self.shared.poison.load(Ordering::Relaxed)
+    }
+
     /// Restarts the peak: `peak_bytes_in_use` becomes the bytes in use now. For measuring the peak of
     /// one phase of a program (one training step, say) on a pool that has been in use before.
     pub fn reset_peak(&self) {
@@ -322,13 +371,17 @@ impl Pool {
     }
 
     /// Rents a buffer for `shape` elements of `T`. Its contents are unspecified (the values of an
-    /// earlier use, or zeros) but always initialized.
+    /// earlier use, or zeros; [`POISON_BYTE`]s in a poisoned pool) but always initialized.
     ///
     /// Fails with [`Error::SizeOverflow`] if the byte count overflows, [`Error::BudgetExceeded`] if
     /// the buffers in use alone would pass the budget, and [`Error::AllocationFailed`] if the system
     /// allocator refuses. An empty shape (a zero-length axis) needs no memory and does not touch the pool.
     pub fn try_rent<T: Element>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
-        Ok(self.rent_typed::<T>(shape)?.0)
+        let mut buf = self.rent_typed::<T>(shape)?.0;
+        if self.is_poisoned() {
+            bytemuck::cast_slice_mut::<T, u8>(&mut buf).fill(POISON_BYTE);
+        }
+        Ok(buf)
     }
 
     /// Like [`Pool::try_rent`], but the buffer is zeroed. A fresh allocation is zero already and is
@@ -395,6 +448,7 @@ impl Pool {
                 s.hits += 1;
                 s.bytes_cached -= class_bytes;
                 state.hand_out(bytes, class_bytes);
+                state.note_peak();
                 return Ok((idle.blocks, false));
             }
             let s = state.stats;
@@ -421,9 +475,15 @@ impl Pool {
             state.hand_out(bytes, class_bytes);
         }
         drop(evicted);
-        let blocks =
-            bytemuck::allocation::try_zeroed_slice_box::<Block>(class_blocks).map_err(|()| {
-                let mut state = self.lock();
+        let allocated = bytemuck::allocation::try_zeroed_slice_box::<Block>(class_blocks);
+        let mut state = self.lock();
+        match allocated {
+            Ok(blocks) => {
+                // Only a buffer that exists counts towards the peak.
+                state.note_peak();
+                Ok((blocks, true))
+            }
+            Err(()) => {
                 let s = &mut state.stats;
                 s.misses -= 1;
                 s.bytes_in_use -= class_bytes;
@@ -431,9 +491,10 @@ impl Pool {
                 s.rented_bytes -= class_bytes as u64;
                 s.allocated_bytes -= class_bytes as u64;
                 s.failed_rents += 1;
-                Error::AllocationFailed { bytes: class_bytes }
-            })?;
-        Ok((blocks, true))
+                state.record();
+                Err(Error::AllocationFailed { bytes: class_bytes })
+            }
+        }
     }
 
     fn give_back(&self, blocks: Box<[Block]>) {
@@ -583,7 +644,7 @@ mod tests {
 
     #[test]
     fn budget_evicts_lru_then_fails_with_figures() {
-        let pool = Pool::new(PoolConfig { max_bytes: 4096 });
+        let pool = Pool::new(PoolConfig::with_max_bytes(4096));
         let a = pool.rent::<f32>(&[256]); // 1024 bytes
         let b = pool.rent::<f32>(&[512]); // 2048 bytes
         drop(a);
@@ -613,9 +674,7 @@ mod tests {
 
     #[test]
     fn eviction_takes_the_least_recently_returned() {
-        let pool = Pool::new(PoolConfig {
-            max_bytes: 3 * 1024,
-        });
+        let pool = Pool::new(PoolConfig::with_max_bytes(3 * 1024));
         let a = pool.rent::<f32>(&[256]);
         let b = pool.rent::<f32>(&[256]);
         let b_ptr = b.as_ptr() as usize;
@@ -675,6 +734,40 @@ mod tests {
         drop(pool.rent::<f32>(&[1000]));
         drop(pool.rent::<f32>(&[1000]));
         assert_eq!(pool.stats().hits, 1);
+    }
+
+    #[test]
+    fn a_failed_system_allocation_leaves_the_figures_as_they_were() {
+        // The budget allows 2^62 bytes; no system provides them.
+        let pool = Pool::new(PoolConfig::with_max_bytes(usize::MAX));
+        let kept = pool.rent::<f32>(&[16]);
+        let before = pool.stats();
+        let err = pool.try_rent::<f32>(&[1 << 60]).unwrap_err();
+        assert_eq!(err, Error::AllocationFailed { bytes: 1 << 62 });
+        let after = pool.stats();
+        assert_eq!(after.peak_bytes_in_use, 64, "not the failed reservation");
+        assert_eq!(
+            after,
+            PoolStats {
+                failed_rents: 1,
+                ..before
+            }
+        );
+        drop(kept);
+    }
+
+    #[test]
+    fn a_poisoned_pool_fills_unzeroed_rents_with_nan() {
+        let pool = Pool::new(PoolConfig::with_max_memory_mb(1).poisoned(true));
+        drop(pool.rent_zeroed::<f32>(&[8]));
+        let fresh = pool.rent::<f64>(&[3]); // a hit on the zeroed buffer, poisoned again
+        assert!(fresh.iter().all(|x| x.is_nan() && x.to_bits() == u64::MAX));
+        let zeroed = pool.rent_zeroed::<half::bf16>(&[5]);
+        assert!(zeroed.iter().all(|x| x.to_f32() == 0.0));
+        pool.set_poison(false);
+        assert!(!pool.is_poisoned());
+        drop(zeroed);
+        assert!(pool.rent::<f32>(&[5]).iter().all(|&x| x == 0.0));
     }
 
     #[test]
