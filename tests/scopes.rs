@@ -191,7 +191,7 @@ fn a_panic_inside_scopes_returns_every_buffer() {
 
 #[test]
 fn budget_errors_name_the_figures_and_the_pool_recovers() {
-    let pool = Pool::new(PoolConfig { max_bytes: 1 << 20 });
+    let pool = Pool::new(PoolConfig::with_max_bytes(1 << 20));
     pool.scope(|s| {
         let big = s.zeros::<f32>(&[192 * 1024]); // 768 KiB
         let err = s.try_rent::<f32>(&[128 * 1024]).unwrap_err();
@@ -316,4 +316,31 @@ fn escaping_a_detached_tensor_leaves_it_detached() {
     });
     assert_eq!((stats.adopted, stats.escaped, stats.leaked), (0, 0, 0));
     assert!(alias.shares_buffer_with(&w));
+}
+
+#[test]
+fn escaping_an_alias_across_the_tree_leaves_the_buffer_with_its_owner() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|p| {
+        let ((), owner) = p.scope_with_stats(|o| {
+            let x = o.ones::<f32>(&[4]);
+            // A sibling of `o`, opened while `o` runs; its child escapes an alias of `x` into it.
+            let ((), sibling) = p.scope_with_stats(|sib| {
+                let alias = sib.scope(|e| e.escape(x.clone()));
+                assert!(alias.shares_buffer_with(&x));
+            });
+            // A scope of another tree, opened while `o` runs, does the same.
+            let ((), other) = pool.scope_with_stats(|r| {
+                let alias = r.scope(|e| e.escape(x.clone()));
+                assert_eq!(alias.to_vec(), vec![1.0; 4]);
+            });
+            // Both close before `o`, which still holds `x`: the buffer stays `o`'s.
+            for stats in [sibling, other] {
+                assert_eq!((stats.adopted, stats.leaked, stats.bytes_in_use), (0, 0, 0));
+            }
+            assert_eq!((o.stats().escaped, o.stats().live()), (0, 1));
+        });
+        assert_eq!((owner.released, owner.leaked), (1, 0));
+    });
+    assert_eq!(pool.stats().bytes_in_use, 0);
 }

@@ -92,6 +92,12 @@ pub(crate) struct ScopeState {
     pool: Pool,
     parent: Option<Rc<ScopeState>>,
     depth: usize,
+    /// When the scope was made, in this thread's order of making scopes (0 for a detached sink,
+    /// which never closes). Scopes on a thread nest dynamically, each being a closure, so of two
+    /// open scopes the one made first closes last.
+    opened: u64,
+    /// Whether the scope's closure has returned (or unwound).
+    closed: Cell<bool>,
     stats: Cell<ScopeStats>,
     /// The final counters of the child scope that ended last.
     last_child: Cell<Option<ScopeStats>>,
@@ -112,6 +118,8 @@ impl ScopeState {
             pool: pool.clone(),
             parent: None,
             depth: 0,
+            opened: 0,
+            closed: Cell::new(false),
             stats: Cell::default(),
             last_child: Cell::new(None),
             budgets: Vec::new(),
@@ -132,6 +140,8 @@ impl ScopeState {
             pool: parent.pool.clone(),
             parent: Some(Rc::clone(parent)),
             depth: parent.depth + 1,
+            opened: NEXT_OPENED.replace(NEXT_OPENED.get() + 1),
+            closed: Cell::new(false),
             stats: Cell::default(),
             last_child: Cell::new(None),
             budgets,
@@ -174,8 +184,14 @@ impl ScopeState {
         &self.pool
     }
 
-    pub(crate) fn depth(&self) -> usize {
-        self.depth
+    /// Whether a buffer this scope owns should be counted in `target` when one of its handles is
+    /// escaped there: when `target` lives longer. A detached sink lives forever and keeps its
+    /// buffers (their other handles live outside every scope); a closed owner lives no longer; of
+    /// two open scopes the one made first closes last. That covers escapes up the tree (an
+    /// ancestor was made first) and across it: into a sibling opened inside the owner, or into a
+    /// scope of another tree, the buffer stays with the owner, which still holds its other handles.
+    pub(crate) fn hands_over_to(&self, target: &ScopeState) -> bool {
+        self.depth > 0 && (self.closed.get() || target.opened < self.opened)
     }
 
     /// Whether `other` is this scope or one of its ancestors.
@@ -276,14 +292,18 @@ pub struct Scope<'p> {
 thread_local! {
     /// The scopes open on this thread, innermost last; only read by [`current_pool`].
     static OPEN: RefCell<Vec<Rc<ScopeState>>> = const { RefCell::new(Vec::new()) };
+    /// The `opened` number of the next scope made on this thread.
+    static NEXT_OPENED: Cell<u64> = const { Cell::new(1) };
 }
 
-/// Pops this thread's innermost open scope when `run` ends, by return or by unwinding.
+/// Closes this thread's innermost open scope when `run` ends, by return or by unwinding.
 struct Opened;
 
 impl Drop for Opened {
     fn drop(&mut self) {
-        OPEN.with_borrow_mut(Vec::pop);
+        if let Some(state) = OPEN.with_borrow_mut(Vec::pop) {
+            state.closed.set(true);
+        }
     }
 }
 

@@ -91,7 +91,9 @@ impl<'s, T: Element> Tensor<'s, T> {
         array: ArrayView<'_, T, D>,
     ) -> Result<Self> {
         let mut t = Tensor::try_rent_in(scope, array.shape())?;
-        t.unique_view_mut().assign(&array.into_dyn());
+        if !t.is_empty() {
+            t.unique_view_mut().assign(&array.into_dyn());
+        }
         Ok(t)
     }
 
@@ -105,14 +107,14 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
     }
 
-    /// Re-brands this tensor for `target`, moving its buffer's accounting there unless it already
-    /// belongs to `target` or one of its ancestors. Detached buffers stay detached: their other
-    /// handles (a model's parameters, say) live on outside any scope.
+    /// Re-brands this tensor for `target`, moving its buffer's accounting there if `target` lives
+    /// longer than the buffer's owner (see `ScopeState::hands_over_to`). Detached buffers stay
+    /// detached: their other handles (a model's parameters, say) live on outside any scope.
     pub(crate) fn move_to<'t>(self, target: &Rc<ScopeState>) -> Tensor<'t, T> {
         let bytes = self.data.buf.allocated_bytes();
         {
             let mut owner = self.data.owner.borrow_mut();
-            if owner.depth() > 0 && !target.is_within(&owner) {
+            if owner.hands_over_to(target) {
                 owner.on_escape(bytes);
                 target.on_adopt(bytes);
                 ScopeState::transfer_budgets(&owner, target, bytes);
