@@ -1,6 +1,9 @@
 //! Image ops against naive reference loops: convolution (strides, padding, non-square kernels),
 //! group normalization, nearest upsampling, and their errors.
 
+mod common;
+
+use common::test_pool;
 use tensorscope::Error;
 
 fn conv_ref(
@@ -53,7 +56,7 @@ fn close(got: &[f64], want: &[f64]) {
 
 #[test]
 fn conv2d_matches_the_naive_loops() {
-    tensorscope::scope(|s| {
+    test_pool(64).scope(|s| {
         for (xs, ws, stride, pad) in [
             ([2, 3, 7, 6], [4, 3, 3, 3], 1, 1),
             ([1, 2, 8, 8], [3, 2, 3, 2], 2, 0),
@@ -71,7 +74,7 @@ fn conv2d_matches_the_naive_loops() {
 
 #[test]
 fn group_norm_and_upsample_match_the_naive_loops() {
-    tensorscope::scope(|s| {
+    test_pool(64).scope(|s| {
         let x = s.randn::<f64>(&[2, 6, 3, 4], 3);
         let y = x.group_norm(3, 1e-5);
         let per_group = 2 * 3 * 4;
@@ -95,7 +98,7 @@ fn group_norm_and_upsample_match_the_naive_loops() {
 
 #[test]
 fn image_ops_name_bad_shapes() {
-    tensorscope::scope(|s| {
+    test_pool(64).scope(|s| {
         let x = s.zeros::<f32>(&[1, 3, 4, 4]);
         let err = x
             .try_conv2d(&s.zeros::<f32>(&[2, 4, 3, 3]), 1, 0)
@@ -123,5 +126,57 @@ fn image_ops_name_bad_shapes() {
             "group_norm: invalid shape [1, 3, 4, 4]: 2 groups do not divide 3 channels"
         );
         assert!(x.try_upsample_nearest2d(0).is_err());
+    });
+}
+
+#[test]
+fn conv2d_with_no_input_channels_or_an_empty_image_is_zeros_not_stale_data() {
+    // A plain pool: the output gets the buffer a tensor of 42s just gave back.
+    let pool = tensorscope::Pool::with_max_memory_mb(8);
+    pool.scope(|s| {
+        let cases: [([usize; 4], [usize; 4], [usize; 4]); 2] = [
+            ([1, 0, 3, 3], [2, 0, 3, 3], [1, 2, 3, 3]), // no input channels
+            ([1, 1, 0, 0], [2, 1, 1, 1], [1, 2, 2, 2]), // no pixels, only padding
+        ];
+        for (input, weight, out_shape) in cases {
+            let x = s.zeros::<f32>(&input);
+            let w = s.ones::<f32>(&weight);
+            let len: usize = out_shape.iter().product();
+            drop(s.full::<f32>(&[len], 42.0));
+            let y = x.conv2d(&w, 1, 1);
+            assert_eq!(y.shape(), out_shape);
+            assert_eq!(y.to_vec(), vec![0.0; len], "input {input:?}");
+        }
+    });
+}
+
+#[test]
+fn huge_padding_or_scale_is_a_dimension_overflow_naming_the_operand() {
+    test_pool(8).scope(|s| {
+        let x = s.ones::<f32>(&[1, 1, 2, 2]);
+        let w = s.ones::<f32>(&[1, 1, 1, 1]);
+        let overflow = |op, operand, value| Error::DimensionOverflow {
+            op,
+            operand,
+            value,
+            shape: tensorscope::Shape(vec![1, 1, 2, 2]),
+        };
+        // 2 * padding overflows usize.
+        let pad = (1usize << 63) - 1;
+        let err = x.try_conv2d(&w, 1, pad).unwrap_err();
+        assert_eq!(err, overflow("conv2d", "padding", pad));
+        assert_eq!(
+            err.to_string(),
+            "conv2d: padding 9223372036854775807 on an input of shape [1, 1, 2, 2] gives an \
+             output too large to address"
+        );
+        // The padded size fits, the 2^82-element output does not.
+        let err = x.try_conv2d(&w, 1, 1 << 40).unwrap_err();
+        assert_eq!(err, overflow("conv2d", "padding", 1 << 40));
+        // 2 * scale overflows usize; then 2^63 x 2^63 pixels do not fit.
+        for scale in [(1usize << 63) + 1, 1 << 62] {
+            let err = x.try_upsample_nearest2d(scale).unwrap_err();
+            assert_eq!(err, overflow("upsample_nearest2d", "scale", scale));
+        }
     });
 }

@@ -5,11 +5,12 @@
 //! lanes for softmax and layer norm, ...) from the tensors' inputs, never taken from the code under
 //! test.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+mod common;
 
+use common::{panic_message, test_pool};
 use half::{bf16, f16};
 use ndarray::{concatenate, stack, Array, Array2, ArrayD, Axis, Dimension, Ix2, Ix3, IxDyn, Zip};
-use tensorscope::{Element, Error, Pool, Shape, Tensor, TensorOps};
+use tensorscope::{Element, Error, Shape, Tensor, TensorOps};
 
 /// Tolerances for `f32` results: a few ulps relative, plus an absolute floor for values near zero.
 const F32_RTOL: f64 = 1e-5;
@@ -49,18 +50,6 @@ fn assert_close<T: Element, U: Element, D: Dimension>(
     want: &Array<U, D>,
 ) {
     assert_close_tol(what, got, want, F32_RTOL, F32_ATOL);
-}
-
-/// The message `f` panics with.
-fn panic_message(f: impl FnOnce()) -> String {
-    let payload = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
-    if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else {
-        panic!("panic payload is not a string")
-    }
 }
 
 /// Asserts that `f` panics with exactly `err`'s message.
@@ -197,13 +186,13 @@ macro_rules! check_all_operators {
 
 #[test]
 fn arithmetic_same_shape_matches_ndarray_for_every_operand_mix() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| check_all_operators!(s, [2, 3], [2, 3]));
 }
 
 #[test]
 fn arithmetic_broadcasts_a_row_vector_over_a_matrix_either_side() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         check_all_operators!(s, [2, 3], [3]);
         check_all_operators!(s, [3], [2, 3]);
@@ -212,7 +201,7 @@ fn arithmetic_broadcasts_a_row_vector_over_a_matrix_either_side() {
 
 #[test]
 fn arithmetic_broadcasts_both_operands_4x1x3_with_5x1() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         check_all_operators!(s, [4, 1, 3], [5, 1]);
         check_all_operators!(s, [5, 1], [4, 1, 3]);
@@ -221,7 +210,7 @@ fn arithmetic_broadcasts_both_operands_4x1x3_with_5x1() {
 
 #[test]
 fn arithmetic_broadcasts_a_one_element_tensor_like_a_scalar() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         check_all_operators!(s, [2, 3], [1]);
         check_all_operators!(s, [1], [2, 3]);
@@ -231,7 +220,7 @@ fn arithmetic_broadcasts_a_one_element_tensor_like_a_scalar() {
 
 #[test]
 fn scalar_on_the_right_matches_ndarray() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[2, 3], 3);
         let xa = x.to_array();
@@ -255,7 +244,7 @@ fn scalar_on_the_right_matches_ndarray() {
 
 #[test]
 fn f32_and_f64_scalars_on_the_left_match_ndarray() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.uniform::<f32>(&[2, 3], 0.5, 2.0, 4);
         let xa = x.to_array();
@@ -282,7 +271,7 @@ fn f32_and_f64_scalars_on_the_left_match_ndarray() {
 
 #[test]
 fn negation_by_value_and_by_reference_matches_ndarray() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[3, 4], 6);
         let xa = x.to_array();
@@ -298,7 +287,7 @@ fn negation_by_value_and_by_reference_matches_ndarray() {
 
 #[test]
 fn matmul_2d_matches_ndarray_dot() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         for (m, k, n) in [(3, 4, 5), (1, 1, 1), (17, 33, 9)] {
             let a = s.randn::<f32>(&[m, k], 20);
@@ -313,7 +302,7 @@ fn matmul_2d_matches_ndarray_dot() {
 
 #[test]
 fn matmul_3d_by_2d_applies_the_matrix_to_every_batch_entry() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let a = s.randn::<f32>(&[2, 3, 4], 22);
         let b = s.randn::<f32>(&[4, 5], 23);
@@ -325,7 +314,7 @@ fn matmul_3d_by_2d_applies_the_matrix_to_every_batch_entry() {
 
 #[test]
 fn matmul_3d_by_3d_multiplies_batch_by_batch() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let a = s.randn::<f32>(&[3, 2, 4], 24);
         let b = s.randn::<f32>(&[3, 4, 5], 25);
@@ -337,7 +326,7 @@ fn matmul_3d_by_3d_multiplies_batch_by_batch() {
 
 #[test]
 fn matmul_overwrites_stale_pool_contents_even_with_an_empty_inner_dimension() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         // Leave NaN-filled buffers in the pool; the outputs below reuse them.
         drop(s.full::<f32>(&[2, 3], f32::NAN));
@@ -358,7 +347,7 @@ fn matmul_overwrites_stale_pool_contents_even_with_an_empty_inner_dimension() {
 
 #[test]
 fn transpose_swaps_the_last_two_axes_in_2d_and_3d() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let a = s.randn::<f32>(&[3, 4], 28);
         let want = a.to_array().t().to_owned();
@@ -408,43 +397,43 @@ macro_rules! check_unary {
 
 #[test]
 fn relu_matches_max_with_zero() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| check_unary!(s, "relu", |t| t.relu(), |v: f64| v.max(0.0)));
 }
 
 #[test]
 fn gelu_matches_the_tanh_approximation_formula() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| check_unary!(s, "gelu", |t| t.gelu(), gelu_ref));
 }
 
 #[test]
 fn silu_matches_x_times_sigmoid() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| check_unary!(s, "silu", |t| t.silu(), |v: f64| v * sigmoid_ref(v)));
 }
 
 #[test]
 fn sigmoid_matches_the_logistic_function() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| check_unary!(s, "sigmoid", |t| t.sigmoid(), sigmoid_ref));
 }
 
 #[test]
 fn tanh_matches_f64_tanh() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| check_unary!(s, "tanh", |t| t.tanh(), f64::tanh));
 }
 
 #[test]
 fn exp_matches_f64_exp() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| check_unary!(s, "exp", |t| t.exp(), f64::exp));
 }
 
 #[test]
 fn map_applies_the_closure_to_every_element() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         check_unary!(s, "map", |t| t.map(|v| v * v - 1.0), |v: f64| v * v - 1.0);
         let x = s.randn::<f32>(&[2, 3], 31);
@@ -458,7 +447,7 @@ fn map_applies_the_closure_to_every_element() {
 
 #[test]
 fn activations_saturate_without_nan_at_large_magnitudes() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let data = [-1000.0f32, -50.0, 0.0, 50.0, 1000.0];
         let x = s.from_slice::<f32>(&[5], &data);
@@ -476,7 +465,7 @@ fn activations_saturate_without_nan_at_large_magnitudes() {
 
 #[test]
 fn softmax_and_log_softmax_along_first_and_last_axis_of_3d_match_reference() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[3, 4, 5], 40) * 2.0;
         let xa = to_f64(&x);
@@ -508,7 +497,7 @@ fn softmax_and_log_softmax_along_first_and_last_axis_of_3d_match_reference() {
 
 #[test]
 fn softmax_of_large_values_does_not_overflow() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let data = [1000.0f32, 1001.0, 1002.0, -1000.0, 0.0, 1000.0];
         let x = s.from_slice::<f32>(&[2, 3], &data);
@@ -530,7 +519,7 @@ fn softmax_of_large_values_does_not_overflow() {
 
 #[test]
 fn layer_norm_over_the_last_axis_matches_reference() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[2, 3, 8], 42) * 3.0 + 1.5;
         let want = layer_norm_ref(&to_f64(&x), 1e-5);
@@ -560,7 +549,7 @@ fn layer_norm_over_the_last_axis_matches_reference() {
 
 #[test]
 fn sum_and_mean_along_each_axis_of_3d_match_ndarray() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[2, 3, 4], 50);
         let xa = x.to_array();
@@ -585,7 +574,7 @@ fn sum_and_mean_along_each_axis_of_3d_match_ndarray() {
 
 #[test]
 fn concat_of_three_tensors_along_axes_0_and_1_matches_ndarray_concatenate() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let (a, b, c) = (
             s.randn::<f32>(&[1, 3], 51),
@@ -613,7 +602,7 @@ fn concat_of_three_tensors_along_axes_0_and_1_matches_ndarray_concatenate() {
 
 #[test]
 fn zip_map_broadcasts_both_operands() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let a = s.randn::<f32>(&[4, 1, 3], 57);
         let b = s.randn::<f32>(&[5, 1], 58);
@@ -636,7 +625,7 @@ fn zip_map_broadcasts_both_operands() {
 
 #[test]
 fn reshape_keeps_row_major_order_and_shares_the_buffer() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[2, 3, 4], 59);
         let xa = x.to_array();
@@ -660,7 +649,7 @@ fn reshape_keeps_row_major_order_and_shares_the_buffer() {
 
 #[test]
 fn f64_ops_match_ndarray_to_f64_precision() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let (rtol, atol) = (1e-12, 1e-14);
         let a = s.randn::<f64>(&[2, 3, 4], 60);
@@ -698,7 +687,7 @@ fn f64_ops_match_ndarray_to_f64_precision() {
 /// A few ops in a 16-bit type `T`, against f64 computed from the same (rounded) inputs. `eps` is
 /// the type's machine epsilon.
 fn check_half_precision_ops<T: Element>(eps: f64) {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         // One rounding of the result: half an ulp, with slack.
         let (rtol, atol) = (eps, eps);
@@ -768,7 +757,7 @@ fn bf16_ops_match_f64_reference_within_bf16_precision() {
 
 #[test]
 fn by_value_ops_on_a_unique_tensor_write_into_its_own_buffer() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[4, 8], 80);
         let mut want = to_f64(&x);
@@ -816,7 +805,7 @@ fn by_value_ops_on_a_unique_tensor_write_into_its_own_buffer() {
 
 #[test]
 fn by_value_op_on_a_tensor_with_a_live_clone_rents_and_leaves_the_clone_intact() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let b = s.randn::<f32>(&[3], 81);
         let x = s.randn::<f32>(&[2, 3], 82);
@@ -871,7 +860,7 @@ fn by_value_op_on_a_tensor_with_a_live_clone_rents_and_leaves_the_clone_intact()
 
 #[test]
 fn owned_lhs_with_borrowed_rhs_reuses_the_lhs_buffer() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let b = s.randn::<f32>(&[3], 83);
         for rhs_shape in [&[2usize, 3][..], &[3], &[1]] {
@@ -903,7 +892,7 @@ fn owned_lhs_with_borrowed_rhs_reuses_the_lhs_buffer() {
 
 #[test]
 fn borrowed_lhs_with_owned_rhs_reuses_the_rhs_buffer_when_it_has_the_output_shape() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         // Non-commutative ops, so a swapped argument order would show.
         for lhs_shape in [&[2usize, 3][..], &[3], &[2, 1]] {
@@ -935,7 +924,7 @@ fn borrowed_lhs_with_owned_rhs_reuses_the_rhs_buffer_when_it_has_the_output_shap
 
 #[test]
 fn borrowed_lhs_with_owned_rhs_that_must_broadcast_rents_a_new_buffer() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let a = s.randn::<f32>(&[2, 3], 90);
         let b = s.uniform::<f32>(&[3], 0.5, 2.0, 91);
@@ -957,7 +946,7 @@ fn borrowed_lhs_with_owned_rhs_that_must_broadcast_rents_a_new_buffer() {
 
 #[test]
 fn matmul_inner_dimension_mismatch_names_both_shapes() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let (a, b) = (s.zeros::<f32>(&[2, 3]), s.zeros::<f32>(&[4, 5]));
         let err = a.try_matmul(&b).unwrap_err();
@@ -993,7 +982,7 @@ fn matmul_inner_dimension_mismatch_names_both_shapes() {
 
 #[test]
 fn matmul_batch_size_mismatch_names_both_shapes() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let (a, b) = (s.zeros::<f32>(&[2, 3, 4]), s.zeros::<f32>(&[3, 4, 5]));
         let err = a.try_matmul(&b).unwrap_err();
@@ -1015,7 +1004,7 @@ fn matmul_batch_size_mismatch_names_both_shapes() {
 
 #[test]
 fn matmul_rejects_rank_1_and_unsupported_rank_pairs() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let v = s.zeros::<f32>(&[3]);
         let m = s.zeros::<f32>(&[3, 2]);
@@ -1073,7 +1062,7 @@ type TryBinary = fn(&Tensor<'_, f32>, &Tensor<'_, f32>) -> tensorscope::Result<(
 
 #[test]
 fn elementwise_broadcast_failure_names_the_op_and_both_shapes() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let a = s.zeros::<f32>(&[2, 3]);
         let b = s.zeros::<f32>(&[2]);
@@ -1124,7 +1113,7 @@ fn elementwise_broadcast_failure_names_the_op_and_both_shapes() {
 
 #[test]
 fn softmax_log_softmax_sum_mean_with_a_bad_axis_report_axis_out_of_range() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.zeros::<f32>(&[2, 3, 4]);
         let out_of_range = |op| Error::AxisOutOfRange {
@@ -1162,7 +1151,7 @@ fn softmax_log_softmax_sum_mean_with_a_bad_axis_report_axis_out_of_range() {
 
 #[test]
 fn transpose_of_a_1d_tensor_is_an_invalid_shape() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let v = s.zeros::<f32>(&[5]);
         let err = v.try_transpose().unwrap_err();
@@ -1184,7 +1173,7 @@ fn transpose_of_a_1d_tensor_is_an_invalid_shape() {
 
 #[test]
 fn layer_norm_of_a_rank_0_tensor_is_an_invalid_shape() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.from_slice::<f32>(&[], &[2.0]);
         let err = (&x).try_layer_norm(1e-5).unwrap_err();
@@ -1199,7 +1188,7 @@ fn layer_norm_of_a_rank_0_tensor_is_an_invalid_shape() {
 
 #[test]
 fn concat_with_mismatched_shapes_names_both_shapes() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let a = s.zeros::<f32>(&[2, 3]);
         let b = s.zeros::<f32>(&[4, 3]);
@@ -1232,7 +1221,7 @@ fn concat_with_mismatched_shapes_names_both_shapes() {
 
 #[test]
 fn concat_of_an_empty_list_is_a_no_inputs_error() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|_s| {
         let err = Tensor::<f32>::try_concat(&[], 0).unwrap_err();
         assert_eq!(err, Error::NoInputs { op: "concat" });
@@ -1246,7 +1235,7 @@ fn concat_of_an_empty_list_is_a_no_inputs_error() {
 
 #[test]
 fn reshape_to_a_different_element_count_names_both_shapes() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.zeros::<f32>(&[2, 3]);
         let err = x.try_reshape(&[4, 2]).unwrap_err();
@@ -1265,7 +1254,7 @@ fn reshape_to_a_different_element_count_names_both_shapes() {
 
 #[test]
 fn from_slice_with_the_wrong_length_reports_length_mismatch() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let err = s.try_from_slice::<f32>(&[2, 3], &[1.0; 5]).unwrap_err();
         assert_eq!(
@@ -1290,7 +1279,7 @@ fn from_slice_with_the_wrong_length_reports_length_mismatch() {
     expected = "matmul: incompatible shapes [2, 3] and [4, 5]: inner dimensions differ (3 and 4)"
 )]
 fn matmul_panics_with_the_error_message() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| drop(s.zeros::<f32>(&[2, 3]).matmul(&s.zeros::<f32>(&[4, 5]))));
 }
 
@@ -1300,7 +1289,7 @@ fn matmul_panics_with_the_error_message() {
 
 #[test]
 fn rank_0_and_empty_tensors_broadcast_like_ndarray() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let scalar = s.from_slice::<f32>(&[], &[2.5]);
         let row = s.randn::<f32>(&[3], 100);
@@ -1336,7 +1325,7 @@ fn rank_0_and_empty_tensors_broadcast_like_ndarray() {
 
 #[test]
 fn softmax_and_layer_norm_of_length_1_lanes() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[4, 1], 102) * 10.0;
         let xa = to_f64(&x);
@@ -1356,7 +1345,7 @@ fn softmax_and_layer_norm_of_length_1_lanes() {
 
 #[test]
 fn softmax_gives_zero_probability_to_negative_infinity() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let data = [f32::NEG_INFINITY, 0.0, 1.0, 2.0, f32::NEG_INFINITY, -1.0];
         let x = s.from_slice::<f32>(&[2, 3], &data);
@@ -1373,7 +1362,7 @@ fn softmax_gives_zero_probability_to_negative_infinity() {
 
 #[test]
 fn custom_kernels_map_lanes_and_rent_with_match_ndarray() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[3, 5], 21);
         let xv = x.to_array();
@@ -1419,7 +1408,7 @@ fn custom_kernels_map_lanes_and_rent_with_match_ndarray() {
 
 #[test]
 fn huge_lengths_next_to_a_zero_axis_are_size_errors_not_panics() {
-    let pool = Pool::with_max_memory_mb(16);
+    let pool = test_pool(16);
     pool.scope(|s| {
         let overflow = |e: Error| matches!(e, Error::SizeOverflow { elem_bytes: 4, .. });
         // ndarray's rule: the non-zero lengths must address at most isize::MAX bytes.
@@ -1441,6 +1430,87 @@ fn huge_lengths_next_to_a_zero_axis_are_size_errors_not_panics() {
         ));
         let wide = s.zeros::<f32>(&[0, 1 << 60]); // 2^62 bytes per row: still valid
         assert_eq!(Tensor::concat(&[&wide, &wide], 0).shape(), &[0, 1 << 60]);
-        assert!(Tensor::try_concat(&[&wide, &wide], 1).is_err_and(overflow));
+        assert_eq!(
+            Tensor::try_concat(&[&wide, &wide], 1).unwrap_err(),
+            Error::DimensionOverflow {
+                op: "concat",
+                operand: "joined length",
+                value: 1 << 61,
+                shape: Shape(vec![0, 1 << 60]),
+            }
+        );
+    });
+}
+
+#[test]
+fn ops_on_empty_tensors_do_no_work_however_long_their_other_axes() {
+    use tensorscope::__private::{kernel_visits, limit_kernel_visits};
+    const N: usize = 1 << 60;
+    let pool = test_pool(8);
+    pool.scope(|s| {
+        let wide = s.zeros::<f32>(&[0, N]);
+        let tall = s.zeros::<f32>(&[N, 0]);
+        let before = kernel_visits();
+        // Debug builds panic at the first lane counted, rather than loop 2^60 times.
+        limit_kernel_visits(Some(0));
+        assert_eq!((&wide).softmax(0).shape(), &[0, N]);
+        assert_eq!((&wide).log_softmax(0).shape(), &[0, N]);
+        assert_eq!((&tall).layer_norm(1e-5).shape(), &[N, 0]);
+        let lanes = (&tall).map_lanes(1, |_| panic!("no lane has an element"));
+        assert_eq!(lanes.shape(), &[N, 0]);
+        let cube = s.zeros::<f32>(&[0, N, 1]);
+        assert_eq!(cube.sum(1).shape(), &[0, 1]);
+        assert_eq!(cube.mean(1).shape(), &[0, 1]);
+        let product = s
+            .zeros::<f32>(&[N, 0, 1])
+            .matmul(&s.zeros::<f32>(&[N, 1, 0]));
+        assert_eq!(product.shape(), &[N, 0, 0]);
+        assert_eq!(wide.transpose().shape(), &[N, 0]);
+        assert_eq!((&tall + &s.ones::<f32>(&[1, 1])).shape(), &[N, 0]);
+        assert_eq!(Tensor::concat(&[&tall, &tall], 1).shape(), &[N, 0]);
+        let images = s.zeros::<f32>(&[N, 0, 1, 1]);
+        let kernel = s.zeros::<f32>(&[0, 0, 1, 1]);
+        assert_eq!(images.conv2d(&kernel, 1, 0).shape(), &[N, 0, 1, 1]);
+        assert_eq!(images.group_norm(1, 1e-5).shape(), &[N, 0, 1, 1]);
+        // Upsampling 2^60 images by 2 would pass isize::MAX bytes; 2^56 does not.
+        let small = s.zeros::<f32>(&[N >> 4, 0, 1, 1]);
+        assert_eq!(small.upsample_nearest2d(2).shape(), &[N >> 4, 0, 2, 2]);
+        limit_kernel_visits(None);
+        assert_eq!(kernel_visits(), before);
+    });
+}
+
+#[test]
+fn every_activation_propagates_nan_as_pytorch_does() {
+    let pool = test_pool(8);
+    pool.scope(|s| {
+        let x = s.from_slice::<f32>(&[3], &[f32::NAN, -1.0, 2.0]);
+        let outputs = [
+            ("relu", (&x).relu()),
+            ("gelu", (&x).gelu()),
+            ("silu", (&x).silu()),
+            ("sigmoid", (&x).sigmoid()),
+            ("tanh", (&x).tanh()),
+            ("exp", (&x).exp()),
+        ];
+        for (name, y) in outputs {
+            let y = y.to_vec();
+            assert!(y[0].is_nan(), "{name}(NaN) = {}", y[0]);
+            assert!(!y[1].is_nan() && !y[2].is_nan(), "{name}: {y:?}");
+        }
+        // threshold(x, 0, 0): -0.0 gives +0.0.
+        let zero = s.from_slice::<f32>(&[1], &[-0.0]).relu().to_vec()[0];
+        assert!(zero == 0.0 && zero.is_sign_positive());
+        // A NaN anywhere in a lane makes the whole lane NaN, in softmax and layer norm alike.
+        let rows = s.from_slice::<f32>(&[2, 2], &[f32::NAN, 1.0, 3.0, 1.0]);
+        for y in [
+            (&rows).softmax(1),
+            (&rows).log_softmax(1),
+            (&rows).layer_norm(1e-5),
+        ] {
+            let y = y.to_vec();
+            assert!(y[0].is_nan() && y[1].is_nan(), "{y:?}");
+            assert!(y[2].is_finite() && y[3].is_finite(), "{y:?}");
+        }
     });
 }

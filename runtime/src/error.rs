@@ -75,6 +75,21 @@ pub enum Error {
         /// Size of one element in bytes.
         elem_bytes: usize,
     },
+    /// An op's output size, computed from an operand such as a padding or a scale factor, does not
+    /// fit: the arithmetic overflows, or the output would pass ndarray's `isize::MAX`-byte limit.
+    #[error(
+        "{op}: {operand} {value} on an input of shape {shape} gives an output too large to address"
+    )]
+    DimensionOverflow {
+        /// The operation, e.g. `"conv2d"`.
+        op: &'static str,
+        /// The operand that makes the output too large, e.g. `"padding"`.
+        operand: &'static str,
+        /// Its value.
+        value: usize,
+        /// The shape of the input.
+        shape: Shape,
+    },
     /// Two operands' shapes do not fit together for `op`.
     #[error("{op}: incompatible shapes {lhs} and {rhs}: {reason}")]
     ShapeMismatch {

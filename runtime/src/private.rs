@@ -137,3 +137,15 @@ pub fn checkpoint_or_panic<T>(result: Result<T, CheckpointError>) -> T {
         Err(e) => panic!("#[checkpoint]: {e}"),
     }
 }
+
+/// Kernel visits counted on this thread so far (lanes, slices, matrices, images; debug builds only,
+/// 0 in release): the tests check that an op's visits never exceed the elements it reads and writes.
+pub fn kernel_visits() -> u64 {
+    crate::ops::work::visits()
+}
+
+/// Allows at most `more` kernel visits from now on this thread (`None`: no limit); past it the
+/// count panics. Debug builds only: a test's guard against an op looping over empty lanes forever.
+pub fn limit_kernel_visits(more: Option<u64>) {
+    crate::ops::work::limit(more);
+}

@@ -4,6 +4,7 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
 
+use super::{check_addressable, dimension_overflow, work};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::scope::{deeper, rent_scope};
@@ -53,51 +54,66 @@ impl<'s, T: Element> Tensor<'s, T> {
         if stride == 0 {
             return Err(mismatch("stride must be at least 1".into()));
         }
-        let (ph, pw) = (h + 2 * padding, w + 2 * padding);
+        let overflow = || dimension_overflow("conv2d", "padding", padding, self.shape());
+        let padded = |len: usize| {
+            padding
+                .checked_mul(2)
+                .and_then(|p| p.checked_add(len))
+                .ok_or_else(overflow)
+        };
+        let (ph, pw) = (padded(h)?, padded(w)?);
         if kh > ph || kw > pw || kh == 0 || kw == 0 {
             return Err(mismatch(format!(
                 "a {kh}x{kw} kernel does not fit a {ph}x{pw} padded image"
             )));
         }
         let (ho, wo) = ((ph - kh) / stride + 1, (pw - kw) / stride + 1);
+        let out_shape = [n, c_out, ho, wo];
+        // Addressable, so `ho * wo` (both at least 1) cannot overflow.
+        check_addressable::<T>(&out_shape, overflow)?;
+        let positions = ho * wo;
         let rows = c_in * kh * kw;
         let scope = rent_scope(deeper(&self.scope, &weight.scope));
-        let mut out = Tensor::try_rent_in(&scope, &[n, c_out, ho, wo])?;
-        let mut cols = Tensor::<T>::try_rent_in(&scope, &[rows, ho * wo])?;
+        let mut out = Tensor::try_rent_in(&scope, &out_shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let mut cols = Tensor::<T>::try_rent_in(&scope, &[rows, positions])?;
         let kernel = ArrayView2::from_shape((c_out, rows), weight.as_slice())
             .expect("the weight holds c_out x rows elements");
         let image_len = c_in * h * w;
-        let out_len = c_out * ho * wo;
-        for (image, out_image) in self
-            .as_slice()
-            .chunks_exact(image_len.max(1))
-            .zip(out.unique_slice_mut().chunks_exact_mut(out_len.max(1)))
-            .take(n)
-        {
+        let out_len = c_out * positions;
+        // Every image is visited by index, also an empty one (no channels, or no pixels but
+        // padding): its output is the product with all-zero patches, and must be written.
+        work::visit(n);
+        for (i, out_image) in out.unique_slice_mut().chunks_exact_mut(out_len).enumerate() {
+            let image = &self.as_slice()[i * image_len..][..image_len];
             let patches = cols.unique_slice_mut();
             for c in 0..c_in {
                 for ky in 0..kh {
                     for kx in 0..kw {
                         let row = (c * kh + ky) * kw + kx;
-                        let dst = &mut patches[row * ho * wo..][..ho * wo];
+                        let dst = &mut patches[row * positions..][..positions];
+                        // A padded coordinate below `padding` or at `padding + len` and past is
+                        // in the zero border; `checked_sub` finds the first kind without casts.
+                        let inside = |o: usize, k: usize, len: usize| {
+                            (o * stride + k).checked_sub(padding).filter(|&i| i < len)
+                        };
                         for oy in 0..ho {
-                            let iy = (oy * stride + ky) as isize - padding as isize;
+                            let iy = inside(oy, ky, h);
                             for ox in 0..wo {
-                                let ix = (ox * stride + kx) as isize - padding as isize;
-                                dst[oy * wo + ox] =
-                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
-                                        T::zero()
-                                    } else {
-                                        image[(c * h + iy as usize) * w + ix as usize]
-                                    };
+                                dst[oy * wo + ox] = match (iy, inside(ox, kx, w)) {
+                                    (Some(iy), Some(ix)) => image[(c * h + iy) * w + ix],
+                                    _ => T::zero(),
+                                };
                             }
                         }
                     }
                 }
             }
-            let patches = ArrayView2::from_shape((rows, ho * wo), cols.as_slice())
+            let patches = ArrayView2::from_shape((rows, positions), cols.as_slice())
                 .expect("cols holds rows x positions");
-            let mut result = ArrayViewMut2::from_shape((c_out, ho * wo), out_image)
+            let mut result = ArrayViewMut2::from_shape((c_out, positions), out_image)
                 .expect("the output image holds c_out x positions");
             general_mat_mul(T::one(), &kernel, &patches, T::zero(), &mut result);
         }
@@ -127,10 +143,11 @@ impl<'s, T: Element> Tensor<'s, T> {
             });
         }
         let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), self.shape())?;
-        let group_len = (c / groups) * h * w;
-        if group_len == 0 {
+        if out.is_empty() {
             return Ok(out);
         }
+        let group_len = (c / groups) * h * w;
+        work::visit(out.len() / group_len);
         let n = T::from_f64(group_len as f64);
         for (src, dst) in self
             .as_slice()
@@ -171,15 +188,18 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "the scale must be at least 1".into(),
             });
         }
-        let (ho, wo) = (h * scale, w * scale);
-        let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), &[n, c, ho, wo])?;
-        if w > 0 {
+        let overflow = || dimension_overflow("upsample_nearest2d", "scale", scale, self.shape());
+        let (ho, wo) = (
+            h.checked_mul(scale).ok_or_else(overflow)?,
+            w.checked_mul(scale).ok_or_else(overflow)?,
+        );
+        let out_shape = [n, c, ho, wo];
+        check_addressable::<T>(&out_shape, overflow)?;
+        let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), &out_shape)?;
+        if !out.is_empty() {
             let src = self.as_slice();
-            for (plane, dst) in out
-                .unique_slice_mut()
-                .chunks_exact_mut((ho * wo).max(1))
-                .enumerate()
-            {
+            work::visit(n * c);
+            for (plane, dst) in out.unique_slice_mut().chunks_exact_mut(ho * wo).enumerate() {
                 let input = &src[plane * h * w..][..h * w];
                 for (oy, row) in dst.chunks_exact_mut(wo).enumerate() {
                     let in_row = &input[(oy / scale) * w..][..w];

@@ -21,7 +21,7 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use ndarray::Zip;
 
-use super::{broadcast_shape, Operand};
+use super::{broadcast_shape, rows, work, Operand};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
 use crate::scope::{deeper, rent_scope};
@@ -37,6 +37,10 @@ pub(crate) fn zip_with<'s, T: Element>(
 ) -> Result<Tensor<'s, T>> {
     let shape = broadcast_shape(op, a.tensor().shape(), b.tensor().shape())?;
     let scope = deeper(&a.tensor().scope, &b.tensor().scope).clone();
+    if shape.contains(&0) {
+        // Nothing to compute; a broadcast walk over the empty shape could still loop over rows.
+        return Tensor::try_rent_in(&rent_scope(&scope), &shape);
+    }
     let a = match a.into_writable(&shape) {
         Ok(mut dst) => {
             write_over(&mut dst, b.tensor(), &f);
@@ -59,6 +63,7 @@ pub(crate) fn zip_with<'s, T: Element>(
             .zip(a.as_slice().iter().zip(b.as_slice()))
             .for_each(|(o, (&x, &y))| *o = f(x, y));
     } else {
+        work::visit(rows(&shape));
         Zip::from(out.unique_view_mut())
             .and_broadcast(&a.view())
             .and_broadcast(&b.view())
@@ -73,14 +78,15 @@ fn is_trailing_block(big: &[usize], small: &[usize]) -> bool {
     small.len() <= big.len() && big[big.len() - small.len()..] == *small && !small.is_empty()
 }
 
-/// `dst = f(dst, other)` elementwise, `other` broadcast to `dst`'s shape (already checked).
+/// `dst = f(dst, other)` elementwise, `other` broadcast to `dst`'s shape (already checked, and not
+/// empty).
 fn write_over<T: Element>(dst: &mut Tensor<'_, T>, other: &Tensor<'_, T>, f: impl Fn(T, T) -> T) {
     if dst.shape() == other.shape() {
         dst.unique_slice_mut()
             .iter_mut()
             .zip(other.as_slice())
             .for_each(|(d, &o)| *d = f(*d, o));
-    } else if is_trailing_block(dst.shape(), other.shape()) && !other.is_empty() {
+    } else if is_trailing_block(dst.shape(), other.shape()) {
         // A row vector (or trailing block) added to every row: contiguous chunks, no index math.
         let block = other.as_slice();
         dst.unique_slice_mut()
@@ -92,6 +98,7 @@ fn write_over<T: Element>(dst: &mut Tensor<'_, T>, other: &Tensor<'_, T>, f: imp
                     .for_each(|(d, &o)| *d = f(*d, o))
             });
     } else {
+        work::visit(rows(dst.shape()));
         Zip::from(dst.unique_view_mut())
             .and_broadcast(&other.view())
             .for_each(|d, &o| *d = f(*d, o));

@@ -6,6 +6,7 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
 
+use super::work;
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::scope::{deeper, rent_scope};
@@ -64,8 +65,12 @@ impl<'s, T: Element> Tensor<'s, T> {
         };
         let scope = rent_scope(deeper(&self.scope, &other.scope));
         let mut out = Tensor::try_rent_in(&scope, &out_shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
         let (a, b, c) = (self.as_slice(), other.as_slice(), out.unique_slice_mut());
         if batched_rhs {
+            work::visit(batch);
             for i in 0..batch {
                 let (ai, bi) = (&a[i * m * k..][..m * k], &b[i * k * n..][..k * n]);
                 let ci = &mut c[i * m * n..][..m * n];
@@ -73,6 +78,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             }
         } else {
             // `[b, m, k]` is one `[b * m, k]` matrix in row-major order.
+            work::visit(1);
             product(matrix(batch * m, k, a), matrix(k, n, b), c, batch * m, n);
         }
         Ok(out)
@@ -101,7 +107,10 @@ impl<'s, T: Element> Tensor<'s, T> {
         let mut view = self.view();
         view.swap_axes(nd - 2, nd - 1);
         let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), view.shape())?;
-        out.unique_view_mut().assign(&view);
+        if !out.is_empty() {
+            work::visit(1);
+            out.unique_view_mut().assign(&view);
+        }
         Ok(out)
     }
 

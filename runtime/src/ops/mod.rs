@@ -19,13 +19,93 @@ pub mod reduce;
 pub mod shape;
 mod unary;
 
-pub(crate) use unary::gelu;
 pub use unary::TensorOps;
+pub(crate) use unary::{gelu, relu};
 
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
 use crate::scope::rent_scope;
 use crate::tensor::Tensor;
+
+/// Kernel visits, counted in debug builds: the lanes, slices, matrices and images that kernels loop
+/// over, counted before each loop starts. Every op returns before its loops when its output has no
+/// elements, and loops only over non-empty inputs, so its visits never exceed the elements it reads
+/// and writes; tests check that bound, which is what keeps an op on `[0, 2^60]` from looping over
+/// 2^60 empty lanes. A test can also set a limit, past which the count panics at once instead of
+/// letting a regression loop for hours.
+pub(crate) mod work {
+    #[cfg(debug_assertions)]
+    thread_local! {
+        static VISITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+        static LIMIT: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
+    }
+
+    /// Counts `n` visits about to be made (debug builds only); panics past the limit.
+    #[inline]
+    pub(crate) fn visit(n: usize) {
+        #[cfg(debug_assertions)]
+        {
+            let total = VISITS.get().saturating_add(n as u64);
+            VISITS.set(total);
+            let limit = LIMIT.get();
+            assert!(
+                total <= limit,
+                "kernel visits passed the limit a test set ({total} > {limit})"
+            );
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = n;
+    }
+
+    /// Visits counted on this thread so far; always 0 in release builds.
+    pub(crate) fn visits() -> u64 {
+        #[cfg(debug_assertions)]
+        return VISITS.get();
+        #[cfg(not(debug_assertions))]
+        0
+    }
+
+    /// Allows at most `more` visits from now on this thread (`None`: no limit). Debug builds only.
+    pub(crate) fn limit(more: Option<u64>) {
+        #[cfg(debug_assertions)]
+        LIMIT.set(more.map_or(u64::MAX, |m| VISITS.get().saturating_add(m)));
+        #[cfg(not(debug_assertions))]
+        let _ = more;
+    }
+}
+
+/// [`Error::DimensionOverflow`]: `operand = value` makes `op`'s output on `input` too large.
+pub(crate) fn dimension_overflow(
+    op: &'static str,
+    operand: &'static str,
+    value: usize,
+    input: &[usize],
+) -> Error {
+    Error::DimensionOverflow {
+        op,
+        operand,
+        value,
+        shape: Shape::from(input),
+    }
+}
+
+/// Checks that ndarray can address an output of `shape` (see `pool::element_count`), else fails
+/// with `overflow()`, which names the operand to blame.
+pub(crate) fn check_addressable<T: Element>(
+    shape: &[usize],
+    overflow: impl FnOnce() -> Error,
+) -> Result<()> {
+    crate::pool::element_count::<T>(shape)
+        .map(|_| ())
+        .map_err(|_| overflow())
+}
+
+/// The product of all axes but the last: the rows an ndarray `Zip` walks.
+pub(crate) fn rows(shape: &[usize]) -> usize {
+    shape
+        .split_last()
+        .map_or(1, |(_, rest)| rest.iter().product())
+}
 
 /// An op's input, borrowed or owned; an owned unique tensor can be written in place.
 pub(crate) enum Operand<'r, 's, T: Element> {

@@ -2,7 +2,7 @@
 
 use ndarray::{Axis, Zip};
 
-use super::check_axis;
+use super::{check_axis, work};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
 use crate::scope::rent_scope;
@@ -53,14 +53,22 @@ impl<'s, T: Element> Tensor<'s, T> {
         let mut shape = self.shape().to_vec();
         let len = shape.remove(axis);
         let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), &shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
         let mut acc = out.unique_view_mut();
-        if axis + 1 == self.ndim() {
+        if len == 0 {
+            // Empty lanes: the sum is 0 (and the mean 0/0).
+            acc.fill(finish(T::zero(), 0));
+        } else if axis + 1 == self.ndim() {
             // Contiguous lanes: one sum each.
+            work::visit(acc.len());
             Zip::from(&mut acc)
                 .and(view.lanes(Axis(axis)))
                 .for_each(|o, lane| *o = finish(lane.sum(), len));
         } else {
             // Strided lanes would be read one element per cache line: add whole slices instead.
+            work::visit(len);
             acc.fill(T::zero());
             for slice in view.axis_iter(Axis(axis)) {
                 Zip::from(&mut acc)

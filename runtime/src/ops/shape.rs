@@ -2,6 +2,7 @@
 
 use ndarray::{Axis, Slice};
 
+use super::{check_addressable, check_axis, dimension_overflow, work};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::scope::{deeper, rent_scope};
@@ -15,8 +16,8 @@ impl<'s, T: Element> Tensor<'s, T> {
         let Some((first, rest)) = tensors.split_first() else {
             return Err(Error::NoInputs { op: "concat" });
         };
-        super::check_axis("concat", first, axis)?;
-        let mut shape = first.shape().to_vec();
+        check_axis("concat", first, axis)?;
+        let mut joined = Some(first.shape()[axis]);
         let mut scope = &first.scope;
         for t in rest {
             let reason = if t.ndim() != first.ndim() {
@@ -40,14 +41,25 @@ impl<'s, T: Element> Tensor<'s, T> {
                     reason,
                 });
             }
-            // Saturating: an overflowing length is then refused by the rent as a size overflow.
-            shape[axis] = shape[axis].saturating_add(t.shape()[axis]);
+            joined = joined.and_then(|len| len.checked_add(t.shape()[axis]));
             scope = deeper(scope, &t.scope);
         }
+        let overflow = || {
+            let lengths = tensors.iter().map(|t| t.shape()[axis]);
+            let total = lengths.fold(0usize, usize::saturating_add);
+            dimension_overflow("concat", "joined length", total, first.shape())
+        };
+        let mut shape = first.shape().to_vec();
+        shape[axis] = joined.ok_or_else(overflow)?;
+        check_addressable::<T>(&shape, overflow)?;
         let mut out = Tensor::try_rent_in(&rent_scope(scope), &shape)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
         let mut view = out.unique_view_mut();
         let mut start = 0;
-        for t in tensors {
+        for t in tensors.iter().filter(|t| !t.is_empty()) {
+            work::visit(1);
             let end = start + t.shape()[axis];
             view.slice_axis_mut(Axis(axis), Slice::from(start..end))
                 .assign(&t.view());

@@ -2,7 +2,7 @@
 
 use ndarray::{ArrayViewMut1, Axis};
 
-use super::{check_axis, Operand};
+use super::{check_axis, work, Operand};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
 use crate::scope::rent_scope;
@@ -61,10 +61,10 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed {
         or_panic(self.try_map(f))
     }
 
-    /// `max(x, 0)`. Panics only as [`TensorOps::map`] does.
+    /// `max(x, 0)`, with NaN passed through (as in PyTorch). Panics only as [`TensorOps::map`] does.
     #[track_caller]
     fn relu(self) -> Tensor<'s, T> {
-        self.map(|x| x.max(T::zero()))
+        self.map(relu)
     }
 
     /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (PyTorch's
@@ -157,6 +157,16 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed {
     }
 }
 
+/// ReLU of one value, as PyTorch's `threshold(x, 0, 0)`: `-0.0` gives `0.0` and NaN stays NaN
+/// (`Float::max` would turn NaN into 0).
+pub(crate) fn relu<T: Element>(x: T) -> T {
+    if x <= T::zero() {
+        T::zero()
+    } else {
+        x
+    }
+}
+
 /// GELU of one value, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
 pub(crate) fn gelu<T: Element>(x: T) -> T {
     let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
@@ -213,8 +223,14 @@ fn try_map_lanes<'s, T: Element>(
 ) -> Result<Tensor<'s, T>> {
     check_axis("map_lanes", src.tensor(), axis)?;
     let mut out = src.into_writable_copy()?;
+    if out.is_empty() {
+        // No lane has an element: running the kernel on each of the (possibly 2^60) empty lanes
+        // would be work without data.
+        return Ok(out);
+    }
     let lane = out.shape()[axis];
-    if axis + 1 == out.ndim() && lane > 0 {
+    work::visit(out.len() / lane);
+    if axis + 1 == out.ndim() {
         // Lanes along the last axis are contiguous runs of the buffer.
         out.unique_slice_mut()
             .chunks_exact_mut(lane)

@@ -1,0 +1,805 @@
+//! Random op sequences on a poisoned pool, against naive reference implementations.
+//!
+//! Every unzeroed rent of the pool is filled with the poison sentinel (NaN for floats, in debug
+//! builds), so an op that leaves any output element unwritten shows the sentinel. Each step applies a
+//! random op (by value or by reference, so in-place paths run too) to the current tensor and
+//! operands made to fit it (broadcast shapes, batched matmul, convolution kernels, ...), with
+//! zero-length axes, and zero-length axes next to axes of 2^40, mixed in. Each result is checked:
+//!
+//! - its values against a reference computed here in `f64` by plain loops from the op's actual
+//!   inputs, so errors never compound along the sequence;
+//! - no element is the sentinel;
+//! - the kernel visits it cost (lanes, slices, matrices, images; counted in debug builds) are at most
+//!   the elements it read and wrote: none at all on tensors with no elements, however long their
+//!   other axes are;
+//! - ops whose output cannot exist (2^40 elements) fail with a size or budget error, and ops on
+//!   shapes that do not fit fail with a shape error.
+
+mod common;
+
+use ndarray::{ArrayD, Axis, Dimension, IxDyn};
+use proptest::prelude::*;
+use tensorscope::__private::{kernel_visits, limit_kernel_visits};
+use tensorscope::{Error, Scope, Tensor, TensorOps};
+
+use common::{is_poison, test_pool};
+
+/// An axis length no buffer can hold: only ever next to a zero-length axis.
+const HUGE: usize = 1 << 40;
+/// Outputs with more elements than this cannot fit the test pool: the op must fail to rent them.
+const TOO_MANY: u128 = 1 << 24;
+const EPS: f32 = 1e-5;
+
+/// One step of a program; its numbers are turned into axes and lengths that fit the current shape.
+#[derive(Debug, Clone)]
+enum Step {
+    Fresh(Vec<usize>, u64),
+    Unary(u8, bool),
+    Scalar(u8, f32, bool),
+    Binary {
+        op: u8,
+        axes: Vec<u8>,
+        prepend: Vec<usize>,
+        drop: usize,
+        swap: bool,
+        owned: u8,
+        seed: u64,
+    },
+    Softmax(bool, usize, bool),
+    LayerNorm(bool),
+    Reduce(bool, usize),
+    Matmul(usize, bool, u64),
+    Transpose,
+    Reshape(bool),
+    Concat(usize, usize, u64),
+    Conv {
+        c_out: usize,
+        k: (usize, usize),
+        stride: usize,
+        padding: usize,
+        seed: u64,
+    },
+    GroupNorm(usize),
+    Upsample(usize),
+    MapLanes(usize, bool),
+    Cast,
+}
+
+fn shape_strategy() -> impl Strategy<Value = Vec<usize>> {
+    let small = prop::collection::vec(prop_oneof![4 => 1usize..5, 1 => Just(0usize)], 0..5);
+    // A zero-length axis next to a huge one, in random places.
+    let huge = (
+        2usize..5,
+        any::<prop::sample::Index>(),
+        any::<prop::sample::Index>(),
+    )
+        .prop_map(|(rank, zero, huge)| {
+            let mut shape = vec![2; rank];
+            let z = zero.index(rank);
+            let h = (z + 1 + huge.index(rank - 1)) % rank;
+            shape[z] = 0;
+            shape[h] = HUGE;
+            shape
+        });
+    prop_oneof![5 => small, 1 => huge]
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        2 => (shape_strategy(), any::<u64>()).prop_map(|(s, seed)| Step::Fresh(s, seed)),
+        3 => (0u8..7, any::<bool>()).prop_map(|(k, o)| Step::Unary(k, o)),
+        1 => (0u8..4, -2.0f32..2.0, any::<bool>()).prop_map(|(k, v, o)| Step::Scalar(k, v, o)),
+        4 => (
+            0u8..5,
+            prop::collection::vec(0u8..3, 5),
+            prop::collection::vec(1usize..4, 0..2),
+            0usize..3,
+            any::<bool>(),
+            0u8..4,
+            any::<u64>()
+        )
+            .prop_map(|(op, axes, prepend, drop, swap, owned, seed)| Step::Binary {
+                op,
+                axes,
+                prepend,
+                drop,
+                swap,
+                owned,
+                seed
+            }),
+        2 => (any::<bool>(), 0usize..4, any::<bool>()).prop_map(|(l, a, o)| Step::Softmax(l, a, o)),
+        1 => any::<bool>().prop_map(Step::LayerNorm),
+        2 => (any::<bool>(), 0usize..4).prop_map(|(m, a)| Step::Reduce(m, a)),
+        2 => (0usize..4, any::<bool>(), any::<u64>()).prop_map(|(n, b, s)| Step::Matmul(n, b, s)),
+        1 => Just(Step::Transpose),
+        1 => any::<bool>().prop_map(Step::Reshape),
+        1 => (0usize..4, 0usize..3, any::<u64>()).prop_map(|(a, e, s)| Step::Concat(a, e, s)),
+        2 => (0usize..3, (1usize..4, 1usize..4), 1usize..3, 0usize..3, any::<u64>()).prop_map(
+            |(c_out, k, stride, padding, seed)| Step::Conv {
+                c_out,
+                k,
+                stride,
+                padding,
+                seed
+            }
+        ),
+        1 => (1usize..5).prop_map(Step::GroupNorm),
+        1 => (1usize..4).prop_map(Step::Upsample),
+        1 => (0usize..4, any::<bool>()).prop_map(|(a, o)| Step::MapLanes(a, o)),
+        1 => Just(Step::Cast),
+    ]
+}
+
+// --- The reference ---------------------------------------------------------------------------
+
+/// What an op must give.
+enum Want {
+    /// These values (compared as `f32`).
+    Values(ArrayD<f64>),
+    /// A size or budget error: the output cannot exist.
+    TooLarge,
+    /// A shape error: the operands do not fit.
+    Invalid,
+}
+
+/// `Want::TooLarge` if an output of `shape` cannot be rented, else `values(shape)`; `values` only
+/// runs for outputs that exist, and is not called at all for an empty one.
+fn output(shape: Vec<usize>, values: impl FnOnce(&[usize]) -> ArrayD<f64>) -> Want {
+    let nonzero: u128 = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .map(|&d| d as u128)
+        .product();
+    if nonzero > TOO_MANY {
+        if shape.contains(&0) && nonzero.saturating_mul(4) <= isize::MAX as u128 {
+            Want::Values(ArrayD::zeros(IxDyn(&shape)))
+        } else {
+            Want::TooLarge
+        }
+    } else if shape.contains(&0) {
+        Want::Values(ArrayD::zeros(IxDyn(&shape)))
+    } else {
+        Want::Values(values(&shape))
+    }
+}
+
+fn from_fn(shape: &[usize], f: impl Fn(&[usize]) -> f64) -> ArrayD<f64> {
+    ArrayD::from_shape_fn(IxDyn(shape), |idx| f(idx.slice()))
+}
+
+fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| {
+        if i + s.len() >= n {
+            s[i + s.len() - n]
+        } else {
+            1
+        }
+    };
+    (0..n)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `x` read at the output index `idx`, broadcasting (axes aligned from the right, length 1 repeats).
+fn broadcast_at(x: &ArrayD<f64>, idx: &[usize]) -> f64 {
+    let off = idx.len() - x.ndim();
+    let i: Vec<usize> = (0..x.ndim())
+        .map(|a| if x.shape()[a] == 1 { 0 } else { idx[off + a] })
+        .collect();
+    x[IxDyn(&i)]
+}
+
+fn ref_binary(a: &ArrayD<f64>, b: &ArrayD<f64>, f: impl Fn(f64, f64) -> f64) -> Want {
+    match broadcast_shape(a.shape(), b.shape()) {
+        None => Want::Invalid,
+        Some(shape) => output(shape, |s| {
+            from_fn(s, |i| f(broadcast_at(a, i), broadcast_at(b, i)))
+        }),
+    }
+}
+
+/// The indices of the lane along `axis` through `idx`.
+fn lane(x: &ArrayD<f64>, idx: &[usize], axis: usize) -> Vec<f64> {
+    (0..x.shape()[axis])
+        .map(|k| {
+            let mut i = idx.to_vec();
+            i[axis] = k;
+            x[IxDyn(&i)]
+        })
+        .collect()
+}
+
+fn ref_lanes(x: &ArrayD<f64>, axis: usize, f: impl Fn(&[f64], usize) -> f64) -> Want {
+    if axis >= x.ndim() {
+        return Want::Invalid;
+    }
+    output(x.shape().to_vec(), |s| {
+        from_fn(s, |i| f(&lane(x, i, axis), i[axis]))
+    })
+}
+
+fn ref_softmax(x: &ArrayD<f64>, axis: usize, log: bool) -> Want {
+    ref_lanes(x, axis, |lane, k| {
+        let max = lane.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = lane.iter().map(|v| (v - max).exp()).sum();
+        if log {
+            lane[k] - max - sum.ln()
+        } else {
+            (lane[k] - max).exp() / sum
+        }
+    })
+}
+
+fn normalize(values: &[f64], v: f64) -> f64 {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    (v - mean) / (var + f64::from(EPS)).sqrt()
+}
+
+fn ref_reduce(x: &ArrayD<f64>, axis: usize, mean: bool) -> Want {
+    if axis >= x.ndim() {
+        return Want::Invalid;
+    }
+    let mut shape = x.shape().to_vec();
+    let len = shape.remove(axis);
+    output(shape, |s| {
+        from_fn(s, |i| {
+            let mut full = i.to_vec();
+            full.insert(axis, 0);
+            let sum: f64 = lane(x, &full, axis).iter().sum();
+            if mean {
+                sum / len as f64
+            } else {
+                sum
+            }
+        })
+    })
+}
+
+fn ref_matmul(a: &ArrayD<f64>, b: &ArrayD<f64>) -> Want {
+    let (batch, m, k, batched) = match *a.shape() {
+        [m, k] => (1, m, k, false),
+        [bt, m, k] => (bt, m, k, b.ndim() == 3),
+        _ => return Want::Invalid,
+    };
+    let (k2, n) = match (b.shape(), batched) {
+        (&[k2, n], false) => (k2, n),
+        (&[b2, k2, n], true) if b2 == batch => (k2, n),
+        _ => return Want::Invalid,
+    };
+    if k != k2 {
+        return Want::Invalid;
+    }
+    let shape = if a.ndim() == 2 {
+        vec![m, n]
+    } else {
+        vec![batch, m, n]
+    };
+    output(shape, |s| {
+        from_fn(s, |i| {
+            let (bi, r, c) = match *i {
+                [r, c] => (0, r, c),
+                [bi, r, c] => (bi, r, c),
+                _ => unreachable!(),
+            };
+            (0..k)
+                .map(|j| {
+                    let av = if a.ndim() == 2 {
+                        a[[r, j]]
+                    } else {
+                        a[[bi, r, j]]
+                    };
+                    let bv = if batched { b[[bi, j, c]] } else { b[[j, c]] };
+                    av * bv
+                })
+                .sum()
+        })
+    })
+}
+
+fn ref_conv(x: &ArrayD<f64>, w: &ArrayD<f64>, stride: usize, pad: usize) -> Want {
+    let (&[n, c, h, wd], &[co, wc, kh, kw]) = (x.shape(), w.shape()) else {
+        return Want::Invalid;
+    };
+    if wc != c || kh > h + 2 * pad || kw > wd + 2 * pad {
+        return Want::Invalid;
+    }
+    let (ho, wo) = (
+        (h + 2 * pad - kh) / stride + 1,
+        (wd + 2 * pad - kw) / stride + 1,
+    );
+    output(vec![n, co, ho, wo], |s| {
+        from_fn(s, |i| {
+            let [b, o, oy, ox] = [i[0], i[1], i[2], i[3]];
+            let mut acc = 0.0;
+            for ci in 0..c {
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        let (py, px) = (oy * stride + ky, ox * stride + kx);
+                        if py >= pad && px >= pad && py - pad < h && px - pad < wd {
+                            acc += x[[b, ci, py - pad, px - pad]] * w[[o, ci, ky, kx]];
+                        }
+                    }
+                }
+            }
+            acc
+        })
+    })
+}
+
+fn ref_group_norm(x: &ArrayD<f64>, groups: usize) -> Want {
+    let &[_, c, h, w] = x.shape() else {
+        return Want::Invalid;
+    };
+    if c % groups != 0 {
+        return Want::Invalid;
+    }
+    let per = c / groups;
+    output(x.shape().to_vec(), |s| {
+        from_fn(s, |i| {
+            let g = i[1] / per;
+            let mut values = Vec::new();
+            for ci in g * per..(g + 1) * per {
+                for y in 0..h {
+                    for xx in 0..w {
+                        values.push(x[[i[0], ci, y, xx]]);
+                    }
+                }
+            }
+            normalize(&values, x[IxDyn(i)])
+        })
+    })
+}
+
+// --- Running a program -----------------------------------------------------------------------
+
+fn values(t: &Tensor<'_>) -> ArrayD<f64> {
+    t.to_array().mapv(f64::from)
+}
+
+fn close(g: f32, w: f64, tol: f64) -> bool {
+    let w32 = w as f32;
+    if w32.is_nan() || g.is_nan() {
+        return w32.is_nan() && g.is_nan();
+    }
+    if w32.is_infinite() || g.is_infinite() {
+        return g == w32;
+    }
+    (f64::from(g) - w).abs() <= tol * (1.0 + w.abs())
+}
+
+/// Checks one op's result against `want`; returns the new current tensor if it gave one.
+fn check<'s>(
+    what: &str,
+    got: Result<Tensor<'s>, Error>,
+    want: Want,
+    visits_before: u64,
+    elements_in: u128,
+    tol: f64,
+) -> Result<Option<Tensor<'s>>, TestCaseError> {
+    let visits = kernel_visits() - visits_before;
+    let out = match (got, want) {
+        (Ok(t), Want::Values(w)) => {
+            prop_assert_eq!(t.shape(), w.shape(), "{}: shape", what);
+            if let Some(i) = t.as_slice().iter().position(|&v| is_poison(v)) {
+                return Err(TestCaseError::fail(format!(
+                    "{what}: element {i} of {:?} was never written",
+                    t.shape()
+                )));
+            }
+            for ((idx, &g), &wv) in t.view().indexed_iter().zip(w.iter()) {
+                prop_assert!(
+                    close(g, wv, tol),
+                    "{}: at {:?} got {}, want {}",
+                    what,
+                    idx,
+                    g,
+                    wv
+                );
+            }
+            Some(t)
+        }
+        (
+            Err(
+                Error::BudgetExceeded { .. }
+                | Error::SizeOverflow { .. }
+                | Error::DimensionOverflow { .. },
+            ),
+            Want::TooLarge,
+        ) => None,
+        (
+            Err(
+                Error::ShapeMismatch { .. }
+                | Error::InvalidShape { .. }
+                | Error::AxisOutOfRange { .. },
+            ),
+            Want::Invalid,
+        ) => None,
+        (got, want) => {
+            let want = match want {
+                Want::Values(w) => format!("values of shape {:?}", w.shape()),
+                Want::TooLarge => "a size or budget error".into(),
+                Want::Invalid => "a shape error".into(),
+            };
+            return Err(TestCaseError::fail(format!(
+                "{what}: got {:?}, want {want}",
+                got.map(|t| t.shape().to_vec())
+            )));
+        }
+    };
+    let elements_out = out.as_ref().map_or(0, |t| t.len() as u128);
+    prop_assert!(
+        u128::from(visits) <= elements_in + elements_out,
+        "{}: {} kernel visits for {} elements in and {} out",
+        what,
+        visits,
+        elements_in,
+        elements_out
+    );
+    Ok(out)
+}
+
+/// `shape` with huge axes made 1 if it holds elements (such a tensor could not be rented).
+fn tame(mut shape: Vec<usize>) -> Vec<usize> {
+    if !shape.contains(&0) {
+        shape
+            .iter_mut()
+            .filter(|d| **d == HUGE)
+            .for_each(|d| *d = 1);
+    }
+    shape
+}
+
+fn random<'s>(s: &'s Scope<'_>, shape: &[usize], seed: u64) -> Tensor<'s> {
+    s.uniform::<f32>(&tame(shape.to_vec()), -2.0, 2.0, seed)
+}
+
+/// A shape that broadcasts with `x` (or, sometimes, not: an axis set to a third length).
+fn broadcast_partner(x: &[usize], axes: &[u8], prepend: &[usize], drop: usize) -> Vec<usize> {
+    let mut shape: Vec<usize> = prepend.to_vec();
+    for (i, &d) in x.iter().enumerate().skip(drop.min(x.len())) {
+        shape.push(match axes[i % axes.len()] {
+            0 => d,
+            1 => 1,
+            _ if d == 1 => 3,
+            _ => d + 1, // does not broadcast
+        });
+    }
+    tame(shape)
+}
+
+fn unary(kind: u8) -> (&'static str, fn(f64) -> f64) {
+    match kind {
+        0 => ("relu", |x| if x <= 0.0 { 0.0 } else { x }),
+        1 => ("gelu", |x| {
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+        }),
+        2 => ("silu", |x| x / (1.0 + (-x).exp())),
+        3 => ("sigmoid", |x| 1.0 / (1.0 + (-x).exp())),
+        4 => ("tanh", f64::tanh),
+        5 => ("exp", f64::exp),
+        _ => ("neg", |x| -x),
+    }
+}
+
+fn apply_unary<'s>(x: impl TensorOps<'s, f32>, kind: u8) -> Result<Tensor<'s>, Error> {
+    match kind {
+        0 => Ok(x.relu()),
+        1 => Ok(x.gelu()),
+        2 => Ok(x.silu()),
+        3 => Ok(x.sigmoid()),
+        4 => Ok(x.tanh()),
+        5 => Ok(x.exp()),
+        _ => x.try_map(|v| -v),
+    }
+}
+
+fn run_program(steps: &[Step]) -> Result<(), TestCaseError> {
+    let pool = test_pool(64);
+    pool.scope(|s| {
+        let mut x = random(s, &[2, 3], 1);
+        for step in steps {
+            let xv = values(&x);
+            let rank = x.ndim();
+            let visits = kernel_visits();
+            let elements = x.len() as u128;
+            // No output the pool can hold has more than TOO_MANY elements: an op that is about to
+            // loop over 2^40 empty lanes panics here instead of running for hours. The exact bound
+            // is checked after the op.
+            limit_kernel_visits(Some(elements as u64 + TOO_MANY as u64));
+            let (what, got, want, tol): (String, Result<Tensor<'_>, Error>, Want, f64) = match step
+            {
+                Step::Fresh(shape, seed) => {
+                    x = random(s, shape, *seed);
+                    continue;
+                }
+                &Step::Unary(kind, owned) => {
+                    let (name, f) = unary(kind);
+                    let want = output(x.shape().to_vec(), |_| xv.mapv(f));
+                    let got = if owned {
+                        apply_unary(x, kind)
+                    } else {
+                        apply_unary(&x, kind)
+                    };
+                    (name.into(), got, want, 1e-5)
+                }
+                &Step::Scalar(kind, v, owned) => {
+                    let w = f64::from(v);
+                    let (name, f): (&str, fn(f64, f64) -> f64) = match kind {
+                        0 => ("+ scalar", |a, b| a + b),
+                        1 => ("- scalar", |a, b| a - b),
+                        2 => ("* scalar", |a, b| a * b),
+                        _ => ("/ scalar", |a, b| a / b),
+                    };
+                    let want = output(x.shape().to_vec(), |_| xv.mapv(|a| f(a, w)));
+                    let got = match (kind, owned) {
+                        (0, true) => x + v,
+                        (0, false) => &x + v,
+                        (1, true) => x - v,
+                        (1, false) => &x - v,
+                        (2, true) => x * v,
+                        (2, false) => &x * v,
+                        (_, true) => x / v,
+                        (_, false) => &x / v,
+                    };
+                    (name.into(), Ok(got), want, 1e-5)
+                }
+                &Step::Binary {
+                    op,
+                    ref axes,
+                    ref prepend,
+                    drop,
+                    swap,
+                    owned,
+                    seed,
+                } => {
+                    let y = random(s, &broadcast_partner(x.shape(), axes, prepend, drop), seed);
+                    let yv = values(&y);
+                    let (a, b, av, bv) = if swap {
+                        (y, x, &yv, &xv)
+                    } else {
+                        (x, y, &xv, &yv)
+                    };
+                    let (name, f): (&str, fn(f64, f64) -> f64) = match op {
+                        0 => ("add", |p, q| p + q),
+                        1 => ("sub", |p, q| p - q),
+                        2 => ("mul", |p, q| p * q),
+                        3 => ("div", |p, q| p / q),
+                        _ => ("zip_map", |p, q| p.max(q) - q),
+                    };
+                    let want = ref_binary(av, bv, f);
+                    let fits = !matches!(want, Want::Invalid);
+                    let got = match (op, owned, fits) {
+                        (4, _, _) => a.try_zip_map(&b, |p, q| p.max(q) - q),
+                        (_, _, false) | (_, 0, _) => match op {
+                            0 => a.try_add(&b),
+                            1 => a.try_sub(&b),
+                            2 => a.try_mul(&b),
+                            _ => a.try_div(&b),
+                        },
+                        // The operator forms, which write into a unique owned operand.
+                        (0, 1, _) => Ok(a + &b),
+                        (0, 2, _) => Ok(&a + b),
+                        (0, _, _) => Ok(a + b),
+                        (1, 1, _) => Ok(a - &b),
+                        (1, 2, _) => Ok(&a - b),
+                        (1, _, _) => Ok(a - b),
+                        (2, 1, _) => Ok(a * &b),
+                        (2, 2, _) => Ok(&a * b),
+                        (2, _, _) => Ok(a * b),
+                        (_, 1, _) => Ok(a / &b),
+                        (_, 2, _) => Ok(&a / b),
+                        (_, _, _) => Ok(a / b),
+                    };
+                    (name.into(), got, want, 1e-5)
+                }
+                &Step::Softmax(log, axis, owned) => {
+                    let axis = axis % rank.max(1);
+                    let want = ref_softmax(&xv, axis, log);
+                    let got = match (log, owned) {
+                        (false, true) => x.try_softmax(axis),
+                        (false, false) => (&x).try_softmax(axis),
+                        (true, true) => x.try_log_softmax(axis),
+                        (true, false) => (&x).try_log_softmax(axis),
+                    };
+                    (format!("softmax(log {log}, axis {axis})"), got, want, 1e-5)
+                }
+                &Step::LayerNorm(owned) => {
+                    let want = match rank {
+                        0 => Want::Invalid,
+                        _ => ref_lanes(&xv, rank - 1, |lane, k| normalize(lane, lane[k])),
+                    };
+                    let got = if owned {
+                        x.try_layer_norm(EPS)
+                    } else {
+                        (&x).try_layer_norm(EPS)
+                    };
+                    ("layer_norm".into(), got, want, 1e-3)
+                }
+                &Step::Reduce(mean, axis) => {
+                    let axis = axis % rank.max(1);
+                    let want = ref_reduce(&xv, axis, mean);
+                    let got = if mean {
+                        x.try_mean(axis)
+                    } else {
+                        x.try_sum(axis)
+                    };
+                    (format!("reduce(mean {mean}, axis {axis})"), got, want, 1e-5)
+                }
+                &Step::Matmul(n, batched, seed) => {
+                    let shape = x.shape();
+                    let k = shape.last().copied().unwrap_or(1);
+                    // A free length stays 0 next to a huge axis, so the output can exist.
+                    let n = if shape.contains(&HUGE) { 0 } else { n };
+                    let other = match (shape.len(), batched) {
+                        (3, true) => vec![shape[0], k, n],
+                        _ => vec![k, n],
+                    };
+                    let y = random(s, &other, seed);
+                    let want = ref_matmul(&xv, &values(&y));
+                    let got = x.try_matmul(&y);
+                    (
+                        format!("matmul {:?} x {:?}", xv.shape(), y.shape()),
+                        got,
+                        want,
+                        1e-4,
+                    )
+                }
+                Step::Transpose => {
+                    let want = if rank < 2 {
+                        Want::Invalid
+                    } else {
+                        let mut v = xv.clone();
+                        v.swap_axes(rank - 2, rank - 1);
+                        output(v.shape().to_vec(), |_| v.as_standard_layout().into_owned())
+                    };
+                    ("transpose".into(), x.try_transpose(), want, 0.0)
+                }
+                &Step::Reshape(flat) => {
+                    let shape = if flat {
+                        vec![x.len()]
+                    } else {
+                        [&[1], x.shape()].concat()
+                    };
+                    let want = output(shape.clone(), |s| {
+                        ArrayD::from_shape_vec(IxDyn(s), xv.iter().copied().collect()).unwrap()
+                    });
+                    ("reshape".into(), x.try_reshape(&shape), want, 0.0)
+                }
+                &Step::Concat(axis, extra, seed) => {
+                    let axis = axis % rank.max(1);
+                    let mut shape = x.shape().to_vec();
+                    if let Some(d) = shape.get_mut(axis) {
+                        *d = extra;
+                    }
+                    if !shape.contains(&0) && shape.contains(&HUGE) {
+                        shape[axis] = 0; // the only way such an operand exists
+                    }
+                    let y = random(s, &shape, seed);
+                    let yv = values(&y);
+                    let want = if rank == 0 {
+                        Want::Invalid
+                    } else {
+                        let mut joined = xv.shape().to_vec();
+                        joined[axis] += yv.shape()[axis];
+                        output(joined, |_| {
+                            ndarray::concatenate(Axis(axis), &[xv.view(), yv.view()]).unwrap()
+                        })
+                    };
+                    let got = Tensor::try_concat(&[&x, &y], axis);
+                    (format!("concat(axis {axis})"), got, want, 0.0)
+                }
+                &Step::Conv {
+                    c_out,
+                    k: (kh, kw),
+                    stride,
+                    padding,
+                    seed,
+                } => {
+                    let c = x.shape().get(1).copied().unwrap_or(1);
+                    let c_out = if x.shape().contains(&HUGE) { 0 } else { c_out };
+                    let w = random(s, &[c_out, c, kh, kw], seed);
+                    let want = ref_conv(&xv, &values(&w), stride, padding);
+                    let got = x.try_conv2d(&w, stride, padding);
+                    let what = format!(
+                        "conv2d {:?} * {:?} s{stride} p{padding}",
+                        xv.shape(),
+                        w.shape()
+                    );
+                    (what, got, want, 1e-4)
+                }
+                &Step::GroupNorm(groups) => {
+                    let c = x.shape().get(1).copied().unwrap_or(0);
+                    // A divisor of the channels, when there are any.
+                    let groups = (1..=groups).rev().find(|g| c % g == 0).unwrap_or(1);
+                    let want = ref_group_norm(&xv, groups);
+                    let got = x.try_group_norm(groups, EPS);
+                    (format!("group_norm({groups})"), got, want, 1e-3)
+                }
+                &Step::Upsample(scale) => {
+                    let want = match *xv.shape() {
+                        [n, c, h, w] => output(vec![n, c, h * scale, w * scale], |sh| {
+                            from_fn(sh, |i| xv[[i[0], i[1], i[2] / scale, i[3] / scale]])
+                        }),
+                        _ => Want::Invalid,
+                    };
+                    (
+                        "upsample".into(),
+                        x.try_upsample_nearest2d(scale),
+                        want,
+                        0.0,
+                    )
+                }
+                &Step::MapLanes(axis, owned) => {
+                    let axis = axis % rank.max(1);
+                    let want = ref_lanes(&xv, axis, |lane, k| lane[lane.len() - 1 - k]);
+                    let mut calls = 0u128;
+                    let reverse = |mut lane: ndarray::ArrayViewMut1<'_, f32>| {
+                        calls += 1;
+                        let v: Vec<f32> = lane.iter().rev().copied().collect();
+                        lane.iter_mut().zip(v).for_each(|(d, s)| *d = s);
+                    };
+                    let got = if owned {
+                        x.try_map_lanes(axis, reverse)
+                    } else {
+                        (&x).try_map_lanes(axis, reverse)
+                    };
+                    prop_assert!(calls <= elements, "map_lanes: {} kernel calls", calls);
+                    (format!("map_lanes(axis {axis})"), got, want, 0.0)
+                }
+                Step::Cast => {
+                    let got = x.try_cast::<f64>().and_then(|d| d.try_cast::<f32>());
+                    let want = output(x.shape().to_vec(), |_| xv.clone());
+                    ("cast".into(), got, want, 0.0)
+                }
+            };
+            limit_kernel_visits(None);
+            let next = check(&what, got, want, visits, elements, tol)?;
+            // Keep going from the result if it is small and finite (so that rounding stays well
+            // inside the tolerances); else from a fresh tensor.
+            x = match next {
+                Some(t) if t.as_slice().iter().all(|v| v.abs() < 10.0) => t,
+                _ => random(s, &[2, 1, 3, 2], steps.len() as u64),
+            };
+        }
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_op_sequences_match_the_reference_and_write_every_element(
+        steps in prop::collection::vec(step_strategy(), 1..12)
+    ) {
+        run_program(&steps)?;
+    }
+}
+
+/// The fuzzer's own checks can fail: an op result with a poisoned element, or a wrong value, is
+/// reported.
+#[test]
+fn the_checks_catch_unwritten_and_wrong_elements() {
+    let pool = test_pool(8);
+    pool.scope(|s| {
+        if cfg!(debug_assertions) {
+            let unwritten = s.rent::<f32>(&[2]);
+            let want = Want::Values(ArrayD::zeros(IxDyn(&[2])));
+            let err = check("rent", Ok(unwritten), want, kernel_visits(), 0, 0.0).unwrap_err();
+            assert!(err.to_string().contains("was never written"), "{err}");
+        }
+        let wrong = s.from_slice::<f32>(&[2], &[1.0, 2.0]);
+        let want = Want::Values(ArrayD::from_elem(IxDyn(&[2]), 1.0));
+        let err = check("values", Ok(wrong), want, kernel_visits(), 0, 1e-5).unwrap_err();
+        assert!(err.to_string().contains("got 2, want 1"), "{err}");
+    });
+}
