@@ -139,7 +139,8 @@ fn binomial_recompute_counts_follow_the_revolve_formula() {
     let pool = Pool::with_max_memory_mb(64);
     pool.scope(|s| {
         let input = s.ones::<f32>(&[2]);
-        let bytes = input.data_bytes();
+        // A budget counts what the pool holds per activation: its size class.
+        let bytes = input.allocated_bytes();
         let evaluations = Cell::new(0usize);
         let mut counted = step(|x, i| {
             evaluations.set(evaluations.get() + 1);
@@ -229,14 +230,14 @@ fn bad_input_gives_typed_errors() {
         let err = ckpt.get(5).unwrap_err();
         assert_eq!(
             err,
-            CheckpointError::UnknownLayer {
+            CheckpointError::NotStored {
                 layer: 5,
                 stored: vec![0, 4]
             }
         );
         assert_eq!(
             err.to_string(),
-            "no checkpoint for layer 5 or any layer before it; stored: [0, 4]"
+            "no checkpoint is stored for layer 5; stored: [0, 4]"
         );
         let err = ckpt
             .recompute_from_checkpoint(99, &layers, layer_step)
@@ -290,9 +291,11 @@ fn bad_input_gives_typed_errors() {
             invalid(Policy::Explicit(vec![8])).to_string(),
             "invalid checkpoint policy: explicit checkpoint position 8 is past the last of 8 layers"
         );
+        // 16 bytes of data take a 64-byte size class in the pool.
         assert_eq!(
-            invalid(Policy::Budget(15)).to_string(),
-            "invalid checkpoint policy: a budget of 15 bytes holds no stored activation of 16 bytes"
+            invalid(Policy::Budget(63)).to_string(),
+            "invalid checkpoint policy: a budget of 63 bytes holds no stored activation of 64 \
+             bytes (16 bytes of data in the pool's size class)"
         );
 
         let mut limited = Checkpointer::new(config(Policy::Every(2)).with_max_checkpoints(3));
@@ -395,5 +398,135 @@ fn edge_cases_found_in_review() {
         assert!(sqrt.is_checkpoint_layer(3));
         sqrt.clear();
         assert!(!sqrt.is_checkpoint_layer(3));
+    });
+}
+
+#[test]
+fn narrow_storage_refuses_values_it_would_round_to_infinity_whatever_the_source_type() {
+    use tensorscope::{bf16, f16};
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let f16_storage = config(Policy::Every(1)).with_precision(Precision::F16);
+        // 65536 is a bf16 value past f16's 65504 (a bound converted to bf16 rounds to 65536).
+        let mut from_bf16 = Checkpointer::<bf16>::new(f16_storage.clone());
+        let big = s.full::<bf16>(&[2], bf16::from_f32(65536.0));
+        let err = from_bf16.save(3, &big).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the input of layer 3 cannot be stored: 65536 is beyond the f16 range (+-65504)"
+        );
+        // From f64: 65519 rounds to f16's 65504 and is stored; 65520 rounds to infinity.
+        let mut from_f64 = Checkpointer::<f64>::new(f16_storage);
+        from_f64.save(0, &s.full::<f64>(&[1], 65519.0)).unwrap();
+        assert_eq!(from_f64.get(0).unwrap().to_vec(), vec![65504.0]);
+        assert!(matches!(
+            from_f64.save(1, &s.full::<f64>(&[1], -65520.0)),
+            Err(CheckpointError::BadValue { layer: 1, .. })
+        ));
+        // bf16 storage of f32's largest finite value.
+        let mut to_bf16 =
+            Checkpointer::<f32>::new(config(Policy::Every(1)).with_precision(Precision::Bf16));
+        let err = to_bf16.save(0, &s.full::<f32>(&[1], f32::MAX)).unwrap_err();
+        assert!(err.to_string().contains("beyond the bf16 range"), "{err}");
+        assert_eq!(to_bf16.num_checkpoints(), 0);
+        let _ = f16::MAX;
+    });
+}
+
+#[test]
+fn get_is_checkpoint_layer_and_reverse_answer_for_what_was_stored() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let x = s.ones::<f32>(&[4]);
+        // Saved by hand, no forward.
+        let mut ckpt = Checkpointer::new(config(Policy::Every(2)));
+        for layer in [10, 30, 50] {
+            ckpt.save(layer, &x).unwrap();
+        }
+        let err = ckpt.get(20).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no checkpoint is stored for layer 20; stored: [10, 30, 50]"
+        );
+        let mut calls = 0;
+        let err = ckpt.reverse(layer_step, |_, _| calls += 1).unwrap_err();
+        assert_eq!(err, CheckpointError::NoForward { stored: 3 });
+        assert_eq!(
+            (calls, ckpt.num_checkpoints()),
+            (0, 3),
+            "nothing run, nothing dropped"
+        );
+
+        // Before any forward, position 0 is a checkpoint under every policy.
+        for policy in [Policy::Sqrt, Policy::Budget(1 << 20), Policy::Every(3)] {
+            let fresh = Checkpointer::<f32>::new(config(policy));
+            assert!(fresh.is_checkpoint_layer(0));
+            assert!(!fresh.is_checkpoint_layer(1));
+        }
+        // After a forward, only the ids of that forward's plan.
+        let ids: Vec<usize> = (100..108).collect();
+        let mut every2 = Checkpointer::new(config(Policy::Every(2)));
+        every2.checkpointed_forward(&x, &ids, layer_step).unwrap();
+        assert!(every2.is_checkpoint_layer(100) && every2.is_checkpoint_layer(106));
+        assert!(!every2.is_checkpoint_layer(101));
+        // 4 and 98 are even positions, but not layers of that forward.
+        assert!(!every2.is_checkpoint_layer(4) && !every2.is_checkpoint_layer(98));
+    });
+}
+
+#[test]
+fn a_budget_counts_the_pool_bytes_each_stored_activation_takes() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        // 10 f32 are 40 bytes of data in a 64-byte size class: 192 bytes hold 3, not 4.
+        let x = s.ones::<f32>(&[10]);
+        let layers: Vec<usize> = (0..16).collect();
+        let mut ckpt = Checkpointer::new(config(Policy::Budget(192)));
+        let before = pool.stats().bytes_in_use;
+        ckpt.checkpointed_forward(&x, &layers, |x, _| x.clone())
+            .unwrap();
+        assert_eq!(ckpt.num_checkpoints(), 3);
+        // The stored activations alias the input here; copies at f16 show the pool bytes.
+        let mut half =
+            Checkpointer::new(config(Policy::Budget(192)).with_precision(Precision::F16));
+        half.checkpointed_forward(&x, &layers, |x, _| x.clone())
+            .unwrap();
+        assert_eq!(half.num_checkpoints(), 3, "20 bytes of f16 still take 64");
+        assert!(pool.stats().bytes_in_use - before <= 192);
+    });
+}
+
+#[test]
+fn binomial_plans_for_long_models_cost_far_less_than_their_forward() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let x = s.ones::<f32>(&[1]);
+        let slot = x.allocated_bytes();
+        let steps = Cell::new(0usize);
+        let mut counted = step(|x, _| {
+            steps.set(steps.get() + 1);
+            x.clone()
+        });
+        // 16,000 layers with 120 slots took seconds to plan and reverse; 100,000 to plan. Both
+        // run here in a debug build, one cheap layer step at a time.
+        let layers: Vec<usize> = (0..16_000).collect();
+        let mut ckpt = Checkpointer::new(config(Policy::Budget(120 * slot)));
+        ckpt.checkpointed_forward(&x, &layers, &mut counted)
+            .unwrap();
+        assert_eq!(ckpt.num_checkpoints(), 120);
+        steps.set(0);
+        let mut calls = 0;
+        let report = ckpt.reverse(&mut counted, |_, _| calls += 1).unwrap();
+        let formula = binomial_recompute_steps(16_000, 120) as usize;
+        assert_eq!(
+            (calls, report.recomputed_steps, steps.get()),
+            (16_000, formula, formula)
+        );
+
+        let layers: Vec<usize> = (0..100_000).collect();
+        let mut ckpt = Checkpointer::new(config(Policy::Budget(120 * slot)));
+        ckpt.checkpointed_forward(&x, &layers, &mut counted)
+            .unwrap();
+        assert_eq!(ckpt.num_checkpoints(), 120);
     });
 }

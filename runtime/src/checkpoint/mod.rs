@@ -54,9 +54,11 @@ pub enum Policy {
     /// These positions (0-based indices into the forward's layer list); the first layer is added
     /// if missing, since every recompute starts from a checkpoint.
     Explicit(Vec<usize>),
-    /// As many stored activations as fit in this many bytes, placed by binomial checkpointing
-    /// (revolve) so that the reverse sweep recomputes the fewest layer steps; see
-    /// [`binomial_recompute_steps`].
+    /// As many stored activations as fit in this many bytes of pool budget, placed by binomial
+    /// checkpointing (revolve) so that the reverse sweep recomputes the fewest layer steps; see
+    /// [`binomial_recompute_steps`]. An activation counts what the pool holds for it: its bytes in
+    /// the storage precision rounded up to the pool's size class (at most 25% more, see
+    /// [`crate::Pool`]), so the stored checkpoints never take more pool memory than this.
     Budget(usize),
 }
 
@@ -128,6 +130,24 @@ pub enum CheckpointError {
         layer: usize,
         /// The layers that have a checkpoint.
         stored: Vec<usize>,
+    },
+    /// [`Checkpointer::get`] of a layer that has no stored activation.
+    #[error("no checkpoint is stored for layer {layer}; stored: {stored:?}")]
+    NotStored {
+        /// The layer asked for.
+        layer: usize,
+        /// The layers that have a checkpoint.
+        stored: Vec<usize>,
+    },
+    /// [`Checkpointer::reverse`] with checkpoints saved by hand but no forward pass: there is no
+    /// layer list to replay.
+    #[error(
+        "reverse needs the layer list of a checkpointed_forward, but none ran; {stored} \
+         checkpoints were saved by hand and are kept"
+    )]
+    NoForward {
+        /// How many checkpoints are stored.
+        stored: usize,
     },
     /// A layer id that is not in the forward's layer list (or appears in it twice).
     #[error("layer {layer} {problem} the layer list of the forward pass ({count} layers)")]
@@ -270,19 +290,26 @@ impl<T: Element> Checkpointer<T> {
         self.stored.keys().copied().collect()
     }
 
-    /// Whether the policy stores the input of `layer`: for `Every` and `Explicit` by its position in
-    /// the last forward's layer list (or, before any forward, taking the id as the position); for
-    /// `Sqrt` and `Budget`, which depend on the layer count, by the last forward's plan.
+    /// Whether the policy stores the input of `layer`.
+    ///
+    /// After a forward pass: whether that forward's plan stored it (`false` for an id that was not
+    /// in its layer list). Before any forward, the id is taken as a position: `Every(k)` and
+    /// `Explicit` answer from the policy alone, and every policy stores position 0; `Sqrt` and
+    /// `Budget` place the rest by the layer count, unknown until a forward, so they answer `false`
+    /// for every other position.
     pub fn is_checkpoint_layer(&self, layer: usize) -> bool {
-        let pos = self
-            .layers
-            .iter()
-            .position(|&l| l == layer)
-            .unwrap_or(layer);
+        if !self.layers.is_empty() {
+            return self
+                .layers
+                .iter()
+                .position(|&l| l == layer)
+                .is_some_and(|pos| self.plan.binary_search(&pos).is_ok());
+        }
         match &self.config.policy {
-            Policy::Every(k) => *k > 0 && pos % k == 0,
-            Policy::Explicit(positions) => pos == 0 || positions.contains(&pos),
-            Policy::Sqrt | Policy::Budget(_) => self.plan.contains(&pos),
+            _ if layer == 0 => true,
+            Policy::Every(k) => layer.is_multiple_of(*k),
+            Policy::Explicit(positions) => positions.contains(&layer),
+            Policy::Sqrt | Policy::Budget(_) => false,
         }
     }
 
@@ -309,37 +336,27 @@ impl<T: Element> Checkpointer<T> {
                 });
             }
         }
-        let bad = |problem: String| CheckpointError::BadValue { layer, problem };
         if let Some(v) = activation.as_slice().iter().find(|v| !v.is_finite()) {
-            return Err(bad(format!("it holds {v}")));
+            return Err(CheckpointError::BadValue {
+                layer,
+                problem: format!("it holds {v}"),
+            });
         }
         let stored = match self.config.precision {
             Precision::Full => Stored::Full(activation.clone().detach()),
-            Precision::F16 => {
-                let max = T::from_f64(f64::from(f16::MAX));
-                if let Some(v) = activation.as_slice().iter().find(|v| v.abs() > max) {
-                    return Err(bad(format!("{v} is beyond the f16 range (+-65504)")));
-                }
-                Stored::F16(activation.try_cast::<f16>()?.detach())
-            }
-            Precision::Bf16 => {
-                let converted = activation.try_cast::<bf16>()?.detach();
-                if converted.as_slice().iter().any(|v| !v.is_finite()) {
-                    return Err(bad("a value is beyond the bf16 range".into()));
-                }
-                Stored::Bf16(converted)
-            }
+            Precision::F16 => Stored::F16(narrowed(layer, activation)?),
+            Precision::Bf16 => Stored::Bf16(narrowed(layer, activation)?),
         };
         self.stored.insert(layer, stored);
         Ok(())
     }
 
     /// The stored input of `layer`: an alias at full precision, a converted copy (rented in the
-    /// innermost open scope) at `f16`/`bf16`. Fails with [`CheckpointError::UnknownLayer`].
+    /// innermost open scope) at `f16`/`bf16`. Fails with [`CheckpointError::NotStored`].
     pub fn get(&self, layer: usize) -> Result<Tensor<'static, T>> {
         match self.stored.get(&layer) {
             Some(stored) => stored.restore(),
-            None => Err(CheckpointError::UnknownLayer {
+            None => Err(CheckpointError::NotStored {
                 layer,
                 stored: self.stored_layers(),
             }),
@@ -373,11 +390,14 @@ impl<T: Element> Checkpointer<T> {
                 (plan, 0)
             }
             Policy::Budget(bytes) => {
-                let per = activation_elems * self.config.precision.bytes_per_element::<T>();
+                let data =
+                    activation_elems.saturating_mul(self.config.precision.bytes_per_element::<T>());
+                let per = crate::pool::class_bytes_of(data);
                 let slots = bytes.checked_div(per).unwrap_or(n);
                 if slots == 0 {
                     return Err(CheckpointError::InvalidPolicy(format!(
-                        "a budget of {bytes} bytes holds no stored activation of {per} bytes"
+                        "a budget of {bytes} bytes holds no stored activation of {per} bytes \
+                         ({data} bytes of data in the pool's size class)"
                     )));
                 }
                 let slots = slots.min(n.max(1));
@@ -396,14 +416,13 @@ impl<T: Element> Checkpointer<T> {
         layers: &[usize],
         mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
-        for (i, &layer) in layers.iter().enumerate() {
-            if layers[..i].contains(&layer) {
-                return Err(CheckpointError::BadLayer {
-                    layer,
-                    problem: "appears twice in",
-                    count: layers.len(),
-                });
-            }
+        let mut seen = std::collections::HashSet::with_capacity(layers.len());
+        if let Some(&layer) = layers.iter().find(|&&l| !seen.insert(l)) {
+            return Err(CheckpointError::BadLayer {
+                layer,
+                problem: "appears twice in",
+                count: layers.len(),
+            });
         }
         self.begin(layers, input)?;
         let mut x = input.clone();
@@ -589,6 +608,11 @@ impl<T: Element> Checkpointer<T> {
                 stored: Vec::new(),
             });
         }
+        if self.layers.is_empty() && !self.stored.is_empty() {
+            return Err(CheckpointError::NoForward {
+                stored: self.stored.len(),
+            });
+        }
         let mut sweep = Sweep {
             stored: std::mem::take(&mut self.stored),
             layers: &self.layers,
@@ -607,6 +631,29 @@ impl<T: Element> Checkpointer<T> {
         let report = sweep.report;
         self.clear();
         result.map(|()| report)
+    }
+}
+
+/// `activation` converted to the narrower storage type `S`, detached. Fails with
+/// [`CheckpointError::BadValue`] naming the first finite value that the conversion rounds to an
+/// infinity (65520 in `f16`, say, whatever the source type: checking the converted values, not a
+/// bound converted to the source type, which rounds too).
+fn narrowed<T: Element, S: Element>(
+    layer: usize,
+    activation: &Tensor<'_, T>,
+) -> Result<Tensor<'static, S>> {
+    let converted = activation.try_cast::<S>()?.detach();
+    let overflow = activation
+        .as_slice()
+        .iter()
+        .zip(converted.as_slice())
+        .find(|(_, c)| !c.is_finite());
+    match overflow {
+        Some((v, _)) => Err(CheckpointError::BadValue {
+            layer,
+            problem: format!("{v} is beyond the {} range (+-{})", S::NAME, S::max_value()),
+        }),
+        None => Ok(converted),
     }
 }
 
