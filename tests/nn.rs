@@ -346,3 +346,116 @@ mod layers {
         });
     }
 }
+
+#[test]
+fn a_layer_used_with_another_store_is_an_error_naming_the_layer() {
+    use tensorscope::nn::{Layer, Linear};
+    let pool = Pool::with_max_memory_mb(16);
+    let mut own = ParamStore::<f32>::new(&pool);
+    let linear = Linear::new(&mut own, "fc", 3, 2, 1).unwrap();
+    // A store with too few parameters (an index past its end), and one whose first two
+    // parameters have the shapes the layer expects (which must not be used either).
+    let mut short = ParamStore::<f32>::new(&pool);
+    short.zeros("w", &[1]).unwrap();
+    let mut lookalike = ParamStore::<f32>::new(&pool);
+    lookalike.zeros("w", &[3, 2]).unwrap();
+    lookalike.zeros("b", &[2]).unwrap();
+    pool.scope(|s| {
+        let x = s.ones::<f32>(&[4, 3]);
+        for store in [&short, &lookalike] {
+            let err = linear.forward(store, &x, None).unwrap_err();
+            assert_eq!(
+                err,
+                NnError::ForeignParam {
+                    layer: "linear",
+                    index: 0
+                }
+            );
+            assert_eq!(
+                err.to_string(),
+                "linear: parameter #0 was registered in another ParamStore; use the layer with \
+                 the store it was built with"
+            );
+        }
+        assert_eq!(linear.forward(&own, &x, None).unwrap().shape(), &[4, 2]);
+    });
+}
+
+#[test]
+fn backward_with_a_gradient_or_cache_of_the_wrong_shape_is_an_error() {
+    use tensorscope::nn::{Activation, Cache, Layer, LayerNorm};
+    use tensorscope::Shape;
+    let pool = Pool::with_max_memory_mb(16);
+    let mut params = ParamStore::<f32>::new(&pool);
+    let norm = LayerNorm::new(&mut params, "ln", 3, 1e-5).unwrap();
+    pool.scope(|s| {
+        let x = s.ones::<f32>(&[4, 3]);
+        let grad_shape = |layer, got: &[usize]| NnError::GradShape {
+            layer,
+            expected: Shape(vec![4, 3]),
+            got: Shape(got.to_vec()),
+        };
+        let mut cache = Cache::new();
+        norm.forward(&params, &x, Some(&mut cache)).unwrap();
+        let err = norm
+            .backward(&mut params, &mut cache, &s.ones::<f32>(&[4, 2]))
+            .unwrap_err();
+        assert_eq!(err, grad_shape("layer_norm", &[4, 2]));
+        assert_eq!(
+            err.to_string(),
+            "layer_norm: the gradient has shape [4, 2] but the layer's output has shape [4, 3]"
+        );
+        // A gradient that would broadcast against the input is still the wrong shape.
+        for act in [Activation::relu(), Activation::gelu(), Activation::tanh()] {
+            let mut cache = Cache::new();
+            act.forward(&params, &x, Some(&mut cache)).unwrap();
+            let err = act
+                .backward(&mut params, &mut cache, &s.ones::<f32>(&[1, 3]))
+                .unwrap_err();
+            assert_eq!(err, grad_shape(Layer::<f32>::name(&act), &[1, 3]));
+        }
+        // Rank-0 tensors where the layer norm's backward expects its forward's values.
+        let mut cache = Cache::new();
+        cache.push(s.ones::<f32>(&[]));
+        cache.push(s.ones::<f32>(&[]));
+        let err = norm
+            .backward(&mut params, &mut cache, &s.ones::<f32>(&[]))
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                NnError::Tensor(Error::InvalidShape { op: "layer_norm backward", shape, .. })
+                    if shape.0.is_empty()
+            ),
+            "{err}"
+        );
+    });
+}
+
+#[test]
+fn optimizers_refuse_a_parameter_whose_shape_changed() {
+    let pool = Pool::with_max_memory_mb(16);
+    let replaced = |shape: &[usize]| pool.scope(|s| s.zeros::<f32>(shape).detach());
+    let optimizers: [Box<dyn Optimizer<f32>>; 2] =
+        [Box::new(Sgd::new(0.1, 0.9)), Box::new(Adam::new(0.1))];
+    for mut opt in optimizers {
+        let mut params = ParamStore::<f32>::new(&pool);
+        params.zeros("w", &[4]).unwrap();
+        opt.step(&mut params).unwrap();
+        // `data` alone replaced: it no longer matches its gradient.
+        params.get_mut("w").unwrap().data = replaced(&[3]);
+        let err = opt.step(&mut params).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "parameter \"w\": its data has shape [3] but its gradient has shape [4]; a \
+             parameter keeps one shape"
+        );
+        // Both replaced: the optimizer's state was made for the old shape.
+        params.get_mut("w").unwrap().grad = replaced(&[3]);
+        let err = opt.step(&mut params).unwrap_err();
+        assert!(
+            matches!(&err, NnError::ParamShapeChanged { name, what: "optimizer state", .. } if name == "w"),
+            "{err}"
+        );
+    }
+}

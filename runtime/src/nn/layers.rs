@@ -52,6 +52,23 @@ impl<T: Element> Default for Cache<'_, T> {
     }
 }
 
+/// Fails with [`NnError::GradShape`] naming `layer` unless `grad` has the layer's output shape.
+fn check_grad<T: Element>(
+    layer: &'static str,
+    expected: &[usize],
+    grad: &Tensor<'_, T>,
+) -> Result<(), NnError> {
+    if grad.shape() == expected {
+        Ok(())
+    } else {
+        Err(NnError::GradShape {
+            layer,
+            expected: Shape::from(expected),
+            got: Shape::from(grad.shape()),
+        })
+    }
+}
+
 /// A differentiable layer.
 pub trait Layer<T: Element = f32> {
     /// A short name for messages, e.g. `"linear"`.
@@ -122,11 +139,12 @@ impl<T: Element> Layer<T> for Linear {
         x: &Tensor<'s, T>,
         cache: Option<&mut Cache<'s, T>>,
     ) -> Result<Tensor<'s, T>, NnError> {
+        let y = x.try_matmul(&params.param(self.weight, "linear")?.data)?;
+        let y = y.try_add(&params.param(self.bias, "linear")?.data)?;
         if let Some(cache) = cache {
             cache.push(x.clone());
         }
-        let y = x.try_matmul(&params[self.weight].data)?;
-        Ok(y.try_add(&params[self.bias].data)?)
+        Ok(y)
     }
 
     fn backward<'s>(
@@ -136,9 +154,18 @@ impl<T: Element> Layer<T> for Linear {
         grad: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>, NnError> {
         let x = cache.pop("linear")?;
-        params[self.weight].accumulate(&x.try_transpose()?.try_matmul(grad)?)?;
-        params[self.bias].accumulate(&grad.try_sum(0)?)?;
-        Ok(grad.try_matmul(&params[self.weight].data.try_transpose()?)?)
+        let weight = params.param(self.weight, "linear")?.data.clone();
+        // The forward's output shape: x's, with the last axis the weight's outputs.
+        let mut expected = x.shape().to_vec();
+        if let (Some(last), Some(&outputs)) = (expected.last_mut(), weight.shape().last()) {
+            *last = outputs;
+        }
+        check_grad("linear", &expected, grad)?;
+        let dw = x.try_transpose()?.try_matmul(grad)?;
+        params.param_mut(self.weight, "linear")?.accumulate(&dw)?;
+        let db = grad.try_sum(0)?;
+        params.param_mut(self.bias, "linear")?.accumulate(&db)?;
+        Ok(grad.try_matmul(&weight.try_transpose()?)?)
     }
 }
 
@@ -207,7 +234,7 @@ impl<T: Element> Layer<T> for Activation {
             cache.push(x.clone());
         }
         Ok(match self.kind {
-            ActivationKind::Relu => x.try_map(|v| v.max(T::zero()))?,
+            ActivationKind::Relu => x.try_map(crate::ops::relu)?,
             ActivationKind::Gelu => x.try_map(crate::ops::gelu)?,
             ActivationKind::Tanh => x.try_map(T::tanh)?,
         })
@@ -219,7 +246,9 @@ impl<T: Element> Layer<T> for Activation {
         cache: &mut Cache<'s, T>,
         grad: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>, NnError> {
-        let x = cache.pop(Layer::<T>::name(self))?;
+        let name = Layer::<T>::name(self);
+        let x = cache.pop(name)?;
+        check_grad(name, x.shape(), grad)?;
         let kind = self.kind;
         Ok(grad.try_zip_map(&x, move |g, x| {
             g * match kind {
@@ -268,12 +297,13 @@ impl<T: Element> Layer<T> for LayerNorm<T> {
         cache: Option<&mut Cache<'s, T>>,
     ) -> Result<Tensor<'s, T>, NnError> {
         let normalized = x.try_layer_norm(self.eps)?;
+        let scaled = normalized.try_mul(&params.param(self.gamma, "layer_norm")?.data)?;
+        let y = scaled.try_add(&params.param(self.beta, "layer_norm")?.data)?;
         if let Some(cache) = cache {
             cache.push(normalized.clone());
             cache.push(x.clone());
         }
-        let scaled = normalized.try_mul(&params[self.gamma].data)?;
-        Ok(scaled.try_add(&params[self.beta].data)?)
+        Ok(y)
     }
 
     fn backward<'s>(
@@ -284,20 +314,47 @@ impl<T: Element> Layer<T> for LayerNorm<T> {
     ) -> Result<Tensor<'s, T>, NnError> {
         let x = cache.pop("layer_norm")?;
         let normalized = cache.pop("layer_norm")?;
-        let axis = x.ndim() - 1;
+        // What the forward pushed: x of rank >= 1 and its normalization, of one shape.
+        let Some(axis) = x.ndim().checked_sub(1) else {
+            return Err(Error::InvalidShape {
+                op: "layer_norm backward",
+                shape: Shape::from(x.shape()),
+                reason: "the cached input has no axis to normalize over".into(),
+            }
+            .into());
+        };
+        check_grad("layer_norm", x.shape(), grad)?;
         let width = x.shape()[axis];
-        let batch_axes: Vec<usize> = (0..axis).collect();
+        let gamma = params.param(self.gamma, "layer_norm")?.data.clone();
+        let mismatch = |other: &[usize], reason: &str| Error::ShapeMismatch {
+            op: "layer_norm backward",
+            lhs: Shape::from(x.shape()),
+            rhs: Shape::from(other),
+            reason: reason.into(),
+        };
+        if normalized.shape() != x.shape() {
+            let reason = "the cached input and its normalization differ in shape";
+            return Err(mismatch(normalized.shape(), reason).into());
+        }
+        if gamma.shape() != [width] {
+            let reason = "gamma must be as long as the normalized (last) axis";
+            return Err(mismatch(gamma.shape(), reason).into());
+        }
         // Parameter gradients: sums over every axis but the last.
         let mut dgamma = grad.try_mul(&normalized)?;
         let mut dbeta = grad.clone();
-        for _ in &batch_axes {
+        for _ in 0..axis {
             dgamma = dgamma.try_sum(0)?;
             dbeta = dbeta.try_sum(0)?;
         }
-        params[self.gamma].accumulate(&dgamma)?;
-        params[self.beta].accumulate(&dbeta)?;
+        params
+            .param_mut(self.gamma, "layer_norm")?
+            .accumulate(&dgamma)?;
+        params
+            .param_mut(self.beta, "layer_norm")?
+            .accumulate(&dbeta)?;
         // dx = inv_std / n * (n dxhat - sum(dxhat) - xhat * sum(dxhat * xhat)), per row.
-        let dxhat = grad.try_mul(&params[self.gamma].data)?;
+        let dxhat = grad.try_mul(&gamma)?;
         let n = T::from_f64(width as f64);
         let eps = self.eps;
         let mut dx = dxhat;
@@ -366,6 +423,8 @@ impl<T: Element> Layer<T> for Residual<T> {
         grad: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>, NnError> {
         let inner = self.inner.backward(params, cache, grad)?;
+        // The block keeps the shape, so the inner gradient must have the output gradient's.
+        check_grad("residual", grad.shape(), &inner)?;
         Ok(inner.try_add(grad)?)
     }
 }

@@ -2,8 +2,9 @@
 
 use ndarray::Zip;
 
-use super::{NnError, ParamStore};
+use super::{NnError, Param, ParamStore};
 use crate::element::Element;
+use crate::error::Shape;
 use crate::tensor::Tensor;
 
 /// Updates parameters from their gradients.
@@ -35,6 +36,29 @@ fn grow_state<T: Element, S>(
     Ok(())
 }
 
+/// Fails with [`NnError::ParamShapeChanged`] unless the gradient and every state tensor of the
+/// parameter `name` have its data's shape (`data` or `grad` may have been replaced since the state
+/// was made).
+fn check_shapes<T: Element>(
+    name: &str,
+    p: &Param<T>,
+    state: &[&Tensor<'static, T>],
+) -> Result<(), NnError> {
+    let changed = |what, other: &[usize]| NnError::ParamShapeChanged {
+        name: name.to_string(),
+        data: Shape::from(p.data.shape()),
+        what,
+        other: Shape::from(other),
+    };
+    if p.grad.shape() != p.data.shape() {
+        return Err(changed("gradient", p.grad.shape()));
+    }
+    match state.iter().find(|s| s.shape() != p.data.shape()) {
+        Some(s) => Err(changed("optimizer state", s.shape())),
+        None => Ok(()),
+    }
+}
+
 /// Stochastic gradient descent with momentum (PyTorch's form):
 /// `v = momentum v + g; p = p - lr v` (plain SGD for `momentum = 0`).
 pub struct Sgd<T: Element = f32> {
@@ -60,7 +84,8 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
             zeros_like(params, like)
         })?;
         let (lr, momentum) = (self.lr, self.momentum);
-        for (p, v) in params.params_mut().zip(&mut self.velocity) {
+        for ((name, p), v) in params.iter_mut().zip(&mut self.velocity) {
+            check_shapes(name, p, &[v])?;
             let grad = p.grad.view();
             Zip::from(p.data.try_view_mut()?)
                 .and(v.try_view_mut()?)
@@ -113,7 +138,8 @@ impl<T: Element> Optimizer<T> for Adam<T> {
         let correction1 = T::one() - b1.powi(self.t);
         let correction2 = T::one() - b2.powi(self.t);
         let lr = self.lr;
-        for (p, (m, v)) in params.params_mut().zip(&mut self.moments) {
+        for ((name, p), (m, v)) in params.iter_mut().zip(&mut self.moments) {
+            check_shapes(name, p, &[m, v])?;
             let grad = p.grad.view();
             Zip::from(p.data.try_view_mut()?)
                 .and(m.try_view_mut()?)

@@ -35,6 +35,43 @@ pub enum NnError {
         /// The number of classes (the logits' last axis).
         classes: usize,
     },
+    /// A layer was used with a [`ParamStore`] other than the one it registered its parameters in.
+    #[error(
+        "{layer}: parameter #{index} was registered in another ParamStore; use the layer with \
+         the store it was built with"
+    )]
+    ForeignParam {
+        /// The layer.
+        layer: &'static str,
+        /// The parameter's position in the store it came from.
+        index: usize,
+    },
+    /// A backward pass was given a gradient whose shape is not the layer's output shape.
+    #[error("{layer}: the gradient has shape {got} but the layer's output has shape {expected}")]
+    GradShape {
+        /// The layer.
+        layer: &'static str,
+        /// The shape of the layer's output (which the gradient must have).
+        expected: Shape,
+        /// The gradient's shape.
+        got: Shape,
+    },
+    /// A parameter's data no longer has the shape of its gradient or of the optimizer state made
+    /// for it: `data` or `grad` was replaced by a tensor of another shape.
+    #[error(
+        "parameter \"{name}\": its data has shape {data} but its {what} has shape {other}; \
+         a parameter keeps one shape"
+    )]
+    ParamShapeChanged {
+        /// The parameter.
+        name: String,
+        /// The shape of its data.
+        data: Shape,
+        /// `"gradient"` or `"optimizer state"`.
+        what: &'static str,
+        /// The shape of that.
+        other: Shape,
+    },
     /// A backward pass popped a cache its forward did not fill.
     #[error("{layer}: backward found no cached forward values; run forward with a cache first")]
     CacheUnderflow {
@@ -107,9 +144,16 @@ impl<T: Element> fmt::Debug for Param<T> {
     }
 }
 
-/// The position of a parameter in its store, for fast access by layers.
+/// A parameter's handle in its store, for fast access by layers. It knows its store: used with
+/// another store it gives [`NnError::ForeignParam`], never another store's parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ParamId(usize);
+pub struct ParamId {
+    store: u64,
+    index: usize,
+}
+
+/// Distinct ids for stores, so a [`ParamId`] can tell which store it belongs to.
+static NEXT_STORE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Named parameters in registration order.
 ///
@@ -126,6 +170,7 @@ pub struct ParamId(usize);
 /// assert_eq!(err.to_string(), "no parameter named \"fc1.weights\"; did you mean \"fc1.weight\"?");
 /// ```
 pub struct ParamStore<T: Element = f32> {
+    id: u64,
     pool: Pool,
     names: Vec<String>,
     params: Vec<Param<T>>,
@@ -136,6 +181,7 @@ impl<T: Element> ParamStore<T> {
     /// An empty store whose parameters are rented from `pool`.
     pub fn new(pool: &Pool) -> Self {
         ParamStore {
+            id: NEXT_STORE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             pool: pool.clone(),
             names: Vec::new(),
             params: Vec::new(),
@@ -157,7 +203,7 @@ impl<T: Element> ParamStore<T> {
         self.params.push(Param { data, grad });
         self.names.push(name.to_string());
         self.index.insert(name.to_string(), id);
-        Ok(ParamId(id))
+        Ok(self.id_at(id))
     }
 
     /// Registers a parameter of normal samples with standard deviation `std` (reproducible from
@@ -194,24 +240,60 @@ impl<T: Element> ParamStore<T> {
         self.add(name, data)
     }
 
+    fn id_at(&self, index: usize) -> ParamId {
+        ParamId {
+            store: self.id,
+            index,
+        }
+    }
+
     /// The id of `name`; see [`ParamStore::get`] for the error.
     pub fn id(&self, name: &str) -> Result<ParamId, NnError> {
         self.index
             .get(name)
-            .map(|&i| ParamId(i))
+            .map(|&i| self.id_at(i))
             .ok_or_else(|| self.unknown(name))
     }
 
     /// The parameter named `name`. Fails with [`NnError::UnknownParam`] listing the registered names
     /// that look alike.
     pub fn get(&self, name: &str) -> Result<&Param<T>, NnError> {
-        self.id(name).map(|id| &self.params[id.0])
+        self.id(name).map(|id| &self.params[id.index])
     }
 
     /// The parameter named `name`, writable.
     pub fn get_mut(&mut self, name: &str) -> Result<&mut Param<T>, NnError> {
         let id = self.id(name)?;
-        Ok(&mut self.params[id.0])
+        Ok(&mut self.params[id.index])
+    }
+
+    /// The position of `id` in this store, or [`NnError::ForeignParam`] naming `layer` if `id`
+    /// belongs to another store.
+    fn position(&self, id: ParamId, layer: &'static str) -> Result<usize, NnError> {
+        if id.store == self.id {
+            Ok(id.index)
+        } else {
+            Err(NnError::ForeignParam {
+                layer,
+                index: id.index,
+            })
+        }
+    }
+
+    /// The parameter `id`, for `layer`. Fails with [`NnError::ForeignParam`] naming the layer if
+    /// `id` was registered in another store.
+    pub fn param(&self, id: ParamId, layer: &'static str) -> Result<&Param<T>, NnError> {
+        Ok(&self.params[self.position(id, layer)?])
+    }
+
+    /// The parameter `id`, writable; see [`ParamStore::param`].
+    pub fn param_mut(
+        &mut self,
+        id: ParamId,
+        layer: &'static str,
+    ) -> Result<&mut Param<T>, NnError> {
+        let i = self.position(id, layer)?;
+        Ok(&mut self.params[i])
     }
 
     fn unknown(&self, name: &str) -> NnError {
@@ -242,9 +324,9 @@ impl<T: Element> ParamStore<T> {
         self.names.iter().map(String::as_str).zip(&self.params)
     }
 
-    /// Parameters in registration order, writable (what optimizers walk).
-    pub fn params_mut(&mut self) -> impl Iterator<Item = &mut Param<T>> {
-        self.params.iter_mut()
+    /// Names and parameters in registration order, writable (what optimizers walk).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut Param<T>)> {
+        self.names.iter().map(String::as_str).zip(&mut self.params)
     }
 
     /// The number of parameters.
@@ -263,15 +345,21 @@ impl<T: Element> ParamStore<T> {
     }
 }
 
+/// `store[id]`; panics with [`NnError::ForeignParam`]'s message if `id` is another store's (the
+/// layers use [`ParamStore::param`], which returns the error).
 impl<T: Element> std::ops::Index<ParamId> for ParamStore<T> {
     type Output = Param<T>;
+    #[track_caller]
     fn index(&self, id: ParamId) -> &Param<T> {
-        &self.params[id.0]
+        self.param(id, "ParamStore[id]")
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
 impl<T: Element> std::ops::IndexMut<ParamId> for ParamStore<T> {
+    #[track_caller]
     fn index_mut(&mut self, id: ParamId) -> &mut Param<T> {
-        &mut self.params[id.0]
+        self.param_mut(id, "ParamStore[id]")
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }
