@@ -384,8 +384,8 @@ impl Pool {
         Ok(buf)
     }
 
-    /// Like [`Pool::try_rent`], but the buffer is zeroed. A fresh allocation is zero already and is
-    /// not written again, so its pages stay untouched until used.
+    /// Like [`Pool::try_rent`], but the buffer is zeroed. A fresh allocation comes zeroed from the
+    /// allocator and is not written again.
     pub fn try_rent_zeroed<T: Element>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
         let (mut buf, fresh) = self.rent_typed::<T>(shape)?;
         if !fresh {
