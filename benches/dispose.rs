@@ -12,8 +12,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use tensorscope::prelude::*;
 
 struct Block {
-    w1: Tensor<'static>,
-    w2: Tensor<'static>,
+    w1: Param,
+    w2: Param,
 }
 
 impl Block {

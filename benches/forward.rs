@@ -1,5 +1,5 @@
 //! The reference forwards M (matmul-bound) and E (memory-bound) three ways, an elementwise chain by
-//! reference against by value, and E from two threads sharing one pool.
+//! reference against by value, and E from one and two threads sharing one model and one pool.
 //!
 //! `cargo bench --bench forward`
 
@@ -28,11 +28,13 @@ fn three_ways(c: &mut Criterion, shape: Shape) {
 
     let pool = Pool::with_max_memory_mb(4096);
     let blocks = reference_model::pooled_weights(&pool, &weights);
-    let x = pool.detached_tensor(&input).expect("input fits");
-    pool.scope(|_| drop(reference_model::pooled(&blocks, &x)));
+    let x = Param::try_from_array(&pool, &input).expect("input fits");
+    pool.scope(|s| drop(reference_model::pooled(&blocks, &s.bind(&x))));
     let misses = pool.stats().misses;
     g.bench_function("b_pooled", |b| {
-        b.iter(|| pool.scope(|_| black_box(reference_model::pooled(&blocks, &x).as_slice()[0])))
+        b.iter(|| {
+            pool.scope(|s| black_box(reference_model::pooled(&blocks, &s.bind(&x)).as_slice()[0]))
+        })
     });
     assert_eq!(
         pool.stats().misses,
@@ -90,25 +92,23 @@ fn elementwise(c: &mut Criterion) {
     g.finish();
 }
 
-/// E on one thread, and on two threads at once sharing one pool (each with its own weights).
+/// E on one thread, and on two threads at once: one model and one input, `Param`s shared by
+/// reference, on one pool; each thread runs its forward in its own scope.
 fn threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("forward_E_threads");
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(8));
-    let weights = reference_model::weights(E);
-    let input = reference_model::input(E);
     let pool = Pool::with_max_memory_mb(4096);
-    let run = |pool: &Pool| {
-        let blocks = reference_model::pooled_weights(pool, &weights);
-        let x = pool.detached_tensor(&input).expect("fits");
-        pool.scope(|_| reference_model::pooled(&blocks, &x).as_slice()[0])
-    };
+    let blocks = reference_model::pooled_weights(&pool, &reference_model::weights(E));
+    let x = Param::try_from_array(&pool, &reference_model::input(E)).expect("input fits");
+    let shared_bytes = pool.stats().bytes_in_use;
+    let run = || pool.scope(|s| reference_model::pooled(&blocks, &s.bind(&x)).as_slice()[0]);
     for threads in [1usize, 2] {
         g.throughput(Throughput::Elements(threads as u64));
         g.bench_function(BenchmarkId::new("forwards", threads), |b| {
             b.iter(|| {
                 std::thread::scope(|t| {
-                    let handles: Vec<_> = (0..threads).map(|_| t.spawn(|| run(&pool))).collect();
+                    let handles: Vec<_> = (0..threads).map(|_| t.spawn(run)).collect();
                     handles
                         .into_iter()
                         .map(|h| h.join().expect("no panic"))
@@ -118,7 +118,11 @@ fn threads(c: &mut Criterion) {
         });
     }
     g.finish();
-    assert_eq!(pool.stats().bytes_in_use, 0);
+    assert_eq!(
+        pool.stats().bytes_in_use,
+        shared_bytes,
+        "only the shared weights and input stay in use"
+    );
 }
 
 criterion_group!(benches, forwards, elementwise, threads);

@@ -23,24 +23,24 @@ const STEPS: usize = 50;
 const GROUPS: usize = 8;
 
 struct Denoiser {
-    conv_in: Tensor<'static>,
-    down: Tensor<'static>,
-    mid: Tensor<'static>,
-    up: Tensor<'static>,
-    conv_out: Tensor<'static>,
+    conv_in: Param,
+    down: Param,
+    mid: Param,
+    up: Param,
+    conv_out: Param,
 }
 
-fn kernel(s: &Scope<'_>, out: usize, inp: usize, seed: u64) -> Tensor<'static> {
-    (s.randn::<f32>(&[out, inp, 3, 3], seed) * (1.0 / ((inp * 9) as f32).sqrt())).detach()
+fn kernel<'s>(s: &'s Scope<'_>, out: usize, inp: usize, seed: u64) -> Tensor<'s> {
+    s.randn::<f32>(&[out, inp, 3, 3], seed) * (1.0 / ((inp * 9) as f32).sqrt())
 }
 
 impl Denoiser {
     fn new(pool: &Pool) -> Self {
         pool.scope(|s| Denoiser {
-            conv_in: kernel(s, CHANNELS, LATENT, 1),
-            down: kernel(s, CHANNELS, CHANNELS, 2),
-            mid: kernel(s, CHANNELS, CHANNELS, 3),
-            up: kernel(s, CHANNELS, CHANNELS, 4),
+            conv_in: kernel(s, CHANNELS, LATENT, 1).detach(),
+            down: kernel(s, CHANNELS, CHANNELS, 2).detach(),
+            mid: kernel(s, CHANNELS, CHANNELS, 3).detach(),
+            up: kernel(s, CHANNELS, CHANNELS, 4).detach(),
             conv_out: (kernel(s, LATENT, CHANNELS, 5) * 0.1).detach(),
         })
     }

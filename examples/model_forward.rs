@@ -11,16 +11,16 @@ const SEQ: usize = 64;
 const BATCH: usize = 8;
 const BLOCKS: usize = 4;
 
-fn weight(s: &Scope<'_>, rows: usize, cols: usize, seed: u64) -> Tensor<'static> {
+fn weight(s: &Scope<'_>, rows: usize, cols: usize, seed: u64) -> Param {
     (s.randn::<f32>(&[rows, cols], seed) * (1.0 / (rows as f32).sqrt())).detach()
 }
 
 /// Single-head self-attention over `[batch, seq, dim]`.
 struct Attention {
-    wq: Tensor<'static>,
-    wk: Tensor<'static>,
-    wv: Tensor<'static>,
-    wo: Tensor<'static>,
+    wq: Param,
+    wk: Param,
+    wv: Param,
+    wo: Param,
 }
 
 impl Attention {
@@ -37,10 +37,10 @@ impl Attention {
 
 /// `gelu(x W1 + b1) W2 + b2`, hidden width 4x.
 struct Mlp {
-    w1: Tensor<'static>,
-    b1: Tensor<'static>,
-    w2: Tensor<'static>,
-    b2: Tensor<'static>,
+    w1: Param,
+    b1: Param,
+    w2: Param,
+    b2: Param,
 }
 
 impl Mlp {
@@ -83,9 +83,9 @@ impl Model {
                     },
                     mlp: Mlp {
                         w1: weight(s, DIM, 4 * DIM, 10 * i + 4),
-                        b1: s.zeros::<f32>(&[4 * DIM]).detach(),
+                        b1: Param::zeros(pool, &[4 * DIM]),
                         w2: weight(s, 4 * DIM, DIM, 10 * i + 5),
-                        b2: s.zeros::<f32>(&[DIM]).detach(),
+                        b2: Param::zeros(pool, &[DIM]),
                     },
                 })
                 .collect(),

@@ -1,6 +1,7 @@
 //! Scopes inside scopes: per-iteration scopes in an outer one, an outer accumulator fed by explicit
-//! escapes, a helper that returns a tensor to its caller's scope, and `detach` for a value kept
-//! across calls. Prints each scope's counters: every scope released or escaped what it rented.
+//! escapes, a helper that returns a tensor to its caller's scope, and `detach` into a `Param` for a
+//! value kept across calls. Prints each scope's counters: every scope released or escaped what it
+//! rented.
 //!
 //! `cargo run --release --example nested_scopes`
 
@@ -25,8 +26,8 @@ fn row(name: &str, s: &ScopeStats) {
 
 fn main() {
     let pool = Pool::with_max_memory_mb(64);
-    // A value kept across calls: detached, it belongs to no scope and lives while it has handles.
-    let mut running_mean: Tensor<'static> = pool.scope(|s| s.zeros::<f32>(&[256]).detach());
+    // A value kept across calls: a parameter, it belongs to no scope and lives while it has handles.
+    let mut running_mean: Param = Param::zeros(&pool, &[256]);
     let mut per_step = Vec::new();
 
     let ((), outer) = pool.scope_with_stats(|s| {
@@ -38,8 +39,9 @@ fn main() {
                 let scaled = &y * (step as f32 + 1.0);
                 // The accumulator belongs to the outer scope: the new sum leaves on purpose.
                 total = iteration.escape(&total + &scaled);
-                // Keep the running mean across calls: a detached value of its own.
-                running_mean = (&running_mean * 0.8 + &(&y * 0.2)).detach();
+                // Keep the running mean across calls: detached into a parameter of its own. A
+                // parameter has no ops, so the old mean takes part bound into this scope.
+                running_mean = (iteration.bind(&running_mean) * 0.8 + &(&y * 0.2)).detach();
             });
             per_step.push(inner);
         }

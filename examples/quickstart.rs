@@ -5,10 +5,10 @@
 use tensorscope::prelude::*;
 use tensorscope::{PoolStats, ScopeStats};
 
-/// Weights of one block, kept across steps: detached tensors, bound to no scope.
+/// Weights of one block, kept across steps: parameters, outside every scope.
 struct BlockParams {
-    w1: Tensor<'static>,
-    w2: Tensor<'static>,
+    w1: Param,
+    w2: Param,
 }
 
 /// `x + gelu(x W1) W2`. Everything it rents lives in its own child scope of the caller's and is

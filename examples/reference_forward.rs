@@ -53,12 +53,12 @@ fn main() {
         "pooled" => {
             let pool = Pool::with_max_memory_mb(4096);
             let blocks = reference_model::pooled_weights(&pool, &weights);
-            let x = pool.detached_tensor(&input).expect("input fits");
+            let x = Param::try_from_array(&pool, &input).expect("input fits");
             // The pool holds its own copies now; keep no second one alive (it would count in RSS).
             drop((weights, input));
             let mut first = None;
             timed(&mut || {
-                let y = pool.scope(|_| reference_model::pooled(&blocks, &x).as_slice()[0]);
+                let y = pool.scope(|s| reference_model::pooled(&blocks, &s.bind(&x)).as_slice()[0]);
                 first.get_or_insert(pool.stats());
                 y
             });

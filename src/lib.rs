@@ -7,5 +7,5 @@ pub use tensorscope_runtime::*;
 /// The names a forward function usually needs: `use tensorscope::prelude::*;`.
 pub mod prelude {
     pub use tensorscope_macros::{checkpoint, dispose_scope, Escape};
-    pub use tensorscope_runtime::{scope, Escape, Pool, Scope, Tensor, TensorOps};
+    pub use tensorscope_runtime::{scope, Escape, Param, Pool, Scope, Tensor, TensorOps};
 }

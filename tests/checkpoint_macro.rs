@@ -7,7 +7,7 @@ use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy};
 
 struct Mlp {
-    weights: Vec<Tensor<'static>>,
+    weights: Vec<Param>,
 }
 
 impl Mlp {
@@ -70,7 +70,7 @@ fn the_loop_form_stores_the_policy_layers_and_replays_exactly() {
         let mut plain = input.clone();
         for i in 0..16 {
             let replayed = ckpt
-                .recompute_from_checkpoint(i, &layers, |x, l| mlp.layer(x, l))
+                .recompute_from_checkpoint(s, i, &layers, |x, l| mlp.layer(x, l))
                 .unwrap();
             assert_eq!(replayed.to_vec(), plain.to_vec(), "input of layer {i}");
             plain = mlp.layer(&plain, i);
@@ -133,8 +133,8 @@ fn the_installed_checkpointer_is_used_without_a_parameter() {
 }
 
 struct Stack {
-    a: Tensor<'static>,
-    b: Tensor<'static>,
+    a: Param,
+    b: Param,
 }
 
 impl Stack {
@@ -224,7 +224,7 @@ fn the_generated_replay_drives_recompute_and_the_reverse_sweep() {
             assert_eq!(replayed.to_vec(), plain.to_vec(), "layer {i}");
         }
         let a13 = ckpt
-            .recompute_from_checkpoint(13, &(0..16).collect::<Vec<_>>(), |x, i| {
+            .recompute_from_checkpoint(s, 13, &(0..16).collect::<Vec<_>>(), |x, i| {
                 mlp.forward_layer(x, i)
             })
             .unwrap();
@@ -232,6 +232,7 @@ fn the_generated_replay_drives_recompute_and_the_reverse_sweep() {
         let mut order = Vec::new();
         let report = ckpt
             .reverse(
+                s,
                 |x, i| mlp.forward_layer(x, i),
                 |i, x| {
                     assert_eq!(x.to_vec(), inputs[i], "input of layer {i}");

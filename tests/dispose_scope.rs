@@ -7,8 +7,8 @@ use tensorscope::prelude::*;
 use tensorscope::{Element, Error, ScopeStats};
 
 struct Block {
-    w1: Tensor<'static>,
-    w2: Tensor<'static>,
+    w1: Param,
+    w2: Param,
 }
 
 impl Block {
@@ -307,18 +307,20 @@ fn max_memory_mb_bounds_the_function_scope_and_its_children() {
 }
 
 #[dispose_scope]
-fn no_params() -> Tensor<'static> {
-    tensorscope::scope(|s| s.escape(s.ones::<f32>(&[4]))) * 2.0
+fn no_params() -> Param {
+    // The body runs in an outermost scope on the current pool; only brand-free values leave it.
+    tensorscope::current_pool().scope(|s| (s.ones::<f32>(&[4]) * 2.0).detach())
 }
 
 #[test]
-fn a_function_without_scope_or_tensor_uses_the_current_pool_and_detaches() {
+fn a_function_without_scope_or_tensor_uses_the_current_pool_and_returns_brand_free_values() {
     let pool = Pool::with_max_memory_mb(64);
     let kept = pool.scope(|_| {
         assert!(tensorscope::current_pool().ptr_eq(&pool));
         no_params()
     });
     assert_eq!(kept.to_vec(), vec![2.0; 4]);
+    assert!(kept.pool().ptr_eq(&pool));
     assert!(tensorscope::current_pool().ptr_eq(Pool::global()));
 }
 
@@ -370,7 +372,7 @@ fn the_crate_option_names_a_reexported_path() {
 }
 
 #[dispose_scope]
-fn linear<'a>(w: &Tensor<'_>, x: &Tensor<'a>) -> Tensor<'a> {
+fn linear<'a>(w: &Param, x: &Tensor<'a>) -> Tensor<'a> {
     x.matmul(w) // the weights come first; the result's brand picks `x` as the parent
 }
 
@@ -468,5 +470,40 @@ fn methods_returning_self_are_escaped() {
             (vec![11.0], vec![10.0])
         );
         all_released_or_escaped(s.last_child_stats().unwrap());
+    });
+}
+
+#[dispose_scope(max_memory_mb = 1)]
+fn add_bias_first<'a>(bias: &Param, x: &Tensor<'a>) -> Result<Tensor<'a>, Error> {
+    x.try_add(bias)
+}
+
+#[dispose_scope(max_memory_mb = 1)]
+fn add_bias_last<'a>(x: &Tensor<'a>, bias: &Param) -> Result<Tensor<'a>, Error> {
+    x.try_add(bias)
+}
+
+#[test]
+fn a_budget_holds_whatever_the_order_of_weights_and_tensors() {
+    // 8 MiB of output under a 1 MiB budget: refused either way (a weight first used to make the
+    // result the weight's, outside the budget).
+    let pool = Pool::with_max_memory_mb(64);
+    let bias = Param::zeros(&pool, &[1024]);
+    pool.scope(|s| {
+        let x = s.ones::<f32>(&[2048, 1024]);
+        for result in [add_bias_first(&bias, &x), add_bias_last(&x, &bias)] {
+            assert!(
+                matches!(
+                    result,
+                    Err(Error::ScopeBudgetExceeded {
+                        limit: 1_048_576,
+                        ..
+                    })
+                ),
+                "{result:?}"
+            );
+        }
+        let small = s.ones::<f32>(&[2, 1024]);
+        assert_eq!(add_bias_first(&bias, &small).unwrap().shape(), &[2, 1024]);
     });
 }

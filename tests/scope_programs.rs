@@ -6,13 +6,13 @@
 //! (aliases counted once); every rent was a hit or a miss and every freed buffer a return; no two live
 //! tensors share a buffer unless one is an alias of the other (each buffer holds its own value, read
 //! back); every scope's counters balance when it ends. After the outermost scope, the bytes in use are
-//! exactly those of the detached tensors still alive.
+//! exactly those of the parameters that detaching made (moved buffers, or copies of shared ones).
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use proptest::prelude::*;
-use tensorscope::{bf16, f16, Error, Pool, PoolConfig, Scope, Tensor};
+use tensorscope::{bf16, f16, Error, Param, Pool, PoolConfig, Scope, Tensor};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -87,13 +87,48 @@ impl<'s> Live<'s> {
     }
 }
 
+/// A detached tensor: a parameter of any element type, with its buffer's id and the value it holds.
+enum AnyParam {
+    F32(Param<f32>),
+    F64(Param<f64>),
+    F16(Param<f16>),
+    Bf16(Param<bf16>),
+}
+
+struct Kept {
+    param: AnyParam,
+    buffer: u32,
+    value: u32,
+}
+
+impl Kept {
+    fn allocated(&self) -> usize {
+        match &self.param {
+            AnyParam::F32(p) => p.allocated_bytes(),
+            AnyParam::F64(p) => p.allocated_bytes(),
+            AnyParam::F16(p) => p.allocated_bytes(),
+            AnyParam::Bf16(p) => p.allocated_bytes(),
+        }
+    }
+
+    fn intact(&self) -> bool {
+        let v = f64::from(self.value % 200);
+        match &self.param {
+            AnyParam::F32(p) => p.as_slice().iter().all(|&x| f64::from(x) == v),
+            AnyParam::F64(p) => p.as_slice().iter().all(|&x| x == v),
+            AnyParam::F16(p) => p.as_slice().iter().all(|&x| x.to_f64() == v),
+            AnyParam::Bf16(p) => p.as_slice().iter().all(|&x| x.to_f64() == v),
+        }
+    }
+}
+
 /// What the model tracks across the whole program.
 struct World {
     pool: Pool,
     next_buffer: u32,
     /// Non-empty rents made, and buffers freed (each distinct buffer once).
     rents: u64,
-    detached: Vec<Live<'static>>,
+    detached: Vec<Kept>,
 }
 
 impl World {
@@ -115,13 +150,6 @@ impl World {
     }
 }
 
-/// The bytes of the distinct buffers among `lives`.
-fn distinct_bytes<'a>(lives: impl Iterator<Item = &'a Live<'a>>, seen: &mut HashMap<u32, usize>) {
-    for l in lives {
-        seen.insert(l.buffer, l.allocated());
-    }
-}
-
 fn check(world: &World, stack: &[&Vec<Live<'_>>]) {
     let mut seen = HashMap::new();
     for lives in stack {
@@ -134,9 +162,9 @@ fn check(world: &World, stack: &[&Vec<Live<'_>>]) {
             );
         }
     }
-    distinct_bytes(world.detached.iter(), &mut seen);
-    for l in &world.detached {
-        assert!(l.intact());
+    for k in &world.detached {
+        seen.insert(k.buffer, k.allocated());
+        assert!(k.intact());
     }
     let stats = world.pool.stats();
     assert_eq!(
@@ -189,15 +217,31 @@ where
             Op::Detach(i) => {
                 if let Some(i) = pick(*i, lives.len()) {
                     let l = lives.swap_remove(i);
-                    let tensor = match l.tensor {
-                        Any::F32(t) => Any::F32(t.detach()),
-                        Any::F64(t) => Any::F64(t.detach()),
-                        Any::F16(t) => Any::F16(t.detach()),
-                        Any::Bf16(t) => Any::Bf16(t.detach()),
+                    // The only handle moves its buffer into the parameter; a shared one is copied
+                    // into a new buffer (a rent of its own).
+                    let shared = outer
+                        .iter()
+                        .flat_map(|v| v.iter())
+                        .chain(&lives)
+                        .any(|o| o.buffer == l.buffer);
+                    let allocated = l.allocated();
+                    let param = match l.tensor {
+                        Any::F32(t) => AnyParam::F32(t.detach()),
+                        Any::F64(t) => AnyParam::F64(t.detach()),
+                        Any::F16(t) => AnyParam::F16(t.detach()),
+                        Any::Bf16(t) => AnyParam::Bf16(t.detach()),
                     };
-                    world.detached.push(Live {
-                        tensor,
-                        buffer: l.buffer,
+                    let buffer = if shared {
+                        world.next_buffer += 1;
+                        world.rents += u64::from(allocated > 0);
+                        world.next_buffer
+                    } else {
+                        l.buffer
+                    };
+                    world.detached.push(Kept {
+                        param,
+                        buffer,
+                        value: l.buffer,
                     });
                 }
             }
@@ -280,14 +324,15 @@ proptest! {
         let pool = Pool::new(PoolConfig::with_max_bytes(1 << 20));
         let mut world = World { pool: pool.clone(), next_buffer: 0, rents: 0, detached: Vec::new() };
         let mut iter = ops.iter();
-        let (escaped, stats) = pool.scope_with_stats(|s| run(s, &mut iter, &mut world, &[]));
+        let ((), stats) = pool.scope_with_stats(|s| {
+            // What the outermost scope escapes stays its own (it has no parent scope), and drops here.
+            drop(run(s, &mut iter, &mut world, &[]));
+        });
         prop_assert_eq!(stats.leaked, 0);
-        // Escaping from the outermost scope detaches.
-        world.detached.extend(escaped);
         check(&world, &[]);
         let detached_bytes: usize = {
-            let mut seen = HashMap::new();
-            distinct_bytes(world.detached.iter(), &mut seen);
+            let seen: HashMap<u32, usize> =
+                world.detached.iter().map(|k| (k.buffer, k.allocated())).collect();
             seen.values().sum()
         };
         prop_assert_eq!(pool.stats().bytes_in_use, detached_bytes);

@@ -6,7 +6,7 @@ use tensorscope::prelude::*;
 use tensorscope::{Error, PoolConfig};
 
 /// A fixed little forward: rents a few temporaries of mixed sizes and types, returns a scalar.
-fn forward(s: &Scope<'_>, w: &Tensor<'_>) -> f32 {
+fn forward(s: &Scope<'_>, w: &Param) -> f32 {
     s.scope(|inner| {
         let x = inner.randn::<f32>(&[16, 32], 3);
         let h = x.matmul(w).relu();
@@ -120,26 +120,55 @@ fn escape_carries_tuples_vecs_options_and_results() {
         assert_eq!(s.stats().adopted, 8);
         assert_eq!(n, 7);
         let total = &(&pair.0 + &pair.1) + &(&v[2] + &o.unwrap()[1]);
-        s.escape(&total + &r.unwrap())
+        (&total + &r.unwrap()).to_vec()
     });
     assert_eq!(out.to_vec(), vec![5.0, 5.0]);
 }
 
 #[test]
-fn detached_tensor_outlives_its_scope_and_returns_on_drop() {
+fn a_detached_tensor_is_a_parameter_that_outlives_its_scope() {
     let pool = Pool::with_max_memory_mb(64);
+    // The only handle: its buffer moves into the parameter, counted as escaped.
     let (kept, stats) = pool.scope_with_stats(|s| s.full::<f64>(&[3], 1.5).detach());
-    assert_eq!((stats.escaped, stats.leaked), (1, 0));
+    assert_eq!((stats.rented, stats.escaped, stats.leaked), (1, 1, 0));
     assert_eq!(kept.to_vec(), vec![1.5; 3]);
-    // Ops on detached tensors alone produce detached tensors.
-    let doubled: Tensor<'static, f64> = &kept * 2.0;
-    assert_eq!(doubled.to_vec(), vec![3.0; 3]);
-    assert_eq!(pool.stats().bytes_in_use, 128);
-    drop((kept, doubled));
+    assert_eq!(pool.stats().bytes_in_use, 64);
+    // A shared handle is copied: the alias keeps its buffer, the parameter gets its own.
+    let (copy, stats) = pool.scope_with_stats(|s| {
+        let t = s.full::<f32>(&[4], 2.0);
+        let alias = t.clone();
+        let p = t.detach();
+        assert_eq!(alias.to_vec(), p.to_vec());
+        assert_ne!(alias.as_slice().as_ptr(), p.as_slice().as_ptr());
+        p
+    });
+    assert_eq!((stats.rented, stats.released, stats.escaped), (1, 1, 0));
+    // Computing with a parameter needs a scope: bound (no copy), never written through.
+    pool.scope(|s| {
+        let bound = s.bind(&kept);
+        assert_eq!(bound.as_slice().as_ptr(), kept.as_slice().as_ptr());
+        assert!(!bound.is_unique());
+        let doubled = bound * 2.0; // by value, but the buffer is the parameter's: rents
+        assert_eq!(doubled.to_vec(), vec![3.0; 3]);
+        assert_eq!(s.stats().rented, 1);
+    });
+    assert_eq!(kept.to_vec(), vec![1.5; 3]);
+    // Nor do in-place ops and writable views: a bound tensor is never unique.
+    pool.scope(|s| {
+        let x = s.full::<f64>(&[3], -1.0);
+        let relu = s.bind(&kept).relu();
+        let sum = s.bind(&kept) + &x;
+        let softmax = s.bind(&kept).softmax(0);
+        let mut written = s.bind(&kept);
+        written.view_mut()[[0]] = 9.0;
+        assert_eq!(written.to_vec(), vec![9.0, 1.5, 1.5]);
+        assert_eq!((relu.to_vec(), sum.to_vec()), (vec![1.5; 3], vec![0.5; 3]));
+        assert!((softmax.to_vec()[0] - 1.0 / 3.0).abs() < 1e-12);
+    });
+    assert_eq!(kept.to_vec(), vec![1.5; 3]);
+    drop((kept, copy));
     assert_eq!(pool.stats().bytes_in_use, 0);
-    let p = pool
-        .detached_tensor(&ndarray::arr2(&[[1.0f32, 2.0], [3.0, 4.0]]))
-        .unwrap();
+    let p = Param::from_array(&pool, &ndarray::arr2(&[[1.0f32, 2.0], [3.0, 4.0]]));
     assert_eq!(p.shape(), &[2, 2]);
     assert_eq!(p.to_vec(), vec![1.0, 2.0, 3.0, 4.0]);
 }
@@ -262,25 +291,19 @@ fn pool_is_shared_across_threads() {
 }
 
 #[test]
-fn temporaries_of_parameters_alone_belong_to_the_open_scope() {
+fn everything_computed_from_parameters_belongs_to_a_scope() {
     let pool = Pool::with_max_memory_mb(64);
-    let w = pool
-        .detached_tensor(&ndarray::Array2::<f32>::eye(8))
-        .unwrap();
-    let mut history = Vec::new();
+    let w = Param::from_array(&pool, &ndarray::Array2::<f32>::eye(8));
     let ((), stats) = pool.scope_with_stats(|s| {
-        let scaled = &w * 2.0; // only parameters in: still this scope's temporary
-        let transposed = w.transpose();
-        assert_eq!(s.stats().rented, 2);
-        drop((scaled, transposed));
-        history.push(&w * 3.0); // typed 'static, so this compiles; the scope reports it
+        let x = s.ones::<f32>(&[2, 8]);
+        let y = x.matmul(&w); // the parameter beside a scoped tensor: rents in its scope
+        let bound = s.bind(&w); // no rent: the parameter's own buffer
+        let t = bound.transpose();
+        assert_eq!(s.stats().rented, 3, "x, y and t; the binding rents nothing");
+        assert_eq!(y.to_vec(), vec![1.0; 16]);
+        drop((x, y, bound, t));
     });
-    assert_eq!((stats.rented, stats.released, stats.leaked), (3, 2, 1));
-    assert_eq!(history[0].to_vec()[0], 3.0);
-    // Outside every scope, ops on parameters give detached tensors.
-    let outside = &w * 1.0;
-    assert_eq!(pool.stats().bytes_in_use, 3 * w.allocated_bytes());
-    drop((outside, history));
+    assert_eq!((stats.rented, stats.released, stats.leaked), (3, 3, 0));
     assert_eq!(pool.stats().bytes_in_use, w.allocated_bytes());
 }
 
@@ -306,16 +329,17 @@ fn escaping_from_an_unrelated_scope_moves_the_accounting() {
 }
 
 #[test]
-fn escaping_a_detached_tensor_leaves_it_detached() {
+fn escaping_a_bound_parameter_moves_no_accounting() {
     let pool = Pool::with_max_memory_mb(64);
-    let w = pool.scope(|s| s.ones::<f32>(&[16]).detach());
-    let (alias, stats) = pool.scope_with_stats(|s| {
-        let inner = s.scope(|i| i.escape(w.clone()));
+    let w = Param::from_slice(&pool, &[16], &[1.0f32; 16]);
+    let (values, stats) = pool.scope_with_stats(|s| {
+        let inner = s.scope(|i| i.escape(i.bind(&w)));
         assert_eq!(s.stats().adopted, 0);
-        s.escape(inner)
+        assert_eq!(inner.as_slice().as_ptr(), w.as_slice().as_ptr());
+        inner.to_vec()
     });
     assert_eq!((stats.adopted, stats.escaped, stats.leaked), (0, 0, 0));
-    assert!(alias.shares_buffer_with(&w));
+    assert_eq!(values, vec![1.0; 16]);
 }
 
 #[test]

@@ -118,22 +118,22 @@ pub(crate) fn plain(ws: &[Weights], x: &Array2<f32>) -> Array2<f32> {
     x
 }
 
-/// (b) The block's parameters as detached tensors.
+/// (b) The block's parameters, kept outside every scope (and shareable between threads).
 pub(crate) struct Pooled {
-    pub(crate) w1: Tensor<'static>,
-    pub(crate) b1: Tensor<'static>,
-    pub(crate) w2: Tensor<'static>,
-    pub(crate) b2: Tensor<'static>,
+    pub(crate) w1: Param,
+    pub(crate) b1: Param,
+    pub(crate) w2: Param,
+    pub(crate) b2: Param,
 }
 
 pub(crate) fn pooled_weights(pool: &Pool, ws: &[Weights]) -> Vec<Pooled> {
-    let t = |a: &ndarray::ArrayBase<_, _>| pool.detached_tensor(a).expect("weights fit the pool");
+    let t = |a: &Array2<f32>| Param::try_from_array(pool, a).expect("weights fit the pool");
     ws.iter()
         .map(|w| Pooled {
             w1: t(&w.w1),
-            b1: pool.detached_tensor(&w.b1).expect("fits"),
+            b1: Param::try_from_array(pool, &w.b1).expect("fits"),
             w2: t(&w.w2),
-            b2: pool.detached_tensor(&w.b2).expect("fits"),
+            b2: Param::try_from_array(pool, &w.b2).expect("fits"),
         })
         .collect()
 }

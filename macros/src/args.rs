@@ -30,11 +30,20 @@ pub(crate) enum Kind {
     Str,
 }
 
-/// A parsed option value, with the span of its key for later errors.
+/// A parsed option value.
 pub(crate) enum Value {
     Int(u64),
     Path(Path),
     Str(String),
+}
+
+/// An option as given: its key and value, with their spans for later errors (a rule about the
+/// value, such as `every = 0`, points at the value; one about the key, such as a repeat, at the key).
+pub(crate) struct Found {
+    pub(crate) key: String,
+    pub(crate) key_span: Span,
+    pub(crate) value_span: Span,
+    pub(crate) value: Value,
 }
 
 /// Parses `key = value, ...` and returns the options that parsed. Every problem (unknown keys with a
@@ -44,8 +53,8 @@ pub(crate) fn parse(
     options: &Options,
     args: TokenStream,
     errors: &mut Vec<syn::Error>,
-) -> Vec<(String, Span, Value)> {
-    let mut found: Vec<(String, Span, Value)> = Vec::new();
+) -> Vec<Found> {
+    let mut found: Vec<Found> = Vec::new();
     let parser = syn::meta::parser(|meta: ParseNestedMeta<'_>| {
         let path = &meta.path;
         let key = path
@@ -55,12 +64,17 @@ pub(crate) fn parse(
         let value: Expr = meta.value()?.parse()?;
         match options.accepted.iter().find(|a| a.name == key) {
             None => errors.push(syn::Error::new(span, unknown_key(options, &key))),
-            Some(_) if found.iter().any(|(k, _, _)| *k == key) => errors.push(syn::Error::new(
+            Some(_) if found.iter().any(|f| f.key == key) => errors.push(syn::Error::new(
                 span,
                 format!("`{key}` is given twice; keep one"),
             )),
             Some(accepted) => match parse_value(accepted.kind, &value) {
-                Some(v) => found.push((key, span, v)),
+                Some(v) => found.push(Found {
+                    key,
+                    key_span: span,
+                    value_span: syn::spanned::Spanned::span(&value),
+                    value: v,
+                }),
                 None => errors.push(syn::Error::new_spanned(
                     &value,
                     format!(

@@ -85,13 +85,23 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
         krate: syn::parse_quote!(::tensorscope),
     };
     let mut policy_key: Option<&str> = None;
-    for (key, span, value) in &found {
-        let error = |message: String| syn::Error::new(*span, message);
+    for args::Found {
+        key,
+        key_span,
+        value_span,
+        value,
+    } in &found
+    {
+        // Rules about the value point at the value; the one about the key, at the key.
+        let error = |message: String| syn::Error::new(*value_span, message);
         match (key.as_str(), value) {
-            ("every" | "policy", _) if policy_key.is_some() => errors.push(error(format!(
-                "give either `every` or `policy`, not both (`{}` is already given)",
-                policy_key.unwrap_or_default()
-            ))),
+            ("every" | "policy", _) if policy_key.is_some() => errors.push(syn::Error::new(
+                *key_span,
+                format!(
+                    "give either `every` or `policy`, not both (`{}` is already given)",
+                    policy_key.unwrap_or_default()
+                ),
+            )),
             ("every", Value::Int(0)) => errors.push(error(
                 "`every = 0` would never store a checkpoint; give at least 1".into(),
             )),
@@ -120,7 +130,7 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
             )),
             ("max", Value::Int(m)) => settings.max = Some(*m),
             ("replay", Value::Str(name)) => match syn::parse_str::<Ident>(name) {
-                Ok(ident) => settings.replay = Some(Ident::new(&ident.to_string(), *span)),
+                Ok(ident) => settings.replay = Some(Ident::new(&ident.to_string(), *value_span)),
                 Err(_) => errors.push(error(format!(
                     "`replay = \"{name}\"` is not a function name"
                 ))),
@@ -283,15 +293,15 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
         })
         .unwrap_or_default();
     let config = quote! {
-        #krate::CheckpointConfig::new(#krate::Policy::#policy)
-            .with_precision(#krate::Precision::#precision)
+        #private::CheckpointConfig::new(#private::Policy::#policy)
+            .with_precision(#private::Precision::#precision)
             #max
     };
     let ckpt = match checkpointer_param(&func) {
         Some(ident) => quote!(::core::option::Option::Some(&mut *#ident)),
         None => quote!(::core::option::Option::None),
     };
-    let segment = Ident::new("_tensorscope_segment", Span::mixed_site());
+    let segment = Ident::new("segment_scope", Span::mixed_site());
     let run = |act: &Ident, layers: TokenStream, step: TokenStream, span: Span| {
         quote_spanned! {span=>
             #private::checkpoint_or_panic(#private::checkpoint_layers(
@@ -449,6 +459,7 @@ fn replay_fn(
         return Ok(TokenStream::new());
     };
     let krate = &settings.krate;
+    let private = quote!(#krate::__private);
     let syn::ReturnType::Type(_, ret) = &func.sig.output else {
         return Err(syn::Error::new(
             name.span(),
@@ -512,9 +523,9 @@ fn replay_fn(
         #[allow(unused_variables, clippy::too_many_arguments)]
         #vis fn #name #impl_generics (
             #(#inputs,)*
-            #act: &#krate::Tensor<#brand #(, #elem)*>,
+            #act: &#private::Tensor<#brand #(, #elem)*>,
             #index: usize,
-        ) -> #krate::Tensor<#brand #(, #elem)*> #where_clause {
+        ) -> #private::Tensor<#brand #(, #elem)*> #where_clause {
             #body
         }
     })

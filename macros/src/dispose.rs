@@ -60,8 +60,9 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
         krate: syn::parse_quote!(::tensorscope),
     };
     // `max_memory_mb` is the only number and `crate` the only path (see `OPTIONS`).
-    for (_, span, value) in args::parse(&OPTIONS, args, &mut errors) {
-        match value {
+    for found in args::parse(&OPTIONS, args, &mut errors) {
+        let span = found.value_span;
+        match found.value {
             Value::Int(0) => errors.push(syn::Error::new(
                 span,
                 "`max_memory_mb = 0` would fail every rent; give at least 1 (MiB)",
@@ -247,22 +248,49 @@ fn check_supported(func: &ItemFn) -> syn::Result<()> {
     Ok(())
 }
 
-/// The parameter whose scope the child is opened in, or `None` for the current pool.
+/// The parameter whose scope the child is opened in, or `None` for a new outermost scope on the
+/// current pool (only for a return type that holds no brand).
 fn parent_param<'p>(params: &'p [Param], output: &ReturnType) -> syn::Result<Option<&'p Param>> {
     let ReturnType::Type(_, ty) = output else {
         return Ok(params.first());
     };
-    let returned = named_lifetimes(ty);
+    let mut returned = named_lifetimes(ty);
+    returned.dedup();
     if returned.is_empty() {
-        return Ok(params
+        let parent = params
             .iter()
             .find(|p| p.kind == Kind::Scope)
-            .or(params.first()));
+            .or(params.first());
+        if parent.is_none() && has_lifetime(ty) {
+            return Err(syn::Error::new_spanned(
+                ty,
+                "#[dispose_scope] cannot tell which scope the result belongs to: the return type \
+                 has a lifetime, but no `&Scope` or tensor parameter carries a brand (a `Param` \
+                 carries none); add a parameter `s: &'a Scope<'_>` and return `Tensor<'a>`, or \
+                 return values without a brand (`Param`, numbers, `Vec<f32>`)",
+            ));
+        }
+        return Ok(parent);
     }
-    let carrying = params
+    let carried: Vec<&String> = returned
         .iter()
-        .filter(|p| p.brand.as_ref().is_some_and(|b| returned.contains(b)));
-    let mut carrying = carrying.collect::<Vec<_>>();
+        .filter(|l| params.iter().any(|p| p.brand.as_ref() == Some(*l)))
+        .collect();
+    if let [first, second, ..] = carried[..] {
+        return Err(syn::Error::new_spanned(
+            ty,
+            format!(
+                "#[dispose_scope] escapes the result to one scope, but the return type names two \
+                 brands, `'{first}` and `'{second}`, each carried by a parameter; return tensors \
+                 of one of them (escape to the outer one: `Tensor<'{first}>` for both, if `'{first}` \
+                 is the outer scope)"
+            ),
+        ));
+    }
+    let mut carrying: Vec<&Param> = params
+        .iter()
+        .filter(|p| p.brand.as_ref().is_some_and(|b| returned.contains(b)))
+        .collect();
     carrying.sort_by_key(|p| p.kind != Kind::Scope);
     match carrying.first() {
         Some(p) => Ok(Some(p)),
@@ -271,8 +299,8 @@ fn parent_param<'p>(params: &'p [Param], output: &ReturnType) -> syn::Result<Opt
             format!(
                 "#[dispose_scope] cannot tell which scope the result belongs to: the return type \
                  names `'{}`, but no `&'{0} Scope` or `Tensor<'{0}>`/`&Tensor<'{0}>` parameter \
-                 carries it (tensors inside slices, options, type aliases or `self` are not looked \
-                 into); add a parameter `s: &'{0} Scope<'_>`",
+                 carries it (a `Param` carries no brand; tensors inside slices, options, type \
+                 aliases or `self` are not looked into); add a parameter `s: &'{0} Scope<'_>`",
                 returned[0]
             ),
         )),
@@ -283,20 +311,21 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
     check_supported(&func)?;
     let krate = &settings.krate;
     let private = quote!(#krate::__private);
-    let scope = Ident::new("__tensorscope_scope", Span::mixed_site());
+    let scope = Ident::new("function_scope", Span::mixed_site());
     let params: Vec<Param> = func.sig.inputs.iter().filter_map(classify).collect();
     let parent_param = parent_param(&params, &func.sig.output)?;
 
-    let parent = match parent_param {
+    let open = match parent_param {
         Some(param) => {
             let ident = &param.pat.ident;
-            match param.kind {
+            let parent = match param.kind {
                 Kind::Scope => quote!(#private::Parent::of_scope(#ident)),
                 Kind::TensorRef => quote!(#private::Parent::of_tensor(#ident)),
                 Kind::TensorOwned => quote!(#private::Parent::of_tensor(&#ident)),
-            }
+            };
+            quote!(#parent.open)
         }
-        None => quote!(#private::Parent::current()),
+        None => quote!(#private::open_root),
     };
 
     // The chosen scope parameter becomes the child; tensor parameters are rebound into it, except
@@ -357,13 +386,18 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
     // A return type without any lifetime holds no scoped tensor, so it needs no escape (and need not
     // implement `Escape`); if a brand hides in it, the borrow checker still refuses the body.
     let result = match &func.sig.output {
-        // Spanned on the return type, so "cannot be escaped" points at the type to fix.
-        ReturnType::Type(_, ty) if escapes => quote_spanned!(ty.span()=> #scope.escape(#run_body)),
+        // The escaped value is a variable located at the return type, so "cannot be escaped"
+        // points at the type to fix.
+        ReturnType::Type(_, ty) if escapes => {
+            // Call-site hygiene: rustc shows spans of the macro's own context at the attribute.
+            let value = Ident::new("__tensorscope_value", ty.span());
+            quote_spanned!(ty.span()=> { let #value = #run_body; #scope.escape(#value) })
+        }
         _ => run_body,
     };
     let new_body = quote_spanned! {body.span()=>
         {
-            #parent.open(#budget, |#scope| #outer_ret {
+            #open(#budget, |#scope| #outer_ret {
                 #(#rebinds)*
                 #result
             })

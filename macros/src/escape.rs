@@ -1,4 +1,4 @@
-//! `#[derive(Escape)]` for structs with one lifetime parameter.
+//! `#[derive(Escape)]` for structs with one lifetime parameter (the brand), or none.
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
@@ -23,8 +23,8 @@ fn crate_path(input: &DeriveInput) -> syn::Result<Path> {
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("escape")) {
         let tokens = attr.meta.require_list()?.tokens.clone();
         let mut errors = Vec::new();
-        for (_, _, value) in args::parse(&OPTIONS, tokens, &mut errors) {
-            if let Value::Path(path) = value {
+        for found in args::parse(&OPTIONS, tokens, &mut errors) {
+            if let Value::Path(path) = found.value {
                 krate = path;
             }
         }
@@ -34,9 +34,80 @@ fn crate_path(input: &DeriveInput) -> syn::Result<Path> {
 }
 
 pub(crate) fn derive(input: TokenStream) -> TokenStream {
-    match syn::parse2::<DeriveInput>(input).and_then(|input| generate(&input)) {
-        Ok(tokens) => tokens,
-        Err(error) => error.into_compile_error(),
+    let input = match syn::parse2::<DeriveInput>(input) {
+        Ok(input) => input,
+        Err(error) => return error.into_compile_error(),
+    };
+    generate(&input).unwrap_or_else(|error| {
+        // The error, and an impl that lets the rest of the crate type-check, so that one mistake
+        // here is one error, not one more at every function returning the type (thiserror's way).
+        let error = error.into_compile_error();
+        let fallback = fallback(&input);
+        quote!(#error #fallback)
+    })
+}
+
+/// `#name`'s generics with the escape target `'__escape_to` first, for the impl.
+fn with_target(input: &DeriveInput) -> (syn::Generics, Lifetime) {
+    let to = Lifetime::new("'__escape_to", proc_macro2::Span::mixed_site());
+    let mut generics = input.generics.clone();
+    generics.params.insert(
+        0,
+        GenericParam::Lifetime(syn::LifetimeParam::new(to.clone())),
+    );
+    (generics, to)
+}
+
+/// An impl that type-checks and is never run: the one emitted beside a derive error.
+fn fallback(input: &DeriveInput) -> TokenStream {
+    let krate = crate_path(input).unwrap_or_else(|_| syn::parse_quote!(::tensorscope));
+    let name = &input.ident;
+    let (generics, to) = with_target(input);
+    let (impl_generics, _, _) = generics.split_for_impl();
+    let (_, ty_generics, where_clause) = input.generics.split_for_impl();
+    // Every lifetime re-branded, so that functions returning the type type-check as if it derived.
+    let escaped = escaped_args(input, &to);
+    quote! {
+        #[automatically_derived]
+        impl #impl_generics #krate::__private::Escape<#to> for #name #ty_generics #where_clause {
+            type Escaped = #name<#(#escaped),*>;
+            fn escape_to(self, _: &#krate::__private::EscapeTarget<#to>) -> Self::Escaped {
+                ::core::unimplemented!("derive(Escape) failed to compile")
+            }
+        }
+    }
+}
+
+/// The type's generic arguments with every lifetime replaced by `to`: `Output<'a, T>` gives
+/// `'__escape_to, T`, the arguments of the escaped type.
+fn escaped_args(input: &DeriveInput, to: &Lifetime) -> Vec<TokenStream> {
+    input
+        .generics
+        .params
+        .iter()
+        .map(|p| match p {
+            GenericParam::Lifetime(_) => quote!(#to),
+            GenericParam::Type(t) => {
+                let ident = &t.ident;
+                quote!(#ident)
+            }
+            GenericParam::Const(c) => {
+                let ident = &c.ident;
+                quote!(#ident)
+            }
+        })
+        .collect()
+}
+
+/// Whether `ty` is `PhantomData<..>`: such a field is made anew for the escaped type.
+fn is_phantom(ty: &syn::Type) -> bool {
+    match ty {
+        syn::Type::Path(p) => p
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "PhantomData"),
+        _ => false,
     }
 }
 
@@ -60,23 +131,19 @@ fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
         ));
     };
     let krate = crate_path(input)?;
+    let private = quote!(#krate::__private);
     let name = &input.ident;
     let lifetimes: Vec<&Lifetime> = input.generics.lifetimes().map(|l| &l.lifetime).collect();
-    let to = Lifetime::new("'__escape_to", proc_macro2::Span::mixed_site());
-    let mut with_target = input.generics.clone();
-    with_target.params.insert(
-        0,
-        GenericParam::Lifetime(syn::LifetimeParam::new(to.clone())),
-    );
-    let (impl_generics, _, _) = with_target.split_for_impl();
+    let (generics, to) = with_target(input);
+    let (impl_generics, _, _) = generics.split_for_impl();
     let (_, ty_generics, where_clause) = input.generics.split_for_impl();
     if lifetimes.is_empty() {
         // No brand, so no scoped tensor inside: the value passes through unchanged.
         return Ok(quote! {
             #[automatically_derived]
-            impl #impl_generics #krate::Escape<#to> for #name #ty_generics #where_clause {
+            impl #impl_generics #private::Escape<#to> for #name #ty_generics #where_clause {
                 type Escaped = Self;
-                fn escape_to(self, _: &#krate::EscapeTarget<#to>) -> Self {
+                fn escape_to(self, _: &#private::EscapeTarget<#to>) -> Self {
                     self
                 }
             }
@@ -91,21 +158,12 @@ fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
     };
     let target = format_ident!("__target", span = proc_macro2::Span::mixed_site());
 
-    // `Output<'a, T>` -> `Output<'__escape_to, T>` for the escaped type.
-    let escaped_args = input.generics.params.iter().map(|p| match p {
-        GenericParam::Lifetime(_) => quote!(#to),
-        GenericParam::Type(t) => {
-            let ident = &t.ident;
-            quote!(#ident)
-        }
-        GenericParam::Const(c) => {
-            let ident = &c.ident;
-            quote!(#ident)
-        }
-    });
+    let escaped_args = escaped_args(input, &to);
     let field = |ty: &syn::Type, access: TokenStream| {
-        if mentions(ty, brand) {
-            quote!(#krate::Escape::escape_to(#access, #target))
+        if is_phantom(ty) {
+            quote!(::core::marker::PhantomData)
+        } else if mentions(ty, brand) {
+            quote!(#private::Escape::escape_to(#access, #target))
         } else {
             access
         }
@@ -130,9 +188,9 @@ fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
     };
     Ok(quote! {
         #[automatically_derived]
-        impl #impl_generics #krate::Escape<#to> for #name #ty_generics #where_clause {
+        impl #impl_generics #private::Escape<#to> for #name #ty_generics #where_clause {
             type Escaped = #name<#(#escaped_args),*>;
-            fn escape_to(self, #target: &#krate::EscapeTarget<#to>) -> Self::Escaped {
+            fn escape_to(self, #target: &#private::EscapeTarget<#to>) -> Self::Escaped {
                 #construct
             }
         }

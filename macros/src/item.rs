@@ -15,7 +15,8 @@ pub(crate) fn expand_fn(
 ) -> TokenStream {
     let result = match syn::parse2::<ItemFn>(item.clone()) {
         Ok(func) => generate(func),
-        Err(_) => {
+        // Some other item (a struct, a method without a body): say what the attribute is for.
+        Err(_) if syn::parse2::<syn::Item>(item.clone()).is_ok() => {
             let span = item
                 .clone()
                 .into_iter()
@@ -26,9 +27,42 @@ pub(crate) fn expand_fn(
                 format!("{attr} applies to a function or method with a body"),
             ))
         }
+        // Not an item at all: a syntax error, which syn's own message points at. The function is
+        // emitted with its signature and a stub body, so that rustc does not report the same
+        // syntax error again, and calls to it do not fail too.
+        Err(error) => {
+            let error = error.into_compile_error();
+            return match syn::parse2::<Stub>(item.clone()) {
+                Ok(Stub { attrs, vis, sig }) => quote! {
+                    #error
+                    #(#attrs)*
+                    #[allow(unused_variables)]
+                    #vis #sig { ::core::unimplemented!() }
+                },
+                Err(_) => quote!(#error #item),
+            };
+        }
     };
     result.unwrap_or_else(|error| {
         let error = error.into_compile_error();
         quote!(#error #item)
     })
+}
+
+/// A function whose body does not parse: its attributes, visibility and signature, and the body's
+/// braces skipped as they are.
+struct Stub {
+    attrs: Vec<syn::Attribute>,
+    vis: syn::Visibility,
+    sig: syn::Signature,
+}
+
+impl syn::parse::Parse for Stub {
+    fn parse(input: syn::parse::ParseStream<'_>) -> syn::Result<Self> {
+        let attrs = input.call(syn::Attribute::parse_outer)?;
+        let vis = input.parse()?;
+        let sig = input.parse()?;
+        let _body: proc_macro2::Group = input.parse()?;
+        Ok(Stub { attrs, vis, sig })
+    }
 }

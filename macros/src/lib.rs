@@ -21,15 +21,16 @@ mod item;
 /// use tensorscope::prelude::*;
 ///
 /// #[dispose_scope]
-/// fn block<'a>(x: &Tensor<'a>, w1: &Tensor<'_>, w2: &Tensor<'_>) -> Tensor<'a> {
+/// fn block<'a>(x: &Tensor<'a>, w1: &Param, w2: &Param) -> Tensor<'a> {
 ///     let h = x.matmul(w1).gelu(); // rented in the function's own scope, released at the end
 ///     &h.matmul(w2) + x            // escaped to the caller's scope
 /// }
 ///
 /// let pool = Pool::with_max_memory_mb(64);
+/// let w1 = Param::from_slice(&pool, &[4, 8], &[0.1f32; 32]);
+/// let w2 = Param::from_slice(&pool, &[8, 4], &[0.1f32; 32]);
 /// pool.scope(|s| {
 ///     let x = s.ones::<f32>(&[2, 4]);
-///     let (w1, w2) = (s.full::<f32>(&[4, 8], 0.1), s.full::<f32>(&[8, 4], 0.1));
 ///     let y = block(&x, &w1, &w2);
 ///     let inner = s.last_child_stats().unwrap();
 ///     assert_eq!((inner.escaped, inner.leaked), (1, 0));
@@ -40,16 +41,20 @@ mod item;
 ///
 /// **The parent scope** is that of the parameter carrying the return type's brand: a `&'a Scope`
 /// parameter (which the body then sees as the child scope), else a `Tensor<'a>` or `&Tensor<'a>`
-/// parameter. If the return type names a lifetime that no such parameter carries (tensors inside a
-/// slice, an `Option`, a type alias or `self` are not looked into) the macro says so at compile time;
-/// add a `s: &'a Scope<'_>` parameter. A return type without lifetimes takes the first scope or tensor
-/// parameter, else a new outermost scope on [`current_pool`](../tensorscope/fn.current_pool.html).
+/// parameter. A [`Param`](../tensorscope/struct.Param.html) carries no brand and is never the
+/// parent. If the return type names a lifetime that no such parameter carries (tensors inside a
+/// slice, an `Option`, a type alias or `self` are not looked into), or two brands at once, the macro
+/// says so at compile time; add a `s: &'a Scope<'_>` parameter. A return type without lifetimes takes
+/// the first scope or tensor parameter, else runs in a new outermost scope on
+/// [`current_pool`](../tensorscope/fn.current_pool.html), from which only values without a brand
+/// (numbers, `Vec`s, `Param`s) can be returned.
 ///
 /// **Tensor parameters** (`Tensor<..>` and `&Tensor<..>` with a plain name not starting with `_`) are
 /// rebound into the child, so ops on them rent there; an owned tensor stays unique, so by-value ops on
 /// it still write in place. Other inputs (`&[Tensor]`, `Option<&Tensor>`, fields of `self`) are not
-/// rebound: ops on them alone rent in their own scope. Inside the body, tensors carry the child's
-/// brand, so write `'_` rather than the function's `'a` in local type annotations.
+/// rebound: ops on them alone rent in their own scope. Parameters (`&Param`) need no rebinding: an op
+/// with a tensor rents in the tensor's scope. Inside the body, tensors carry the child's brand, so
+/// write `'_` rather than the function's `'a` in local type annotations.
 ///
 /// **The return value** is escaped through [`Escape`](../tensorscope/trait.Escape.html) on every path:
 /// the tail expression, `return`, `?` and early returns from loops. Tensors, tuples, arrays, `Vec`,
@@ -75,7 +80,7 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// use tensorscope::prelude::*;
 /// use tensorscope::{CheckpointConfig, Checkpointer, Policy};
 ///
-/// struct Mlp { weights: Vec<Tensor<'static>> }
+/// struct Mlp { weights: Vec<Param> }
 ///
 /// impl Mlp {
 ///     #[checkpoint(every = 2)]

@@ -35,7 +35,8 @@ impl EscapeTarget<'_> {
 ///
 /// Implemented for [`Tensor`], tuples of up to 8 elements, arrays, `Vec`, `Option`, `Result` (only the
 /// `Ok` value is escaped; an error type holding tensors would keep its brand and not compile), and
-/// for scalar types, `String`, `()`, [`crate::Error`] and the stats types, which pass through.
+/// for scalar types, `String`, `()`, [`crate::Error`], [`crate::Param`] and the stats types, which
+/// pass through.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be escaped from a scope",
     label = "this value would leave its scope",
@@ -119,3 +120,11 @@ macro_rules! escape_plain {
 
 escape_plain!(() bool char u8 u16 u32 u64 u128 usize i8 i16 i32 i64 i128 isize f32 f64 half::f16 half::bf16 String);
 escape_plain!(crate::PoolStats crate::ScopeStats crate::Error);
+
+impl<'to, T: Element> Escape<'to> for crate::Param<T> {
+    type Escaped = Self;
+    /// A parameter belongs to no scope: it passes through unchanged.
+    fn escape_to(self, _target: &EscapeTarget<'to>) -> Self {
+        self
+    }
+}

@@ -5,13 +5,14 @@
 //! - [`Scope`]: a region of work handed to a closure; its tensors carry its lifetime brand, so
 //!   keeping one past the scope is a compile error unless it is [escaped](Scope::escape).
 //! - [`Tensor`]: an n-d array on a pooled buffer; dropping its last handle returns the buffer at once.
+//! - [`Param`]: a value kept outside every scope (weights), `Send + Sync`, with no ops of its own.
 //! - [`ops`]: arithmetic with broadcasting, matmul, activations, softmax, layer norm, reductions.
 //!
 //! ```
-//! use tensorscope_runtime::{Pool, TensorOps};
+//! use tensorscope_runtime::{Param, Pool, TensorOps};
 //!
 //! let pool = Pool::with_max_memory_mb(64);
-//! let w = pool.detached_tensor(&ndarray::Array2::<f32>::eye(4)).unwrap();
+//! let w = Param::from_array(&pool, &ndarray::Array2::<f32>::eye(4));
 //! let forward = || {
 //!     pool.scope(|s| {
 //!         let x = s.ones::<f32>(&[2, 4]);
@@ -39,6 +40,7 @@ mod escape;
 mod init;
 pub mod nn;
 pub mod ops;
+mod param;
 mod pool;
 mod scope;
 mod tensor;
@@ -47,7 +49,8 @@ pub use checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Pr
 pub use element::Element;
 pub use error::{Error, Result, Shape};
 pub use escape::{Escape, EscapeTarget};
-pub use ops::TensorOps;
+pub use ops::{Operand, TensorOps};
+pub use param::Param;
 pub use pool::{
     Pool, PoolBuffer, PoolConfig, PoolStats, TimelinePoint, ALIGN, DEFAULT_MAX_MEMORY_MB,
     POISON_BYTE,

@@ -132,7 +132,31 @@ impl PoolStats {
 }
 
 /// A shared handle on a buffer pool. Cloning it is cheap and gives another handle on the same pool;
-/// it is `Send + Sync`, so threads can share one pool.
+/// it is `Send + Sync`, so threads can share one pool (each running its own scopes).
+///
+/// ```
+/// use tensorscope_runtime::Pool;
+///
+/// let pool = Pool::with_max_memory_mb(64);
+/// for _ in 0..3 {
+///     pool.scope(|s| {
+///         let x = s.ones::<f32>(&[256, 256]);
+///         assert_eq!((&x * 2.0).as_slice()[0], 2.0);
+///     });
+/// }
+/// let stats = pool.stats();
+/// assert_eq!((stats.misses, stats.hits), (2, 4)); // the first pass allocated, the others reused
+/// assert_eq!((stats.bytes_in_use, stats.bytes_cached), (0, 2 * 256 * 256 * 4));
+/// ```
+///
+/// # Memory safety
+///
+/// A buffer is handed out to one owner at a time and goes back when its [`PoolBuffer`] drops; the pool
+/// never takes a buffer back on its own initiative (not at a scope's end, not on [`Pool::clear`], which
+/// frees idle buffers only). So safety rests on ownership alone, never on a destructor running: a
+/// buffer whose owner is leaked with `mem::forget` stays out of the pool for good, counted in
+/// `bytes_in_use`, and is never handed to anyone else. The crate has no `unsafe` code: buffers are
+/// boxed slices of 64-byte blocks, viewed as `f32`/`f64`/`f16`/`bf16` through `bytemuck`.
 #[derive(Clone)]
 pub struct Pool {
     shared: Arc<Shared>,
@@ -212,6 +236,26 @@ pub(crate) fn element_count<T: Element>(shape: &[usize]) -> Result<usize> {
             shape: Shape::from(shape),
             elem_bytes,
         }),
+    }
+}
+
+/// Checks that `data` holds exactly the elements of `shape` (for `op`'s error), as a copy into a
+/// buffer of that shape needs: [`Error::LengthMismatch`] or [`Error::SizeOverflow`] otherwise.
+pub(crate) fn check_length<T: Element>(
+    op: &'static str,
+    shape: &[usize],
+    data: &[T],
+) -> Result<()> {
+    let expected = element_count::<T>(shape)?;
+    if expected == data.len() {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch {
+            op,
+            shape: Shape::from(shape),
+            expected,
+            got: data.len(),
+        })
     }
 }
 
@@ -558,6 +602,16 @@ pub struct PoolBuffer<T: Element> {
 }
 
 impl<T: Element> PoolBuffer<T> {
+    /// A buffer of no elements, which holds no memory and returns nothing to `pool`.
+    pub(crate) fn empty(pool: &Pool) -> Self {
+        PoolBuffer {
+            blocks: Box::default(),
+            len: 0,
+            pool: pool.clone(),
+            _elem: PhantomData,
+        }
+    }
+
     /// The pool this buffer returns to.
     pub fn pool(&self) -> &Pool {
         &self.pool

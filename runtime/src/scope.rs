@@ -1,46 +1,7 @@
 //! Scopes: regions of work whose tensors carry the region's lifetime brand.
 //!
-//! A scope is only ever handed to a closure, as with [`std::thread::scope`]:
-//!
-//! ```
-//! use tensorscope_runtime::{Pool, Tensor};
-//!
-//! let pool = Pool::with_max_memory_mb(64);
-//! let kept: Tensor<'static> = pool.scope(|s| {
-//!     let x = s.ones::<f32>(&[2, 3]);
-//!     let y = s.scope(|inner| {
-//!         let t = &x * 2.0; // a temporary of the inner scope...
-//!         inner.escape(t + 1.0) // ...handed to the outer scope on purpose
-//!     });
-//!     s.escape(y) // escaping from the outermost scope detaches
-//! });
-//! assert_eq!(kept.to_vec(), vec![3.0; 6]);
-//! ```
-//!
-//! The closure receives `&'s Scope<'p>`: `'s` is the scope's own brand, the lifetime of every tensor
-//! it creates, and `'p` is its parent's brand. Because the closure must accept every `'s`, nothing
-//! typed `Tensor<'s>` can leave it except through [`Scope::escape`]:
-//!
-//! ```compile_fail
-//! use tensorscope_runtime::Pool;
-//! let pool = Pool::with_max_memory_mb(64);
-//! let leaked = pool.scope(|s| s.zeros::<f32>(&[4])); // error: the tensor would outlive its scope
-//! ```
-//!
-//! ```compile_fail
-//! use tensorscope_runtime::{Pool, Tensor};
-//! let pool = Pool::with_max_memory_mb(64);
-//! pool.scope(|s| {
-//!     let mut acc: Vec<Tensor<'_>> = Vec::new();
-//!     for _ in 0..3 {
-//!         s.scope(|step| acc.push(step.ones::<f32>(&[4]))); // error: `step` tensors die with `step`
-//!     }
-//! });
-//! ```
-//!
-//! Memory safety never rests on the brand: buffers are reference counted and go back to the pool when
-//! their last handle drops, at once, whatever the scope is doing. The brand is for discipline and for
-//! the per-scope accounting in [`ScopeStats`].
+//! A scope is only ever handed to a closure, as with [`std::thread::scope`]; see [`Scope`] for the
+//! rules and why they hold.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -50,10 +11,11 @@ use std::rc::Rc;
 use ndarray::{ArrayViewMutD, AsArray, Dimension};
 
 use crate::element::Element;
-use crate::error::{or_panic, Error, Result, Shape};
+use crate::error::{or_panic, Error, Result};
 use crate::escape::{Escape, EscapeTarget};
 use crate::init::SplitMix64;
-use crate::pool::{class_bytes, element_count, Pool};
+use crate::param::Param;
+use crate::pool::{check_length, class_bytes, Pool};
 use crate::tensor::Tensor;
 
 /// Per-scope counters; see [`Scope::stats`] and [`Scope::scope_with_stats`].
@@ -92,9 +54,8 @@ pub(crate) struct ScopeState {
     pool: Pool,
     parent: Option<Rc<ScopeState>>,
     depth: usize,
-    /// When the scope was made, in this thread's order of making scopes (0 for a detached sink,
-    /// which never closes). Scopes on a thread nest dynamically, each being a closure, so of two
-    /// open scopes the one made first closes last.
+    /// When the scope was made, in this thread's order of making scopes. Scopes on a thread nest
+    /// dynamically, each being a closure, so of two open scopes the one made first closes last.
     opened: u64,
     /// Whether the scope's closure has returned (or unwound).
     closed: Cell<bool>,
@@ -112,24 +73,18 @@ pub(crate) struct Budget {
 }
 
 impl ScopeState {
-    /// The state of a fresh root scope on `pool`, whose parent is a depth-0 sink for detached tensors.
+    /// The state of a fresh outermost scope on `pool`, with a byte limit if `budget` is given.
     pub(crate) fn root(pool: &Pool, budget: Option<usize>) -> Rc<ScopeState> {
-        let detached = Rc::new(ScopeState {
-            pool: pool.clone(),
-            parent: None,
-            depth: 0,
-            opened: 0,
-            closed: Cell::new(false),
-            stats: Cell::default(),
-            last_child: Cell::new(None),
-            budgets: Vec::new(),
-        });
-        ScopeState::child(&detached, budget)
+        ScopeState::new(pool, None, budget)
     }
 
     /// The state of a new child of `parent`, with an extra byte limit if `budget` is given.
     pub(crate) fn child(parent: &Rc<ScopeState>, budget: Option<usize>) -> Rc<ScopeState> {
-        let mut budgets = parent.budgets.clone();
+        ScopeState::new(&parent.pool, Some(parent), budget)
+    }
+
+    fn new(pool: &Pool, parent: Option<&Rc<ScopeState>>, budget: Option<usize>) -> Rc<ScopeState> {
+        let mut budgets = parent.map(|p| p.budgets.clone()).unwrap_or_default();
         budgets.extend(budget.map(|limit| {
             Rc::new(Budget {
                 limit,
@@ -137,9 +92,9 @@ impl ScopeState {
             })
         }));
         Rc::new(ScopeState {
-            pool: parent.pool.clone(),
-            parent: Some(Rc::clone(parent)),
-            depth: parent.depth + 1,
+            pool: pool.clone(),
+            parent: parent.cloned(),
+            depth: parent.map_or(1, |p| p.depth + 1),
             opened: NEXT_OPENED.replace(NEXT_OPENED.get() + 1),
             closed: Cell::new(false),
             stats: Cell::default(),
@@ -185,13 +140,12 @@ impl ScopeState {
     }
 
     /// Whether a buffer this scope owns should be counted in `target` when one of its handles is
-    /// escaped there: when `target` lives longer. A detached sink lives forever and keeps its
-    /// buffers (their other handles live outside every scope); a closed owner lives no longer; of
-    /// two open scopes the one made first closes last. That covers escapes up the tree (an
-    /// ancestor was made first) and across it: into a sibling opened inside the owner, or into a
-    /// scope of another tree, the buffer stays with the owner, which still holds its other handles.
+    /// escaped there: when `target` lives longer. A closed owner lives no longer; of two open scopes
+    /// the one made first closes last. That covers escapes up the tree (an ancestor was made first)
+    /// and across it: into a sibling opened inside the owner, or into a scope of another tree, the
+    /// buffer stays with the owner, which still holds its other handles.
     pub(crate) fn hands_over_to(&self, target: &ScopeState) -> bool {
-        self.depth > 0 && (self.closed.get() || target.opened < self.opened)
+        self.closed.get() || target.opened < self.opened
     }
 
     /// Whether `other` is this scope or one of its ancestors.
@@ -206,15 +160,6 @@ impl ScopeState {
                 None => return false,
             }
         }
-    }
-
-    /// The depth-0 state that owns detached tensors of this scope's tree.
-    pub(crate) fn detached(self: &Rc<Self>) -> Rc<ScopeState> {
-        let mut state = self;
-        while let Some(parent) = &state.parent {
-            state = parent;
-        }
-        Rc::clone(state)
     }
 
     fn update(&self, f: impl FnOnce(&mut ScopeStats)) {
@@ -251,6 +196,14 @@ impl ScopeState {
         });
     }
 
+    /// A buffer of this scope moved into a [`crate::Param`]: escaped, and off the budgets.
+    pub(crate) fn on_detach(&self, bytes: usize) {
+        self.on_escape(bytes);
+        for b in &self.budgets {
+            b.used.set(b.used.get() - bytes);
+        }
+    }
+
     pub(crate) fn on_adopt(&self, bytes: usize) {
         self.update(|s| {
             s.adopted += 1;
@@ -268,22 +221,73 @@ pub(crate) fn deeper<'a>(a: &'a Rc<ScopeState>, b: &'a Rc<ScopeState>) -> &'a Rc
     }
 }
 
-/// The scope an op's new output is rented in, given the deepest of its operands' scopes: that
-/// scope, unless every operand is detached (depth 0). Then it is the innermost scope open on this
-/// thread, so that a temporary computed from parameters alone is still some scope's to count, and
-/// shows up in its `leaked` figure if kept past it; outside every scope it is detached too.
-pub(crate) fn rent_scope(deepest: &Rc<ScopeState>) -> Rc<ScopeState> {
-    if deepest.depth > 0 {
-        return Rc::clone(deepest);
-    }
-    OPEN.with_borrow(|open| open.last().cloned())
-        .unwrap_or_else(|| Rc::clone(deepest))
-}
-
 /// A region of work on a [`Pool`]. It is handed to a closure as `&'s Scope<'p>`, where `'s` brands
-/// the tensors made in it and `'p` is the parent's brand (`'static` for an outermost scope).
+/// the tensors made in it and `'p` is the parent's brand.
+///
+/// ```
+/// use tensorscope_runtime::{Param, Pool};
+///
+/// let pool = Pool::with_max_memory_mb(64);
+/// let kept: Param = pool.scope(|s| {
+///     let x = s.ones::<f32>(&[2, 3]);
+///     let y = s.scope(|inner| {
+///         let t = &x * 2.0; // a temporary of the inner scope...
+///         inner.escape(t + 1.0) // ...handed to the outer scope on purpose
+///     });
+///     y.detach() // kept past every scope: a parameter, with no ops of its own
+/// });
+/// assert_eq!(kept.to_vec(), vec![3.0; 6]);
+/// assert_eq!(pool.stats().bytes_in_use, kept.allocated_bytes());
+/// ```
+///
+/// # Lifetimes
+///
+/// The closure receives `&'s Scope<'p>` and must accept every `'s` (it is `for<'s>`, as with
+/// [`std::thread::scope`]). Inside it `'s` is a lifetime the compiler knows only to end with the
+/// closure, so nothing typed `Tensor<'s>` can leave it: not as the return value, not pushed into an
+/// outer `Vec` or `HashMap`, not stored in an outer struct, `Cell`, `RefCell`, thread-local or
+/// `Box<dyn Any>`, not swapped out with `mem::swap`, not captured by a closure kept outside. What may
+/// leave does so on purpose: [`Scope::escape`] re-brands a value for the parent scope `'p`, and
+/// [`Tensor::detach`] turns a tensor into a [`Param`], which has no brand and no ops.
+///
+/// An outermost scope's parent brand `'p` is just as universal (`for<'p, 's>`): escaping from it gives
+/// tensors still confined to the closure. So no tensor outlives every scope, and parameters, which
+/// do, compute only beside a scoped tensor (`x.matmul(&w)`) or bound into a scope ([`Scope::bind`]):
+/// whatever is computed belongs to a scope that the compiler tracks.
+///
+/// ```compile_fail
+/// use tensorscope_runtime::Pool;
+/// let pool = Pool::with_max_memory_mb(64);
+/// let leaked = pool.scope(|s| s.zeros::<f32>(&[4])); // error: the tensor would outlive its scope
+/// ```
+///
+/// ```compile_fail
+/// use tensorscope_runtime::{Pool, Tensor};
+/// let pool = Pool::with_max_memory_mb(64);
+/// pool.scope(|s| {
+///     let mut acc: Vec<Tensor<'_>> = Vec::new();
+///     for _ in 0..3 {
+///         s.scope(|step| acc.push(step.ones::<f32>(&[4]))); // error: `step` tensors die with `step`
+///     }
+/// });
+/// ```
+///
+/// ```compile_fail
+/// use tensorscope_runtime::Pool;
+/// let pool = Pool::with_max_memory_mb(64);
+/// let escaped = pool.scope(|s| s.escape(s.zeros::<f32>(&[4]))); // error: an outermost scope's
+/// // parent brand is as local to the closure as its own
+/// ```
 ///
 /// `Scope` is neither `Send` nor `Sync`: a scope and its tensors stay on the thread that opened it.
+///
+/// # Memory safety
+///
+/// Memory safety never rests on the brand or on the scope's exit: buffers are reference counted and
+/// go back to the pool when their last handle drops, at once, whatever the scope is doing. A scope
+/// does nothing at its end but count: a tensor still alive then (only possible through
+/// `mem::forget` or a reference cycle) is reported in [`ScopeStats::leaked`] and its buffer is never
+/// handed out again. The brand is for discipline and for the per-scope accounting in [`ScopeStats`].
 pub struct Scope<'p> {
     state: Rc<ScopeState>,
     _parent: PhantomData<&'p ()>,
@@ -337,16 +341,16 @@ pub fn current_pool() -> Pool {
 impl Pool {
     /// Runs `f` in a new outermost scope on this pool and returns what it returns.
     ///
-    /// Tensors made in the scope cannot be returned from `f` unless escaped with [`Scope::escape`],
-    /// which for an outermost scope detaches them (`Tensor<'static>`).
-    pub fn scope<R>(&self, f: impl for<'s> FnOnce(&'s Scope<'static>) -> R) -> R {
+    /// Tensors made in the scope cannot be returned from `f`: results leave as plain values
+    /// (`to_vec`, numbers) or as parameters ([`Tensor::detach`]). See [`Scope`] for why.
+    pub fn scope<R>(&self, f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R) -> R {
         self.scope_with_stats(f).0
     }
 
     /// Like [`Pool::scope`], and also returns the scope's final [`ScopeStats`].
     pub fn scope_with_stats<R>(
         &self,
-        f: impl for<'s> FnOnce(&'s Scope<'static>) -> R,
+        f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R,
     ) -> (R, ScopeStats) {
         run(ScopeState::root(self, None), f)
     }
@@ -356,23 +360,14 @@ impl Pool {
     pub fn scope_with_budget<R>(
         &self,
         max_bytes: usize,
-        f: impl for<'s> FnOnce(&'s Scope<'static>) -> R,
+        f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R,
     ) -> R {
         run(ScopeState::root(self, Some(max_bytes)), f).0
-    }
-
-    /// Copies `array` into a new tensor bound to no scope, for parameters and other values that live
-    /// as long as the caller wants. Its buffer returns to this pool when its last handle drops.
-    pub fn detached_tensor<'a, T: Element, D: Dimension>(
-        &self,
-        array: impl AsArray<'a, T, D>,
-    ) -> Result<Tensor<'static, T>> {
-        Tensor::try_copy_of(&ScopeState::root(self, None).detached(), array.into())
     }
 }
 
 /// Runs `f` in a new outermost scope on the process-wide default pool, [`Pool::global`].
-pub fn scope<R>(f: impl for<'s> FnOnce(&'s Scope<'static>) -> R) -> R {
+pub fn scope<R>(f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R) -> R {
     Pool::global().scope(f)
 }
 
@@ -414,14 +409,22 @@ impl<'p> Scope<'p> {
     }
 
     /// Hands `value` (a tensor, or a tuple, array, `Vec`, `Option` or `Result` of them) to the parent
-    /// scope: the result carries the parent's brand and its buffers are counted as the parent's.
-    /// Escaping from an outermost scope detaches. No data is copied.
+    /// scope: the result carries the parent's brand and its buffers are counted as the parent's. No
+    /// data is copied. An outermost scope has no parent scope: its tensors stay its own (and its
+    /// parent brand is as confined to the closure as its own; see [`Scope`]).
     ///
     /// A tensor of a deeper scope that can see this one may be escaped here too; it then skips the
     /// levels in between, and the accounting follows (escaped from its owner, adopted by the parent).
     pub fn escape<E: Escape<'p>>(&self, value: E) -> E::Escaped {
         let parent = self.state.parent.as_ref().unwrap_or(&self.state);
         value.escape_to(&EscapeTarget::new(parent))
+    }
+
+    /// A zero-copy tensor of `param`'s values whose ops rent in this scope: how a parameter takes
+    /// part in any op (ops also take `&param` as their second operand directly). Nothing is rented
+    /// or counted; ops on it, in-place ones included, never write through to the parameter.
+    pub fn bind<'s, T: Element>(&'s self, param: &Param<T>) -> Tensor<'s, T> {
+        Tensor::bound(&self.state, param)
     }
 
     /// A zero-copy alias of `tensor` whose ops rent their outputs in this scope. Use it to bring an
@@ -558,15 +561,7 @@ impl<'p> Scope<'p> {
         shape: &[usize],
         data: &[T],
     ) -> Result<Tensor<'s, T>> {
-        let expected = element_count::<T>(shape)?;
-        if expected != data.len() {
-            return Err(Error::LengthMismatch {
-                op: "from_slice",
-                shape: Shape::from(shape),
-                expected,
-                got: data.len(),
-            });
-        }
+        check_length("from_slice", shape, data)?;
         let mut t = self.try_rent(shape)?;
         t.unique_slice_mut().copy_from_slice(data);
         Ok(t)
@@ -689,12 +684,12 @@ mod tests {
                 }
             );
             drop(a);
-            s.escape(b)
+            b.detach()
         });
         assert_eq!(outer.rented, 1);
         assert_eq!(outer.adopted, 1);
         assert_eq!(outer.released, 1);
-        assert_eq!(outer.escaped, 1);
+        assert_eq!(outer.escaped, 1, "moved into the parameter");
         assert_eq!(outer.leaked, 0);
         assert_eq!(pool.stats().bytes_in_use, 64);
         drop(kept);

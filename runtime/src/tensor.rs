@@ -4,51 +4,109 @@ use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
+use crate::param::Param;
 use crate::pool::{element_count, PoolBuffer};
-use crate::scope::{rent_scope, ScopeState};
+use crate::scope::ScopeState;
 
 /// An n-dimensional array of `T` in a pooled buffer, usable while the scope with brand `'s` is open.
 ///
 /// - `clone()` is a zero-copy alias: both handles share one buffer, which goes back to the pool the
 ///   moment the last of them drops.
-/// - Ops on `&Tensor` rent a new output; ops on an owned `Tensor` that is the only handle on its buffer
-///   write in place (see [`crate::TensorOps`]), so `x.relu()` on a temporary allocates nothing.
+/// - Ops on `&Tensor` rent a new output in the tensor's scope; ops on an owned `Tensor` that is the
+///   only handle on its buffer write in place (see [`crate::TensorOps`]), so `x.relu()` on a temporary
+///   allocates nothing.
+/// - A second operand can be a [`Param`] (`x.matmul(&w)`, `&x + &b`): it is read where it lies.
 /// - Data is always contiguous, row-major, and 64-byte aligned.
-/// - `Tensor` is not `Send`: it belongs to its scope's thread. Copy out with [`Tensor::to_array`].
+///
+/// ```
+/// use tensorscope_runtime::{Param, Pool, TensorOps};
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// let w = Param::from_slice(&pool, &[2, 2], &[1.0f32, 2.0, 3.0, 4.0]);
+/// let total = pool.scope(|s| {
+///     let x = s.from_slice::<f32>(&[1, 2], &[1.0, 1.0]);
+///     let y = x.matmul(&w).relu(); // `relu` writes in the matmul's output buffer
+///     y.as_slice().iter().sum::<f32>() // plain values leave the scope freely
+/// });
+/// assert_eq!(total, 10.0);
+/// ```
+///
+/// # Lifetimes
+///
+/// `'s` is the brand of the scope that made the tensor: the `'s` of the `&'s Scope` its closure
+/// received. The closure must accept every `'s` (`for<'s>`), so inside it `'s` is a lifetime the
+/// compiler knows nothing about except that it ends with the closure: a `Tensor<'s>` cannot be
+/// returned from it, pushed into an outer `Vec`, stored in an outer struct, `RefCell`, thread-local or
+/// `Box<dyn Any>`, or captured by a closure that outlives it. The only way out is on purpose, with
+/// [`Scope::escape`](crate::Scope::escape) (to the parent scope) or [`Tensor::detach`] (to a
+/// [`Param`]).
+///
+/// The brand is covariant: a tensor of an outer scope can be used wherever one of an inner scope is
+/// expected, never the other way round. No public API makes a tensor whose brand outlives every
+/// scope: an outermost scope's parent brand is as local to its closure as its own, and parameters,
+/// which live outside scopes, have no ops.
+///
+/// `Tensor` is neither `Send` nor `Sync`: it belongs to its scope's thread.
 ///
 /// ```compile_fail
 /// use tensorscope_runtime::Pool;
 /// let pool = Pool::with_max_memory_mb(8);
 /// pool.scope(|s| {
-///     let t = s.zeros::<f32>(&[4]).detach();
+///     let t = s.zeros::<f32>(&[4]);
 ///     std::thread::spawn(move || t.len()); // error: `Rc<..>` cannot be sent between threads
 /// });
 /// ```
 ///
-/// The brand `'s` is covariant: a tensor of an outer scope can be used wherever one of an inner scope is
-/// expected, never the other way round.
+/// # Memory safety
+///
+/// Memory safety rests on reference counts alone, never on a destructor running or a scope's exit
+/// code: a buffer goes back to the pool when its last handle drops, wherever that handle is. A tensor
+/// kept alive past its scope by `mem::forget` or a reference cycle only keeps its buffer out of the
+/// pool (never reused), and the scope counts it in [`ScopeStats::leaked`](crate::ScopeStats::leaked).
 pub struct Tensor<'s, T: Element = f32> {
-    data: Rc<Storage<T>>,
+    data: Data<T>,
     /// The scope that ops on this handle rent their outputs in.
     pub(crate) scope: Rc<ScopeState>,
     dim: IxDyn,
     _brand: PhantomData<&'s ()>,
 }
 
-/// A buffer and the scope whose accounting it belongs to.
+/// Where a tensor's elements are.
+enum Data<T: Element> {
+    /// A buffer rented in a scope, which accounts for it.
+    Rented(Rc<Storage<T>>),
+    /// A parameter's buffer, bound into a scope: shared, read-only, accounted to no scope.
+    Bound(Arc<PoolBuffer<T>>),
+}
+
+impl<T: Element> Clone for Data<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Data::Rented(s) => Data::Rented(Rc::clone(s)),
+            Data::Bound(b) => Data::Bound(Arc::clone(b)),
+        }
+    }
+}
+
+/// A rented buffer and the scope whose accounting it belongs to.
 struct Storage<T: Element> {
     buf: PoolBuffer<T>,
     owner: RefCell<Rc<ScopeState>>,
+    /// The buffer was moved into a [`Param`] ([`Tensor::detach`]): its owner counted the escape.
+    detached: bool,
 }
 
 impl<T: Element> Drop for Storage<T> {
     fn drop(&mut self) {
-        self.owner.borrow().on_release(self.buf.allocated_bytes());
+        if !self.detached {
+            self.owner.borrow().on_release(self.buf.allocated_bytes());
+        }
         // `buf` drops next and returns to its pool.
     }
 }
@@ -75,12 +133,23 @@ impl<'s, T: Element> Tensor<'s, T> {
     fn of_buffer(scope: &Rc<ScopeState>, buf: PoolBuffer<T>, shape: &[usize]) -> Self {
         scope.on_rent(buf.allocated_bytes());
         Tensor {
-            data: Rc::new(Storage {
+            data: Data::Rented(Rc::new(Storage {
                 buf,
                 owner: RefCell::new(Rc::clone(scope)),
-            }),
+                detached: false,
+            })),
             scope: Rc::clone(scope),
             dim: IxDyn(shape),
+            _brand: PhantomData,
+        }
+    }
+
+    /// `param`'s data as a tensor whose ops rent in `scope`: no copy, no rent, nothing accounted.
+    pub(crate) fn bound(scope: &Rc<ScopeState>, param: &Param<T>) -> Self {
+        Tensor {
+            data: Data::Bound(Arc::clone(param.buffer())),
+            scope: Rc::clone(scope),
+            dim: IxDyn(param.shape()),
             _brand: PhantomData,
         }
     }
@@ -100,7 +169,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// Another handle on the same buffer whose ops rent in `scope`.
     pub(crate) fn alias_in<'t>(&self, scope: &Rc<ScopeState>) -> Tensor<'t, T> {
         Tensor {
-            data: Rc::clone(&self.data),
+            data: self.data.clone(),
             scope: Rc::clone(scope),
             dim: self.dim.clone(),
             _brand: PhantomData,
@@ -108,12 +177,12 @@ impl<'s, T: Element> Tensor<'s, T> {
     }
 
     /// Re-brands this tensor for `target`, moving its buffer's accounting there if `target` lives
-    /// longer than the buffer's owner (see `ScopeState::hands_over_to`). Detached buffers stay
-    /// detached: their other handles (a model's parameters, say) live on outside any scope.
+    /// longer than the buffer's owner (see `ScopeState::hands_over_to`). A bound parameter's buffer
+    /// belongs to no scope and is only re-branded.
     pub(crate) fn move_to<'t>(self, target: &Rc<ScopeState>) -> Tensor<'t, T> {
-        let bytes = self.data.buf.allocated_bytes();
-        {
-            let mut owner = self.data.owner.borrow_mut();
+        if let Data::Rented(storage) = &self.data {
+            let bytes = storage.buf.allocated_bytes();
+            let mut owner = storage.owner.borrow_mut();
             if owner.hands_over_to(target) {
                 owner.on_escape(bytes);
                 target.on_adopt(bytes);
@@ -122,7 +191,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             }
         }
         let scope = if target.is_within(&self.scope) {
-            self.scope
+            Rc::clone(&self.scope)
         } else {
             Rc::clone(target)
         };
@@ -134,11 +203,21 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
     }
 
+    fn buf(&self) -> &PoolBuffer<T> {
+        match &self.data {
+            Data::Rented(storage) => &storage.buf,
+            Data::Bound(buf) => buf,
+        }
+    }
+
     /// The buffer of a tensor that was just rented (or checked unique) and so has no alias.
     pub(crate) fn unique_slice_mut(&mut self) -> &mut [T] {
-        Rc::get_mut(&mut self.data)
-            .map(|s| &mut *s.buf)
-            .expect("a freshly rented tensor has no alias")
+        match &mut self.data {
+            Data::Rented(storage) => Rc::get_mut(storage)
+                .map(|s| &mut *s.buf)
+                .expect("a freshly rented tensor has no alias"),
+            Data::Bound(_) => unreachable!("a bound parameter is never unique, so never written"),
+        }
     }
 
     pub(crate) fn unique_view_mut(&mut self) -> ArrayViewMutD<'_, T> {
@@ -155,6 +234,13 @@ impl<'s, T: Element> Tensor<'s, T> {
         self
     }
 
+    /// A zero-copy tensor of `param`'s values whose ops rent in this tensor's scope: how a function
+    /// that has tensors but no [`Scope`](crate::Scope) brings a parameter in (with a scope, use
+    /// [`Scope::bind`](crate::Scope::bind)). Ops on it never write through to the parameter.
+    pub fn bind(&self, param: &Param<T>) -> Tensor<'s, T> {
+        Tensor::bound(&self.scope, param)
+    }
+
     /// The shape, one length per axis.
     pub fn shape(&self) -> &[usize] {
         self.dim.slice()
@@ -167,7 +253,7 @@ impl<'s, T: Element> Tensor<'s, T> {
 
     /// The number of elements.
     pub fn len(&self) -> usize {
-        self.data.buf.len()
+        self.buf().len()
     }
 
     /// Whether the tensor has no elements (some axis has length 0).
@@ -177,7 +263,7 @@ impl<'s, T: Element> Tensor<'s, T> {
 
     /// The elements in row-major order.
     pub fn as_slice(&self) -> &[T] {
-        &self.data.buf
+        self.buf()
     }
 
     /// A read-only ndarray view of the data.
@@ -186,14 +272,18 @@ impl<'s, T: Element> Tensor<'s, T> {
             .expect("a tensor's buffer holds exactly its shape")
     }
 
-    /// A writable ndarray view. If other handles share the buffer, the data is first copied into a
-    /// buffer of this handle's own (copy on write), so the aliases never see the writes.
+    /// A writable ndarray view. If other handles share the buffer (or it is a bound parameter's),
+    /// the data is first copied into a buffer of this handle's own (copy on write), so the aliases and
+    /// the parameter never see the writes.
     ///
     /// Fails only if that copy cannot be rented ([`Error::BudgetExceeded`]).
     pub fn try_view_mut(&mut self) -> Result<ArrayViewMutD<'_, T>> {
-        if Rc::get_mut(&mut self.data).is_none() {
+        if !self.is_unique() {
             // The copy is the same value, so it is owned where the original is.
-            let owner = Rc::clone(&self.data.owner.borrow());
+            let owner = match &self.data {
+                Data::Rented(storage) => Rc::clone(&storage.owner.borrow()),
+                Data::Bound(_) => Rc::clone(&self.scope),
+            };
             let mut copy = Tensor::<T>::try_rent_in(&owner, self.shape())?;
             copy.unique_slice_mut().copy_from_slice(self.as_slice());
             self.data = copy.data;
@@ -251,7 +341,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// A copy converted to element type `U`, rounding to nearest (`f32` to `f16` loses precision and
     /// maps values beyond `f16`'s range to infinity). Fails only with a budget error.
     pub fn try_cast<U: Element>(&self) -> Result<Tensor<'s, U>> {
-        let mut out = Tensor::<U>::try_rent_in(&rent_scope(&self.scope), self.shape())?;
+        let mut out = Tensor::<U>::try_rent_in(&self.scope, self.shape())?;
         out.unique_slice_mut()
             .iter_mut()
             .zip(self.as_slice())
@@ -274,26 +364,61 @@ impl<'s, T: Element> Tensor<'s, T> {
         self.len() * std::mem::size_of::<T>()
     }
 
-    /// Whether this handle is the only one on its buffer (so by-value ops write in place).
+    /// Whether this handle is the only one on its buffer (so by-value ops write in place). A tensor
+    /// bound to a parameter never is: its buffer is the parameter's.
     pub fn is_unique(&self) -> bool {
-        Rc::strong_count(&self.data) == 1
+        match &self.data {
+            Data::Rented(storage) => Rc::strong_count(storage) == 1,
+            Data::Bound(_) => false,
+        }
     }
 
     /// Whether `self` and `other` are handles on the same buffer.
     pub fn shares_buffer_with(&self, other: &Tensor<'_, T>) -> bool {
-        Rc::ptr_eq(&self.data, &other.data)
+        match (&self.data, &other.data) {
+            (Data::Rented(a), Data::Rented(b)) => Rc::ptr_eq(a, b),
+            (Data::Bound(a), Data::Bound(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
     }
 
     /// Bytes of pool budget the buffer takes (its size class).
     pub fn allocated_bytes(&self) -> usize {
-        self.data.buf.allocated_bytes()
+        self.buf().allocated_bytes()
     }
 
-    /// Unbinds the tensor from every scope: the result lives as long as its handles do, for
-    /// parameters and results the caller keeps. No data is copied.
-    pub fn detach(self) -> Tensor<'static, T> {
-        let sink = self.data.owner.borrow().detached();
-        self.move_to(&sink)
+    /// The tensor's values as a [`Param`], to keep past every scope (a result, a weight, a stored
+    /// activation) or to send to another thread. No data is copied if this is the only handle on the
+    /// buffer (the buffer moves, and its scope counts it as escaped) or a bound parameter's; otherwise
+    /// the values are copied into a new buffer of the pool. Fails only if that copy cannot be rented.
+    pub fn try_detach(self) -> Result<Param<T>> {
+        match self.data {
+            Data::Bound(buf) => Ok(Param::from_shared(buf, self.dim.slice())),
+            Data::Rented(storage) => match Rc::try_unwrap(storage) {
+                Ok(mut storage) => {
+                    let bytes = storage.buf.allocated_bytes();
+                    storage.owner.borrow().on_detach(bytes);
+                    storage.detached = true;
+                    let empty = PoolBuffer::empty(storage.buf.pool());
+                    let buf = std::mem::replace(&mut storage.buf, empty);
+                    Ok(Param::from_buffer(buf, self.dim.slice()))
+                }
+                Err(storage) => {
+                    let mut buf = storage.buf.pool().try_rent::<T>(self.dim.slice())?;
+                    buf.copy_from_slice(&storage.buf);
+                    Ok(Param::from_buffer(buf, self.dim.slice()))
+                }
+            },
+        }
+    }
+
+    /// The tensor's values as a [`Param`]; see [`Tensor::try_detach`].
+    ///
+    /// # Panics
+    /// If a copy is needed and the pool budget is exhausted, with the error's message.
+    #[track_caller]
+    pub fn detach(self) -> Param<T> {
+        or_panic(self.try_detach())
     }
 }
 

@@ -2,8 +2,8 @@
 //! the backward pass needs them.
 //!
 //! A [`Checkpointer`] runs a forward over a list of layers ([`Checkpointer::checkpointed_forward`]),
-//! stores the input activations of the layers its [`Policy`] picks (in pool buffers, as `f32`, `f16`
-//! or `bf16`), and later either recomputes any one activation from the nearest checkpoint
+//! stores the input activations of the layers its [`Policy`] picks (as [`Param`]s, outside every
+//! scope, in `f32`, `f16` or `bf16`), and later either recomputes any one activation from the nearest checkpoint
 //! ([`Checkpointer::recompute_from_checkpoint`]) or drives a whole reverse sweep
 //! ([`Checkpointer::reverse`]), handing each layer's input to a backward callback in reverse order.
 //!
@@ -25,7 +25,7 @@
 //!     let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(4)));
 //!     let out = ckpt.checkpointed_forward(&s.ones::<f32>(&[8]), &layers, step).unwrap();
 //!     assert_eq!(ckpt.stored_layers(), vec![0, 4, 8, 12]); // the inputs of these layers
-//!     let a9 = ckpt.recompute_from_checkpoint(9, &layers, step).unwrap();
+//!     let a9 = ckpt.recompute_from_checkpoint(s, 9, &layers, step).unwrap();
 //!     let replayed = (9..16).fold(a9, |x, i| step(&x, i));
 //!     assert_eq!(replayed.to_vec(), out.to_vec()); // bit for bit at full precision
 //! });
@@ -34,6 +34,7 @@
 mod schedule;
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use half::{bf16, f16};
 
@@ -41,6 +42,8 @@ pub use schedule::{binomial_recompute_steps, revolve_forward_steps};
 
 use crate::element::Element;
 use crate::error::{Error, Shape};
+use crate::param::Param;
+use crate::scope::{run, Scope, ScopeState};
 use crate::tensor::Tensor;
 
 /// Which layers' input activations a forward pass stores.
@@ -210,28 +213,38 @@ pub struct ReverseReport {
     pub peak_activations: usize,
 }
 
-/// A stored activation, in its storage precision, in a detached pool buffer.
+/// A stored activation, in its storage precision, as a parameter (outside every scope).
 enum Stored<T: Element> {
-    Full(Tensor<'static, T>),
-    F16(Tensor<'static, f16>),
-    Bf16(Tensor<'static, bf16>),
+    Full(Param<T>),
+    F16(Param<f16>),
+    Bf16(Param<bf16>),
 }
 
 impl<T: Element> Stored<T> {
     fn data_bytes(&self) -> usize {
         match self {
-            Stored::Full(t) => t.data_bytes(),
-            Stored::F16(t) => t.data_bytes(),
-            Stored::Bf16(t) => t.data_bytes(),
+            Stored::Full(p) => p.data_bytes(),
+            Stored::F16(p) => p.data_bytes(),
+            Stored::Bf16(p) => p.data_bytes(),
         }
     }
 
-    /// The activation as `T`: an alias at full precision, a converted copy otherwise.
-    fn restore(&self) -> Result<Tensor<'static, T>> {
+    /// The activation as `T`: the stored parameter at full precision, a converted copy otherwise.
+    fn to_param(&self) -> Result<Param<T>> {
         Ok(match self {
-            Stored::Full(t) => t.clone(),
-            Stored::F16(t) => t.try_cast()?,
-            Stored::Bf16(t) => t.try_cast()?,
+            Stored::Full(p) => p.clone(),
+            Stored::F16(p) => p.try_cast()?,
+            Stored::Bf16(p) => p.try_cast()?,
+        })
+    }
+
+    /// The activation as a tensor of `scope`: bound (no copy) at full precision, converted into a
+    /// tensor rented there otherwise.
+    fn restore<'s>(&self, scope: &Rc<ScopeState>) -> Result<Tensor<'s, T>> {
+        Ok(match self {
+            Stored::Full(p) => Tensor::bound(scope, p),
+            Stored::F16(p) => Tensor::bound(scope, p).try_cast()?,
+            Stored::Bf16(p) => Tensor::bound(scope, p).try_cast()?,
         })
     }
 }
@@ -326,6 +339,14 @@ impl<T: Element> Checkpointer<T> {
     /// [`CheckpointError::BadValue`] for a NaN or infinity (or a value beyond `f16`'s range when
     /// storing as `f16`), and with a budget error if the pool cannot hold the copy.
     pub fn save(&mut self, layer: usize, activation: &Tensor<'_, T>) -> Result<()> {
+        self.store(layer, activation.clone()).map(drop)
+    }
+
+    /// Stores `activation` as the input of `layer` (see [`Checkpointer::save`]) and returns the
+    /// tensor to go on with. At full precision the activation's buffer becomes the stored parameter
+    /// without a copy when `activation` is its only handle, and the forward goes on with that
+    /// parameter bound into the activation's scope; otherwise the values are copied.
+    fn store<'s>(&mut self, layer: usize, activation: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         if let Some(limit) = self.config.max_checkpoints {
             let needed = self.stored.len() + usize::from(!self.stored.contains_key(&layer));
             if needed > limit {
@@ -342,20 +363,25 @@ impl<T: Element> Checkpointer<T> {
                 problem: format!("it holds {v}"),
             });
         }
-        let stored = match self.config.precision {
-            Precision::Full => Stored::Full(activation.clone().detach()),
-            Precision::F16 => Stored::F16(narrowed(layer, activation)?),
-            Precision::Bf16 => Stored::Bf16(narrowed(layer, activation)?),
+        let (stored, next) = match self.config.precision {
+            Precision::Full => {
+                let scope = Rc::clone(&activation.scope);
+                let param = activation.try_detach()?;
+                let next = Tensor::bound(&scope, &param);
+                (Stored::Full(param), next)
+            }
+            Precision::F16 => (Stored::F16(narrowed(layer, &activation)?), activation),
+            Precision::Bf16 => (Stored::Bf16(narrowed(layer, &activation)?), activation),
         };
         self.stored.insert(layer, stored);
-        Ok(())
+        Ok(next)
     }
 
-    /// The stored input of `layer`: an alias at full precision, a converted copy (rented in the
-    /// innermost open scope) at `f16`/`bf16`. Fails with [`CheckpointError::NotStored`].
-    pub fn get(&self, layer: usize) -> Result<Tensor<'static, T>> {
+    /// The stored input of `layer`: the stored parameter itself at full precision, a converted copy
+    /// at `f16`/`bf16`. Fails with [`CheckpointError::NotStored`].
+    pub fn get(&self, layer: usize) -> Result<Param<T>> {
         match self.stored.get(&layer) {
-            Some(stored) => stored.restore(),
+            Some(stored) => stored.to_param(),
             None => Err(CheckpointError::NotStored {
                 layer,
                 stored: self.stored_layers(),
@@ -427,7 +453,7 @@ impl<T: Element> Checkpointer<T> {
         self.begin(layers, input)?;
         let mut x = input.clone();
         for (pos, &layer) in layers.iter().enumerate() {
-            self.record(pos, &x)?;
+            x = self.record(pos, x)?;
             x = forward(&x, layer);
         }
         Ok(x)
@@ -454,13 +480,15 @@ impl<T: Element> Checkpointer<T> {
     }
 
     /// Records `x`, the input of the layer at `pos`: stored if the plan says so, else counted saved.
-    pub(crate) fn record(&mut self, pos: usize, x: &Tensor<'_, T>) -> Result<()> {
+    /// Returns the tensor to go on with (the stored values, bound, when they were stored without a
+    /// copy).
+    pub(crate) fn record<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         self.shapes.push(x.shape().to_vec());
         if self.plan.binary_search(&pos).is_ok() {
-            self.save(self.layers[pos], x)
+            self.store(self.layers[pos], x)
         } else {
             self.saved_bytes += x.data_bytes();
-            Ok(())
+            Ok(x)
         }
     }
 
@@ -544,6 +572,52 @@ pub(crate) fn with_active<T: Element, R>(f: impl FnOnce(Option<&mut Checkpointer
         .and_then(|b| b.downcast_mut::<Checkpointer<T>>()))
 }
 
+/// Runs the layer loop of a `#[checkpoint]` function: `step(segment_scope, activation, layer)` for
+/// each of `layers` in order, the layers grouped into segments by the policy's plan and each segment
+/// run in its own child scope of the activation's (so its temporaries are that scope's to release).
+/// The input of each segment's first layer is saved into `ckpt` if there is one; with none, nothing
+/// is stored (inference).
+pub(crate) fn run_layers<'s, T: Element, L>(
+    mut config: CheckpointConfig,
+    mut ckpt: Option<&mut Checkpointer<T>>,
+    input: Tensor<'s, T>,
+    layers: Vec<L>,
+    mut step: impl for<'b> FnMut(&'b Scope<'s>, Tensor<'b, T>, L) -> Tensor<'b, T>,
+) -> Result<Tensor<'s, T>> {
+    let n = layers.len();
+    let ids: Vec<usize> = (0..n).collect();
+    let plan = match ckpt.as_deref_mut() {
+        Some(ckpt) => {
+            ckpt.set_config(config);
+            ckpt.begin(&ids, &input)?;
+            ckpt.planned().to_vec()
+        }
+        None => {
+            // Nothing is stored, so there is no limit to respect: the plan only groups segments.
+            config.max_checkpoints = None;
+            Checkpointer::<T>::new(config).plan(n, input.len())?.0
+        }
+    };
+    let mut x = input;
+    let mut layers = layers.into_iter().enumerate();
+    for (j, &start) in plan.iter().enumerate() {
+        let end = plan.get(j + 1).copied().unwrap_or(n);
+        let state = ScopeState::child(&x.scope, None);
+        x = run(state, |segment: &Scope<'s>| {
+            let mut a = segment.rebind_owned(x);
+            for (pos, layer) in layers.by_ref().take(end - start) {
+                if let Some(ckpt) = ckpt.as_deref_mut() {
+                    a = ckpt.record(pos, a)?;
+                }
+                a = step(segment, a, layer);
+            }
+            Ok::<_, CheckpointError>(segment.escape(a))
+        })
+        .0?;
+    }
+    Ok(x)
+}
+
 impl<T: Element> Checkpointer<T> {
     fn position(&self, layer: usize, layers: &[usize]) -> Result<usize> {
         layers
@@ -561,8 +635,10 @@ impl<T: Element> Checkpointer<T> {
     /// storage it carries their rounding. Fails with [`CheckpointError::BadLayer`],
     /// [`CheckpointError::UnknownLayer`] (no checkpoint at or before it) or
     /// [`CheckpointError::ShapeDrift`] (a replayed layer gave another shape than in the forward).
+    /// The replay runs in `s`: the stored activation is bound there and `forward`'s outputs rent there.
     pub fn recompute_from_checkpoint<'s>(
         &self,
+        s: &'s Scope<'_>,
         target_layer: usize,
         layers: &[usize],
         mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Tensor<'s, T>,
@@ -575,7 +651,7 @@ impl<T: Element> Checkpointer<T> {
                 layer: target_layer,
                 stored: self.stored_layers(),
             })?;
-        let mut x: Tensor<'s, T> = self.get(layers[start])?;
+        let mut x: Tensor<'s, T> = self.stored[&layers[start]].restore(s.state())?;
         // Shapes are only comparable when replaying the forward's own layer list.
         let shapes: &[Vec<usize>] = if layers == self.layers {
             &self.shapes
@@ -595,9 +671,21 @@ impl<T: Element> Checkpointer<T> {
     /// `Every`, `Sqrt` and `Explicit` each segment is recomputed once and held while its layers run
     /// backward; under `Budget` the binomial schedule reuses the slots and recomputes
     /// [`binomial_recompute_steps`] steps. The checkpoints are consumed (dropped as their segments
-    /// finish).
+    /// finish). The sweep runs in `s`: checkpoints are bound there and recomputed activations rent
+    /// there.
     pub fn reverse<'s>(
         &mut self,
+        s: &'s Scope<'_>,
+        forward: impl FnMut(&Tensor<'s, T>, usize) -> Tensor<'s, T>,
+        backward: impl FnMut(usize, &Tensor<'s, T>),
+    ) -> Result<ReverseReport> {
+        self.reverse_in(s.state(), forward, backward)
+    }
+
+    /// [`Checkpointer::reverse`] in the scope with `state`.
+    pub(crate) fn reverse_in<'s>(
+        &mut self,
+        state: &Rc<ScopeState>,
         mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Tensor<'s, T>,
         mut backward: impl FnMut(usize, &Tensor<'s, T>),
     ) -> Result<ReverseReport> {
@@ -614,6 +702,7 @@ impl<T: Element> Checkpointer<T> {
             });
         }
         let mut sweep = Sweep {
+            scope: state,
             stored: std::mem::take(&mut self.stored),
             layers: &self.layers,
             shapes: &self.shapes,
@@ -638,11 +727,8 @@ impl<T: Element> Checkpointer<T> {
 /// [`CheckpointError::BadValue`] naming the first finite value that the conversion rounds to an
 /// infinity (65520 in `f16`, say, whatever the source type: checking the converted values, not a
 /// bound converted to the source type, which rounds too).
-fn narrowed<T: Element, S: Element>(
-    layer: usize,
-    activation: &Tensor<'_, T>,
-) -> Result<Tensor<'static, S>> {
-    let converted = activation.try_cast::<S>()?.detach();
+fn narrowed<T: Element, S: Element>(layer: usize, activation: &Tensor<'_, T>) -> Result<Param<S>> {
+    let converted = activation.try_cast::<S>()?.try_detach()?;
     let overflow = activation
         .as_slice()
         .iter()
@@ -677,6 +763,8 @@ fn check_shape<T: Element>(
 
 /// The state of a reverse sweep. It owns the checkpoints and drops each once consumed.
 struct Sweep<'c, 'f, 's, T: Element> {
+    /// Where restored checkpoints are bound.
+    scope: &'c Rc<ScopeState>,
     stored: BTreeMap<usize, Stored<T>>,
     layers: &'c [usize],
     shapes: &'c [Vec<usize>],
@@ -708,7 +796,7 @@ impl<'s, T: Element> Sweep<'_, '_, 's, T> {
     fn checkpoint(&mut self, pos: usize) -> Result<Tensor<'s, T>> {
         let layer = self.layers[pos];
         match self.stored.remove(&layer) {
-            Some(stored) => Ok(stored.restore()?),
+            Some(stored) => stored.restore(self.scope),
             None => Err(CheckpointError::UnknownLayer {
                 layer,
                 stored: self.stored.keys().copied().collect(),

@@ -165,7 +165,7 @@ impl<T: Element> Layer<T> for Linear {
         params.param_mut(self.weight, "linear")?.accumulate(&dw)?;
         let db = grad.try_sum(0)?;
         params.param_mut(self.bias, "linear")?.accumulate(&db)?;
-        Ok(grad.try_matmul(&weight.try_transpose()?)?)
+        Ok(grad.try_matmul(&grad.bind(&weight).try_transpose()?)?)
     }
 }
 

@@ -1,7 +1,7 @@
 //! A small training path: named parameters, losses with their gradients, and optimizers.
 //!
 //! Parameters live in a [`ParamStore`] under names like `"fc1.weight"`, each with its data and its
-//! gradient, both detached pool tensors. [`Layer`]s have forward and backward passes over a shared
+//! gradient, both [`Param`](crate::Param)s. [`Layer`]s have forward and backward passes over a shared
 //! [`Cache`]; [`train_step`] runs one step, plain or with activation checkpointing.
 
 mod layers;
@@ -13,5 +13,5 @@ mod train;
 pub use layers::{Activation, Cache, Layer, LayerNorm, Linear, Residual, Sequential};
 pub use loss::{mse, softmax_cross_entropy};
 pub use optim::{Adam, Optimizer, Sgd};
-pub use params::{NnError, Param, ParamId, ParamStore};
+pub use params::{NnError, ParamEntry, ParamId, ParamStore};
 pub use train::{train_step, StepReport};

@@ -2,10 +2,10 @@
 
 use ndarray::Zip;
 
-use super::{NnError, Param, ParamStore};
+use super::{NnError, ParamEntry, ParamStore};
 use crate::element::Element;
 use crate::error::Shape;
-use crate::tensor::Tensor;
+use crate::param::Param;
 
 /// Updates parameters from their gradients.
 pub trait Optimizer<T: Element> {
@@ -13,14 +13,9 @@ pub trait Optimizer<T: Element> {
     fn step(&mut self, params: &mut ParamStore<T>) -> Result<(), NnError>;
 }
 
-/// A zeroed state tensor of `like`'s shape, detached, from `params`' pool.
-fn zeros_like<T: Element>(
-    params: &ParamStore<T>,
-    like: &Tensor<'_, T>,
-) -> Result<Tensor<'static, T>, NnError> {
-    Ok(params
-        .pool()
-        .scope(|s| s.try_zeros::<T>(like.shape()).map(Tensor::detach))?)
+/// A zeroed state parameter of `like`'s shape, from `params`' pool.
+fn zeros_like<T: Element>(params: &ParamStore<T>, like: &Param<T>) -> Result<Param<T>, NnError> {
+    Ok(Param::try_zeros(params.pool(), like.shape())?)
 }
 
 /// Adds optimizer state for the parameters registered since the last step: `make(params, data)`
@@ -28,7 +23,7 @@ fn zeros_like<T: Element>(
 fn grow_state<T: Element, S>(
     state: &mut Vec<S>,
     params: &ParamStore<T>,
-    make: impl Fn(&ParamStore<T>, &Tensor<'static, T>) -> Result<S, NnError>,
+    make: impl Fn(&ParamStore<T>, &Param<T>) -> Result<S, NnError>,
 ) -> Result<(), NnError> {
     for (_, p) in params.iter().skip(state.len()) {
         state.push(make(params, &p.data)?);
@@ -41,8 +36,8 @@ fn grow_state<T: Element, S>(
 /// was made).
 fn check_shapes<T: Element>(
     name: &str,
-    p: &Param<T>,
-    state: &[&Tensor<'static, T>],
+    p: &ParamEntry<T>,
+    state: &[&Param<T>],
 ) -> Result<(), NnError> {
     let changed = |what, other: &[usize]| NnError::ParamShapeChanged {
         name: name.to_string(),
@@ -64,7 +59,7 @@ fn check_shapes<T: Element>(
 pub struct Sgd<T: Element = f32> {
     lr: T,
     momentum: T,
-    velocity: Vec<Tensor<'static, T>>,
+    velocity: Vec<Param<T>>,
 }
 
 impl<T: Element> Sgd<T> {
@@ -106,7 +101,7 @@ pub struct Adam<T: Element = f32> {
     beta2: T,
     eps: T,
     t: i32,
-    moments: Vec<(Tensor<'static, T>, Tensor<'static, T>)>,
+    moments: Vec<(Param<T>, Param<T>)>,
 }
 
 impl<T: Element> Adam<T> {

@@ -7,6 +7,7 @@ use ndarray::Zip;
 
 use crate::element::Element;
 use crate::error::{Error, Shape};
+use crate::param::Param;
 use crate::pool::Pool;
 use crate::tensor::Tensor;
 
@@ -107,18 +108,18 @@ fn suggest(close: &[String]) -> String {
     }
 }
 
-/// A parameter: its value and the gradient accumulated for it, both detached pool tensors of the
-/// same shape.
-pub struct Param<T: Element = f32> {
+/// A parameter of a [`ParamStore`]: its value and the gradient accumulated for it, two [`Param`]s of
+/// the same shape.
+pub struct ParamEntry<T: Element = f32> {
     /// The value.
-    pub data: Tensor<'static, T>,
+    pub data: Param<T>,
     /// The accumulated gradient (zeros after [`ParamStore::zero_grad`]).
-    pub grad: Tensor<'static, T>,
+    pub grad: Param<T>,
 }
 
-impl<T: Element> Param<T> {
-    /// Adds `g` to the gradient, in place. Fails with [`Error::ShapeMismatch`] if the shapes
-    /// differ.
+impl<T: Element> ParamEntry<T> {
+    /// Adds `g` to the gradient, in place (copy on write if the gradient is shared). Fails with
+    /// [`Error::ShapeMismatch`] if the shapes differ.
     pub fn accumulate(&mut self, g: &Tensor<'_, T>) -> Result<(), NnError> {
         if g.shape() != self.grad.shape() {
             return Err(Error::ShapeMismatch {
@@ -136,9 +137,9 @@ impl<T: Element> Param<T> {
     }
 }
 
-impl<T: Element> fmt::Debug for Param<T> {
+impl<T: Element> fmt::Debug for ParamEntry<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Param")
+        f.debug_struct("ParamEntry")
             .field("shape", &self.data.shape())
             .finish()
     }
@@ -173,7 +174,7 @@ pub struct ParamStore<T: Element = f32> {
     id: u64,
     pool: Pool,
     names: Vec<String>,
-    params: Vec<Param<T>>,
+    params: Vec<ParamEntry<T>>,
     index: HashMap<String, usize>,
 }
 
@@ -189,18 +190,15 @@ impl<T: Element> ParamStore<T> {
         }
     }
 
-    /// Registers `data` (detached, no copy) under `name`, with a zero gradient. Fails with
-    /// [`NnError::DuplicateParam`] or a budget error.
-    pub fn add(&mut self, name: &str, data: Tensor<'_, T>) -> Result<ParamId, NnError> {
+    /// Registers `data` under `name` (no copy), with a zero gradient rented from the store's pool.
+    /// Fails with [`NnError::DuplicateParam`] or a budget error.
+    pub fn add(&mut self, name: &str, data: Param<T>) -> Result<ParamId, NnError> {
         if self.index.contains_key(name) {
             return Err(NnError::DuplicateParam(name.to_string()));
         }
-        let data = data.detach();
-        let grad = self
-            .pool
-            .scope(|s| s.try_zeros::<T>(data.shape()).map(Tensor::detach))?;
+        let grad = Param::try_zeros(&self.pool, data.shape())?;
         let id = self.params.len();
-        self.params.push(Param { data, grad });
+        self.params.push(ParamEntry { data, grad });
         self.names.push(name.to_string());
         self.index.insert(name.to_string(), id);
         Ok(self.id_at(id))
@@ -215,28 +213,25 @@ impl<T: Element> ParamStore<T> {
         std: f64,
         seed: u64,
     ) -> Result<ParamId, NnError> {
-        let data = self.pool.clone().scope(|s| {
+        let data = self.pool.scope(|s| {
             s.try_randn::<T>(shape, seed)
-                .map(|t| (t * T::from_f64(std)).detach())
+                .and_then(|t| (t * T::from_f64(std)).try_detach())
         })?;
         self.add(name, data)
     }
 
     /// Registers a parameter of zeros.
     pub fn zeros(&mut self, name: &str, shape: &[usize]) -> Result<ParamId, NnError> {
-        let data = self
-            .pool
-            .clone()
-            .scope(|s| s.try_zeros::<T>(shape).map(Tensor::detach))?;
+        let data = Param::try_zeros(&self.pool, shape)?;
         self.add(name, data)
     }
 
     /// Registers a parameter of ones.
     pub fn ones(&mut self, name: &str, shape: &[usize]) -> Result<ParamId, NnError> {
-        let data = self
-            .pool
-            .clone()
-            .scope(|s| s.try_full::<T>(shape, T::one()).map(Tensor::detach))?;
+        let data = self.pool.scope(|s| {
+            s.try_full::<T>(shape, T::one())
+                .and_then(Tensor::try_detach)
+        })?;
         self.add(name, data)
     }
 
@@ -257,12 +252,12 @@ impl<T: Element> ParamStore<T> {
 
     /// The parameter named `name`. Fails with [`NnError::UnknownParam`] listing the registered names
     /// that look alike.
-    pub fn get(&self, name: &str) -> Result<&Param<T>, NnError> {
+    pub fn get(&self, name: &str) -> Result<&ParamEntry<T>, NnError> {
         self.id(name).map(|id| &self.params[id.index])
     }
 
     /// The parameter named `name`, writable.
-    pub fn get_mut(&mut self, name: &str) -> Result<&mut Param<T>, NnError> {
+    pub fn get_mut(&mut self, name: &str) -> Result<&mut ParamEntry<T>, NnError> {
         let id = self.id(name)?;
         Ok(&mut self.params[id.index])
     }
@@ -282,7 +277,7 @@ impl<T: Element> ParamStore<T> {
 
     /// The parameter `id`, for `layer`. Fails with [`NnError::ForeignParam`] naming the layer if
     /// `id` was registered in another store.
-    pub fn param(&self, id: ParamId, layer: &'static str) -> Result<&Param<T>, NnError> {
+    pub fn param(&self, id: ParamId, layer: &'static str) -> Result<&ParamEntry<T>, NnError> {
         Ok(&self.params[self.position(id, layer)?])
     }
 
@@ -291,7 +286,7 @@ impl<T: Element> ParamStore<T> {
         &mut self,
         id: ParamId,
         layer: &'static str,
-    ) -> Result<&mut Param<T>, NnError> {
+    ) -> Result<&mut ParamEntry<T>, NnError> {
         let i = self.position(id, layer)?;
         Ok(&mut self.params[i])
     }
@@ -320,12 +315,12 @@ impl<T: Element> ParamStore<T> {
     }
 
     /// Names and parameters, in registration order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Param<T>)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &ParamEntry<T>)> {
         self.names.iter().map(String::as_str).zip(&self.params)
     }
 
     /// Names and parameters in registration order, writable (what optimizers walk).
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut Param<T>)> {
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut ParamEntry<T>)> {
         self.names.iter().map(String::as_str).zip(&mut self.params)
     }
 
@@ -348,9 +343,9 @@ impl<T: Element> ParamStore<T> {
 /// `store[id]`; panics with [`NnError::ForeignParam`]'s message if `id` is another store's (the
 /// layers use [`ParamStore::param`], which returns the error).
 impl<T: Element> std::ops::Index<ParamId> for ParamStore<T> {
-    type Output = Param<T>;
+    type Output = ParamEntry<T>;
     #[track_caller]
-    fn index(&self, id: ParamId) -> &Param<T> {
+    fn index(&self, id: ParamId) -> &ParamEntry<T> {
         self.param(id, "ParamStore[id]")
             .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -358,7 +353,7 @@ impl<T: Element> std::ops::Index<ParamId> for ParamStore<T> {
 
 impl<T: Element> std::ops::IndexMut<ParamId> for ParamStore<T> {
     #[track_caller]
-    fn index_mut(&mut self, id: ParamId) -> &mut Param<T> {
+    fn index_mut(&mut self, id: ParamId) -> &mut ParamEntry<T> {
         self.param_mut(id, "ParamStore[id]")
             .unwrap_or_else(|e| panic!("{e}"))
     }

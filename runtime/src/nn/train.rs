@@ -1,6 +1,7 @@
 //! One training step, plain or checkpointed.
 
 use std::cell::RefCell;
+use std::rc::Rc;
 
 use super::{Cache, Layer, NnError, Optimizer, ParamStore, Sequential};
 use crate::checkpoint::{Checkpointer, Policy};
@@ -139,7 +140,7 @@ fn segment_backward<'s, T: Element>(
         recomputed += end - start;
         grad = grad.child_scope(|segment| {
             let mut cache = Cache::new();
-            let mut a = segment.rebind(&boundary);
+            let mut a = segment.bind(&boundary);
             for layer in &layers[start..end] {
                 a = layer.forward(params, &a, Some(&mut cache))?;
             }
@@ -166,8 +167,10 @@ fn binomial_backward<'s, T: Element>(
     let params = RefCell::new(params);
     let grad = RefCell::new(grad);
     let failure = RefCell::new(None);
+    let scope = Rc::clone(&grad.borrow().scope);
     let report = ckpt
-        .reverse(
+        .reverse_in(
+            &scope,
             |x, i| forward_no_cache(&*layers[i], &params.borrow(), x, &mut failure.borrow_mut()),
             |i, x| {
                 let mut params = params.borrow_mut();

@@ -4,10 +4,10 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
 
-use super::{check_addressable, dimension_overflow, work};
+use super::{check_addressable, dimension_overflow, work, Operand};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::{deeper, rent_scope};
+use crate::scope::deeper;
 use crate::tensor::Tensor;
 
 fn nchw<T: Element>(op: &'static str, t: &Tensor<'_, T>) -> Result<[usize; 4]> {
@@ -30,10 +30,11 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// (channels that differ, a kernel larger than the padded image, a zero stride).
     pub fn try_conv2d(
         &self,
-        weight: &Tensor<'s, T>,
+        weight: &impl Operand<'s, T>,
         stride: usize,
         padding: usize,
     ) -> Result<Tensor<'s, T>> {
+        let weight = &*weight.bind_beside(self);
         let [n, c_in, h, w] = nchw("conv2d", self)?;
         let mismatch = |reason: String| Error::ShapeMismatch {
             op: "conv2d",
@@ -73,12 +74,12 @@ impl<'s, T: Element> Tensor<'s, T> {
         check_addressable::<T>(&out_shape, overflow)?;
         let positions = ho * wo;
         let rows = c_in * kh * kw;
-        let scope = rent_scope(deeper(&self.scope, &weight.scope));
-        let mut out = Tensor::try_rent_in(&scope, &out_shape)?;
+        let scope = deeper(&self.scope, &weight.scope);
+        let mut out = Tensor::try_rent_in(scope, &out_shape)?;
         if out.is_empty() {
             return Ok(out);
         }
-        let mut cols = Tensor::<T>::try_rent_in(&scope, &[rows, positions])?;
+        let mut cols = Tensor::<T>::try_rent_in(scope, &[rows, positions])?;
         let kernel = ArrayView2::from_shape((c_out, rows), weight.as_slice())
             .expect("the weight holds c_out x rows elements");
         let image_len = c_in * h * w;
@@ -125,7 +126,12 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// # Panics
     /// If the shapes do not fit or the budget is exhausted, with the error's message.
     #[track_caller]
-    pub fn conv2d(&self, weight: &Tensor<'s, T>, stride: usize, padding: usize) -> Tensor<'s, T> {
+    pub fn conv2d(
+        &self,
+        weight: &impl Operand<'s, T>,
+        stride: usize,
+        padding: usize,
+    ) -> Tensor<'s, T> {
         or_panic(self.try_conv2d(weight, stride, padding))
     }
 
@@ -142,7 +148,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: format!("{groups} groups do not divide {c} channels"),
             });
         }
-        let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), self.shape())?;
+        let mut out = Tensor::try_rent_in(&self.scope, self.shape())?;
         if out.is_empty() {
             return Ok(out);
         }
@@ -195,7 +201,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         );
         let out_shape = [n, c, ho, wo];
         check_addressable::<T>(&out_shape, overflow)?;
-        let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), &out_shape)?;
+        let mut out = Tensor::try_rent_in(&self.scope, &out_shape)?;
         if !out.is_empty() {
             let src = self.as_slice();
             work::visit(n * c);

@@ -1,8 +1,9 @@
 //! Binary elementwise ops with NumPy broadcasting, as operators and methods.
 //!
-//! `+ - * /` are implemented for every mix of `Tensor` and `&Tensor`, and with an element scalar on
-//! the right (`&x * 2.0`); `f32` and `f64` scalars also work on the left (`2.0 * &x`). A by-value
-//! operand that is unique and already has the output's shape receives the result in place.
+//! `+ - * /` are implemented for every mix of `Tensor` and `&Tensor`, with a `&Param` on the right
+//! (`&h + &bias`), and with an element scalar on the right (`&x * 2.0`); `f32` and `f64` scalars also
+//! work on the left (`2.0 * &x`). A by-value operand that is unique and already has the output's shape
+//! receives the result in place (a parameter never does).
 //!
 //! ```
 //! use tensorscope_runtime::Pool;
@@ -21,25 +22,26 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use ndarray::Zip;
 
-use super::{broadcast_shape, rows, work, Operand};
+use super::{broadcast_shape, rows, work, Arg, Operand};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
-use crate::scope::{deeper, rent_scope};
+use crate::param::Param;
+use crate::scope::deeper;
 use crate::tensor::Tensor;
 use crate::TensorOps;
 
 /// `f(a, b)` elementwise over the broadcast shape, written into a unique owned operand if one fits.
 pub(crate) fn zip_with<'s, T: Element>(
     op: &'static str,
-    a: Operand<'_, 's, T>,
-    b: Operand<'_, 's, T>,
+    a: Arg<'_, 's, T>,
+    b: Arg<'_, 's, T>,
     f: impl Fn(T, T) -> T,
 ) -> Result<Tensor<'s, T>> {
     let shape = broadcast_shape(op, a.tensor().shape(), b.tensor().shape())?;
     let scope = deeper(&a.tensor().scope, &b.tensor().scope).clone();
     if shape.contains(&0) {
         // Nothing to compute; a broadcast walk over the empty shape could still loop over rows.
-        return Tensor::try_rent_in(&rent_scope(&scope), &shape);
+        return Tensor::try_rent_in(&scope, &shape);
     }
     let a = match a.into_writable(&shape) {
         Ok(mut dst) => {
@@ -56,7 +58,7 @@ pub(crate) fn zip_with<'s, T: Element>(
         Err(b) => b,
     };
     let (a, b) = (a.tensor(), b.tensor());
-    let mut out = Tensor::try_rent_in(&rent_scope(&scope), &shape)?;
+    let mut out = Tensor::try_rent_in(&scope, &shape)?;
     if a.shape() == shape.as_slice() && b.shape() == shape.as_slice() {
         out.unique_slice_mut()
             .iter_mut()
@@ -110,15 +112,11 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// [`Error::ShapeMismatch`](crate::Error::ShapeMismatch) if the shapes do not broadcast.
     pub fn try_zip_map(
         &self,
-        other: &Tensor<'s, T>,
+        other: &impl Operand<'s, T>,
         f: impl Fn(T, T) -> T,
     ) -> Result<Tensor<'s, T>> {
-        zip_with(
-            "zip_map",
-            Operand::Borrowed(self),
-            Operand::Borrowed(other),
-            f,
-        )
+        let other = other.bind_beside(self);
+        zip_with("zip_map", Arg::Borrowed(self), Arg::Borrowed(&other), f)
     }
 
     /// `f(a, b)` elementwise with broadcasting; see [`Tensor::try_zip_map`].
@@ -126,7 +124,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// # Panics
     /// If the shapes do not broadcast or the budget is exhausted, with the error's message.
     #[track_caller]
-    pub fn zip_map(&self, other: &Tensor<'s, T>, f: impl Fn(T, T) -> T) -> Tensor<'s, T> {
+    pub fn zip_map(&self, other: &impl Operand<'s, T>, f: impl Fn(T, T) -> T) -> Tensor<'s, T> {
         or_panic(self.try_zip_map(other, f))
     }
 }
@@ -134,10 +132,29 @@ impl<'s, T: Element> Tensor<'s, T> {
 macro_rules! binary_op {
     ($Trait:ident, $method:ident, $try_method:ident, $name:literal, $op:tt) => {
         impl<'s, T: Element> Tensor<'s, T> {
-            #[doc = concat!("`self ", stringify!($op), " other` elementwise with broadcasting. Fails with ")]
-            #[doc = "[`Error::ShapeMismatch`](crate::Error::ShapeMismatch) if the shapes do not broadcast."]
-            pub fn $try_method(&self, other: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-                zip_with($name, Operand::Borrowed(self), Operand::Borrowed(other), |x, y| x $op y)
+            #[doc = concat!("`self ", stringify!($op), " other` elementwise with broadcasting, for a tensor or a")]
+            #[doc = "[`Param`] `other`. Fails with [`Error::ShapeMismatch`](crate::Error::ShapeMismatch)"]
+            #[doc = "if the shapes do not broadcast."]
+            pub fn $try_method(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
+                let other = other.bind_beside(self);
+                zip_with($name, Arg::Borrowed(self), Arg::Borrowed(&other), |x, y| x $op y)
+            }
+        }
+
+        impl<'s, T: Element> $Trait<&Param<T>> for Tensor<'s, T> {
+            type Output = Tensor<'s, T>;
+            #[track_caller]
+            fn $method(self, rhs: &Param<T>) -> Tensor<'s, T> {
+                let rhs = self.bind(rhs);
+                or_panic(zip_with($name, Arg::Owned(self), Arg::Borrowed(&rhs), |x, y| x $op y))
+            }
+        }
+
+        impl<'s, T: Element> $Trait<&Param<T>> for &Tensor<'s, T> {
+            type Output = Tensor<'s, T>;
+            #[track_caller]
+            fn $method(self, rhs: &Param<T>) -> Tensor<'s, T> {
+                or_panic(self.$try_method(rhs))
             }
         }
 
@@ -170,7 +187,7 @@ macro_rules! binary_op {
             type Output = Tensor<'s, T>;
             #[track_caller]
             fn $method(self, rhs: $R) -> Tensor<'s, T> {
-                or_panic(zip_with($name, Operand::$lw(self), Operand::$rw(rhs), |x, y| x $op y))
+                or_panic(zip_with($name, Arg::$lw(self), Arg::$rw(rhs), |x, y| x $op y))
             }
         }
     };

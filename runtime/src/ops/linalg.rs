@@ -6,10 +6,10 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
 
-use super::work;
+use super::{work, Operand};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::{deeper, rent_scope};
+use crate::scope::deeper;
 use crate::tensor::Tensor;
 
 fn matrix<T>(rows: usize, cols: usize, data: &[T]) -> ArrayView2<'_, T> {
@@ -17,14 +17,15 @@ fn matrix<T>(rows: usize, cols: usize, data: &[T]) -> ArrayView2<'_, T> {
 }
 
 impl<'s, T: Element> Tensor<'s, T> {
-    /// The matrix product. Accepted shapes:
+    /// The matrix product with a tensor or a [`Param`](crate::Param) (`x.matmul(&w)`). Accepted shapes:
     /// - `[m, k] x [k, n] -> [m, n]`;
     /// - `[b, m, k] x [k, n] -> [b, m, n]` (one matrix applied to every batch entry);
     /// - `[b, m, k] x [b, k, n] -> [b, m, n]` (batched).
     ///
     /// Fails with [`Error::ShapeMismatch`] naming both shapes when the inner dimensions or the batch
     /// sizes differ or the ranks are not one of the above.
-    pub fn try_matmul(&self, other: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+    pub fn try_matmul(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
+        let other = &*other.bind_beside(self);
         let mismatch = |reason: String| Error::ShapeMismatch {
             op: "matmul",
             lhs: Shape::from(self.shape()),
@@ -63,8 +64,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             2 => vec![m, n],
             _ => vec![batch, m, n],
         };
-        let scope = rent_scope(deeper(&self.scope, &other.scope));
-        let mut out = Tensor::try_rent_in(&scope, &out_shape)?;
+        let mut out = Tensor::try_rent_in(deeper(&self.scope, &other.scope), &out_shape)?;
         if out.is_empty() {
             return Ok(out);
         }
@@ -89,7 +89,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// # Panics
     /// If the shapes do not fit or the budget is exhausted, with the error's message.
     #[track_caller]
-    pub fn matmul(&self, other: &Tensor<'s, T>) -> Tensor<'s, T> {
+    pub fn matmul(&self, other: &impl Operand<'s, T>) -> Tensor<'s, T> {
         or_panic(self.try_matmul(other))
     }
 
@@ -106,7 +106,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
         let mut view = self.view();
         view.swap_axes(nd - 2, nd - 1);
-        let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), view.shape())?;
+        let mut out = Tensor::try_rent_in(&self.scope, view.shape())?;
         if !out.is_empty() {
             work::visit(1);
             out.unique_view_mut().assign(&view);

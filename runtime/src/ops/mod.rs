@@ -24,7 +24,7 @@ pub(crate) use unary::{gelu, relu};
 
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
-use crate::scope::rent_scope;
+use crate::param::Param;
 use crate::tensor::Tensor;
 
 /// Kernel visits, counted in debug builds: the lanes, slices, matrices and images that kernels loop
@@ -107,24 +107,66 @@ pub(crate) fn rows(shape: &[usize]) -> usize {
         .map_or(1, |(_, rest)| rest.iter().product())
 }
 
+/// The second operand of an op: a tensor of this scope or an enclosing one, or a [`Param`], which the
+/// op reads where it lies (no copy). The output rents in the scoped operand's scope.
+///
+/// ```
+/// use tensorscope_runtime::{Param, Pool};
+/// let pool = Pool::with_max_memory_mb(16);
+/// let b = Param::from_slice(&pool, &[2], &[10.0f32, 20.0]);
+/// pool.scope(|s| {
+///     let x = s.ones::<f32>(&[2, 2]);
+///     assert_eq!((&x + &b).to_vec(), vec![11.0, 21.0, 11.0, 21.0]);
+///     assert_eq!(x.try_add(&x).unwrap().to_vec(), vec![2.0; 4]);
+/// });
+/// ```
+pub trait Operand<'s, T: Element>: sealed::Bind<'s, T> {}
+
+impl<'s, 't: 's, T: Element> Operand<'s, T> for Tensor<'t, T> {}
+impl<'s, T: Element> Operand<'s, T> for Param<T> {}
+
+pub(crate) mod sealed {
+    use std::borrow::Cow;
+
+    use crate::{Element, Param, Tensor};
+
+    /// How an [`Operand`](super::Operand) takes part in an op. Sealed: only tensors and parameters.
+    pub trait Bind<'s, T: Element> {
+        /// The operand as a tensor: a tensor as it is, a parameter bound into `beside`'s scope.
+        fn bind_beside(&self, beside: &Tensor<'s, T>) -> Cow<'_, Tensor<'s, T>>;
+    }
+
+    impl<'s, 't: 's, T: Element> Bind<'s, T> for Tensor<'t, T> {
+        fn bind_beside(&self, _: &Tensor<'s, T>) -> Cow<'_, Tensor<'s, T>> {
+            Cow::Borrowed(self)
+        }
+    }
+
+    impl<'s, T: Element> Bind<'s, T> for Param<T> {
+        fn bind_beside(&self, beside: &Tensor<'s, T>) -> Cow<'_, Tensor<'s, T>> {
+            Cow::Owned(beside.bind(self))
+        }
+    }
+}
+
 /// An op's input, borrowed or owned; an owned unique tensor can be written in place.
-pub(crate) enum Operand<'r, 's, T: Element> {
+pub(crate) enum Arg<'r, 's, T: Element> {
     Owned(Tensor<'s, T>),
     Borrowed(&'r Tensor<'s, T>),
 }
 
-impl<'s, T: Element> Operand<'_, 's, T> {
+impl<'s, T: Element> Arg<'_, 's, T> {
     pub(crate) fn tensor(&self) -> &Tensor<'s, T> {
         match self {
-            Operand::Owned(t) => t,
-            Operand::Borrowed(t) => t,
+            Arg::Owned(t) => t,
+            Arg::Borrowed(t) => t,
         }
     }
 
     /// The tensor itself if it is owned, unique and of `shape`, so its buffer can be the output.
     pub(crate) fn into_writable(self, shape: &[usize]) -> std::result::Result<Tensor<'s, T>, Self> {
         match self {
-            Operand::Owned(t) if t.is_unique() && t.shape() == shape => Ok(t),
+            Arg::Owned(t) if t.is_unique() && t.shape() == shape => Ok(t),
             other => Err(other),
         }
     }
@@ -137,7 +179,7 @@ impl<'s, T: Element> Operand<'_, 's, T> {
             Ok(t) => Ok(t),
             Err(src) => {
                 let src = src.tensor();
-                let mut out = Tensor::try_rent_in(&rent_scope(&src.scope), &shape)?;
+                let mut out = Tensor::try_rent_in(&src.scope, &shape)?;
                 out.unique_slice_mut().copy_from_slice(src.as_slice());
                 Ok(out)
             }

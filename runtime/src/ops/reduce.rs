@@ -5,7 +5,6 @@ use ndarray::{Axis, Zip};
 use super::{check_axis, work};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
-use crate::scope::rent_scope;
 use crate::tensor::Tensor;
 
 impl<'s, T: Element> Tensor<'s, T> {
@@ -52,7 +51,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         let view = self.view();
         let mut shape = self.shape().to_vec();
         let len = shape.remove(axis);
-        let mut out = Tensor::try_rent_in(&rent_scope(&self.scope), &shape)?;
+        let mut out = Tensor::try_rent_in(&self.scope, &shape)?;
         if out.is_empty() {
             return Ok(out);
         }

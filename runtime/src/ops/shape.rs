@@ -5,7 +5,7 @@ use ndarray::{Axis, Slice};
 use super::{check_addressable, check_axis, dimension_overflow, work};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::{deeper, rent_scope};
+use crate::scope::deeper;
 use crate::tensor::Tensor;
 
 impl<'s, T: Element> Tensor<'s, T> {
@@ -52,7 +52,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         let mut shape = first.shape().to_vec();
         shape[axis] = joined.ok_or_else(overflow)?;
         check_addressable::<T>(&shape, overflow)?;
-        let mut out = Tensor::try_rent_in(&rent_scope(scope), &shape)?;
+        let mut out = Tensor::try_rent_in(scope, &shape)?;
         if out.is_empty() {
             return Ok(out);
         }

@@ -2,10 +2,9 @@
 
 use ndarray::{ArrayViewMut1, Axis};
 
-use super::{check_axis, work, Operand};
+use super::{check_axis, work, Arg};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
-use crate::scope::rent_scope;
 use crate::tensor::Tensor;
 
 /// Ops that write in place when they can, implemented for both `Tensor` and `&Tensor`.
@@ -197,7 +196,7 @@ fn layer_norm_lane<T: Element>(mut lane: ArrayViewMut1<'_, T>, eps: T) {
     lane.mapv_inplace(|x| (x - mean) * inv);
 }
 
-fn try_map<'s, T: Element>(src: Operand<'_, 's, T>, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
+fn try_map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
     let shape = src.tensor().shape().to_vec();
     match src.into_writable(&shape) {
         Ok(mut t) => {
@@ -206,7 +205,7 @@ fn try_map<'s, T: Element>(src: Operand<'_, 's, T>, f: impl Fn(T) -> T) -> Resul
         }
         Err(src) => {
             let src = src.tensor();
-            let mut out = Tensor::try_rent_in(&rent_scope(&src.scope), &shape)?;
+            let mut out = Tensor::try_rent_in(&src.scope, &shape)?;
             out.unique_slice_mut()
                 .iter_mut()
                 .zip(src.as_slice())
@@ -217,7 +216,7 @@ fn try_map<'s, T: Element>(src: Operand<'_, 's, T>, f: impl Fn(T) -> T) -> Resul
 }
 
 fn try_map_lanes<'s, T: Element>(
-    src: Operand<'_, 's, T>,
+    src: Arg<'_, 's, T>,
     axis: usize,
     kernel: impl FnMut(ArrayViewMut1<'_, T>),
 ) -> Result<Tensor<'s, T>> {
@@ -256,14 +255,14 @@ impl<'s, T: Element> TensorOps<'s, T> for Tensor<'s, T> {
         self
     }
     fn try_map(self, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
-        try_map(Operand::Owned(self), f)
+        try_map(Arg::Owned(self), f)
     }
     fn try_map_lanes(
         self,
         axis: usize,
         kernel: impl FnMut(ArrayViewMut1<'_, T>),
     ) -> Result<Tensor<'s, T>> {
-        try_map_lanes(Operand::Owned(self), axis, kernel)
+        try_map_lanes(Arg::Owned(self), axis, kernel)
     }
 }
 
@@ -272,13 +271,13 @@ impl<'s, T: Element> TensorOps<'s, T> for &Tensor<'s, T> {
         self
     }
     fn try_map(self, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
-        try_map(Operand::Borrowed(self), f)
+        try_map(Arg::Borrowed(self), f)
     }
     fn try_map_lanes(
         self,
         axis: usize,
         kernel: impl FnMut(ArrayViewMut1<'_, T>),
     ) -> Result<Tensor<'s, T>> {
-        try_map_lanes(Operand::Borrowed(self), axis, kernel)
+        try_map_lanes(Arg::Borrowed(self), axis, kernel)
     }
 }

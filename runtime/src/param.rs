@@ -1,0 +1,269 @@
+//! Parameters: values kept across scopes, shared between threads, with no ops of their own.
+
+use std::fmt;
+use std::sync::Arc;
+
+use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, AsArray, Dimension, IxDyn};
+
+use crate::element::Element;
+use crate::error::{or_panic, Result};
+use crate::pool::{check_length, Pool, PoolBuffer};
+
+/// A value kept outside every scope: a model's weights, an optimizer's state, a stored checkpoint, a
+/// result the caller keeps. It has **no ops**: to compute with it, bind it into a scope
+/// ([`Scope::bind`](crate::Scope::bind), zero-copy) or pass it as the second operand of an op beside a
+/// scoped tensor (`x.matmul(&w)`, `&h + &b`), whose output rents in the tensor's scope. So everything
+/// computed from a parameter belongs to some scope, and keeping it past that scope is a compile error
+/// like any other scoped tensor.
+///
+/// - `Param` is `Send + Sync`: an `Arc<Model>` of parameters can be shared by threads, each running
+///   forwards in its own scopes.
+/// - `clone()` shares the data (a reference count); the buffer returns to its pool when the last
+///   `Param` and the last tensor bound to it drop.
+/// - Writes go through `&mut`: [`Param::try_view_mut`] writes in place when this handle is the only one
+///   on the data, and copies first otherwise (copy on write), so a bound tensor or another clone never
+///   sees the change. Ops on a bound tensor never write through to the parameter.
+///
+/// ```
+/// use tensorscope_runtime::{Param, Pool, TensorOps};
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// let w = Param::from_slice(&pool, &[2, 2], &[1.0f32, 0.0, 0.0, 2.0]);
+/// let b = Param::from_slice(&pool, &[2], &[0.5f32, -0.5]);
+/// let y = pool.scope(|s| {
+///     let x = s.ones::<f32>(&[3, 2]);
+///     (x.matmul(&w) + &b).relu().detach() // a result kept past the scope is a `Param`
+/// });
+/// assert_eq!(y.to_vec(), vec![1.5, 1.5, 1.5, 1.5, 1.5, 1.5]);
+/// std::thread::spawn(move || assert_eq!(y.shape(), &[3, 2])).join().unwrap();
+/// ```
+pub struct Param<T: Element = f32> {
+    buf: Arc<PoolBuffer<T>>,
+    dim: IxDyn,
+}
+
+impl<T: Element> Param<T> {
+    /// A parameter over `buf`, which holds exactly `shape`'s elements.
+    pub(crate) fn from_buffer(buf: PoolBuffer<T>, shape: &[usize]) -> Self {
+        Param {
+            buf: Arc::new(buf),
+            dim: IxDyn(shape),
+        }
+    }
+
+    /// A parameter over a buffer shared with others (a bound tensor's).
+    pub(crate) fn from_shared(buf: Arc<PoolBuffer<T>>, shape: &[usize]) -> Self {
+        Param {
+            buf,
+            dim: IxDyn(shape),
+        }
+    }
+
+    /// The shared buffer, for tensors bound to this parameter.
+    pub(crate) fn buffer(&self) -> &Arc<PoolBuffer<T>> {
+        &self.buf
+    }
+
+    /// A parameter holding a copy of `array` (a reference to an ndarray array, or a view), in a buffer
+    /// rented from `pool`. Fails with a budget error if the pool cannot hold it.
+    pub fn try_from_array<'a, D: Dimension>(
+        pool: &Pool,
+        array: impl AsArray<'a, T, D>,
+    ) -> Result<Self> {
+        let array = array.into().into_dyn();
+        let mut buf = pool.try_rent::<T>(array.shape())?;
+        if !buf.is_empty() {
+            ArrayViewMutD::from_shape(array.shape(), &mut buf)
+                .expect("a buffer rented for the shape holds it")
+                .assign(&array);
+        }
+        Ok(Param::from_buffer(buf, array.shape()))
+    }
+
+    /// A parameter holding a copy of `array`; see [`Param::try_from_array`].
+    ///
+    /// # Panics
+    /// On an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn from_array<'a, D: Dimension>(pool: &Pool, array: impl AsArray<'a, T, D>) -> Self {
+        or_panic(Param::try_from_array(pool, array))
+    }
+
+    /// A parameter of `shape` holding a copy of `data` in row-major order. Fails with
+    /// [`Error::LengthMismatch`] if the lengths differ, [`Error::SizeOverflow`] for a shape too large to
+    /// address, and with a budget error if the pool cannot hold it.
+    pub fn try_from_slice(pool: &Pool, shape: &[usize], data: &[T]) -> Result<Self> {
+        check_length("Param::from_slice", shape, data)?;
+        let mut buf = pool.try_rent::<T>(shape)?;
+        buf.copy_from_slice(data);
+        Ok(Param::from_buffer(buf, shape))
+    }
+
+    /// A parameter of `shape` holding a copy of `data`; see [`Param::try_from_slice`].
+    ///
+    /// # Panics
+    /// If the length does not match the shape, or on an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn from_slice(pool: &Pool, shape: &[usize], data: &[T]) -> Self {
+        or_panic(Param::try_from_slice(pool, shape, data))
+    }
+
+    /// A parameter of zeros. Fails with a shape or budget error.
+    pub fn try_zeros(pool: &Pool, shape: &[usize]) -> Result<Self> {
+        Ok(Param::from_buffer(pool.try_rent_zeroed::<T>(shape)?, shape))
+    }
+
+    /// A parameter of zeros; see [`Param::try_zeros`].
+    ///
+    /// # Panics
+    /// On a bad shape or an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn zeros(pool: &Pool, shape: &[usize]) -> Self {
+        or_panic(Param::try_zeros(pool, shape))
+    }
+
+    /// The shape, one length per axis.
+    pub fn shape(&self) -> &[usize] {
+        self.dim.slice()
+    }
+
+    /// The number of axes.
+    pub fn ndim(&self) -> usize {
+        self.dim.ndim()
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether the parameter has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements in row-major order.
+    pub fn as_slice(&self) -> &[T] {
+        &self.buf
+    }
+
+    /// A read-only ndarray view.
+    pub fn view(&self) -> ArrayViewD<'_, T> {
+        ArrayViewD::from_shape(self.dim.clone(), self.as_slice())
+            .expect("a parameter's buffer holds exactly its shape")
+    }
+
+    /// Copies the data out into an owned ndarray array (not pooled).
+    pub fn to_array(&self) -> ArrayD<T> {
+        self.view().to_owned()
+    }
+
+    /// Copies the data out into a `Vec` in row-major order.
+    pub fn to_vec(&self) -> Vec<T> {
+        self.as_slice().to_vec()
+    }
+
+    /// A writable view, in place if this handle is the only one on the data (no clone, no bound
+    /// tensor alive), else on a copy made first in a buffer of the same pool (copy on write), which
+    /// this handle keeps. Fails only if that copy cannot be rented.
+    pub fn try_view_mut(&mut self) -> Result<ArrayViewMutD<'_, T>> {
+        if Arc::get_mut(&mut self.buf).is_none() {
+            let mut copy = self.buf.pool().try_rent::<T>(self.shape())?;
+            copy.copy_from_slice(self.as_slice());
+            self.buf = Arc::new(copy);
+        }
+        let buf = Arc::get_mut(&mut self.buf).expect("unique after the copy");
+        Ok(ArrayViewMutD::from_shape(self.dim.clone(), buf)
+            .expect("a parameter's buffer holds exactly its shape"))
+    }
+
+    /// A writable view; see [`Param::try_view_mut`].
+    ///
+    /// # Panics
+    /// If a copy is needed and the pool budget is exhausted.
+    #[track_caller]
+    pub fn view_mut(&mut self) -> ArrayViewMutD<'_, T> {
+        or_panic(self.try_view_mut())
+    }
+
+    /// A copy converted to element type `U` (rounding to nearest; beyond `f16`'s range is infinity),
+    /// in a buffer of the same pool. Fails only with a budget error.
+    pub fn try_cast<U: Element>(&self) -> Result<Param<U>> {
+        let mut buf = self.buf.pool().try_rent::<U>(self.shape())?;
+        buf.iter_mut()
+            .zip(self.as_slice())
+            .for_each(|(o, &x)| *o = U::from_f64(x.to_f64()));
+        Ok(Param::from_buffer(buf, self.shape()))
+    }
+
+    /// Whether this handle is the only one on the data (so [`Param::try_view_mut`] writes in place).
+    pub fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.buf) == 1
+    }
+
+    /// Whether `self` and `other` share their data.
+    pub fn shares_buffer_with(&self, other: &Param<T>) -> bool {
+        Arc::ptr_eq(&self.buf, &other.buf)
+    }
+
+    /// Bytes of the data, `len * size_of::<T>()`.
+    pub fn data_bytes(&self) -> usize {
+        self.len() * std::mem::size_of::<T>()
+    }
+
+    /// Bytes of pool budget the buffer takes (its size class).
+    pub fn allocated_bytes(&self) -> usize {
+        self.buf.allocated_bytes()
+    }
+
+    /// The pool the data came from and returns to.
+    pub fn pool(&self) -> &Pool {
+        self.buf.pool()
+    }
+}
+
+impl<T: Element> Clone for Param<T> {
+    /// Another handle on the same data (no copy).
+    fn clone(&self) -> Self {
+        Param {
+            buf: Arc::clone(&self.buf),
+            dim: self.dim.clone(),
+        }
+    }
+}
+
+impl<T: Element> fmt::Debug for Param<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Param<{}>{:?} ", T::NAME, self.shape())?;
+        fmt::Debug::fmt(&self.view(), f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_are_send_sync_and_copy_on_write() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Param<f32>>();
+        let pool = Pool::with_max_memory_mb(8);
+        let mut a = Param::from_slice(&pool, &[3], &[1.0f64, 2.0, 3.0]);
+        let b = a.clone();
+        assert!(a.shares_buffer_with(&b) && !a.is_unique());
+        a.view_mut()[[0]] = 10.0;
+        assert_eq!(
+            (a.to_vec(), b.to_vec()),
+            (vec![10.0, 2.0, 3.0], vec![1.0, 2.0, 3.0])
+        );
+        let ptr = a.as_slice().as_ptr();
+        a.view_mut()[[1]] = 20.0;
+        assert_eq!(
+            a.as_slice().as_ptr(),
+            ptr,
+            "a unique parameter is written in place"
+        );
+        drop((a, b));
+        assert_eq!(pool.stats().bytes_in_use, 0);
+    }
+}
