@@ -1,9 +1,10 @@
-//! Stress and faults: threads sharing one pool, a panic in the middle of a checkpointed training
-//! step, and the pool working on after budget exhaustion.
+//! Stress and faults: threads sharing one pool and one model, a panic in the middle of a checkpointed
+//! training step, and the pool working on after budget exhaustion.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use tensorscope::nn::{mse, train_step, Activation, Linear, ParamStore, Sequential, Sgd};
 use tensorscope::prelude::*;
@@ -60,6 +61,93 @@ fn threads_with_their_own_scopes_share_one_pool_exactly() {
     assert_eq!(stats.returns, total);
     assert_eq!(stats.bytes_in_use, 0);
     assert_eq!(stats.failed_rents, 0);
+}
+
+/// A residual MLP whose weights are parameters: one copy, shared by every thread.
+struct Model {
+    blocks: Vec<[Param; 4]>,
+}
+
+impl Model {
+    fn new(pool: &Pool, width: usize, depth: usize) -> Self {
+        let blocks = (0..depth as u64)
+            .map(|i| {
+                pool.scope(|s| {
+                    [
+                        (s.randn::<f32>(&[width, 2 * width], 4 * i) * 0.2).detach(),
+                        (s.randn::<f32>(&[2 * width], 4 * i + 1) * 0.1).detach(),
+                        (s.randn::<f32>(&[2 * width, width], 4 * i + 2) * 0.2).detach(),
+                        (s.randn::<f32>(&[width], 4 * i + 3) * 0.1).detach(),
+                    ]
+                })
+            })
+            .collect();
+        Model { blocks }
+    }
+
+    #[dispose_scope]
+    fn block<'a>(x: &Tensor<'a>, p: &[Param; 4]) -> Tensor<'a> {
+        let h = (x.matmul(&p[0]) + &p[1]).gelu();
+        (h.matmul(&p[2]) + &p[3] + x).layer_norm(1e-5)
+    }
+
+    fn forward(&self, pool: &Pool, seed: u64) -> Vec<f32> {
+        pool.scope(|s| {
+            let mut x = s.randn::<f32>(&[8, 32], seed);
+            for p in &self.blocks {
+                x = Model::block(&x, p);
+            }
+            x.to_vec()
+        })
+    }
+}
+
+#[test]
+fn one_model_shared_by_four_threads_gives_the_single_thread_outputs_and_exact_figures() {
+    let pool = Pool::with_max_memory_mb(64);
+    let model = Arc::new(Model::new(&pool, 32, 6));
+    let model_bytes = pool.stats().bytes_in_use;
+    let inputs: Vec<u64> = (0..12).collect();
+    // Single-threaded: the outputs, and the rents of one forward.
+    let expected: Vec<Vec<f32>> = inputs.iter().map(|&i| model.forward(&pool, i)).collect();
+    let before = pool.stats();
+    model.forward(&pool, 0);
+    let rents_per_forward = pool.stats().hits + pool.stats().misses - before.hits - before.misses;
+    assert!(rents_per_forward > 0);
+
+    let before = pool.stats();
+    let rounds = 25;
+    std::thread::scope(|t| {
+        for thread in 0..4 {
+            let (model, pool, inputs, expected) = (Arc::clone(&model), &pool, &inputs, &expected);
+            t.spawn(move || {
+                for round in 0..rounds {
+                    for (k, &seed) in inputs.iter().enumerate().skip((thread + round) % 3) {
+                        let got = model.forward(pool, seed);
+                        assert_eq!(got, expected[k], "thread {thread}, input {seed}");
+                    }
+                }
+            });
+        }
+    });
+    let forwards: u64 = (0..4)
+        .flat_map(|thread| (0..rounds).map(move |round| (12 - (thread + round) % 3) as u64))
+        .sum();
+    let after = pool.stats();
+    let rents = after.hits + after.misses - before.hits - before.misses;
+    assert_eq!(
+        rents,
+        forwards * rents_per_forward,
+        "every forward rents the same"
+    );
+    assert_eq!(
+        after.returns - before.returns,
+        rents,
+        "and returns all of it"
+    );
+    assert_eq!(after.bytes_in_use, model_bytes, "only the weights stay");
+    assert_eq!(after.failed_rents, 0);
+    assert_eq!(Arc::strong_count(&model), 1);
 }
 
 /// A layer that panics on demand (the flag is shared with the test), in the middle of a model.
