@@ -5,7 +5,7 @@ use tensorscope::prelude::*;
 use tensorscope::Element;
 
 struct Linear<T: Element> {
-    w: Tensor<'static, T>,
+    w: Param<T>,
     calls: usize,
 }
 
@@ -23,7 +23,7 @@ impl<T: Element> Linear<T> {
 
     #[dispose_scope]
     fn into_weight<'a>(self, s: &'a Scope<'_>) -> Tensor<'a, T> {
-        s.rebind(&self.w) * T::from_f64(1.0)
+        s.bind(&self.w) * T::from_f64(1.0)
     }
 }
 
