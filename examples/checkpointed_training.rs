@@ -1,20 +1,25 @@
-//! Trains a deep residual MLP on synthetic regression data under each checkpoint policy and prints
-//! peak activation memory, stored checkpoint bytes, step time and loss.
+//! Trains a deep residual MLP on synthetic regression data under each checkpoint policy, and once
+//! through autograd, and prints peak activation memory, stored checkpoint bytes, step time and
+//! loss.
 //!
 //! `cargo run --release --example checkpointed_training [-- --blocks 64 --width 128 --batch 32 --steps 60]`
 //!
 //! Each block is `x + W2 gelu(W1 LayerNorm(x))` (pre-norm, hidden width 2x); the target is a fixed
-//! random teacher `tanh(x A)`; Adam. Every policy trains the same model from the same seeds on the same
-//! batches, in a pool of its own, so its peak is its own.
+//! random teacher `tanh(x A)`; Adam. Every row trains the same model from the same seeds on the same
+//! batches, in a pool of its own, so its peak is its own. The policy rows use `nn` layers and their
+//! hand-written backward passes; the `autograd` row runs the same blocks as an annotated forward
+//! (`examples/common/pre_norm_mlp.rs`) and differentiates it with `backward()`, no checkpointing:
+//! its gradients are bit-identical to the `none` row's (`tests/training.rs`).
 
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tensorscope::nn::{
-    mse, train_step, Activation, Adam, LayerNorm, Linear, ParamStore, Residual, Sequential,
-};
+use tensorscope::nn::{mse, train_step, Adam, Optimizer, ParamStore};
 use tensorscope::prelude::*;
-use tensorscope::{CheckpointConfig, Checkpointer, Policy, Precision};
+use tensorscope::{CheckpointConfig, Checkpointer, Gradients, Policy, Precision};
+
+#[path = "common/pre_norm_mlp.rs"]
+mod pre_norm_mlp;
 
 struct Args {
     blocks: usize,
@@ -52,20 +57,6 @@ fn args() -> Args {
     args
 }
 
-fn model(a: &Args, params: &mut ParamStore) -> Sequential {
-    let (w, h) = (a.width, 2 * a.width);
-    let out_std = 0.5 / ((h * a.blocks) as f64).sqrt();
-    (0..a.blocks).fold(Sequential::new(), |seq, i| {
-        let seed = 10 * i as u64;
-        let inner = Sequential::new()
-            .push(LayerNorm::new(params, &format!("b{i}.ln"), w, 1e-5).unwrap())
-            .push(Linear::new(params, &format!("b{i}.fc1"), w, h, seed).unwrap())
-            .push(Activation::gelu())
-            .push(Linear::with_std(params, &format!("b{i}.fc2"), h, w, out_std, seed + 1).unwrap());
-        seq.push(Residual::new(inner))
-    })
-}
-
 struct Row {
     name: &'static str,
     peak: usize,
@@ -75,13 +66,99 @@ struct Row {
     last_loss: f32,
 }
 
-fn run(a: &Args, name: &'static str, config: Option<CheckpointConfig>) -> Row {
+/// How a row trains the model.
+enum Path {
+    /// `nn` layers with hand-written backward passes, under a checkpoint policy or none.
+    Layers(Option<CheckpointConfig>),
+    /// The annotated forward of `pre_norm_mlp::Block`, differentiated by `backward()`.
+    Autograd,
+}
+
+/// A model trained one way: one step on a batch, with gradients kept across steps in `grads`;
+/// returns the loss and the checkpoint bytes.
+trait Trainer {
+    fn step<'s>(
+        &mut self,
+        s: &'s Scope<'_>,
+        grads: &mut Gradients<'_>,
+        x: &Tensor<'s>,
+        target: &Tensor<'s>,
+    ) -> (f32, usize);
+}
+
+struct Layers {
+    seq: tensorscope::nn::Sequential,
+    params: ParamStore,
+    adam: Adam,
+    ckpt: Option<Checkpointer>,
+}
+
+impl Trainer for Layers {
+    fn step<'s>(
+        &mut self,
+        _: &'s Scope<'_>,
+        grads: &mut Gradients<'_>,
+        x: &Tensor<'s>,
+        target: &Tensor<'s>,
+    ) -> (f32, usize) {
+        let (params, adam, ckpt) = (&mut self.params, &mut self.adam, self.ckpt.as_mut());
+        let report = train_step(&self.seq, params, adam, grads, x, |y| mse(y, target), ckpt)
+            .unwrap_or_else(|e| panic!("{e}"));
+        (report.loss, report.stored_bytes)
+    }
+}
+
+struct Autograd {
+    blocks: Vec<pre_norm_mlp::Block>,
+    adam: Adam,
+}
+
+impl Trainer for Autograd {
+    fn step<'s>(
+        &mut self,
+        s: &'s Scope<'_>,
+        grads: &mut Gradients<'_>,
+        x: &Tensor<'s>,
+        target: &Tensor<'s>,
+    ) -> (f32, usize) {
+        // The batch and its target are made outside the training scope: the teacher is not
+        // trained, so it must not be a leaf of the graph.
+        s.train(|s| {
+            let x = s.rebind(x);
+            let y = self.blocks.iter().fold(x, |x, b| b.forward(&x));
+            let loss = y.try_mse(target).unwrap_or_else(|e| panic!("{e}"));
+            loss.backward_into(grads).unwrap_or_else(|e| panic!("{e}"));
+            self.adam
+                .step(&mut self.blocks, grads)
+                .unwrap_or_else(|e| panic!("{e}"));
+            grads.zero().unwrap_or_else(|e| panic!("{e}"));
+            (loss.item(), 0)
+        })
+    }
+}
+
+fn run(a: &Args, name: &'static str, path: Path) -> Row {
     let pool = Pool::with_max_memory_mb(4096);
     let mut params = ParamStore::new(&pool);
-    let seq = model(a, &mut params);
+    let seq = pre_norm_mlp::layers(&mut params, a.blocks, a.width);
+    let mut trainer: Box<dyn Trainer> = match path {
+        Path::Layers(config) => Box::new(Layers {
+            seq,
+            params,
+            adam: Adam::new(1e-3),
+            ckpt: config.map(Checkpointer::new),
+        }),
+        Path::Autograd => {
+            let blocks = pre_norm_mlp::Block::all(&params, a.blocks);
+            // The blocks own the parameters alone, so Adam updates them in place.
+            drop((seq, params));
+            Box::new(Autograd {
+                blocks,
+                adam: Adam::new(1e-3),
+            })
+        }
+    };
     let teacher = pool.scope(|s| (s.randn::<f32>(&[a.width, a.width], 7) * 0.2).detach());
-    let mut adam = Adam::new(1e-3);
-    let mut ckpt = config.map(Checkpointer::new);
     let bar = ProgressBar::new(a.steps as u64).with_message(name);
     bar.set_style(
         ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} loss {prefix}")
@@ -89,36 +166,33 @@ fn run(a: &Args, name: &'static str, config: Option<CheckpointConfig>) -> Row {
             .progress_chars("=> "),
     );
     let (mut times, mut losses, mut stored, mut peak) = (Vec::new(), Vec::new(), 0, 0);
-    for step in 0..a.steps {
-        if step == 1 {
-            // From here on, parameters, gradients and Adam's moments are all allocated: what is
-            // rented beyond them during a step is activations.
-            pool.reset_peak();
+    // The gradients live in a scope around the loop and are zeroed after each update, so after the
+    // first step they hold their memory as the parameters and Adam's moments do.
+    pool.scope(|outer| {
+        let mut grads = Gradients::new(outer);
+        for step in 0..a.steps {
+            if step == 1 {
+                // From here on, parameters, gradients and Adam's moments are all allocated: what is
+                // rented beyond them during a step is activations.
+                pool.reset_peak();
+            }
+            let baseline = pool.stats().bytes_in_use;
+            let started = Instant::now();
+            let (loss, stored_bytes) = outer.scope(|s| {
+                let x = s.randn::<f32>(&[a.batch, a.width], 1000 + step as u64);
+                let target = x.matmul(&teacher).tanh();
+                trainer.step(s, &mut grads, &x, &target)
+            });
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+            if step >= 1 {
+                peak = peak.max(pool.stats().peak_bytes_in_use - baseline);
+            }
+            stored = stored_bytes;
+            losses.push(loss);
+            bar.set_prefix(format!("{loss:.5}"));
+            bar.inc(1);
         }
-        let baseline = pool.stats().bytes_in_use;
-        let started = Instant::now();
-        let report = pool.scope(|s| {
-            let x = s.randn::<f32>(&[a.batch, a.width], 1000 + step as u64);
-            let target = x.matmul(&teacher).tanh();
-            train_step(
-                &seq,
-                &mut params,
-                &mut adam,
-                &x,
-                |y| mse(y, &target),
-                ckpt.as_mut(),
-            )
-            .unwrap_or_else(|e| panic!("{name}: {e}"))
-        });
-        times.push(started.elapsed().as_secs_f64() * 1e3);
-        if step >= 1 {
-            peak = peak.max(pool.stats().peak_bytes_in_use - baseline);
-        }
-        stored = report.stored_bytes;
-        losses.push(report.loss);
-        bar.set_prefix(format!("{:.5}", report.loss));
-        bar.inc(1);
-    }
+    });
     bar.finish();
     times.sort_by(f64::total_cmp);
     Row {
@@ -142,21 +216,22 @@ fn main() {
         a.batch,
         a.steps
     );
+    let policy = |p: Policy| Path::Layers(Some(CheckpointConfig::new(p)));
     let rows: Vec<Row> = [
-        ("none", None),
-        ("every 4", Some(CheckpointConfig::new(Policy::Every(4)))),
-        ("sqrt", Some(CheckpointConfig::new(Policy::Sqrt))),
+        ("none", Path::Layers(None)),
+        ("autograd", Path::Autograd),
+        ("every 4", policy(Policy::Every(4))),
+        ("sqrt", policy(Policy::Sqrt)),
         (
             "sqrt f16",
-            Some(CheckpointConfig::new(Policy::Sqrt).with_precision(Precision::F16)),
+            Path::Layers(Some(
+                CheckpointConfig::new(Policy::Sqrt).with_precision(Precision::F16),
+            )),
         ),
-        (
-            "budget 8",
-            Some(CheckpointConfig::new(Policy::Budget(8 * activation))),
-        ),
+        ("budget 8", policy(Policy::Budget(8 * activation))),
     ]
     .into_iter()
-    .map(|(name, config)| run(&a, name, config))
+    .map(|(name, path)| run(&a, name, path))
     .collect();
 
     let base = &rows[0];

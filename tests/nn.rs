@@ -4,6 +4,7 @@
 use tensorscope::nn::{mse, softmax_cross_entropy, Adam, NnError, Optimizer, ParamStore, Sgd};
 use tensorscope::prelude::*;
 use tensorscope::Error;
+use tensorscope::Param;
 
 #[test]
 fn params_are_found_by_name_in_registration_order() {
@@ -15,11 +16,8 @@ fn params_are_found_by_name_in_registration_order() {
     let names: Vec<&str> = params.iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight"]);
     assert_eq!(params.id("fc1.weight").unwrap(), w);
-    assert_eq!(params[w].data.shape(), &[3, 2]);
-    assert_eq!(
-        params.get("fc2.weight").unwrap().data.to_vec(),
-        vec![1.0; 4]
-    );
+    assert_eq!(params[w].shape(), &[3, 2]);
+    assert_eq!(params.get("fc2.weight").unwrap().to_vec(), vec![1.0; 4]);
 
     let err = params.get("fc1.bais").unwrap_err();
     assert_eq!(
@@ -44,30 +42,30 @@ fn params_are_found_by_name_in_registration_order() {
 }
 
 #[test]
-fn gradients_accumulate_in_place_and_zero() {
+fn gradients_accumulate_per_parameter() {
     let pool = Pool::with_max_memory_mb(16);
     let mut params = ParamStore::<f32>::new(&pool);
     params.zeros("b", &[3]).unwrap();
+    params.zeros("unused", &[2]).unwrap();
     pool.scope(|s| {
+        let b = params.get("b").unwrap();
+        let mut grads = tensorscope::Gradients::new(s);
         let g = s.from_slice::<f32>(&[3], &[1.0, 2.0, 3.0]);
-        let p = params.get_mut("b").unwrap();
-        let before = p.grad.as_slice().as_ptr();
-        p.accumulate(&g).unwrap();
-        p.accumulate(&g).unwrap();
-        assert_eq!(p.grad.to_vec(), vec![2.0, 4.0, 6.0]);
-        assert_eq!(p.grad.as_slice().as_ptr(), before, "no new buffer");
-        let err = p.accumulate(&s.zeros::<f32>(&[2])).unwrap_err();
+        grads.accumulate(b, &g).unwrap();
+        grads.accumulate(b, &g).unwrap();
+        assert_eq!(grads.get(b).unwrap().to_vec(), vec![2.0, 4.0, 6.0]);
+        assert_eq!(grads.len(), 1);
+        assert!(grads.get(params.get("unused").unwrap()).is_none());
+        let err = grads.accumulate(b, &s.zeros::<f32>(&[2])).unwrap_err();
         assert!(matches!(
             err,
-            NnError::Tensor(Error::ShapeMismatch {
-                op: "accumulate",
+            Error::ShapeMismatch {
+                op: "Gradients::accumulate",
                 ..
-            })
+            }
         ));
     });
-    params.zero_grad();
-    assert_eq!(params.get("b").unwrap().grad.to_vec(), vec![0.0; 3]);
-    assert_eq!(pool.stats().bytes_in_use, 2 * 64, "data and grad only");
+    assert_eq!(pool.stats().bytes_in_use, 2 * 64, "the parameters only");
 }
 
 /// Central finite differences of `f` at `x`, element by element.
@@ -142,7 +140,7 @@ fn softmax_cross_entropy_value_gradient_and_errors() {
             softmax_cross_entropy(&bad, &[0, 3])
                 .unwrap_err()
                 .to_string(),
-            "label 3 of batch row 1 is out of range for 3 classes"
+            "cross_entropy: label 3 of row 1 is out of range for 3 classes"
         );
         assert!(matches!(
             softmax_cross_entropy(&bad, &[0]).unwrap_err(),
@@ -159,53 +157,77 @@ fn softmax_cross_entropy_value_gradient_and_errors() {
     });
 }
 
-fn store_with(pool: &Pool, value: &[f64], grad: &[f64]) -> ParamStore<f64> {
+/// Runs `steps` steps of `opt` on one parameter `w` with the fixed gradient `grad`, returning `w`
+/// after each.
+fn steps(
+    pool: &Pool,
+    opt: &mut dyn Optimizer<f64>,
+    value: &[f64],
+    grad: &[f64],
+    steps: usize,
+) -> Vec<Vec<f64>> {
     let mut params = ParamStore::<f64>::new(pool);
-    let data = pool.scope(|s| s.from_slice::<f64>(&[value.len()], value).detach());
-    params.add("w", data).unwrap();
-    pool.scope(|s| {
-        let g = s.from_slice::<f64>(&[grad.len()], grad);
-        params.get_mut("w").unwrap().accumulate(&g).unwrap();
-    });
     params
+        .add("w", Param::from_slice(pool, &[value.len()], value))
+        .unwrap();
+    (0..steps)
+        .map(|_| {
+            pool.scope(|s| {
+                let mut grads = tensorscope::Gradients::new(s);
+                let g = s.from_slice::<f64>(&[grad.len()], grad);
+                grads.accumulate(params.get("w").unwrap(), &g).unwrap();
+                opt.step(&mut params, &grads).unwrap();
+            });
+            params.get("w").unwrap().to_vec()
+        })
+        .collect()
 }
 
 #[test]
 fn sgd_with_momentum_matches_the_update_rule() {
     let pool = Pool::with_max_memory_mb(16);
-    let mut params = store_with(&pool, &[1.0, -2.0], &[0.5, -1.0]);
-    let mut sgd = Sgd::new(0.1, 0.9);
-    sgd.step(&mut params).unwrap(); // v = g; w -= 0.1 g
-    assert_eq!(
-        params.get("w").unwrap().data.to_vec(),
-        vec![1.0 - 0.05, -2.0 + 0.1]
+    let w = steps(
+        &pool,
+        &mut Sgd::new(0.1, 0.9),
+        &[1.0, -2.0],
+        &[0.5, -1.0],
+        2,
     );
-    sgd.step(&mut params).unwrap(); // v = 0.9 g + g = 1.9 g; w -= 0.19 g
-    let w = params.get("w").unwrap().data.to_vec();
-    assert!((w[0] - (0.95 - 0.1 * 1.9 * 0.5)).abs() < 1e-15);
-    assert!((w[1] - (-1.9 + 0.1 * 1.9 * 1.0)).abs() < 1e-15);
+    assert_eq!(w[0], vec![1.0 - 0.05, -2.0 + 0.1]); // v = g; w -= 0.1 g
+                                                    // v = 0.9 g + g = 1.9 g; w -= 0.19 g
+    assert!((w[1][0] - (0.95 - 0.1 * 1.9 * 0.5)).abs() < 1e-15);
+    assert!((w[1][1] - (-1.9 + 0.1 * 1.9 * 1.0)).abs() < 1e-15);
 }
 
 #[test]
-fn adam_matches_the_update_rule() {
+fn adam_and_adamw_match_the_update_rule() {
     let pool = Pool::with_max_memory_mb(16);
     let (lr, b1, b2, eps) = (0.01, 0.9, 0.999, 1e-8);
     let g = [0.5, -2.0];
-    let mut params = store_with(&pool, &[1.0, 1.0], &g);
-    let mut adam = Adam::with_betas(lr, b1, b2, eps);
-    let (mut m, mut v, mut w) = ([0.0f64; 2], [0.0f64; 2], [1.0f64; 2]);
-    for t in 1..=3 {
-        adam.step(&mut params).unwrap();
-        for i in 0..2 {
-            m[i] = b1 * m[i] + (1.0 - b1) * g[i];
-            v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
-            let m_hat = m[i] / (1.0 - b1.powi(t));
-            let v_hat = v[i] / (1.0 - b2.powi(t));
-            w[i] -= lr * m_hat / (v_hat.sqrt() + eps);
-        }
-        let got = params.get("w").unwrap().data.to_vec();
-        for i in 0..2 {
-            assert!((got[i] - w[i]).abs() < 1e-15, "step {t}, element {i}");
+    for decay in [0.0, 0.1] {
+        let mut adam = if decay == 0.0 {
+            Adam::with_betas(lr, b1, b2, eps)
+        } else {
+            Adam::adamw(lr, decay)
+        };
+        let got = steps(&pool, &mut adam, &[1.0, 1.0], &g, 3);
+        let (mut m, mut v, mut w) = ([0.0f64; 2], [0.0f64; 2], [1.0f64; 2]);
+        for t in 1..=3 {
+            for i in 0..2 {
+                w[i] *= 1.0 - lr * decay; // AdamW: decoupled from the gradient
+                m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+                v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+                let m_hat = m[i] / (1.0 - b1.powi(t));
+                let v_hat = v[i] / (1.0 - b2.powi(t));
+                w[i] -= lr * m_hat / (v_hat.sqrt() + eps);
+            }
+            for i in 0..2 {
+                let got = got[t as usize - 1][i];
+                assert!(
+                    (got - w[i]).abs() < 1e-15,
+                    "decay {decay}, step {t}, element {i}"
+                );
+            }
         }
     }
 }
@@ -232,11 +254,7 @@ mod layers {
 
     fn set(params: &mut ParamStore<f64>, name: &str, values: &[f64]) {
         let p = params.get_mut(name).unwrap();
-        p.data
-            .view_mut()
-            .as_slice_mut()
-            .unwrap()
-            .copy_from_slice(values);
+        p.view_mut().as_slice_mut().unwrap().copy_from_slice(values);
     }
 
     /// Checks `layer`'s backward against central finite differences of `L = sum(y * r)`, for the
@@ -245,12 +263,22 @@ mod layers {
         let pool = Pool::with_max_memory_mb(64);
         let mut params = ParamStore::<f64>::new(&pool);
         let layer = make(&mut params);
-        let (x, r, dx) = pool.scope(|s| {
+        let (x, r, dx, param_grads) = pool.scope(|s| {
             let x = s.randn::<f64>(shape, 11);
             let mut cache = Cache::new();
             let y = layer.forward(&params, &x, Some(&mut cache)).unwrap();
             let r = s.randn::<f64>(y.shape(), 12);
-            let dx = layer.backward(&mut params, &mut cache, &r).unwrap();
+            let mut grads = tensorscope::Gradients::new(s);
+            let dx = layer.backward(&params, &mut grads, &mut cache, &r).unwrap();
+            let param_grads: Vec<Vec<f64>> = params
+                .iter()
+                .map(|(_, p)| {
+                    grads
+                        .get(p)
+                        .expect("every parameter has a gradient")
+                        .to_vec()
+                })
+                .collect();
             assert!(
                 cache.is_empty(),
                 "{}: backward popped all it pushed",
@@ -262,15 +290,14 @@ mod layers {
                 plain.to_vec(),
                 "caching does not change the output"
             );
-            (x.to_vec(), r.to_vec(), dx.to_vec())
+            (x.to_vec(), r.to_vec(), dx.to_vec(), param_grads)
         });
         let numeric = numeric_grad(&x, |v| loss(&*layer, &params, shape, v, &r));
         assert_grad_close(&dx, &numeric);
 
         let names: Vec<String> = params.iter().map(|(n, _)| n.to_string()).collect();
-        for name in names {
-            let value = params.get(&name).unwrap().data.to_vec();
-            let grad = params.get(&name).unwrap().grad.to_vec();
+        for (name, grad) in names.into_iter().zip(param_grads) {
+            let value = params.get(&name).unwrap().to_vec();
             let mut numeric = Vec::new();
             for i in 0..value.len() {
                 let h = 1e-6;
@@ -336,8 +363,14 @@ mod layers {
         let mut params = ParamStore::<f32>::new(&pool);
         let fc = Linear::new(&mut params, "fc", 2, 2, 1).unwrap();
         pool.scope(|s| {
+            let mut grads = tensorscope::Gradients::new(s);
             let err = fc
-                .backward(&mut params, &mut Cache::new(), &s.ones::<f32>(&[1, 2]))
+                .backward(
+                    &params,
+                    &mut grads,
+                    &mut Cache::new(),
+                    &s.ones::<f32>(&[1, 2]),
+                )
                 .unwrap_err();
             assert_eq!(
                 err.to_string(),
@@ -395,10 +428,11 @@ fn backward_with_a_gradient_or_cache_of_the_wrong_shape_is_an_error() {
             expected: Shape(vec![4, 3]),
             got: Shape(got.to_vec()),
         };
+        let mut grads = tensorscope::Gradients::new(s);
         let mut cache = Cache::new();
         norm.forward(&params, &x, Some(&mut cache)).unwrap();
         let err = norm
-            .backward(&mut params, &mut cache, &s.ones::<f32>(&[4, 2]))
+            .backward(&params, &mut grads, &mut cache, &s.ones::<f32>(&[4, 2]))
             .unwrap_err();
         assert_eq!(err, grad_shape("layer_norm", &[4, 2]));
         assert_eq!(
@@ -410,7 +444,7 @@ fn backward_with_a_gradient_or_cache_of_the_wrong_shape_is_an_error() {
             let mut cache = Cache::new();
             act.forward(&params, &x, Some(&mut cache)).unwrap();
             let err = act
-                .backward(&mut params, &mut cache, &s.ones::<f32>(&[1, 3]))
+                .backward(&params, &mut grads, &mut cache, &s.ones::<f32>(&[1, 3]))
                 .unwrap_err();
             assert_eq!(err, grad_shape(Layer::<f32>::name(&act), &[1, 3]));
         }
@@ -419,7 +453,7 @@ fn backward_with_a_gradient_or_cache_of_the_wrong_shape_is_an_error() {
         cache.push(s.ones::<f32>(&[]));
         cache.push(s.ones::<f32>(&[]));
         let err = norm
-            .backward(&mut params, &mut cache, &s.ones::<f32>(&[]))
+            .backward(&params, &mut grads, &mut cache, &s.ones::<f32>(&[]))
             .unwrap_err();
         assert!(
             matches!(
@@ -433,29 +467,93 @@ fn backward_with_a_gradient_or_cache_of_the_wrong_shape_is_an_error() {
 }
 
 #[test]
-fn optimizers_refuse_a_parameter_whose_shape_changed() {
+fn a_replaced_parameter_starts_with_fresh_optimizer_state() {
     let pool = Pool::with_max_memory_mb(16);
-    let replaced = |shape: &[usize]| pool.scope(|s| s.zeros::<f32>(shape).detach());
     let optimizers: [Box<dyn Optimizer<f32>>; 2] =
         [Box::new(Sgd::new(0.1, 0.9)), Box::new(Adam::new(0.1))];
     for mut opt in optimizers {
         let mut params = ParamStore::<f32>::new(&pool);
         params.zeros("w", &[4]).unwrap();
-        opt.step(&mut params).unwrap();
-        // `data` alone replaced: it no longer matches its gradient.
-        params.get_mut("w").unwrap().data = replaced(&[3]);
-        let err = opt.step(&mut params).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "parameter \"w\": its data has shape [3] but its gradient has shape [4]; a \
-             parameter keeps one shape"
-        );
-        // Both replaced: the optimizer's state was made for the old shape.
-        params.get_mut("w").unwrap().grad = replaced(&[3]);
-        let err = opt.step(&mut params).unwrap_err();
+        let mut step = |params: &mut ParamStore<f32>| {
+            pool.scope(|s| {
+                let mut grads = tensorscope::Gradients::new(s);
+                let w = params.get("w").unwrap();
+                grads.accumulate(w, &s.ones::<f32>(w.shape())).unwrap();
+                opt.step(params, &grads)
+            })
+        };
+        step(&mut params).unwrap();
+        // The parameter replaced by one of another shape: it is a new parameter (a new key), so its
+        // momentum or moments are made anew rather than met in the old shape.
+        *params.get_mut("w").unwrap() = Param::<f32>::zeros(&pool, &[3]);
+        step(&mut params).unwrap();
+        let w = params.get("w").unwrap().to_vec();
+        assert_eq!(w.len(), 3);
+        assert!(w.iter().all(|&v| v < 0.0 && v == w[0]), "{w:?}");
+    }
+}
+
+#[test]
+fn a_step_that_runs_out_of_memory_changes_nothing() {
+    // Two parameters and their gradients take 4 x 896 bytes of a 6 KiB budget: Adam's moments fit
+    // for the first parameter, not for the second. Updating the first before finding that out would
+    // leave half a step applied.
+    let pool = tensorscope::Pool::new(tensorscope::PoolConfig::with_max_bytes(6 * 1024));
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.zeros("a", &[200]).unwrap();
+    params.zeros("b", &[200]).unwrap();
+    let mut adam = Adam::new(0.1);
+    let err = pool
+        .scope(|s| {
+            let mut grads = tensorscope::Gradients::new(s);
+            for (_, p) in params.iter() {
+                grads.accumulate(p, &s.ones::<f32>(&[200])).unwrap();
+            }
+            adam.step(&mut params, &grads)
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("budget exceeded"), "{err}");
+    for (name, p) in params.iter() {
+        assert_eq!(p.to_vec(), vec![0.0; 200], "{name} unchanged");
+    }
+}
+
+#[test]
+fn optimizers_update_any_parameter_set_in_place_and_refuse_one_listed_twice() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut set = vec![Param::<f32>::zeros(&pool, &[2]), Param::zeros(&pool, &[3])];
+    let mut sgd = Sgd::new(0.5, 0.0);
+    fn grads_of<'s>(set: &[Param<f32>], s: &'s Scope<'_>) -> tensorscope::Gradients<'s, f32> {
+        let mut grads = tensorscope::Gradients::new(s);
+        for p in set {
+            grads.accumulate(p, &s.ones::<f32>(p.shape())).unwrap();
+        }
+        grads
+    }
+    pool.scope(|s| {
+        let grads = grads_of(&set, s);
+        let before: Vec<_> = set.iter().map(|p| p.as_slice().as_ptr()).collect();
+        sgd.step(&mut set, &grads).unwrap();
+        assert_eq!(set[0].to_vec(), [-0.5; 2]);
+        assert_eq!(set[1].to_vec(), [-0.5; 3]);
+        let after: Vec<_> = set.iter().map(|p| p.as_slice().as_ptr()).collect();
+        assert_eq!(before, after, "unique parameters are written in place");
+    });
+    // A clone listed beside its original is the same parameter (one key): updating both would apply
+    // the step twice.
+    set.push(set[1].clone());
+    pool.scope(|s| {
+        let grads = grads_of(&set[..2], s);
+        let err = sgd.step(&mut set, &grads).unwrap_err();
         assert!(
-            matches!(&err, NnError::ParamShapeChanged { name, what: "optimizer state", .. } if name == "w"),
+            matches!(&err, NnError::ParamListedTwice { index: 2, shape } if shape.0 == [3]),
             "{err}"
         );
-    }
+        assert!(
+            err.to_string()
+                .contains("lists parameter #2 (shape [3]) twice"),
+            "{err}"
+        );
+    });
+    assert_eq!(set[0].to_vec(), [-0.5; 2], "nothing changed");
 }

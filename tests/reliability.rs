@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tensorscope::nn::{mse, train_step, Activation, Linear, ParamStore, Sequential, Sgd};
 use tensorscope::prelude::*;
-use tensorscope::{CheckpointConfig, Checkpointer, Error, Policy};
+use tensorscope::{CheckpointConfig, Checkpointer, Error, Gradients, Policy};
 
 #[test]
 fn threads_with_their_own_scopes_share_one_pool_exactly() {
@@ -176,7 +176,8 @@ impl tensorscope::nn::Layer for Faulty {
     }
     fn backward<'s>(
         &self,
-        _: &mut ParamStore,
+        _: &ParamStore,
+        _: &mut tensorscope::Gradients<'_>,
         cache: &mut tensorscope::nn::Cache<'s>,
         grad: &Tensor<'s>,
     ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
@@ -209,6 +210,7 @@ fn a_panic_in_a_checkpointed_training_step_leaves_the_pool_consistent() {
                 &model,
                 params,
                 &mut sgd,
+                &mut Gradients::new(s),
                 &x,
                 |y| mse(y, &target),
                 Some(ckpt),

@@ -1,11 +1,16 @@
 //! Checkpointed training steps against plain ones: bit-identical at full precision for every
-//! policy, measured error at f16/bf16, and less memory held.
+//! policy, measured error at f16/bf16, and less memory held; autograd through an annotated forward
+//! against the hand-written backward passes, bit for bit.
 
 use tensorscope::nn::{
-    mse, train_step, Activation, Linear, ParamStore, Residual, Sequential, Sgd, StepReport,
+    backward_step, mse, train_step, Activation, Adam, Linear, Optimizer, ParamStore, Residual,
+    Sequential, Sgd, StepReport,
 };
 use tensorscope::prelude::*;
-use tensorscope::{CheckpointConfig, Checkpointer, Policy, Precision};
+use tensorscope::{CheckpointConfig, Checkpointer, Gradients, Parameters, Policy, Precision};
+
+#[path = "../examples/common/pre_norm_mlp.rs"]
+mod pre_norm_mlp;
 
 const WIDTH: usize = 8;
 const BATCH: usize = 4;
@@ -42,25 +47,32 @@ fn model(pool: &Pool, n: usize) -> (Sequential, ParamStore) {
     (seq, params)
 }
 
+/// Every parameter's name, gradient and updated value.
+type Snapshot = Vec<(String, Vec<f32>, Vec<f32>)>;
+
+/// One SGD step; returns its report and snapshot.
 fn step(
     pool: &Pool,
     seq: &Sequential,
     params: &mut ParamStore,
     ckpt: Option<&mut Checkpointer>,
-) -> StepReport {
+) -> (StepReport, Snapshot) {
     let mut sgd = Sgd::new(0.05, 0.9);
     pool.scope(|s| {
         let x = s.randn::<f32>(&[BATCH, WIDTH], 100);
         let target = s.randn::<f32>(&[BATCH, WIDTH], 101);
-        train_step(seq, params, &mut sgd, &x, |y| mse(y, &target), ckpt).unwrap()
+        let mut grads = Gradients::new(s);
+        let report = backward_step(seq, params, &mut grads, &x, |y| mse(y, &target), ckpt).unwrap();
+        sgd.step(params, &grads).unwrap();
+        let snapshot = params
+            .iter()
+            .map(|(n, p)| {
+                let g = grads.get(p).expect("every parameter has a gradient");
+                (n.to_string(), g.to_vec(), p.to_vec())
+            })
+            .collect();
+        (report, snapshot)
     })
-}
-
-fn snapshot(params: &ParamStore) -> Vec<(String, Vec<f32>, Vec<f32>)> {
-    params
-        .iter()
-        .map(|(n, p)| (n.to_string(), p.data.to_vec(), p.grad.to_vec()))
-        .collect()
 }
 
 #[test]
@@ -69,8 +81,7 @@ fn checkpointed_steps_are_bit_identical_for_every_policy() {
     let act_bytes = BATCH * WIDTH * 4;
     for n in [16usize, 64] {
         let (seq, mut plain_params) = model(&pool, n);
-        let plain = step(&pool, &seq, &mut plain_params, None);
-        let want = snapshot(&plain_params);
+        let (plain, want) = step(&pool, &seq, &mut plain_params, None);
         for policy in [
             Policy::Every(4),
             Policy::Sqrt,
@@ -79,14 +90,13 @@ fn checkpointed_steps_are_bit_identical_for_every_policy() {
         ] {
             let (seq, mut params) = model(&pool, n);
             let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy.clone()));
-            let report = step(&pool, &seq, &mut params, Some(&mut ckpt));
+            let (report, got) = step(&pool, &seq, &mut params, Some(&mut ckpt));
             assert_eq!(
                 report.loss.to_bits(),
                 plain.loss.to_bits(),
                 "{policy:?} n={n}"
             );
-            let got = snapshot(&params);
-            for ((name, data, grad), (_, want_data, want_grad)) in got.iter().zip(&want) {
+            for ((name, grad, data), (_, want_grad, want_data)) in got.iter().zip(&want) {
                 assert_eq!(grad, want_grad, "{policy:?} n={n}: gradient of {name}");
                 assert_eq!(data, want_data, "{policy:?} n={n}: updated {name}");
             }
@@ -113,16 +123,15 @@ fn low_precision_storage_gives_a_small_measured_gradient_error() {
     let pool = Pool::with_max_memory_mb(256);
     let n = 16;
     let (seq, mut plain_params) = model(&pool, n);
-    step(&pool, &seq, &mut plain_params, None);
-    let want = snapshot(&plain_params);
+    let (_, want) = step(&pool, &seq, &mut plain_params, None);
     for (precision, bound) in [(Precision::F16, 5e-3), (Precision::Bf16, 5e-2)] {
         let (seq, mut params) = model(&pool, n);
         let config = CheckpointConfig::new(Policy::Sqrt).with_precision(precision);
         let mut ckpt = Checkpointer::new(config);
-        step(&pool, &seq, &mut params, Some(&mut ckpt));
+        let (_, got) = step(&pool, &seq, &mut params, Some(&mut ckpt));
         // Normwise relative error of each parameter's gradient, the largest over all parameters.
         let mut worst = 0f32;
-        for ((name, _, grad), (_, _, want_grad)) in snapshot(&params).iter().zip(&want) {
+        for ((name, grad, _), (_, want_grad, _)) in got.iter().zip(&want) {
             let err = grad
                 .iter()
                 .zip(want_grad)
@@ -157,7 +166,8 @@ impl tensorscope::nn::Layer for Leaky {
     }
     fn backward<'s>(
         &self,
-        _: &mut ParamStore,
+        _: &ParamStore,
+        _: &mut tensorscope::Gradients<'_>,
         cache: &mut tensorscope::nn::Cache<'s>,
         grad: &Tensor<'s>,
     ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
@@ -179,6 +189,7 @@ fn a_cache_left_non_empty_is_an_error_in_debug_builds() {
                 &seq,
                 &mut params,
                 &mut Sgd::new(0.1, 0.0),
+                &mut Gradients::new(s),
                 &x,
                 |y| mse(y, &x),
                 None,
@@ -189,4 +200,61 @@ fn a_cache_left_non_empty_is_an_error_in_debug_builds() {
         err.to_string(),
         "the cache holds 1 tensors after backward: a layer's backward pops less than its forward pushes"
     );
+}
+
+#[test]
+fn autograd_through_an_annotated_forward_matches_the_hand_written_backward_bit_for_bit() {
+    let pool = Pool::with_max_memory_mb(256);
+    let mut params = ParamStore::new(&pool);
+    let seq = pre_norm_mlp::layers(&mut params, 64, WIDTH);
+    let mut blocks = pre_norm_mlp::Block::all(&params, 64);
+    // Each side its own Adam: the store's parameters and the blocks' clones part at the first
+    // update (copy on write) and must stay equal bit for bit.
+    let (mut adam_hand, mut adam_auto) = (Adam::new(1e-3), Adam::new(1e-3));
+    let mut losses = Vec::new();
+    // One batch, three steps: the loss must fall.
+    for step in 0..3 {
+        let (hand_loss, hand_grads) = pool.scope(|s| {
+            let x = s.randn::<f32>(&[BATCH, WIDTH], 100);
+            let target = s.randn::<f32>(&[BATCH, WIDTH], 200);
+            let mut grads = Gradients::new(s);
+            let report =
+                backward_step(&seq, &params, &mut grads, &x, |y| mse(y, &target), None).unwrap();
+            let snapshot: Vec<Vec<f32>> = params
+                .iter()
+                .map(|(_, p)| grads.get(p).unwrap().to_vec())
+                .collect();
+            adam_hand.step(&mut params, &grads).unwrap();
+            (report.loss, snapshot)
+        });
+        pool.train(|s| {
+            let x = s.randn::<f32>(&[BATCH, WIDTH], 100);
+            let target = s.randn::<f32>(&[BATCH, WIDTH], 200);
+            let y = blocks.iter().fold(x, |x, b| b.forward(&x));
+            let loss = y.try_mse(&target).unwrap();
+            assert_eq!(
+                loss.item().to_bits(),
+                hand_loss.to_bits(),
+                "step {step}: loss"
+            );
+            let grads = loss.backward().unwrap();
+            assert_eq!(grads.len(), params.len(), "a gradient for every parameter");
+            for ((name, p), want) in params.iter().zip(&hand_grads) {
+                assert_eq!(&grads.get(p).unwrap().to_vec(), want, "step {step}: {name}");
+            }
+            adam_auto.step(&mut blocks, &grads).unwrap();
+            losses.push(loss.item());
+        });
+        let mut updated = Vec::new();
+        blocks.for_each_param(&mut |p| updated.push(p.to_vec()));
+        for ((name, p), got) in params.iter().zip(&updated) {
+            assert_eq!(&p.to_vec(), got, "step {step}: updated {name}");
+        }
+    }
+    assert!(
+        losses[2] < losses[0],
+        "Adam on autograd gradients trains: {losses:?}"
+    );
+    drop((seq, blocks, params, adam_hand, adam_auto));
+    assert_eq!(pool.stats().bytes_in_use, 0);
 }

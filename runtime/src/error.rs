@@ -128,6 +128,57 @@ pub enum Error {
         /// The tensor's rank.
         ndim: usize,
     },
+    /// `backward` from a tensor that holds more than one element: its gradient is not implied.
+    #[error(
+        "backward: the tensor has shape {shape}; backward starts from a single value (a loss), or \
+         use backward_with and give the gradient of the output"
+    )]
+    BackwardNeedsScalar {
+        /// The tensor's shape.
+        shape: Shape,
+    },
+    /// `backward` from a tensor computed from nothing that needs a gradient.
+    #[error(
+        "backward: the tensor carries no gradient graph; it depends on no parameter bound in a \
+         training scope (`pool.train`, `scope.train`) and no tensor marked with `requires_grad`"
+    )]
+    NoGraph,
+    /// `backward` through a part of a graph whose saved values an earlier backward already released.
+    #[error(
+        "backward: the graph was already used by a backward pass, which released what it saved; \
+         run the forward again"
+    )]
+    GraphConsumed,
+    /// `backward` through an op that has no derivative (`map`, `zip_map`, `map_lanes`, `cast`).
+    #[error(
+        "backward: {op} has no derivative; use map_with_derivative for an elementwise function, or \
+         keep it out of the differentiated path (without_grad)"
+    )]
+    NotDifferentiable {
+        /// The op.
+        op: &'static str,
+    },
+    /// A write through `view_mut` into a tensor that carries a gradient graph.
+    #[error(
+        "{op}: the tensor carries a gradient graph, and a write would make its gradient wrong; write \
+         into `without_grad()` of it, or use tensor ops"
+    )]
+    WriteToGraph {
+        /// The op.
+        op: &'static str,
+    },
+    /// A class label past the number of classes.
+    #[error("{op}: label {label} of row {row} is out of range for {classes} classes")]
+    LabelOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The row of the batch.
+        row: usize,
+        /// The label given.
+        label: usize,
+        /// The number of classes (the logits' last axis).
+        classes: usize,
+    },
     /// A data slice whose length does not match the shape's element count.
     #[error("{op}: shape {shape} holds {expected} elements but {got} were given")]
     LengthMismatch {

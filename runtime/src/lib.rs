@@ -33,6 +33,7 @@
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
+pub mod autograd;
 pub mod checkpoint;
 mod element;
 mod error;
@@ -45,12 +46,13 @@ mod pool;
 mod scope;
 mod tensor;
 
+pub use autograd::Gradients;
 pub use checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};
 pub use element::Element;
 pub use error::{Error, Result, Shape};
 pub use escape::{Escape, EscapeTarget};
 pub use ops::{Operand, TensorOps};
-pub use param::Param;
+pub use param::{Param, Parameters};
 pub use pool::{
     Pool, PoolBuffer, PoolConfig, PoolStats, TimelinePoint, ALIGN, DEFAULT_MAX_MEMORY_MB,
     POISON_BYTE,

@@ -40,15 +40,15 @@ use crate::pool::{check_length, Pool, PoolBuffer};
 pub struct Param<T: Element = f32> {
     buf: Arc<PoolBuffer<T>>,
     dim: IxDyn,
+    /// Identifies the parameter in [`Gradients`](crate::autograd::Gradients): kept by clones and
+    /// by copy on write, new for every parameter made.
+    key: u64,
 }
 
 impl<T: Element> Param<T> {
     /// A parameter over `buf`, which holds exactly `shape`'s elements.
     pub(crate) fn from_buffer(buf: PoolBuffer<T>, shape: &[usize]) -> Self {
-        Param {
-            buf: Arc::new(buf),
-            dim: IxDyn(shape),
-        }
+        Param::from_shared(Arc::new(buf), shape)
     }
 
     /// A parameter over a buffer shared with others (a bound tensor's).
@@ -56,7 +56,13 @@ impl<T: Element> Param<T> {
         Param {
             buf,
             dim: IxDyn(shape),
+            key: crate::autograd::next_key(),
         }
+    }
+
+    /// The key of this parameter's gradient.
+    pub(crate) fn key(&self) -> u64 {
+        self.key
     }
 
     /// The shared buffer, for tensors bound to this parameter.
@@ -90,7 +96,7 @@ impl<T: Element> Param<T> {
     }
 
     /// A parameter of `shape` holding a copy of `data` in row-major order. Fails with
-    /// [`Error::LengthMismatch`] if the lengths differ, [`Error::SizeOverflow`] for a shape too large to
+    /// [`Error::LengthMismatch`](crate::Error::LengthMismatch) if the lengths differ, [`Error::SizeOverflow`](crate::Error::SizeOverflow) for a shape too large to
     /// address, and with a budget error if the pool cannot hold it.
     pub fn try_from_slice(pool: &Pool, shape: &[usize], data: &[T]) -> Result<Self> {
         check_length("Param::from_slice", shape, data)?;
@@ -228,6 +234,7 @@ impl<T: Element> Clone for Param<T> {
         Param {
             buf: Arc::clone(&self.buf),
             dim: self.dim.clone(),
+            key: self.key,
         }
     }
 }
@@ -236,6 +243,75 @@ impl<T: Element> fmt::Debug for Param<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Param<{}>{:?} ", T::NAME, self.shape())?;
         fmt::Debug::fmt(&self.view(), f)
+    }
+}
+
+/// A set of parameters an optimizer updates in place: a [`Param`], a
+/// [`ParamStore`](crate::nn::ParamStore), a `Vec`, array, slice or `Option` of parameter sets, or a
+/// model struct of your own.
+///
+/// A model that keeps its parameters as fields lists them:
+///
+/// ```
+/// use tensorscope_runtime::{Param, Parameters};
+///
+/// struct Mlp {
+///     w1: Param,
+///     w2: Param,
+///     blocks: Vec<Param>,
+/// }
+///
+/// impl Parameters<f32> for Mlp {
+///     fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
+///         f(&mut self.w1);
+///         f(&mut self.w2);
+///         self.blocks.for_each_param(f);
+///     }
+/// }
+/// ```
+///
+/// The model must own its parameters: an optimizer writes a parameter that another handle shares
+/// (a clone kept elsewhere) by copying it first, and the other handle keeps the old values.
+pub trait Parameters<T: Element> {
+    /// Calls `f` on every parameter, in the same order on every call.
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>));
+}
+
+impl<T: Element> Parameters<T> for Param<T> {
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
+        f(self)
+    }
+}
+
+impl<T: Element, P: Parameters<T> + ?Sized> Parameters<T> for &mut P {
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
+        (**self).for_each_param(f)
+    }
+}
+
+impl<T: Element, P: Parameters<T>> Parameters<T> for [P] {
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
+        self.iter_mut().for_each(|p| p.for_each_param(f))
+    }
+}
+
+impl<T: Element, P: Parameters<T>, const N: usize> Parameters<T> for [P; N] {
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
+        self.as_mut_slice().for_each_param(f)
+    }
+}
+
+impl<T: Element, P: Parameters<T>> Parameters<T> for Vec<P> {
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
+        self.as_mut_slice().for_each_param(f)
+    }
+}
+
+impl<T: Element, P: Parameters<T>> Parameters<T> for Option<P> {
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
+        if let Some(p) = self {
+            p.for_each_param(f)
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::rc::Rc;
 
 use ndarray::{ArrayViewMutD, AsArray, Dimension};
 
+use crate::autograd::{self, Mode};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result};
 use crate::escape::{Escape, EscapeTarget};
@@ -366,6 +367,16 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Like [`Pool::scope`], for a training step: while `f` runs, every parameter an op uses (bound
+    /// with [`Scope::bind`] or given as an operand) is a leaf of the gradient graph, so a loss
+    /// computed from them can [`backward`](Tensor::backward) to their gradients. Outside, the same
+    /// forward records nothing.
+    pub fn train<R>(&self, f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R) -> R {
+        autograd::with_mode(Mode::Train, || self.scope(f))
+    }
+}
+
 /// Runs `f` in a new outermost scope on the process-wide default pool, [`Pool::global`].
 pub fn scope<R>(f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R) -> R {
     Pool::global().scope(f)
@@ -396,6 +407,18 @@ impl<'p> Scope<'p> {
         f: impl for<'i> FnOnce(&'i Scope<'s>) -> R,
     ) -> R {
         run(ScopeState::child(&self.state, Some(max_bytes)), f).0
+    }
+
+    /// Like [`Scope::scope`], for a training step: while `f` runs, parameters used by ops are
+    /// leaves of the gradient graph (see [`Pool::train`]).
+    pub fn train<'s, R>(&'s self, f: impl for<'i> FnOnce(&'i Scope<'s>) -> R) -> R {
+        autograd::with_mode(Mode::Train, || self.scope(f))
+    }
+
+    /// Like [`Scope::scope`], with recording off while `f` runs: no op records a gradient graph,
+    /// whatever its inputs carry (PyTorch's `no_grad`). For evaluation inside a training loop.
+    pub fn no_grad<'s, R>(&'s self, f: impl for<'i> FnOnce(&'i Scope<'s>) -> R) -> R {
+        autograd::with_mode(Mode::Off, || self.scope(f))
     }
 
     pub(crate) fn state(&self) -> &Rc<ScopeState> {
@@ -470,7 +493,9 @@ impl<'p> Scope<'p> {
     }
 
     /// Rents a tensor of `shape` and lets `kernel` write it: the way to fill a pooled buffer with a
-    /// custom computation. The view starts with unspecified contents.
+    /// custom computation. The view starts with unspecified contents. The result carries no gradient
+    /// graph: whatever `kernel` reads from other tensors is a constant to
+    /// [`backward`](Tensor::backward).
     pub fn try_rent_with<'s, T: Element>(
         &'s self,
         shape: &[usize],

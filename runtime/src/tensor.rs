@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
+use crate::autograd::{self, Mode, Node, Recorder, Rule};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::param::Param;
@@ -74,6 +75,8 @@ pub struct Tensor<'s, T: Element = f32> {
     /// The scope that ops on this handle rent their outputs in.
     pub(crate) scope: Rc<ScopeState>,
     dim: IxDyn,
+    /// The gradient graph the value was computed by, if it needs a gradient (see `autograd`).
+    pub(crate) node: Option<Rc<Node<T>>>,
     _brand: PhantomData<&'s ()>,
 }
 
@@ -140,16 +143,20 @@ impl<'s, T: Element> Tensor<'s, T> {
             })),
             scope: Rc::clone(scope),
             dim: IxDyn(shape),
+            node: None,
             _brand: PhantomData,
         }
     }
 
     /// `param`'s data as a tensor whose ops rent in `scope`: no copy, no rent, nothing accounted.
+    /// In a training scope it is a leaf of the gradient graph, keyed by the parameter.
     pub(crate) fn bound(scope: &Rc<ScopeState>, param: &Param<T>) -> Self {
+        let node = (autograd::mode() == Mode::Train).then(|| Node::leaf(param.key(), scope));
         Tensor {
             data: Data::Bound(Arc::clone(param.buffer())),
             scope: Rc::clone(scope),
             dim: IxDyn(param.shape()),
+            node,
             _brand: PhantomData,
         }
     }
@@ -166,20 +173,27 @@ impl<'s, T: Element> Tensor<'s, T> {
         Ok(t)
     }
 
-    /// Another handle on the same buffer whose ops rent in `scope`.
+    /// Another handle on the same buffer (and graph) whose ops rent in `scope`.
     pub(crate) fn alias_in<'t>(&self, scope: &Rc<ScopeState>) -> Tensor<'t, T> {
         Tensor {
             data: self.data.clone(),
             scope: Rc::clone(scope),
             dim: self.dim.clone(),
+            node: self.node.clone(),
             _brand: PhantomData,
         }
     }
 
-    /// Re-brands this tensor for `target`, moving its buffer's accounting there if `target` lives
-    /// longer than the buffer's owner (see `ScopeState::hands_over_to`). A bound parameter's buffer
-    /// belongs to no scope and is only re-branded.
-    pub(crate) fn move_to<'t>(self, target: &Rc<ScopeState>) -> Tensor<'t, T> {
+    /// An alias without a graph and without a brand, for a backward rule to keep.
+    pub(crate) fn saved(&self) -> Tensor<'static, T> {
+        let mut alias = self.alias_in(&self.scope);
+        alias.node = None;
+        alias
+    }
+
+    /// Moves the buffer's accounting to `target` if `target` lives longer than its owner (see
+    /// `ScopeState::hands_over_to`). A bound parameter's buffer belongs to no scope.
+    pub(crate) fn move_accounting(&self, target: &Rc<ScopeState>) {
         if let Data::Rented(storage) = &self.data {
             let bytes = storage.buf.allocated_bytes();
             let mut owner = storage.owner.borrow_mut();
@@ -190,6 +204,15 @@ impl<'s, T: Element> Tensor<'s, T> {
                 *owner = Rc::clone(target);
             }
         }
+    }
+
+    /// Re-brands this tensor for `target`, moving the accounting of its buffer, and of everything
+    /// its gradient graph saved, there if `target` lives longer (see [`Tensor::move_accounting`]).
+    pub(crate) fn move_to<'t>(self, target: &Rc<ScopeState>) -> Tensor<'t, T> {
+        self.move_accounting(target);
+        if let Some(node) = &self.node {
+            autograd::move_graph(node, target);
+        }
         let scope = if target.is_within(&self.scope) {
             Rc::clone(&self.scope)
         } else {
@@ -199,8 +222,21 @@ impl<'s, T: Element> Tensor<'s, T> {
             data: self.data,
             scope,
             dim: self.dim,
+            node: self.node,
             _brand: PhantomData,
         }
+    }
+
+    /// This tensor if it is the only handle on its buffer, else a copy of it (same scope, same
+    /// graph), so that its buffer can be written.
+    pub(crate) fn try_into_unique(self) -> Result<Self> {
+        if self.is_unique() {
+            return Ok(self);
+        }
+        let mut copy = Tensor::try_rent_in(&self.scope, self.shape())?;
+        copy.unique_slice_mut().copy_from_slice(self.as_slice());
+        copy.node = self.node;
+        Ok(copy)
     }
 
     fn buf(&self) -> &PoolBuffer<T> {
@@ -276,8 +312,12 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// the data is first copied into a buffer of this handle's own (copy on write), so the aliases and
     /// the parameter never see the writes.
     ///
-    /// Fails only if that copy cannot be rented ([`Error::BudgetExceeded`]).
+    /// Fails with [`Error::WriteToGraph`] for a tensor that carries a gradient graph (write into
+    /// `without_grad()` of it instead), or if the copy cannot be rented ([`Error::BudgetExceeded`]).
     pub fn try_view_mut(&mut self) -> Result<ArrayViewMutD<'_, T>> {
+        if self.node.is_some() {
+            return Err(Error::WriteToGraph { op: "view_mut" });
+        }
         if !self.is_unique() {
             // The copy is the same value, so it is owned where the original is.
             let owner = match &self.data {
@@ -324,9 +364,11 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: format!("{} elements cannot be viewed as {count}", self.len()),
             });
         }
+        let recorder = Recorder::of(&[self]);
+        let from = self.shape().to_vec();
         let mut alias = self.alias_in(&self.scope);
         alias.dim = IxDyn(shape);
-        Ok(alias)
+        Ok(autograd::finish(recorder, alias, |_| Rule::Reshape(from)))
     }
 
     /// A zero-copy alias with a new shape; see [`Tensor::try_reshape`].
@@ -339,14 +381,20 @@ impl<'s, T: Element> Tensor<'s, T> {
     }
 
     /// A copy converted to element type `U`, rounding to nearest (`f32` to `f16` loses precision and
-    /// maps values beyond `f16`'s range to infinity). Fails only with a budget error.
+    /// maps values beyond `f16`'s range to infinity). Fails only with a budget error. Gradients do
+    /// not flow through a cast: a backward that reaches one fails with
+    /// [`Error::NotDifferentiable`].
     pub fn try_cast<U: Element>(&self) -> Result<Tensor<'s, U>> {
         let mut out = Tensor::<U>::try_rent_in(&self.scope, self.shape())?;
         out.unique_slice_mut()
             .iter_mut()
             .zip(self.as_slice())
             .for_each(|(o, &x)| *o = U::from_f64(x.to_f64()));
-        Ok(out)
+        // Gradients do not cross element types: backward through a cast is an error, not a zero.
+        Ok(match self.node {
+            Some(_) => autograd::barrier(out, "cast"),
+            None => out,
+        })
     }
 
     /// A copy converted to element type `U`; see [`Tensor::try_cast`].
@@ -410,6 +458,27 @@ impl<'s, T: Element> Tensor<'s, T> {
                 }
             },
         }
+    }
+
+    /// The value of a tensor of one element. Fails with [`Error::InvalidShape`] for any other.
+    pub fn try_item(&self) -> Result<T> {
+        match self.as_slice() {
+            [v] => Ok(*v),
+            _ => Err(Error::InvalidShape {
+                op: "item",
+                shape: Shape::from(self.shape()),
+                reason: "only a tensor of one element has an item".into(),
+            }),
+        }
+    }
+
+    /// The value of a tensor of one element (a loss, say); see [`Tensor::try_item`].
+    ///
+    /// # Panics
+    /// For a tensor of another size, with the error's message.
+    #[track_caller]
+    pub fn item(&self) -> T {
+        or_panic(self.try_item())
     }
 
     /// The tensor's values as a [`Param`]; see [`Tensor::try_detach`].

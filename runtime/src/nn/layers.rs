@@ -8,6 +8,7 @@
 use ndarray::{Axis, Zip};
 
 use super::{NnError, ParamId, ParamStore};
+use crate::autograd::Gradients;
 use crate::element::Element;
 use crate::error::{Error, Shape};
 use crate::tensor::Tensor;
@@ -82,11 +83,12 @@ pub trait Layer<T: Element = f32> {
         cache: Option<&mut Cache<'s, T>>,
     ) -> Result<Tensor<'s, T>, NnError>;
 
-    /// Pops what the forward pushed, adds the parameters' gradients into `params`, and returns the
+    /// Pops what the forward pushed, adds the parameters' gradients into `grads`, and returns the
     /// gradient with respect to the input, given `grad` with respect to the output.
     fn backward<'s>(
         &self,
-        params: &mut ParamStore<T>,
+        params: &ParamStore<T>,
+        grads: &mut Gradients<'_, T>,
         cache: &mut Cache<'s, T>,
         grad: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>, NnError>;
@@ -139,8 +141,8 @@ impl<T: Element> Layer<T> for Linear {
         x: &Tensor<'s, T>,
         cache: Option<&mut Cache<'s, T>>,
     ) -> Result<Tensor<'s, T>, NnError> {
-        let y = x.try_matmul(&params.param(self.weight, "linear")?.data)?;
-        let y = y.try_add(&params.param(self.bias, "linear")?.data)?;
+        let y = x.try_matmul(params.param(self.weight, "linear")?)?;
+        let y = y.try_add(params.param(self.bias, "linear")?)?;
         if let Some(cache) = cache {
             cache.push(x.clone());
         }
@@ -149,12 +151,13 @@ impl<T: Element> Layer<T> for Linear {
 
     fn backward<'s>(
         &self,
-        params: &mut ParamStore<T>,
+        params: &ParamStore<T>,
+        grads: &mut Gradients<'_, T>,
         cache: &mut Cache<'s, T>,
         grad: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>, NnError> {
         let x = cache.pop("linear")?;
-        let weight = params.param(self.weight, "linear")?.data.clone();
+        let weight = params.param(self.weight, "linear")?.clone();
         // The forward's output shape: x's, with the last axis the weight's outputs.
         let mut expected = x.shape().to_vec();
         if let (Some(last), Some(&outputs)) = (expected.last_mut(), weight.shape().last()) {
@@ -162,9 +165,9 @@ impl<T: Element> Layer<T> for Linear {
         }
         check_grad("linear", &expected, grad)?;
         let dw = x.try_transpose()?.try_matmul(grad)?;
-        params.param_mut(self.weight, "linear")?.accumulate(&dw)?;
+        grads.accumulate(&weight, &dw)?;
         let db = grad.try_sum(0)?;
-        params.param_mut(self.bias, "linear")?.accumulate(&db)?;
+        grads.accumulate(params.param(self.bias, "linear")?, &db)?;
         Ok(grad.try_matmul(&grad.bind(&weight).try_transpose()?)?)
     }
 }
@@ -204,17 +207,6 @@ impl Activation {
     }
 }
 
-/// `d/dx` of the tanh-approximated GELU.
-fn gelu_grad<T: Element>(x: T) -> T {
-    let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
-    let k = T::from_f64(0.044_715);
-    let half = T::from_f64(0.5);
-    let three = T::from_f64(3.0);
-    let inner = c * (x + k * x * x * x);
-    let t = inner.tanh();
-    half * (T::one() + t) + half * x * (T::one() - t * t) * c * (T::one() + three * k * x * x)
-}
-
 impl<T: Element> Layer<T> for Activation {
     fn name(&self) -> &'static str {
         match self.kind {
@@ -242,7 +234,8 @@ impl<T: Element> Layer<T> for Activation {
 
     fn backward<'s>(
         &self,
-        _params: &mut ParamStore<T>,
+        _params: &ParamStore<T>,
+        _grads: &mut Gradients<'_, T>,
         cache: &mut Cache<'s, T>,
         grad: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>, NnError> {
@@ -254,7 +247,7 @@ impl<T: Element> Layer<T> for Activation {
             g * match kind {
                 ActivationKind::Relu if x > T::zero() => T::one(),
                 ActivationKind::Relu => T::zero(),
-                ActivationKind::Gelu => gelu_grad(x),
+                ActivationKind::Gelu => crate::ops::gelu_grad(x),
                 ActivationKind::Tanh => T::one() - x.tanh() * x.tanh(),
             }
         })?)
@@ -297,8 +290,8 @@ impl<T: Element> Layer<T> for LayerNorm<T> {
         cache: Option<&mut Cache<'s, T>>,
     ) -> Result<Tensor<'s, T>, NnError> {
         let normalized = x.try_layer_norm(self.eps)?;
-        let scaled = normalized.try_mul(&params.param(self.gamma, "layer_norm")?.data)?;
-        let y = scaled.try_add(&params.param(self.beta, "layer_norm")?.data)?;
+        let scaled = normalized.try_mul(params.param(self.gamma, "layer_norm")?)?;
+        let y = scaled.try_add(params.param(self.beta, "layer_norm")?)?;
         if let Some(cache) = cache {
             cache.push(normalized.clone());
             cache.push(x.clone());
@@ -308,7 +301,8 @@ impl<T: Element> Layer<T> for LayerNorm<T> {
 
     fn backward<'s>(
         &self,
-        params: &mut ParamStore<T>,
+        params: &ParamStore<T>,
+        grads: &mut Gradients<'_, T>,
         cache: &mut Cache<'s, T>,
         grad: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>, NnError> {
@@ -325,7 +319,7 @@ impl<T: Element> Layer<T> for LayerNorm<T> {
         };
         check_grad("layer_norm", x.shape(), grad)?;
         let width = x.shape()[axis];
-        let gamma = params.param(self.gamma, "layer_norm")?.data.clone();
+        let gamma = params.param(self.gamma, "layer_norm")?.clone();
         let mismatch = |other: &[usize], reason: &str| Error::ShapeMismatch {
             op: "layer_norm backward",
             lhs: Shape::from(x.shape()),
@@ -347,35 +341,18 @@ impl<T: Element> Layer<T> for LayerNorm<T> {
             dgamma = dgamma.try_sum(0)?;
             dbeta = dbeta.try_sum(0)?;
         }
-        params
-            .param_mut(self.gamma, "layer_norm")?
-            .accumulate(&dgamma)?;
-        params
-            .param_mut(self.beta, "layer_norm")?
-            .accumulate(&dbeta)?;
-        // dx = inv_std / n * (n dxhat - sum(dxhat) - xhat * sum(dxhat * xhat)), per row.
-        let dxhat = grad.try_mul(&gamma)?;
-        let n = T::from_f64(width as f64);
-        let eps = self.eps;
-        let mut dx = dxhat;
+        grads.accumulate(&gamma, &dgamma)?;
+        grads.accumulate(params.param(self.beta, "layer_norm")?, &dbeta)?;
+        // dx = inv_std / n * (n dxhat - sum(dxhat) - xhat * sum(dxhat * xhat)), per row: the kernel
+        // of the op's own backward rule.
+        let mut dx = grad.try_mul(&gamma)?;
         let mut out = dx.try_view_mut()?;
-        let xv = x.view();
-        let nv = normalized.view();
+        let (xv, nv) = (x.view(), normalized.view());
+        let eps = self.eps;
         Zip::from(out.lanes_mut(Axis(axis)))
             .and(xv.lanes(Axis(axis)))
             .and(nv.lanes(Axis(axis)))
-            .for_each(|mut d, xrow, xhat| {
-                let mean = xrow.sum() / n;
-                let var = xrow.fold(T::zero(), |a, &v| a + (v - mean) * (v - mean)) / n;
-                let inv_std = (var + eps).sqrt().recip();
-                let sum_d = d.sum();
-                let sum_dx = Zip::from(&d)
-                    .and(&xhat)
-                    .fold(T::zero(), |a, &g, &h| a + g * h);
-                Zip::from(&mut d).and(&xhat).for_each(|g, &h| {
-                    *g = inv_std / n * (n * *g - sum_d - h * sum_dx);
-                });
-            });
+            .for_each(|d, xrow, xhat| crate::ops::norm_backward_lane(d, xrow, xhat, eps));
         Ok(dx)
     }
 }
@@ -418,11 +395,12 @@ impl<T: Element> Layer<T> for Residual<T> {
 
     fn backward<'s>(
         &self,
-        params: &mut ParamStore<T>,
+        params: &ParamStore<T>,
+        grads: &mut Gradients<'_, T>,
         cache: &mut Cache<'s, T>,
         grad: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>, NnError> {
-        let inner = self.inner.backward(params, cache, grad)?;
+        let inner = self.inner.backward(params, grads, cache, grad)?;
         // The block keeps the shape, so the inner gradient must have the output gradient's.
         check_grad("residual", grad.shape(), &inner)?;
         Ok(inner.try_add(grad)?)
@@ -478,13 +456,14 @@ impl<T: Element> Layer<T> for Sequential<T> {
 
     fn backward<'s>(
         &self,
-        params: &mut ParamStore<T>,
+        params: &ParamStore<T>,
+        grads: &mut Gradients<'_, T>,
         cache: &mut Cache<'s, T>,
         grad: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>, NnError> {
         let mut grad = grad.clone();
         for layer in self.layers.iter().rev() {
-            grad = layer.backward(params, cache, &grad)?;
+            grad = layer.backward(params, grads, cache, &grad)?;
         }
         Ok(grad)
     }

@@ -1,80 +1,43 @@
-//! Losses with their gradients.
-
-use ndarray::{Axis, Zip};
+//! Losses with their gradients, for the hand-written training path.
 
 use super::NnError;
 use crate::element::Element;
-use crate::error::{Error, Shape};
 use crate::tensor::Tensor;
-use crate::TensorOps;
+
+/// The value of `loss(pred)` and its gradient with respect to `pred`, through the op's own backward
+/// rule (so the hand-written path and autograd share the loss gradient bit for bit).
+fn value_and_grad<'s, T: Element>(
+    pred: &Tensor<'s, T>,
+    loss: impl FnOnce(&Tensor<'s, T>) -> crate::Result<Tensor<'s, T>>,
+) -> Result<(T, Tensor<'s, T>), NnError> {
+    let marked = pred.clone().requires_grad();
+    let value = loss(&marked)?;
+    let grads = value.backward()?;
+    let grad = grads
+        .of(&marked)
+        .expect("a loss depends on its prediction")
+        .clone();
+    Ok((value.try_item()?, grad))
+}
 
 /// Mean squared error `mean((pred - target)^2)` and its gradient `2 (pred - target) / N` with
-/// respect to `pred` (rented in `pred`'s scope). Fails with [`Error::ShapeMismatch`] if the shapes
-/// differ.
+/// respect to `pred` (rented in `pred`'s scope): [`Tensor::try_mse`] for a training loop with
+/// hand-written backward passes. Fails with [`crate::Error::ShapeMismatch`] if the shapes differ.
 pub fn mse<'s, T: Element>(
     pred: &Tensor<'s, T>,
     target: &Tensor<'s, T>,
 ) -> Result<(T, Tensor<'s, T>), NnError> {
-    if pred.shape() != target.shape() {
-        return Err(Error::ShapeMismatch {
-            op: "mse",
-            lhs: Shape::from(pred.shape()),
-            rhs: Shape::from(target.shape()),
-            reason: "prediction and target must have the same shape".into(),
-        }
-        .into());
-    }
-    let n = T::from_f64(pred.len().max(1) as f64);
-    let diff = pred.try_zip_map(target, |p, t| p - t)?;
-    let loss = diff.as_slice().iter().map(|&d| d * d).sum::<T>() / n;
-    let scale = T::from_f64(2.0) / n;
-    Ok((loss, diff.try_map(|d| d * scale)?))
+    value_and_grad(pred, |p| p.try_mse(target))
 }
 
 /// Softmax cross-entropy of `logits` (`[batch, classes]`) against class `labels`, averaged over the
-/// batch, and its gradient `(softmax(logits) - onehot(labels)) / batch` with respect to `logits`.
-/// Fails with [`Error::InvalidShape`] for logits that are not 2-D, [`Error::LengthMismatch`] if
-/// there is not one label per row, and [`NnError::LabelOutOfRange`].
+/// batch, and its gradient `(softmax(logits) - onehot(labels)) / batch` with respect to `logits`:
+/// [`Tensor::try_cross_entropy`] for a training loop with hand-written backward passes. Fails with
+/// [`crate::Error::InvalidShape`] for logits that are not 2-D, [`crate::Error::LengthMismatch`] if
+/// there is not one label per row, and [`crate::Error::LabelOutOfRange`].
 pub fn softmax_cross_entropy<'s, T: Element>(
     logits: &Tensor<'s, T>,
     labels: &[usize],
 ) -> Result<(T, Tensor<'s, T>), NnError> {
-    let &[batch, classes] = logits.shape() else {
-        return Err(Error::InvalidShape {
-            op: "softmax_cross_entropy",
-            shape: Shape::from(logits.shape()),
-            reason: "logits must be [batch, classes]".into(),
-        }
-        .into());
-    };
-    if labels.len() != batch {
-        return Err(Error::LengthMismatch {
-            op: "softmax_cross_entropy",
-            shape: Shape::from(logits.shape()),
-            expected: batch,
-            got: labels.len(),
-        }
-        .into());
-    }
-    if let Some((row, &label)) = labels.iter().enumerate().find(|(_, &l)| l >= classes) {
-        return Err(NnError::LabelOutOfRange {
-            row,
-            label,
-            classes,
-        });
-    }
-    let log_probs = logits.try_log_softmax(1)?;
-    let n = T::from_f64(batch.max(1) as f64);
-    let loss = -labels
-        .iter()
-        .enumerate()
-        .map(|(row, &label)| log_probs.as_slice()[row * classes + label])
-        .sum::<T>()
-        / n;
-    let mut grad = log_probs.try_map(|lp| lp.exp() / n)?;
-    let mut view = grad.try_view_mut()?;
-    Zip::from(view.axis_iter_mut(Axis(0)))
-        .and(labels)
-        .for_each(|mut row, &label| row[label] = row[label] - T::one() / n);
-    Ok((loss, grad))
+    value_and_grad(logits, |l| l.try_cross_entropy(labels))
 }

@@ -1,56 +1,94 @@
-//! Optimizers: they update every parameter of a store from its gradient, in place.
+//! Optimizers: they update the parameters of a store from their gradients, in place.
 
-use ndarray::Zip;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 
-use super::{NnError, ParamEntry, ParamStore};
+use ndarray::{ArrayViewD, ArrayViewMutD, Zip};
+
+use super::NnError;
+use crate::autograd::Gradients;
 use crate::element::Element;
 use crate::error::Shape;
-use crate::param::Param;
+use crate::param::{Param, Parameters};
 
 /// Updates parameters from their gradients.
 pub trait Optimizer<T: Element> {
-    /// One update of every parameter in `params` (in registration order) from its gradient.
-    fn step(&mut self, params: &mut ParamStore<T>) -> Result<(), NnError>;
+    /// One update of every parameter in `params` (a [`ParamStore`](super::ParamStore), a model
+    /// struct: any [`Parameters`]) that has a gradient in `grads` (the others are left as they
+    /// are), in place: a parameter no other handle shares is written without a copy.
+    /// All or nothing: the memory an update needs (new state, a copy of a shared parameter) is
+    /// taken before any parameter changes, so a budget error leaves every parameter and the
+    /// optimizer's state as they were.
+    fn step(
+        &mut self,
+        params: &mut dyn Parameters<T>,
+        grads: &Gradients<'_, T>,
+    ) -> Result<(), NnError>;
 }
 
-/// A zeroed state parameter of `like`'s shape, from `params`' pool.
-fn zeros_like<T: Element>(params: &ParamStore<T>, like: &Param<T>) -> Result<Param<T>, NnError> {
-    Ok(Param::try_zeros(params.pool(), like.shape())?)
+/// The state an optimizer keeps per parameter (by its key), made on the parameter's first update.
+/// A parameter replaced by another (a new key) starts afresh.
+struct States<S> {
+    by_key: HashMap<u64, S>,
+    /// The keys seen in the current step (kept to reuse its memory).
+    seen: HashSet<u64>,
 }
 
-/// Adds optimizer state for the parameters registered since the last step: `make(params, data)`
-/// for each parameter past the `state.len()` already covered.
-fn grow_state<T: Element, S>(
-    state: &mut Vec<S>,
-    params: &ParamStore<T>,
-    make: impl Fn(&ParamStore<T>, &Param<T>) -> Result<S, NnError>,
-) -> Result<(), NnError> {
-    for (_, p) in params.iter().skip(state.len()) {
-        state.push(make(params, &p.data)?);
+impl<S> States<S> {
+    fn new() -> Self {
+        States {
+            by_key: HashMap::new(),
+            seen: HashSet::new(),
+        }
     }
-    Ok(())
-}
 
-/// Fails with [`NnError::ParamShapeChanged`] unless the gradient and every state tensor of the
-/// parameter `name` have its data's shape (`data` or `grad` may have been replaced since the state
-/// was made).
-fn check_shapes<T: Element>(
-    name: &str,
-    p: &ParamEntry<T>,
-    state: &[&Param<T>],
-) -> Result<(), NnError> {
-    let changed = |what, other: &[usize]| NnError::ParamShapeChanged {
-        name: name.to_string(),
-        data: Shape::from(p.data.shape()),
-        what,
-        other: Shape::from(other),
-    };
-    if p.grad.shape() != p.data.shape() {
-        return Err(changed("gradient", p.grad.shape()));
-    }
-    match state.iter().find(|s| s.shape() != p.data.shape()) {
-        Some(s) => Err(changed("optimizer state", s.shape())),
-        None => Ok(()),
+    /// Calls `update(parameter, its state, its gradient)` for every parameter of `params` that has
+    /// a gradient, after making every missing state with `make` and every shared parameter writable.
+    fn update_all<T: Element>(
+        &mut self,
+        params: &mut dyn Parameters<T>,
+        grads: &Gradients<'_, T>,
+        make: impl Fn(&Param<T>) -> Result<S, NnError>,
+        mut update: impl FnMut(ArrayViewMutD<'_, T>, &mut S, ArrayViewD<'_, T>),
+    ) -> Result<(), NnError> {
+        let mut failure = None;
+        let mut index = 0;
+        self.seen.clear();
+        params.for_each_param(&mut |p| {
+            index += 1;
+            if failure.is_some() || grads.get(p).is_none() {
+                return;
+            }
+            let prepared = (|| {
+                if !self.seen.insert(p.key()) {
+                    return Err(NnError::ParamListedTwice {
+                        index: index - 1,
+                        shape: Shape::from(p.shape()),
+                    });
+                }
+                if let Entry::Vacant(slot) = self.by_key.entry(p.key()) {
+                    slot.insert(make(p)?);
+                }
+                // Copy on write now, so that the updates below cannot fail halfway.
+                p.try_view_mut()?;
+                Ok(())
+            })();
+            if let Err(e) = prepared {
+                failure = Some(e);
+            }
+        });
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        params.for_each_param(&mut |p| {
+            let Some(g) = grads.get(p) else {
+                return;
+            };
+            let state = self.by_key.get_mut(&p.key()).expect("made above");
+            // Unique since the first pass, so written in place: this cannot fail.
+            update(p.view_mut(), state, g.view());
+        });
+        Ok(())
     }
 }
 
@@ -59,7 +97,7 @@ fn check_shapes<T: Element>(
 pub struct Sgd<T: Element = f32> {
     lr: T,
     momentum: T,
-    velocity: Vec<Param<T>>,
+    velocity: States<Param<T>>,
 }
 
 impl<T: Element> Sgd<T> {
@@ -68,40 +106,43 @@ impl<T: Element> Sgd<T> {
         Sgd {
             lr,
             momentum,
-            velocity: Vec::new(),
+            velocity: States::new(),
         }
     }
 }
 
 impl<T: Element> Optimizer<T> for Sgd<T> {
-    fn step(&mut self, params: &mut ParamStore<T>) -> Result<(), NnError> {
-        grow_state(&mut self.velocity, params, |params, like| {
-            zeros_like(params, like)
-        })?;
+    fn step(
+        &mut self,
+        params: &mut dyn Parameters<T>,
+        grads: &Gradients<'_, T>,
+    ) -> Result<(), NnError> {
         let (lr, momentum) = (self.lr, self.momentum);
-        for ((name, p), v) in params.iter_mut().zip(&mut self.velocity) {
-            check_shapes(name, p, &[v])?;
-            let grad = p.grad.view();
-            Zip::from(p.data.try_view_mut()?)
-                .and(v.try_view_mut()?)
-                .and(&grad)
-                .for_each(|w, v, &g| {
+        self.velocity.update_all(
+            params,
+            grads,
+            |p| Ok(Param::try_zeros(p.pool(), p.shape())?),
+            |w, v, g| {
+                Zip::from(w).and(v.view_mut()).and(&g).for_each(|w, v, &g| {
                     *v = momentum * *v + g;
                     *w = *w - lr * *v;
                 });
-        }
-        Ok(())
+            },
+        )
     }
 }
 
-/// Adam (Kingma and Ba 2015) with bias correction.
+/// Adam (Kingma and Ba 2015) with bias correction, and AdamW (Loshchilov and Hutter 2019): with a
+/// `weight_decay`, each step first shrinks the parameter, `p = p - lr weight_decay p`, decoupled
+/// from the gradient (PyTorch's `AdamW`).
 pub struct Adam<T: Element = f32> {
     lr: T,
     beta1: T,
     beta2: T,
     eps: T,
+    weight_decay: T,
     t: i32,
-    moments: Vec<(Param<T>, Param<T>)>,
+    moments: States<(Param<T>, Param<T>)>,
 }
 
 impl<T: Element> Adam<T> {
@@ -117,37 +158,60 @@ impl<T: Element> Adam<T> {
             beta1,
             beta2,
             eps,
+            weight_decay: T::zero(),
             t: 0,
-            moments: Vec::new(),
+            moments: States::new(),
+        }
+    }
+
+    /// AdamW: Adam with decoupled weight decay `weight_decay` (PyTorch's default is 0.01).
+    pub fn adamw(lr: T, weight_decay: T) -> Self {
+        Adam {
+            weight_decay,
+            ..Adam::new(lr)
         }
     }
 }
 
 impl<T: Element> Optimizer<T> for Adam<T> {
-    fn step(&mut self, params: &mut ParamStore<T>) -> Result<(), NnError> {
-        grow_state(&mut self.moments, params, |params, like| {
-            Ok((zeros_like(params, like)?, zeros_like(params, like)?))
-        })?;
-        self.t = self.t.saturating_add(1);
+    fn step(
+        &mut self,
+        params: &mut dyn Parameters<T>,
+        grads: &Gradients<'_, T>,
+    ) -> Result<(), NnError> {
+        let t = self.t.saturating_add(1);
         let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
-        let correction1 = T::one() - b1.powi(self.t);
-        let correction2 = T::one() - b2.powi(self.t);
-        let lr = self.lr;
-        for ((name, p), (m, v)) in params.iter_mut().zip(&mut self.moments) {
-            check_shapes(name, p, &[m, v])?;
-            let grad = p.grad.view();
-            Zip::from(p.data.try_view_mut()?)
-                .and(m.try_view_mut()?)
-                .and(v.try_view_mut()?)
-                .and(&grad)
-                .for_each(|w, m, v, &g| {
-                    *m = b1 * *m + (T::one() - b1) * g;
-                    *v = b2 * *v + (T::one() - b2) * g * g;
-                    let m_hat = *m / correction1;
-                    let v_hat = *v / correction2;
-                    *w = *w - lr * m_hat / (v_hat.sqrt() + eps);
-                });
-        }
+        let correction1 = T::one() - b1.powi(t);
+        let correction2 = T::one() - b2.powi(t);
+        let (lr, decay) = (self.lr, T::one() - self.lr * self.weight_decay);
+        let decoupled = self.weight_decay != T::zero();
+        self.moments.update_all(
+            params,
+            grads,
+            |p| {
+                Ok((
+                    Param::try_zeros(p.pool(), p.shape())?,
+                    Param::try_zeros(p.pool(), p.shape())?,
+                ))
+            },
+            |w, (m, v), g| {
+                Zip::from(w)
+                    .and(m.view_mut())
+                    .and(v.view_mut())
+                    .and(&g)
+                    .for_each(|w, m, v, &g| {
+                        if decoupled {
+                            *w = *w * decay;
+                        }
+                        *m = b1 * *m + (T::one() - b1) * g;
+                        *v = b2 * *v + (T::one() - b2) * g * g;
+                        let m_hat = *m / correction1;
+                        let v_hat = *v / correction2;
+                        *w = *w - lr * m_hat / (v_hat.sqrt() + eps);
+                    });
+            },
+        )?;
+        self.t = t;
         Ok(())
     }
 }

@@ -1,13 +1,10 @@
-//! Named parameters with data and gradient.
+//! Named parameters.
 
 use std::collections::HashMap;
-use std::fmt;
-
-use ndarray::Zip;
 
 use crate::element::Element;
 use crate::error::{Error, Shape};
-use crate::param::Param;
+use crate::param::{Param, Parameters};
 use crate::pool::Pool;
 use crate::tensor::Tensor;
 
@@ -26,16 +23,6 @@ pub enum NnError {
     /// A second parameter with a name already registered.
     #[error("a parameter named \"{0}\" is already registered")]
     DuplicateParam(String),
-    /// A class label past the number of classes.
-    #[error("label {label} of batch row {row} is out of range for {classes} classes")]
-    LabelOutOfRange {
-        /// The row of the batch.
-        row: usize,
-        /// The label given.
-        label: usize,
-        /// The number of classes (the logits' last axis).
-        classes: usize,
-    },
     /// A layer was used with a [`ParamStore`] other than the one it registered its parameters in.
     #[error(
         "{layer}: parameter #{index} was registered in another ParamStore; use the layer with \
@@ -47,6 +34,18 @@ pub enum NnError {
         /// The parameter's position in the store it came from.
         index: usize,
     },
+    /// An optimizer was given a parameter set that lists one parameter twice (the parameter and a
+    /// clone of it): it would update the parameter twice per step.
+    #[error(
+        "the parameter set lists parameter #{index} (shape {shape}) twice, as itself or a clone; \
+         list each parameter once"
+    )]
+    ParamListedTwice {
+        /// Its position in the set (the second listing).
+        index: usize,
+        /// Its shape.
+        shape: Shape,
+    },
     /// A backward pass was given a gradient whose shape is not the layer's output shape.
     #[error("{layer}: the gradient has shape {got} but the layer's output has shape {expected}")]
     GradShape {
@@ -56,22 +55,6 @@ pub enum NnError {
         expected: Shape,
         /// The gradient's shape.
         got: Shape,
-    },
-    /// A parameter's data no longer has the shape of its gradient or of the optimizer state made
-    /// for it: `data` or `grad` was replaced by a tensor of another shape.
-    #[error(
-        "parameter \"{name}\": its data has shape {data} but its {what} has shape {other}; \
-         a parameter keeps one shape"
-    )]
-    ParamShapeChanged {
-        /// The parameter.
-        name: String,
-        /// The shape of its data.
-        data: Shape,
-        /// `"gradient"` or `"optimizer state"`.
-        what: &'static str,
-        /// The shape of that.
-        other: Shape,
     },
     /// A backward pass popped a cache its forward did not fill.
     #[error("{layer}: backward found no cached forward values; run forward with a cache first")]
@@ -108,43 +91,6 @@ fn suggest(close: &[String]) -> String {
     }
 }
 
-/// A parameter of a [`ParamStore`]: its value and the gradient accumulated for it, two [`Param`]s of
-/// the same shape.
-pub struct ParamEntry<T: Element = f32> {
-    /// The value.
-    pub data: Param<T>,
-    /// The accumulated gradient (zeros after [`ParamStore::zero_grad`]).
-    pub grad: Param<T>,
-}
-
-impl<T: Element> ParamEntry<T> {
-    /// Adds `g` to the gradient, in place (copy on write if the gradient is shared). Fails with
-    /// [`Error::ShapeMismatch`] if the shapes differ.
-    pub fn accumulate(&mut self, g: &Tensor<'_, T>) -> Result<(), NnError> {
-        if g.shape() != self.grad.shape() {
-            return Err(Error::ShapeMismatch {
-                op: "accumulate",
-                lhs: Shape::from(self.grad.shape()),
-                rhs: Shape::from(g.shape()),
-                reason: "a gradient must have its parameter's shape".into(),
-            }
-            .into());
-        }
-        Zip::from(self.grad.try_view_mut()?)
-            .and(&g.view())
-            .for_each(|a, &b| *a = *a + b);
-        Ok(())
-    }
-}
-
-impl<T: Element> fmt::Debug for ParamEntry<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ParamEntry")
-            .field("shape", &self.data.shape())
-            .finish()
-    }
-}
-
 /// A parameter's handle in its store, for fast access by layers. It knows its store: used with
 /// another store it gives [`NnError::ForeignParam`], never another store's parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -166,7 +112,7 @@ static NEXT_STORE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 /// let mut params = ParamStore::<f32>::new(&pool);
 /// params.randn("fc1.weight", &[4, 2], 0.1, 1).unwrap();
 /// params.zeros("fc1.bias", &[2]).unwrap();
-/// assert_eq!(params.get("fc1.bias").unwrap().data.to_vec(), vec![0.0, 0.0]);
+/// assert_eq!(params.get("fc1.bias").unwrap().to_vec(), vec![0.0, 0.0]);
 /// let err = params.get("fc1.weights").unwrap_err();
 /// assert_eq!(err.to_string(), "no parameter named \"fc1.weights\"; did you mean \"fc1.weight\"?");
 /// ```
@@ -174,7 +120,7 @@ pub struct ParamStore<T: Element = f32> {
     id: u64,
     pool: Pool,
     names: Vec<String>,
-    params: Vec<ParamEntry<T>>,
+    params: Vec<Param<T>>,
     index: HashMap<String, usize>,
 }
 
@@ -190,15 +136,13 @@ impl<T: Element> ParamStore<T> {
         }
     }
 
-    /// Registers `data` under `name` (no copy), with a zero gradient rented from the store's pool.
-    /// Fails with [`NnError::DuplicateParam`] or a budget error.
+    /// Registers `data` under `name` (no copy). Fails with [`NnError::DuplicateParam`].
     pub fn add(&mut self, name: &str, data: Param<T>) -> Result<ParamId, NnError> {
         if self.index.contains_key(name) {
             return Err(NnError::DuplicateParam(name.to_string()));
         }
-        let grad = Param::try_zeros(&self.pool, data.shape())?;
         let id = self.params.len();
-        self.params.push(ParamEntry { data, grad });
+        self.params.push(data);
         self.names.push(name.to_string());
         self.index.insert(name.to_string(), id);
         Ok(self.id_at(id))
@@ -252,12 +196,12 @@ impl<T: Element> ParamStore<T> {
 
     /// The parameter named `name`. Fails with [`NnError::UnknownParam`] listing the registered names
     /// that look alike.
-    pub fn get(&self, name: &str) -> Result<&ParamEntry<T>, NnError> {
+    pub fn get(&self, name: &str) -> Result<&Param<T>, NnError> {
         self.id(name).map(|id| &self.params[id.index])
     }
 
     /// The parameter named `name`, writable.
-    pub fn get_mut(&mut self, name: &str) -> Result<&mut ParamEntry<T>, NnError> {
+    pub fn get_mut(&mut self, name: &str) -> Result<&mut Param<T>, NnError> {
         let id = self.id(name)?;
         Ok(&mut self.params[id.index])
     }
@@ -277,7 +221,7 @@ impl<T: Element> ParamStore<T> {
 
     /// The parameter `id`, for `layer`. Fails with [`NnError::ForeignParam`] naming the layer if
     /// `id` was registered in another store.
-    pub fn param(&self, id: ParamId, layer: &'static str) -> Result<&ParamEntry<T>, NnError> {
+    pub fn param(&self, id: ParamId, layer: &'static str) -> Result<&Param<T>, NnError> {
         Ok(&self.params[self.position(id, layer)?])
     }
 
@@ -286,7 +230,7 @@ impl<T: Element> ParamStore<T> {
         &mut self,
         id: ParamId,
         layer: &'static str,
-    ) -> Result<&mut ParamEntry<T>, NnError> {
+    ) -> Result<&mut Param<T>, NnError> {
         let i = self.position(id, layer)?;
         Ok(&mut self.params[i])
     }
@@ -305,22 +249,13 @@ impl<T: Element> ParamStore<T> {
         }
     }
 
-    /// Sets every gradient to zero, in place.
-    pub fn zero_grad(&mut self) {
-        for p in &mut self.params {
-            if let Ok(mut g) = p.grad.try_view_mut() {
-                g.fill(T::zero());
-            }
-        }
-    }
-
     /// Names and parameters, in registration order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &ParamEntry<T>)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Param<T>)> {
         self.names.iter().map(String::as_str).zip(&self.params)
     }
 
     /// Names and parameters in registration order, writable (what optimizers walk).
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut ParamEntry<T>)> {
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut Param<T>)> {
         self.names.iter().map(String::as_str).zip(&mut self.params)
     }
 
@@ -343,9 +278,9 @@ impl<T: Element> ParamStore<T> {
 /// `store[id]`; panics with [`NnError::ForeignParam`]'s message if `id` is another store's (the
 /// layers use [`ParamStore::param`], which returns the error).
 impl<T: Element> std::ops::Index<ParamId> for ParamStore<T> {
-    type Output = ParamEntry<T>;
+    type Output = Param<T>;
     #[track_caller]
-    fn index(&self, id: ParamId) -> &ParamEntry<T> {
+    fn index(&self, id: ParamId) -> &Param<T> {
         self.param(id, "ParamStore[id]")
             .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -353,8 +288,15 @@ impl<T: Element> std::ops::Index<ParamId> for ParamStore<T> {
 
 impl<T: Element> std::ops::IndexMut<ParamId> for ParamStore<T> {
     #[track_caller]
-    fn index_mut(&mut self, id: ParamId) -> &mut ParamEntry<T> {
+    fn index_mut(&mut self, id: ParamId) -> &mut Param<T> {
         self.param_mut(id, "ParamStore[id]")
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl<T: Element> Parameters<T> for ParamStore<T> {
+    /// Every parameter, in registration order.
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
+        self.params.iter_mut().for_each(f)
     }
 }

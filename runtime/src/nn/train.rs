@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::{Cache, Layer, NnError, Optimizer, ParamStore, Sequential};
+use crate::autograd::Gradients;
 use crate::checkpoint::{Checkpointer, Policy};
 use crate::element::Element;
 use crate::tensor::Tensor;
@@ -36,16 +37,9 @@ fn forward_no_cache<'s, T: Element>(
     }
 }
 
-/// One step: zero the gradients, forward, `loss` (its value and gradient with respect to the
-/// output), backward, `optimizer`.
-///
-/// Without a checkpointer the forward caches what every layer's backward needs. With one, the
-/// forward over the model's top-level layers caches nothing and stores only the inputs the policy
-/// picks; the backward then walks the segments last first, recomputing each from its checkpoint
-/// inside a child scope (caching as it goes), backpropagating through it, and releasing it before
-/// the next. Under `Policy::Budget` the binomial schedule drives the sweep and each layer's cache is
-/// rebuilt from its recomputed input. With full-precision storage the gradients and updated
-/// parameters are bit-identical to the plain step's.
+/// One step: [`backward_step`] into `grads`, then `optimizer` applies them to `params`, then
+/// `grads` is zeroed for the next step ([`Gradients::zero`]). Keep one `Gradients` (of a scope
+/// around the training loop) across steps: after the first step, the gradients need no new memory.
 ///
 /// Fails with the first layer, loss or optimizer error, or a checkpointer error (e.g. a NaN in an
 /// activation being stored).
@@ -53,18 +47,43 @@ pub fn train_step<'s, T: Element>(
     model: &Sequential<T>,
     params: &mut ParamStore<T>,
     optimizer: &mut dyn Optimizer<T>,
+    grads: &mut Gradients<'_, T>,
     input: &Tensor<'s, T>,
     loss: impl FnOnce(&Tensor<'s, T>) -> Result<(T, Tensor<'s, T>), NnError>,
     checkpointer: Option<&mut Checkpointer<T>>,
 ) -> Result<StepReport<T>, NnError> {
-    params.zero_grad();
-    let report = match checkpointer {
+    let report = backward_step(model, params, grads, input, loss, checkpointer)?;
+    optimizer.step(params, grads)?;
+    grads.zero()?;
+    Ok(report)
+}
+
+/// The forward and backward of a step through the layers' hand-written backward passes: returns
+/// the loss (`loss` gives its value and its gradient with respect to the output) and adds the
+/// gradients of the parameters into `grads`.
+///
+/// Without a checkpointer the forward caches what every layer's backward needs. With one, the
+/// forward over the model's top-level layers caches nothing and stores only the inputs the policy
+/// picks; the backward then walks the segments last first, recomputing each from its checkpoint
+/// inside a child scope (caching as it goes), backpropagating through it, and releasing it before
+/// the next. Under `Policy::Budget` the binomial schedule drives the sweep and each layer's cache is
+/// rebuilt from its recomputed input. With full-precision storage the gradients are bit-identical
+/// to the plain step's.
+pub fn backward_step<'s, T: Element>(
+    model: &Sequential<T>,
+    params: &ParamStore<T>,
+    grads: &mut Gradients<'_, T>,
+    input: &Tensor<'s, T>,
+    loss: impl FnOnce(&Tensor<'s, T>) -> Result<(T, Tensor<'s, T>), NnError>,
+    checkpointer: Option<&mut Checkpointer<T>>,
+) -> Result<StepReport<T>, NnError> {
+    Ok(match checkpointer {
         None => {
             let mut cache = Cache::new();
             let y = model.forward(params, input, Some(&mut cache))?;
             let (value, grad) = loss(&y)?;
             drop(y);
-            model.backward(params, &mut cache, &grad)?;
+            model.backward(params, grads, &mut cache, &grad)?;
             check_empty(&cache)?;
             StepReport {
                 loss: value,
@@ -72,10 +91,8 @@ pub fn train_step<'s, T: Element>(
                 recomputed_layers: 0,
             }
         }
-        Some(ckpt) => checkpointed(model, params, input, loss, ckpt)?,
-    };
-    optimizer.step(params)?;
-    Ok(report)
+        Some(ckpt) => checkpointed(model, params, grads, input, loss, ckpt)?,
+    })
 }
 
 fn check_empty<T: Element>(cache: &Cache<'_, T>) -> Result<(), NnError> {
@@ -87,7 +104,8 @@ fn check_empty<T: Element>(cache: &Cache<'_, T>) -> Result<(), NnError> {
 
 fn checkpointed<'s, T: Element>(
     model: &Sequential<T>,
-    params: &mut ParamStore<T>,
+    params: &ParamStore<T>,
+    grads: &mut Gradients<'_, T>,
     input: &Tensor<'s, T>,
     loss: impl FnOnce(&Tensor<'s, T>) -> Result<(T, Tensor<'s, T>), NnError>,
     ckpt: &mut Checkpointer<T>,
@@ -109,9 +127,9 @@ fn checkpointed<'s, T: Element>(
     drop(y);
 
     let recomputed_layers = if matches!(ckpt.config().policy, Policy::Budget(_)) {
-        binomial_backward(layers, params, ckpt, grad)?
+        binomial_backward(layers, params, grads, ckpt, grad)?
     } else {
-        segment_backward(layers, params, ckpt, grad)?
+        segment_backward(layers, params, grads, ckpt, grad)?
     };
     ckpt.clear();
     Ok(StepReport {
@@ -128,7 +146,8 @@ fn checkpoint_error(e: crate::checkpoint::CheckpointError) -> NnError {
 /// Segment by segment, last first: recompute with caching in a child scope, backpropagate.
 fn segment_backward<'s, T: Element>(
     layers: &[Box<dyn Layer<T>>],
-    params: &mut ParamStore<T>,
+    params: &ParamStore<T>,
+    grads: &mut Gradients<'_, T>,
     ckpt: &Checkpointer<T>,
     mut grad: Tensor<'s, T>,
 ) -> Result<usize, NnError> {
@@ -147,7 +166,7 @@ fn segment_backward<'s, T: Element>(
             drop(a);
             let mut g = segment.rebind(&grad);
             for layer in layers[start..end].iter().rev() {
-                g = layer.backward(params, &mut cache, &g)?;
+                g = layer.backward(params, grads, &mut cache, &g)?;
             }
             check_empty(&cache)?;
             Ok::<_, NnError>(segment.escape(g))
@@ -159,25 +178,23 @@ fn segment_backward<'s, T: Element>(
 /// The binomial schedule's reverse sweep; each layer's cache is rebuilt from its input.
 fn binomial_backward<'s, T: Element>(
     layers: &[Box<dyn Layer<T>>],
-    params: &mut ParamStore<T>,
+    params: &ParamStore<T>,
+    grads: &mut Gradients<'_, T>,
     ckpt: &mut Checkpointer<T>,
     grad: Tensor<'s, T>,
 ) -> Result<usize, NnError> {
-    // Forward steps read the parameters, backward steps write their gradients; never at once.
-    let params = RefCell::new(params);
+    let scope = Rc::clone(&grad.scope);
     let grad = RefCell::new(grad);
     let failure = RefCell::new(None);
-    let scope = Rc::clone(&grad.borrow().scope);
     let report = ckpt
         .reverse_in(
             &scope,
-            |x, i| forward_no_cache(&*layers[i], &params.borrow(), x, &mut failure.borrow_mut()),
+            |x, i| forward_no_cache(&*layers[i], params, x, &mut failure.borrow_mut()),
             |i, x| {
-                let mut params = params.borrow_mut();
                 let mut cache = Cache::new();
                 let step = layers[i]
-                    .forward(&params, x, Some(&mut cache))
-                    .and_then(|_| layers[i].backward(&mut params, &mut cache, &grad.borrow()));
+                    .forward(params, x, Some(&mut cache))
+                    .and_then(|_| layers[i].backward(params, grads, &mut cache, &grad.borrow()));
                 match step {
                     Ok(g) => *grad.borrow_mut() = g,
                     Err(e) => {

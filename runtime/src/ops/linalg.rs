@@ -7,6 +7,7 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
 
 use super::{work, Operand};
+use crate::autograd::{self, Recorder, Rule};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::scope::deeper;
@@ -26,6 +27,14 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// sizes differ or the ranks are not one of the above.
     pub fn try_matmul(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
         let other = &*other.bind_beside(self);
+        let recorder = Recorder::of(&[self, other]);
+        let out = self.matmul_kernel(other)?;
+        Ok(autograd::finish(recorder, out, |_| {
+            Rule::Matmul(self.saved(), other.saved())
+        }))
+    }
+
+    fn matmul_kernel(&self, other: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         let mismatch = |reason: String| Error::ShapeMismatch {
             op: "matmul",
             lhs: Shape::from(self.shape()),
@@ -111,7 +120,9 @@ impl<'s, T: Element> Tensor<'s, T> {
             work::visit(1);
             out.unique_view_mut().assign(&view);
         }
-        Ok(out)
+        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
+            Rule::Transpose
+        }))
     }
 
     /// A copy with the last two axes swapped; see [`Tensor::try_transpose`].

@@ -15,12 +15,14 @@
 pub mod conv;
 pub mod elementwise;
 pub mod linalg;
+pub mod loss;
 pub mod reduce;
 pub mod shape;
 mod unary;
 
+pub(crate) use conv::{conv2d_backward, upsample_backward};
 pub use unary::TensorOps;
-pub(crate) use unary::{gelu, relu};
+pub(crate) use unary::{gelu, gelu_grad, norm_backward_lane, relu};
 
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};

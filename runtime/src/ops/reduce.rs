@@ -3,6 +3,7 @@
 use ndarray::{Axis, Zip};
 
 use super::{check_axis, work};
+use crate::autograd::{self, Recorder, Rule};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
 use crate::tensor::Tensor;
@@ -11,7 +12,10 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// Sums along `axis`; the result has that axis removed (`[2, 3]` summed along 1 is `[2]`). Fails
     /// with [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
     pub fn try_sum(&self, axis: usize) -> Result<Tensor<'s, T>> {
-        self.reduce("sum", axis, |lane_sum, _| lane_sum)
+        let out = self.reduce("sum", axis, |lane_sum, _| lane_sum)?;
+        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
+            Rule::Sum(axis, self.shape().to_vec())
+        }))
     }
 
     /// Sums along `axis`; see [`Tensor::try_sum`].
@@ -26,9 +30,12 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// The mean along `axis`; the result has that axis removed. The mean over a zero-length axis is
     /// NaN, as 0/0. Fails with [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
     pub fn try_mean(&self, axis: usize) -> Result<Tensor<'s, T>> {
-        self.reduce("mean", axis, |lane_sum, len| {
+        let out = self.reduce("mean", axis, |lane_sum, len| {
             lane_sum / T::from_f64(len as f64)
-        })
+        })?;
+        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
+            Rule::Mean(axis, self.shape().to_vec())
+        }))
     }
 
     /// The mean along `axis`; see [`Tensor::try_mean`].

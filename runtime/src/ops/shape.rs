@@ -3,6 +3,7 @@
 use ndarray::{Axis, Slice};
 
 use super::{check_addressable, check_axis, dimension_overflow, work};
+use crate::autograd::{self, Recorder, Rule};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::scope::deeper;
@@ -53,17 +54,33 @@ impl<'s, T: Element> Tensor<'s, T> {
         shape[axis] = joined.ok_or_else(overflow)?;
         check_addressable::<T>(&shape, overflow)?;
         let mut out = Tensor::try_rent_in(scope, &shape)?;
-        if out.is_empty() {
-            return Ok(out);
+        if !out.is_empty() {
+            let mut view = out.unique_view_mut();
+            let mut start = 0;
+            for t in tensors.iter().filter(|t| !t.is_empty()) {
+                work::visit(1);
+                let end = start + t.shape()[axis];
+                view.slice_axis_mut(Axis(axis), Slice::from(start..end))
+                    .assign(&t.view());
+                start = end;
+            }
         }
-        let mut view = out.unique_view_mut();
-        let mut start = 0;
-        for t in tensors.iter().filter(|t| !t.is_empty()) {
+        Ok(autograd::finish(Recorder::of(tensors), out, |_| {
+            Rule::Concat(axis, tensors.iter().map(|t| t.shape()[axis]).collect())
+        }))
+    }
+
+    /// A copy of `len` positions of `axis` from `start` (checked by the caller). Not recorded: for
+    /// backward rules.
+    pub(crate) fn try_narrow_copy(&self, axis: usize, start: usize, len: usize) -> Result<Self> {
+        let mut shape = self.shape().to_vec();
+        shape[axis] = len;
+        let mut out = Tensor::try_rent_in(&self.scope, &shape)?;
+        if !out.is_empty() {
             work::visit(1);
-            let end = start + t.shape()[axis];
-            view.slice_axis_mut(Axis(axis), Slice::from(start..end))
-                .assign(&t.view());
-            start = end;
+            let view = self.view();
+            out.unique_view_mut()
+                .assign(&view.slice_axis(Axis(axis), Slice::from(start..start + len)));
         }
         Ok(out)
     }

@@ -1,8 +1,9 @@
 //! Ops that can write their output over their input: elementwise maps and per-lane kernels.
 
-use ndarray::{ArrayViewMut1, Axis};
+use ndarray::{ArrayView1, ArrayViewMut1, Axis, Zip};
 
 use super::{check_axis, work, Arg};
+use crate::autograd::{self, Recorder, Rule, Scalar, Unary};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
 use crate::tensor::Tensor;
@@ -11,7 +12,8 @@ use crate::tensor::Tensor;
 ///
 /// On an owned `Tensor` that is the only handle on its buffer, the result overwrites the input and
 /// nothing is rented; on a `&Tensor` (or a shared one) a new tensor is rented in its scope. The values
-/// are the same either way.
+/// are the same either way. A tensor saved by a gradient graph has another handle, so it is never
+/// overwritten.
 ///
 /// ```
 /// use tensorscope_runtime::{Pool, TensorOps};
@@ -26,21 +28,72 @@ use crate::tensor::Tensor;
 ///     assert_eq!(x.to_vec(), vec![-1.0, 0.0, 2.0]);
 /// });
 /// ```
-pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed {
+pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// The tensor the op reads.
     fn as_tensor(&self) -> &Tensor<'s, T>;
 
-    /// Applies `f` to every element. Fails only if an output cannot be rented.
-    fn try_map(self, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>>;
+    /// Applies `f` to every element. Fails only if an output cannot be rented. `f` has no known
+    /// derivative: a backward through the result fails ([`crate::Error::NotDifferentiable`]); use
+    /// [`TensorOps::try_map_with_derivative`] in a differentiated forward.
+    fn try_map(self, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
+        self.with_arg(|a| map_recorded(a, f, |_| Rule::NotDifferentiable("map")))
+    }
+
+    /// Applies `f` to every element; see [`TensorOps::try_map`].
+    ///
+    /// # Panics
+    /// If an output cannot be rented (pool budget exhausted), with the error's message.
+    #[track_caller]
+    fn map(self, f: impl Fn(T) -> T) -> Tensor<'s, T> {
+        or_panic(self.try_map(f))
+    }
+
+    /// Applies `f` to every element, with `df` its derivative: backward multiplies the gradient by
+    /// `df(x)`. Fails only if an output cannot be rented.
+    fn try_map_with_derivative(
+        self,
+        f: impl Fn(T) -> T,
+        df: impl Fn(T) -> T + 'static,
+    ) -> Result<Tensor<'s, T>> {
+        self.with_arg(|a| {
+            let saved = Recorder::of(&[a.tensor()]).map(|_| a.tensor().saved());
+            map_recorded(a, f, move |_| {
+                Rule::Map(saved.expect("saved when recording"), Box::new(df))
+            })
+        })
+    }
+
+    /// Applies `f` with derivative `df` to every element; see
+    /// [`TensorOps::try_map_with_derivative`].
+    ///
+    /// # Panics
+    /// If an output cannot be rented (pool budget exhausted), with the error's message.
+    #[track_caller]
+    fn map_with_derivative(
+        self,
+        f: impl Fn(T) -> T,
+        df: impl Fn(T) -> T + 'static,
+    ) -> Tensor<'s, T> {
+        or_panic(self.try_map_with_derivative(f, df))
+    }
 
     /// Applies `kernel` to every 1-D lane along `axis` of a copy of the tensor (or of the tensor itself
     /// when it can be written in place): the escape hatch for row-wise kernels. Fails with
     /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) or if an output cannot be rented.
+    /// The kernel has no known derivative: a backward through the result fails.
     fn try_map_lanes(
         self,
         axis: usize,
         kernel: impl FnMut(ArrayViewMut1<'_, T>),
-    ) -> Result<Tensor<'s, T>>;
+    ) -> Result<Tensor<'s, T>> {
+        self.with_arg(|a| {
+            let recorder = Recorder::of(&[a.tensor()]);
+            let out = map_lanes(a, axis, kernel)?;
+            Ok(autograd::finish(recorder, out, |_| {
+                Rule::NotDifferentiable("map_lanes")
+            }))
+        })
+    }
 
     /// Applies `kernel` to every 1-D lane along `axis`; see [`TensorOps::try_map_lanes`].
     ///
@@ -51,57 +104,54 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed {
         or_panic(self.try_map_lanes(axis, kernel))
     }
 
-    /// Applies `f` to every element.
-    ///
-    /// # Panics
-    /// If an output cannot be rented (pool budget exhausted), with the error's message.
-    #[track_caller]
-    fn map(self, f: impl Fn(T) -> T) -> Tensor<'s, T> {
-        or_panic(self.try_map(f))
-    }
-
     /// `max(x, 0)`, with NaN passed through (as in PyTorch). Panics only as [`TensorOps::map`] does.
     #[track_caller]
     fn relu(self) -> Tensor<'s, T> {
-        self.map(relu)
+        or_panic(self.with_arg(|a| unary(a, Unary::Relu)))
     }
 
     /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (PyTorch's
     /// `approximate="tanh"`). Panics only as [`TensorOps::map`] does.
     #[track_caller]
     fn gelu(self) -> Tensor<'s, T> {
-        self.map(gelu)
+        or_panic(self.with_arg(|a| unary(a, Unary::Gelu)))
     }
 
     /// SiLU (swish), `x * sigmoid(x)`. Panics only as [`TensorOps::map`] does.
     #[track_caller]
     fn silu(self) -> Tensor<'s, T> {
-        self.map(|x| x / (T::one() + (-x).exp()))
+        or_panic(self.with_arg(|a| unary(a, Unary::Silu)))
     }
 
     /// The logistic sigmoid `1 / (1 + exp(-x))`. Panics only as [`TensorOps::map`] does.
     #[track_caller]
     fn sigmoid(self) -> Tensor<'s, T> {
-        self.map(|x| T::one() / (T::one() + (-x).exp()))
+        or_panic(self.with_arg(|a| unary(a, Unary::Sigmoid)))
     }
 
     /// Hyperbolic tangent. Panics only as [`TensorOps::map`] does.
     #[track_caller]
     fn tanh(self) -> Tensor<'s, T> {
-        self.map(T::tanh)
+        or_panic(self.with_arg(|a| unary(a, Unary::Tanh)))
     }
 
     /// `e^x`. Panics only as [`TensorOps::map`] does.
     #[track_caller]
     fn exp(self) -> Tensor<'s, T> {
-        self.map(T::exp)
+        or_panic(self.with_arg(|a| unary(a, Unary::Exp)))
     }
 
     /// Softmax along `axis` (max-subtracted, so large inputs do not overflow). Fails with
     /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
     fn try_softmax(self, axis: usize) -> Result<Tensor<'s, T>> {
         check_axis("softmax", self.as_tensor(), axis)?;
-        self.try_map_lanes(axis, |lane| softmax_lane(lane, false))
+        self.with_arg(|a| {
+            let recorder = Recorder::of(&[a.tensor()]);
+            let out = map_lanes(a, axis, |lane| softmax_lane(lane, false))?;
+            Ok(autograd::finish(recorder, out, |y| {
+                Rule::Softmax(y.saved(), axis)
+            }))
+        })
     }
 
     /// Softmax along `axis`; see [`TensorOps::try_softmax`].
@@ -117,7 +167,13 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed {
     /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
     fn try_log_softmax(self, axis: usize) -> Result<Tensor<'s, T>> {
         check_axis("log_softmax", self.as_tensor(), axis)?;
-        self.try_map_lanes(axis, |lane| softmax_lane(lane, true))
+        self.with_arg(|a| {
+            let recorder = Recorder::of(&[a.tensor()]);
+            let out = map_lanes(a, axis, |lane| softmax_lane(lane, true))?;
+            Ok(autograd::finish(recorder, out, |y| {
+                Rule::LogSoftmax(y.saved(), axis)
+            }))
+        })
     }
 
     /// Log-softmax along `axis`; see [`TensorOps::try_log_softmax`].
@@ -143,7 +199,15 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed {
             });
         }
         let axis = t.ndim() - 1;
-        self.try_map_lanes(axis, |lane| layer_norm_lane(lane, eps))
+        self.with_arg(|a| {
+            let recorder = Recorder::of(&[a.tensor()]);
+            // The input is saved before the kernel runs, so it is not overwritten.
+            let x = recorder.as_ref().map(|_| a.tensor().saved());
+            let out = map_lanes(a, axis, |lane| layer_norm_lane(lane, eps))?;
+            Ok(autograd::finish(recorder, out, |y| {
+                Rule::LayerNorm(x.expect("saved when recording"), y.saved(), eps)
+            }))
+        })
     }
 
     /// Layer normalization over the last axis; see [`TensorOps::try_layer_norm`].
@@ -173,6 +237,21 @@ pub(crate) fn gelu<T: Element>(x: T) -> T {
     T::from_f64(0.5) * x * (T::one() + (c * (x + k * x * x * x)).tanh())
 }
 
+/// `d/dx` of the tanh-approximated GELU.
+pub(crate) fn gelu_grad<T: Element>(x: T) -> T {
+    let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
+    let k = T::from_f64(0.044_715);
+    let half = T::from_f64(0.5);
+    let three = T::from_f64(3.0);
+    let inner = c * (x + k * x * x * x);
+    let t = inner.tanh();
+    half * (T::one() + t) + half * x * (T::one() - t * t) * c * (T::one() + three * k * x * x)
+}
+
+fn sigmoid<T: Element>(x: T) -> T {
+    T::one() / (T::one() + (-x).exp())
+}
+
 fn softmax_lane<T: Element>(mut lane: ArrayViewMut1<'_, T>, log: bool) {
     let max = lane.fold(T::neg_infinity(), |m, &x| m.max(x));
     // A lane of all -inf has no finite max; shifting by 0 keeps the result NaN-free where possible.
@@ -188,15 +267,90 @@ fn softmax_lane<T: Element>(mut lane: ArrayViewMut1<'_, T>, log: bool) {
     }
 }
 
-fn layer_norm_lane<T: Element>(mut lane: ArrayViewMut1<'_, T>, eps: T) {
+/// The statistics of a lane to normalize: its mean and `1 / sqrt(var + eps)`, computed the same way
+/// in the forward and in the backward pass.
+pub(crate) fn lane_stats<T: Element>(lane: ArrayView1<'_, T>, eps: T) -> (T, T) {
     let n = T::from_f64(lane.len() as f64);
     let mean = lane.sum() / n;
     let var = lane.fold(T::zero(), |acc, &x| acc + (x - mean) * (x - mean)) / n;
-    let inv = (var + eps).sqrt().recip();
+    (mean, (var + eps).sqrt().recip())
+}
+
+fn layer_norm_lane<T: Element>(mut lane: ArrayViewMut1<'_, T>, eps: T) {
+    let (mean, inv) = lane_stats(lane.view(), eps);
     lane.mapv_inplace(|x| (x - mean) * inv);
 }
 
-fn try_map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
+/// The backward pass of a normalization over one lane, in place: `d` holds the gradient of the
+/// normalized values `xhat` on entry and the gradient of the input `x` on return,
+/// `inv_std / n (n d - sum(d) - xhat sum(d xhat))`. Layer norm's rule (per row), group norm's (per
+/// group) and the hand-written layer all run this one kernel.
+pub(crate) fn norm_backward_lane<T: Element>(
+    mut d: ArrayViewMut1<'_, T>,
+    x: ArrayView1<'_, T>,
+    xhat: ArrayView1<'_, T>,
+    eps: T,
+) {
+    let n = T::from_f64(x.len() as f64);
+    let (_, inv_std) = lane_stats(x, eps);
+    let sum_d = d.sum();
+    let sum_dx = Zip::from(&d)
+        .and(&xhat)
+        .fold(T::zero(), |a, &g, &h| a + g * h);
+    Zip::from(&mut d).and(&xhat).for_each(|g, &h| {
+        *g = inv_std / n * (n * *g - sum_d - h * sum_dx);
+    });
+}
+
+/// `f` of every element, in place when the input can be written, with `rule` recorded.
+fn map_recorded<'s, T: Element>(
+    src: Arg<'_, 's, T>,
+    f: impl Fn(T) -> T,
+    rule: impl FnOnce(&Tensor<'s, T>) -> Rule<T>,
+) -> Result<Tensor<'s, T>> {
+    let recorder = Recorder::of(&[src.tensor()]);
+    let out = map(src, f)?;
+    Ok(autograd::finish(recorder, out, rule))
+}
+
+/// An elementwise function with its rule; the input it needs is saved before the kernel runs, so
+/// it is not overwritten.
+pub(crate) fn unary<'s, T: Element>(src: Arg<'_, 's, T>, kind: Unary) -> Result<Tensor<'s, T>> {
+    let recording = Recorder::of(&[src.tensor()]).is_some();
+    let input =
+        (recording && !kind.saves_output() && kind != Unary::Neg).then(|| src.tensor().saved());
+    let f: fn(T) -> T = match kind {
+        Unary::Relu => relu,
+        Unary::Gelu => gelu,
+        Unary::Silu => |x| x / (T::one() + (-x).exp()),
+        Unary::Sigmoid => sigmoid,
+        Unary::Tanh => T::tanh,
+        Unary::Exp => T::exp,
+        Unary::Neg => |x| -x,
+    };
+    map_recorded(src, f, |y| {
+        let saved = if kind.saves_output() {
+            Some(y.saved())
+        } else {
+            input
+        };
+        Rule::Unary(kind, saved)
+    })
+}
+
+/// An op between a tensor and a scalar `c`, `f(x)`, with its rule.
+pub(crate) fn scalar<'s, T: Element>(
+    src: Arg<'_, 's, T>,
+    kind: Scalar,
+    c: T,
+    f: impl Fn(T) -> T,
+) -> Result<Tensor<'s, T>> {
+    let x = (kind == Scalar::DivInto && Recorder::of(&[src.tensor()]).is_some())
+        .then(|| src.tensor().saved());
+    map_recorded(src, f, |_| Rule::Scalar(kind, c, x))
+}
+
+fn map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
     let shape = src.tensor().shape().to_vec();
     match src.into_writable(&shape) {
         Ok(mut t) => {
@@ -215,7 +369,7 @@ fn try_map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T) -> Result<Te
     }
 }
 
-fn try_map_lanes<'s, T: Element>(
+fn map_lanes<'s, T: Element>(
     src: Arg<'_, 's, T>,
     axis: usize,
     kernel: impl FnMut(ArrayViewMut1<'_, T>),
@@ -244,40 +398,41 @@ fn try_map_lanes<'s, T: Element>(
     Ok(out)
 }
 
+// The trait is sealed: it cannot be named outside the crate, so its crate-private `Arg` never
+// reaches a user even though `TensorOps` makes the method formally reachable.
 mod sealed {
-    pub trait Sealed {}
-    impl<T: crate::Element> Sealed for crate::Tensor<'_, T> {}
-    impl<T: crate::Element> Sealed for &crate::Tensor<'_, T> {}
+    use crate::ops::Arg;
+    use crate::{Element, Tensor};
+
+    /// How a [`TensorOps`](super::TensorOps) receiver reaches the kernels: owned or borrowed.
+    pub trait Sealed<'s, T: Element> {
+        #[allow(private_bounds)]
+        fn with_arg<R>(self, f: impl FnOnce(Arg<'_, 's, T>) -> R) -> R;
+    }
+
+    impl<'s, T: Element> Sealed<'s, T> for Tensor<'s, T> {
+        #[allow(private_bounds)]
+        fn with_arg<R>(self, f: impl FnOnce(Arg<'_, 's, T>) -> R) -> R {
+            f(Arg::Owned(self))
+        }
+    }
+
+    impl<'s, T: Element> Sealed<'s, T> for &Tensor<'s, T> {
+        #[allow(private_bounds)]
+        fn with_arg<R>(self, f: impl FnOnce(Arg<'_, 's, T>) -> R) -> R {
+            f(Arg::Borrowed(self))
+        }
+    }
 }
 
 impl<'s, T: Element> TensorOps<'s, T> for Tensor<'s, T> {
     fn as_tensor(&self) -> &Tensor<'s, T> {
         self
     }
-    fn try_map(self, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
-        try_map(Arg::Owned(self), f)
-    }
-    fn try_map_lanes(
-        self,
-        axis: usize,
-        kernel: impl FnMut(ArrayViewMut1<'_, T>),
-    ) -> Result<Tensor<'s, T>> {
-        try_map_lanes(Arg::Owned(self), axis, kernel)
-    }
 }
 
 impl<'s, T: Element> TensorOps<'s, T> for &Tensor<'s, T> {
     fn as_tensor(&self) -> &Tensor<'s, T> {
         self
-    }
-    fn try_map(self, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
-        try_map(Arg::Borrowed(self), f)
-    }
-    fn try_map_lanes(
-        self,
-        axis: usize,
-        kernel: impl FnMut(ArrayViewMut1<'_, T>),
-    ) -> Result<Tensor<'s, T>> {
-        try_map_lanes(Arg::Borrowed(self), axis, kernel)
     }
 }

@@ -1,0 +1,120 @@
+//! The gradients a backward pass computes, keyed by parameter.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::rc::Rc;
+
+use crate::element::Element;
+use crate::error::{Error, Result, Shape};
+use crate::escape::{Escape, EscapeTarget};
+use crate::param::Param;
+use crate::scope::{Scope, ScopeState};
+use crate::tensor::Tensor;
+
+/// Gradients keyed by parameter (and by tensor marked with [`Tensor::requires_grad`]), as tensors
+/// of one scope: the one [`Tensor::backward`] ran in, or the one [`Gradients::new`] was given.
+///
+/// A parameter used several times in a forward gets the sum of its gradients; several backward
+/// passes into one `Gradients` ([`Tensor::backward_into`]) accumulate. Gradients are scoped tensors:
+/// they are released with their scope, and leave it only through [`Scope::escape`].
+pub struct Gradients<'s, T: Element = f32> {
+    scope: Rc<ScopeState>,
+    by_key: HashMap<u64, Tensor<'s, T>>,
+}
+
+impl<'s, T: Element> Gradients<'s, T> {
+    /// No gradients yet; what is added is kept in `s`.
+    pub fn new(s: &'s Scope<'_>) -> Self {
+        Gradients::in_scope(s.state())
+    }
+
+    pub(crate) fn in_scope(scope: &Rc<ScopeState>) -> Self {
+        Gradients {
+            scope: Rc::clone(scope),
+            by_key: HashMap::new(),
+        }
+    }
+
+    /// The gradient of `param`, if the backward passes reached it.
+    pub fn get(&self, param: &Param<T>) -> Option<&Tensor<'s, T>> {
+        self.by_key.get(&param.key())
+    }
+
+    /// The gradient of `tensor`, a tensor marked with [`Tensor::requires_grad`] (or an alias of
+    /// one), if the backward passes reached it.
+    pub fn of(&self, tensor: &Tensor<'_, T>) -> Option<&Tensor<'s, T>> {
+        let key = tensor.node.as_ref()?.key()?;
+        self.by_key.get(&key)
+    }
+
+    /// How many parameters and marked tensors have a gradient.
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// Whether there is no gradient.
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// Sets every gradient to zero, keeping its buffer: the gradients of the next backward passes
+    /// ([`Tensor::backward_into`]) are added in place, so a training loop that keeps one
+    /// `Gradients` across its steps rents no gradient memory after the first (PyTorch's
+    /// `zero_grad(set_to_none=False)`). A gradient that another handle shares is copied first, so
+    /// the other handle keeps its values; this can fail only then, with a budget error.
+    pub fn zero(&mut self) -> Result<()> {
+        for g in self.by_key.values_mut() {
+            g.try_view_mut()?.fill(T::zero());
+        }
+        Ok(())
+    }
+
+    /// Adds `grad` to the gradient of `param`: how hand-written backward passes report theirs.
+    /// Fails with [`Error::ShapeMismatch`] if `grad` does not have the parameter's shape, or with a
+    /// budget error.
+    pub fn accumulate(&mut self, param: &Param<T>, grad: &Tensor<'_, T>) -> Result<()> {
+        if grad.shape() != param.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "Gradients::accumulate",
+                lhs: Shape::from(param.shape()),
+                rhs: Shape::from(grad.shape()),
+                reason: "a gradient must have its parameter's shape".into(),
+            });
+        }
+        self.add(param.key(), grad.saved())
+    }
+
+    /// Adds `grad` to the gradient under `key`; the sum is kept in this collection's scope.
+    pub(crate) fn add(&mut self, key: u64, grad: Tensor<'static, T>) -> Result<()> {
+        let total = match self.by_key.remove(&key) {
+            // By value: written into the earlier gradient's buffer when it is the only handle.
+            Some(earlier) => earlier.try_add_owned(&grad)?.move_to(&self.scope),
+            None => grad.move_to(&self.scope),
+        };
+        self.by_key.insert(key, total);
+        Ok(())
+    }
+}
+
+impl<'to, T: Element> Escape<'to> for Gradients<'_, T> {
+    type Escaped = Gradients<'to, T>;
+    /// Every gradient escapes with the collection, which then adds into the target scope.
+    fn escape_to(self, target: &EscapeTarget<'to>) -> Gradients<'to, T> {
+        Gradients {
+            scope: Rc::clone(target.state()),
+            by_key: self
+                .by_key
+                .into_iter()
+                .map(|(key, g)| (key, g.escape_to(target)))
+                .collect(),
+        }
+    }
+}
+
+impl<T: Element> fmt::Debug for Gradients<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gradients")
+            .field("count", &self.by_key.len())
+            .finish()
+    }
+}

@@ -1,0 +1,360 @@
+//! Reverse-mode automatic differentiation on scoped tensors.
+//!
+//! Ops record what their backward needs only when an input carries a gradient graph: a parameter
+//! bound in a training scope ([`Pool::train`](crate::Pool::train), [`Scope::train`](crate::Scope::train)), or a tensor
+//! marked with [`Tensor::requires_grad`]. A forward with no such input records nothing and costs
+//! what it did before. [`Tensor::backward`] walks the graph from a loss and returns the
+//! [`Gradients`] of every parameter and marked tensor it depends on, as tensors of the loss's scope.
+//!
+//! ```
+//! use tensorscope_runtime::{Param, Pool, TensorOps};
+//!
+//! let pool = Pool::with_max_memory_mb(16);
+//! let w = Param::from_slice(&pool, &[2, 1], &[0.5f64, -1.0]);
+//! let grad = pool.train(|s| {
+//!     let x = s.from_slice::<f64>(&[1, 2], &[3.0, 4.0]);
+//!     let loss = x.matmul(&w).tanh().try_mse(&s.zeros(&[1, 1])).unwrap();
+//!     let grads = loss.backward().unwrap();
+//!     grads.get(&w).unwrap().to_vec()
+//! });
+//! // d/dw mean((tanh(x w))^2) = 2 tanh(x w) (1 - tanh(x w)^2) x
+//! let y = (3.0f64 * 0.5 - 4.0).tanh();
+//! let expected: Vec<f64> = [3.0, 4.0].iter().map(|x| 2.0 * y * (1.0 - y * y) * x).collect();
+//! assert!(grad.iter().zip(&expected).all(|(g, e)| (g - e).abs() < 1e-12));
+//! ```
+//!
+//! **Memory.** Saved tensors are aliases of the op's inputs or output, never copies; a node and what
+//! it saved are freed when the last tensor that needs them drops, and `backward` releases each
+//! node's saved tensors as soon as its rule has run. A tensor saved for backward has more than one
+//! handle, so by-value ops never overwrite it (they rent instead): the graph's values cannot be
+//! corrupted by in-place ops, and writing into a graph tensor through `view_mut` is an error.
+//! Escaping a tensor that carries a graph moves the accounting of everything the graph keeps, as it
+//! does for the tensor's own buffer.
+
+mod check;
+mod grads;
+mod rules;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use check::{check_gradients, GradCheck};
+pub use grads::Gradients;
+pub(crate) use rules::{Rule, Scalar, Unary};
+
+use crate::element::Element;
+use crate::error::{Error, Result, Shape};
+use crate::scope::ScopeState;
+use crate::tensor::Tensor;
+
+/// What ops record on this thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The default: ops on tensors that carry a graph record; parameters are not leaves.
+    Infer,
+    /// Inside [`Pool::train`](crate::Pool::train) / [`Scope::train`]: parameters used by ops are
+    /// leaves too.
+    Train,
+    /// Inside [`Scope::no_grad`](crate::Scope::no_grad) and backward passes: nothing records.
+    Off,
+}
+
+thread_local! {
+    static MODE: Cell<Mode> = const { Cell::new(Mode::Infer) };
+}
+
+/// The recording mode on this thread.
+pub(crate) fn mode() -> Mode {
+    MODE.get()
+}
+
+/// Runs `f` with the recording mode `mode`, restoring the previous mode afterwards, also when `f`
+/// panics.
+pub(crate) fn with_mode<R>(mode: Mode, f: impl FnOnce() -> R) -> R {
+    struct Restore(Mode);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            MODE.set(self.0);
+        }
+    }
+    let _restore = Restore(MODE.replace(mode));
+    f()
+}
+
+/// Keys of leaves (parameters and marked tensors), unique in the process.
+static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh leaf key.
+pub(crate) fn next_key() -> u64 {
+    NEXT_KEY.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A node of a gradient graph: a leaf (a parameter or a marked tensor, by key) or the op that made a
+/// tensor, with the nodes of its inputs and the rule (and saved tensors) of its backward.
+pub(crate) struct Node<T: Element> {
+    /// The scope whose accounting holds what the rule saved: where the op ran, moved by escapes.
+    owner: RefCell<Rc<ScopeState>>,
+    kind: Kind<T>,
+}
+
+enum Kind<T: Element> {
+    Leaf(u64),
+    Op {
+        /// The inputs' nodes; `None` for inputs that need no gradient.
+        inputs: Vec<Option<Rc<Node<T>>>>,
+        /// Taken (and so released) when backward runs it.
+        rule: RefCell<Option<Rule<T>>>,
+    },
+}
+
+impl<T: Element> Node<T> {
+    /// A leaf for `key` held by `owner`.
+    pub(crate) fn leaf(key: u64, owner: &Rc<ScopeState>) -> Rc<Self> {
+        Rc::new(Node {
+            owner: RefCell::new(Rc::clone(owner)),
+            kind: Kind::Leaf(key),
+        })
+    }
+
+    /// The leaf key, if this is a leaf.
+    pub(crate) fn key(&self) -> Option<u64> {
+        match self.kind {
+            Kind::Leaf(key) => Some(key),
+            Kind::Op { .. } => None,
+        }
+    }
+}
+
+impl<T: Element> Drop for Node<T> {
+    /// Frees a chain of nodes with a loop instead of recursion, so that a graph of a million ops
+    /// does not overflow the stack when its last tensor drops.
+    fn drop(&mut self) {
+        let Kind::Op { inputs, .. } = &mut self.kind else {
+            return;
+        };
+        let mut pending = std::mem::take(inputs);
+        while let Some(node) = pending.pop() {
+            if let Some(Ok(mut node)) = node.map(Rc::try_unwrap) {
+                if let Kind::Op { inputs, .. } = &mut node.kind {
+                    pending.append(inputs);
+                }
+            }
+        }
+    }
+}
+
+/// The graph inputs of an op about to run: made only when the output must record a node.
+pub(crate) struct Recorder<T: Element> {
+    inputs: Vec<Option<Rc<Node<T>>>>,
+}
+
+impl<T: Element> Recorder<T> {
+    /// A recorder if recording is on and any of `inputs` carries a graph.
+    pub(crate) fn of(inputs: &[&Tensor<'_, T>]) -> Option<Self> {
+        if mode() == Mode::Off || inputs.iter().all(|t| t.node.is_none()) {
+            return None;
+        }
+        Some(Recorder {
+            inputs: inputs.iter().map(|t| t.node.clone()).collect(),
+        })
+    }
+}
+
+/// Sets `out`'s node: the op's, with `rule()`, when `recorder` is given; none otherwise (an output
+/// written into an input's buffer must not keep that input's node).
+pub(crate) fn finish<'s, T: Element>(
+    recorder: Option<Recorder<T>>,
+    mut out: Tensor<'s, T>,
+    rule: impl FnOnce(&Tensor<'s, T>) -> Rule<T>,
+) -> Tensor<'s, T> {
+    out.node = recorder.map(|r| {
+        Rc::new(Node {
+            owner: RefCell::new(Rc::clone(&out.scope)),
+            kind: Kind::Op {
+                inputs: r.inputs,
+                rule: RefCell::new(Some(rule(&out))),
+            },
+        })
+    });
+    out
+}
+
+/// `out` marked as made by an op without a derivative, from inputs that carry a graph: a backward
+/// that reaches it fails naming `op`, rather than giving a zero gradient.
+pub(crate) fn barrier<'s, U: Element>(out: Tensor<'s, U>, op: &'static str) -> Tensor<'s, U> {
+    let recorder = (mode() != Mode::Off).then_some(Recorder { inputs: Vec::new() });
+    finish(recorder, out, |_| Rule::NotDifferentiable(op))
+}
+
+/// Moves the accounting of what the graph under `node` saved to `target`, for the nodes held by
+/// scopes that `target` outlives. A node's inputs are held by scopes that outlive its own (they
+/// were made earlier, in the op's scope or around it), so the walk stops at the first node whose
+/// scope outlives `target`: an escape costs the nodes made inside the escaping scope, not the graph.
+pub(crate) fn move_graph<T: Element>(node: &Rc<Node<T>>, target: &Rc<ScopeState>) {
+    let mut pending = vec![Rc::clone(node)];
+    while let Some(node) = pending.pop() {
+        {
+            let mut owner = node.owner.borrow_mut();
+            if !owner.hands_over_to(target) {
+                continue;
+            }
+            *owner = Rc::clone(target);
+        }
+        if let Kind::Op { inputs, rule } = &node.kind {
+            if let Some(rule) = rule.borrow().as_ref() {
+                rule.for_each_saved(&mut |t| t.move_accounting(target));
+            }
+            pending.extend(inputs.iter().flatten().cloned());
+        }
+    }
+}
+
+/// Runs backward from `root` (its node) with `seed` as its gradient, adding the gradients of the
+/// leaves into `grads`. Everything is computed in `at`, the root's scope, with recording off.
+pub(crate) fn backward<T: Element>(
+    root: &Rc<Node<T>>,
+    seed: Tensor<'static, T>,
+    at: &Rc<ScopeState>,
+    grads: &mut Gradients<'_, T>,
+) -> Result<()> {
+    with_mode(Mode::Off, || {
+        let order = topological(root);
+        let mut pending: HashMap<*const Node<T>, Tensor<'static, T>> = HashMap::new();
+        pending.insert(Rc::as_ptr(root), seed);
+        // Consumers come after their inputs in `order`: walking it backwards, a node's gradient is
+        // complete when its turn comes.
+        for node in order.iter().rev() {
+            let Some(grad) = pending.remove(&Rc::as_ptr(node)) else {
+                continue;
+            };
+            match &node.kind {
+                Kind::Leaf(key) => grads.add(*key, grad)?,
+                Kind::Op { inputs, rule } => {
+                    let rule = rule.borrow_mut().take().ok_or(Error::GraphConsumed)?;
+                    let needs: Vec<bool> = inputs.iter().map(Option::is_some).collect();
+                    let input_grads = rule.backward(grad, &needs, at)?;
+                    for (input, g) in inputs.iter().zip(input_grads) {
+                        if let (Some(input), Some(g)) = (input, g) {
+                            let slot = Rc::as_ptr(input);
+                            let total = match pending.remove(&slot) {
+                                Some(earlier) => earlier.try_add_owned(&g)?,
+                                None => g,
+                            };
+                            pending.insert(slot, total);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The nodes under `root`, each after all of its inputs (post-order, iteratively).
+fn topological<T: Element>(root: &Rc<Node<T>>) -> Vec<Rc<Node<T>>> {
+    let mut order = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![(Rc::clone(root), false)];
+    while let Some((node, expanded)) = stack.pop() {
+        if expanded {
+            order.push(node);
+            continue;
+        }
+        if !seen.insert(Rc::as_ptr(&node)) {
+            continue;
+        }
+        let inputs: Vec<Rc<Node<T>>> = match &node.kind {
+            Kind::Op { inputs, .. } => inputs.iter().flatten().cloned().collect(),
+            Kind::Leaf(_) => Vec::new(),
+        };
+        stack.push((node, true));
+        stack.extend(
+            inputs
+                .into_iter()
+                .filter(|n| !seen.contains(&Rc::as_ptr(n)))
+                .map(|n| (n, false)),
+        );
+    }
+    order
+}
+
+impl<'s, T: Element> Tensor<'s, T> {
+    /// The same values marked as needing a gradient: ops on it record, and [`Tensor::backward`]
+    /// reports its gradient ([`Gradients::of`]). No data is copied. A tensor that already carried a
+    /// graph starts a new one here (its history is not differentiated through).
+    pub fn requires_grad(mut self) -> Tensor<'s, T> {
+        self.node = Some(Node::leaf(next_key(), &self.scope));
+        self
+    }
+
+    /// The same values without a gradient graph: a zero-copy alias that ops do not record through,
+    /// for values kept for their own sake (a loss to print, an activation to log) rather than
+    /// differentiated.
+    pub fn without_grad(mut self) -> Tensor<'s, T> {
+        self.node = None;
+        self
+    }
+
+    /// Whether the tensor carries a gradient graph (it was computed from a trained parameter or a
+    /// tensor marked with [`Tensor::requires_grad`], while recording).
+    pub fn has_graph(&self) -> bool {
+        self.node.is_some()
+    }
+
+    /// The gradients of everything this tensor depends on (parameters bound in a training scope,
+    /// tensors marked with [`Tensor::requires_grad`]), keyed by parameter, as tensors of this
+    /// tensor's scope. The tensor must hold one value (a loss); its gradient is 1.
+    ///
+    /// Each node's saved tensors are released as soon as its rule has run, so a graph can be
+    /// differentiated once: a second backward through it fails with [`Error::GraphConsumed`].
+    /// Fails with [`Error::BackwardNeedsScalar`], [`Error::NoGraph`],
+    /// [`Error::NotDifferentiable`] (a `map` or `cast` on the path) or a budget error.
+    pub fn backward(&self) -> Result<Gradients<'s, T>> {
+        let mut grads = Gradients::in_scope(&self.scope);
+        self.backward_into(&mut grads)?;
+        Ok(grads)
+    }
+
+    /// Like [`Tensor::backward`], adding the gradients into `grads` (which may belong to an
+    /// enclosing scope): gradient accumulation over several backward passes.
+    pub fn backward_into(&self, grads: &mut Gradients<'_, T>) -> Result<()> {
+        if self.node.is_none() {
+            return Err(Error::NoGraph);
+        }
+        if self.len() != 1 {
+            return Err(Error::BackwardNeedsScalar {
+                shape: Shape::from(self.shape()),
+            });
+        }
+        let mut seed = Tensor::try_rent_in(&self.scope, self.shape())?;
+        seed.unique_slice_mut().fill(T::one());
+        self.backward_with_seed(seed, grads)
+    }
+
+    /// Like [`Tensor::backward`] for an output of any shape, given the gradient of some scalar with
+    /// respect to it (`grad`, of this tensor's shape).
+    pub fn backward_with(&self, grad: &Tensor<'_, T>) -> Result<Gradients<'s, T>> {
+        if grad.shape() != self.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "backward_with",
+                lhs: Shape::from(self.shape()),
+                rhs: Shape::from(grad.shape()),
+                reason: "the gradient must have the output's shape".into(),
+            });
+        }
+        let mut grads = Gradients::in_scope(&self.scope);
+        self.backward_with_seed(grad.saved().alias_in(&self.scope), &mut grads)?;
+        Ok(grads)
+    }
+
+    fn backward_with_seed(
+        &self,
+        seed: Tensor<'static, T>,
+        grads: &mut Gradients<'_, T>,
+    ) -> Result<()> {
+        let node = self.node.as_ref().ok_or(Error::NoGraph)?;
+        backward(node, seed, &self.scope, grads)
+    }
+}

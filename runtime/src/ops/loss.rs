@@ -1,0 +1,112 @@
+//! Losses: a prediction and a target in, one value out, with their backward rules.
+
+use super::Operand;
+use crate::autograd::{self, Recorder, Rule};
+use crate::element::Element;
+use crate::error::{or_panic, Error, Result, Shape};
+use crate::tensor::Tensor;
+use crate::TensorOps;
+
+impl<'s, T: Element> Tensor<'s, T> {
+    /// Mean squared error `mean((self - target)^2)` against a tensor or a [`Param`](crate::Param)
+    /// of the same shape, as a tensor of one value (shape `[]`). Differentiable in both. Fails with
+    /// [`Error::ShapeMismatch`] if the shapes differ.
+    pub fn try_mse(&self, target: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
+        let target = &*target.bind_beside(self);
+        if self.shape() != target.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "mse",
+                lhs: Shape::from(self.shape()),
+                rhs: Shape::from(target.shape()),
+                reason: "prediction and target must have the same shape".into(),
+            });
+        }
+        let recorder = Recorder::of(&[self, target]);
+        let diff = autograd::with_mode(autograd::Mode::Off, || self.try_sub(target))?;
+        let n = self.len();
+        let total = diff.as_slice().iter().map(|&d| d * d).sum::<T>();
+        let loss = scalar_tensor(self, total / T::from_f64(n.max(1) as f64))?;
+        Ok(autograd::finish(recorder, loss, |_| {
+            Rule::Mse(diff.saved(), n)
+        }))
+    }
+
+    /// [`Tensor::try_mse`], panicking with the error's message.
+    #[track_caller]
+    pub fn mse(&self, target: &impl Operand<'s, T>) -> Tensor<'s, T> {
+        or_panic(self.try_mse(target))
+    }
+
+    /// [`Tensor::try_cross_entropy`], panicking with the error's message.
+    #[track_caller]
+    pub fn cross_entropy(&self, labels: &[usize]) -> Tensor<'s, T> {
+        or_panic(self.try_cross_entropy(labels))
+    }
+
+    /// Softmax cross-entropy of logits `[batch, classes]` against one class label per row, averaged
+    /// over the batch: `-mean(log_softmax(self)[row, label])`, as a tensor of one value. Fails with
+    /// [`Error::InvalidShape`] for logits that are not 2-D, [`Error::LengthMismatch`] if there is
+    /// not one label per row, and [`Error::LabelOutOfRange`].
+    pub fn try_cross_entropy(&self, labels: &[usize]) -> Result<Tensor<'s, T>> {
+        let &[batch, classes] = self.shape() else {
+            return Err(Error::InvalidShape {
+                op: "cross_entropy",
+                shape: Shape::from(self.shape()),
+                reason: "logits must be [batch, classes]".into(),
+            });
+        };
+        if labels.len() != batch {
+            return Err(Error::LengthMismatch {
+                op: "cross_entropy",
+                shape: Shape::from(self.shape()),
+                expected: batch,
+                got: labels.len(),
+            });
+        }
+        if let Some((row, &label)) = labels.iter().enumerate().find(|(_, &l)| l >= classes) {
+            return Err(Error::LabelOutOfRange {
+                op: "cross_entropy",
+                row,
+                label,
+                classes,
+            });
+        }
+        let recorder = Recorder::of(&[self]);
+        let log_probs = autograd::with_mode(autograd::Mode::Off, || self.try_log_softmax(1))?;
+        let n = T::from_f64(batch.max(1) as f64);
+        let picked = labels
+            .iter()
+            .enumerate()
+            .map(|(row, &label)| log_probs.as_slice()[row * classes + label])
+            .sum::<T>();
+        let loss = scalar_tensor(self, -picked / n)?;
+        Ok(autograd::finish(recorder, loss, |_| {
+            Rule::CrossEntropy(log_probs.saved(), labels.to_vec())
+        }))
+    }
+}
+
+/// A tensor of shape `[]` holding `value`, in `like`'s scope.
+fn scalar_tensor<'s, T: Element>(like: &Tensor<'s, T>, value: T) -> Result<Tensor<'s, T>> {
+    let mut t = Tensor::try_rent_in(&like.scope, &[])?;
+    t.unique_slice_mut()[0] = value;
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Pool;
+
+    #[test]
+    fn losses_are_values_of_shape_rank_0() {
+        let pool = Pool::with_max_memory_mb(8);
+        pool.scope(|s| {
+            let p = s.from_slice::<f64>(&[2], &[1.0, 3.0]);
+            let mse = p.try_mse(&s.zeros::<f64>(&[2])).unwrap();
+            assert_eq!((mse.shape(), mse.item()), (&[][..], 5.0));
+            let logits = s.zeros::<f64>(&[2, 4]);
+            let ce = logits.try_cross_entropy(&[0, 3]).unwrap();
+            assert!((ce.item() - 4f64.ln()).abs() < 1e-15);
+        });
+    }
+}
