@@ -1,34 +1,57 @@
 //! Random programs through the real scope API, against a model of what must be true after every
 //! step: nested scopes, rents of random shapes and element types, clones, drops, escapes, detaches,
-//! panics inside scopes and over-budget rents.
+//! by-value ops (in place when nothing else holds the buffer), panics inside scopes and over-budget
+//! rents; and gradient graphs: tensors marked for a gradient, recorded ops that save their inputs or
+//! outputs, graphs escaping with their tensors, backward passes that release what was saved.
 //!
-//! Checked after every step: the pool's bytes in use equal the bytes of the distinct live buffers
-//! (aliases counted once); every rent was a hit or a miss and every freed buffer a return; no two live
-//! tensors share a buffer unless one is an alias of the other (each buffer holds its own value, read
-//! back); every scope's counters balance when it ends. After the outermost scope, the bytes in use are
-//! exactly those of the parameters that detaching made (moved buffers, or copies of shared ones).
+//! Checked after every step: the pool's bytes in use equal the bytes of the distinct buffers held by
+//! live tensors and by the saved tensors of live graphs (aliases counted once); every rent was a hit
+//! or a miss and every freed buffer a return; no two live tensors share a buffer unless one is an
+//! alias of the other (each buffer holds its own value, read back); every scope's counters balance
+//! when it ends. After the outermost scope, the bytes in use are exactly those of the parameters that
+//! detaching made (moved buffers, or copies of shared ones).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use proptest::prelude::*;
-use tensorscope::{bf16, f16, Error, Param, Pool, PoolConfig, Scope, Tensor};
+use tensorscope::{bf16, f16, Error, Param, Pool, PoolConfig, Scope, Tensor, TensorOps};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Rent { shape: Vec<usize>, ty: u8 },
+    Rent {
+        shape: Vec<usize>,
+        ty: u8,
+    },
     Clone(usize),
     Drop(usize),
     Push,
-    Pop { escape: Vec<usize> },
+    Pop {
+        escape: Vec<usize>,
+    },
     Detach(usize),
-    PanicInChild { rents: usize },
+    PanicInChild {
+        rents: usize,
+    },
     OverBudget,
+    /// `t + 1` by value: in place if no other handle (alias or saved tensor) holds the buffer.
+    AddOne(usize),
+    /// An f32 tensor marked as needing a gradient.
+    Mark(usize),
+    /// `t * t` (saves `t` twice) or `relu(t)` (saves its output) of an f32 tensor.
+    Record {
+        i: usize,
+        square: bool,
+    },
+    /// Backward from the sum of an f32 tensor that carries a graph.
+    Backward(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (prop::collection::vec(0usize..6, 0..3), 0u8..4).prop_map(|(shape, ty)| Op::Rent { shape, ty }),
+        // Half of the rents f32, the type that graphs are recorded on here.
+        4 => (prop::collection::vec(0usize..6, 0..3), prop_oneof![3 => Just(0u8), 1 => 1u8..4])
+            .prop_map(|(shape, ty)| Op::Rent { shape, ty }),
         2 => any::<usize>().prop_map(Op::Clone),
         3 => any::<usize>().prop_map(Op::Drop),
         2 => Just(Op::Push),
@@ -36,6 +59,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Detach),
         1 => (0usize..4).prop_map(|rents| Op::PanicInChild { rents }),
         1 => Just(Op::OverBudget),
+        2 => any::<usize>().prop_map(Op::AddOne),
+        3 => any::<usize>().prop_map(Op::Mark),
+        4 => (any::<usize>(), any::<bool>()).prop_map(|(i, square)| Op::Record { i, square }),
+        1 => any::<usize>().prop_map(Op::Backward),
     ]
 }
 
@@ -47,9 +74,13 @@ enum Any<'s> {
     Bf16(Tensor<'s, bf16>),
 }
 
+/// A live tensor: its buffer's id, the value every element holds, and its graph node (an index
+/// into [`World::nodes`]), if it carries a graph.
 struct Live<'s> {
     tensor: Any<'s>,
     buffer: u32,
+    value: f64,
+    node: Option<usize>,
 }
 
 impl<'s> Live<'s> {
@@ -60,10 +91,11 @@ impl<'s> Live<'s> {
             Any::F16(t) => Any::F16(t.clone()),
             Any::Bf16(t) => Any::Bf16(t.clone()),
         };
-        Live {
-            tensor,
-            buffer: self.buffer,
-        }
+        Live { tensor, ..*self }
+    }
+
+    fn is_f32(&self) -> bool {
+        matches!(self.tensor, Any::F32(_))
     }
 
     fn allocated(&self) -> usize {
@@ -75,9 +107,9 @@ impl<'s> Live<'s> {
         }
     }
 
-    /// Every element still holds this buffer's value (small ids are exact in every type).
+    /// Every element still holds the tensor's value (small whole numbers, exact in every type).
     fn intact(&self) -> bool {
-        let v = f64::from(self.buffer % 200);
+        let v = self.value;
         match &self.tensor {
             Any::F32(t) => t.as_slice().iter().all(|&x| f64::from(x) == v),
             Any::F64(t) => t.as_slice().iter().all(|&x| x == v),
@@ -98,7 +130,7 @@ enum AnyParam {
 struct Kept {
     param: AnyParam,
     buffer: u32,
-    value: u32,
+    value: f64,
 }
 
 impl Kept {
@@ -112,7 +144,7 @@ impl Kept {
     }
 
     fn intact(&self) -> bool {
-        let v = f64::from(self.value % 200);
+        let v = self.value;
         match &self.param {
             AnyParam::F32(p) => p.as_slice().iter().all(|&x| f64::from(x) == v),
             AnyParam::F64(p) => p.as_slice().iter().all(|&x| x == v),
@@ -122,6 +154,15 @@ impl Kept {
     }
 }
 
+/// A node of a gradient graph as the model sees it: the buffers its rule saved, its inputs'
+/// nodes (none for a marked tensor, a leaf), and whether a backward pass ran its rule (which
+/// releases what it saved; a leaf has no rule).
+struct Node {
+    saves: Vec<u32>,
+    inputs: Vec<usize>,
+    consumed: bool,
+}
+
 /// What the model tracks across the whole program.
 struct World {
     pool: Pool,
@@ -129,24 +170,79 @@ struct World {
     /// Non-empty rents made, and buffers freed (each distinct buffer once).
     rents: u64,
     detached: Vec<Kept>,
+    nodes: Vec<Node>,
+    /// The allocated bytes of every buffer made.
+    sizes: HashMap<u32, usize>,
 }
 
 impl World {
-    fn rent<'s>(&mut self, s: &'s Scope<'_>, shape: &[usize], ty: u8) -> Live<'s> {
+    /// A new buffer id for `live`'s data, counting its rent.
+    fn new_buffer(&mut self, allocated: usize) -> u32 {
         self.next_buffer += 1;
-        let id = self.next_buffer;
-        let v = f64::from(id % 200);
+        self.rents += u64::from(allocated > 0);
+        self.sizes.insert(self.next_buffer, allocated);
+        self.next_buffer
+    }
+
+    fn rent<'s>(&mut self, s: &'s Scope<'_>, shape: &[usize], ty: u8) -> Live<'s> {
+        // Small whole numbers: exact in every type after the additions a program can make.
+        let v = f64::from((self.next_buffer + 1) % 50);
         let tensor = match ty {
             0 => Any::F32(s.full(shape, v as f32)),
             1 => Any::F64(s.full(shape, v)),
             2 => Any::F16(s.full(shape, f16::from_f64(v))),
             _ => Any::Bf16(s.full(shape, bf16::from_f64(v))),
         };
-        let live = Live { tensor, buffer: id };
-        if live.allocated() > 0 {
-            self.rents += 1;
-        }
+        let mut live = Live {
+            tensor,
+            buffer: 0,
+            value: v,
+            node: None,
+        };
+        live.buffer = self.new_buffer(live.allocated());
         live
+    }
+
+    fn node(&mut self, saves: Vec<u32>, inputs: Vec<usize>) -> Option<usize> {
+        self.nodes.push(Node {
+            saves,
+            inputs,
+            consumed: false,
+        });
+        Some(self.nodes.len() - 1)
+    }
+
+    /// The nodes reachable from `roots`.
+    fn reachable(&self, roots: impl IntoIterator<Item = usize>) -> HashSet<usize> {
+        let mut seen = HashSet::new();
+        let mut pending: Vec<usize> = roots.into_iter().collect();
+        while let Some(n) = pending.pop() {
+            if seen.insert(n) {
+                pending.extend(&self.nodes[n].inputs);
+            }
+        }
+        seen
+    }
+
+    /// The buffers that the live tensors' graphs keep through saved tensors.
+    fn saved(&self, stack: &[&Vec<Live<'_>>]) -> HashSet<u32> {
+        let roots = stack.iter().flat_map(|v| v.iter()).filter_map(|l| l.node);
+        self.reachable(roots)
+            .into_iter()
+            .filter(|&n| !self.nodes[n].consumed)
+            .flat_map(|n| self.nodes[n].saves.iter().copied())
+            .collect()
+    }
+
+    /// Whether a handle other than `live` holds its buffer: an alias on the stack or a saved tensor
+    /// of a live graph (`live`'s own included).
+    fn shared(&self, live: &Live<'_>, stack: &[&Vec<Live<'_>>]) -> bool {
+        let aliases = stack
+            .iter()
+            .flat_map(|v| v.iter())
+            .filter(|o| o.buffer == live.buffer)
+            .count();
+        aliases > 1 || self.saved(stack).contains(&live.buffer)
     }
 }
 
@@ -161,6 +257,9 @@ fn check(world: &World, stack: &[&Vec<Live<'_>>]) {
                 l.buffer
             );
         }
+    }
+    for b in world.saved(stack) {
+        seen.insert(b, world.sizes[&b]);
     }
     for k in &world.detached {
         seen.insert(k.buffer, k.allocated());
@@ -216,14 +315,10 @@ where
             }
             Op::Detach(i) => {
                 if let Some(i) = pick(*i, lives.len()) {
-                    let l = lives.swap_remove(i);
                     // The only handle moves its buffer into the parameter; a shared one is copied
                     // into a new buffer (a rent of its own).
-                    let shared = outer
-                        .iter()
-                        .flat_map(|v| v.iter())
-                        .chain(&lives)
-                        .any(|o| o.buffer == l.buffer);
+                    let shared = world.shared(&lives[i], &with(outer, &lives));
+                    let l = lives.swap_remove(i);
                     let allocated = l.allocated();
                     let param = match l.tensor {
                         Any::F32(t) => AnyParam::F32(t.detach()),
@@ -232,22 +327,129 @@ where
                         Any::Bf16(t) => AnyParam::Bf16(t.detach()),
                     };
                     let buffer = if shared {
-                        world.next_buffer += 1;
-                        world.rents += u64::from(allocated > 0);
-                        world.next_buffer
+                        world.new_buffer(allocated)
                     } else {
                         l.buffer
                     };
                     world.detached.push(Kept {
                         param,
                         buffer,
-                        value: l.buffer,
+                        value: l.value,
                     });
                 }
             }
+            Op::AddOne(i) => {
+                if let Some(i) = pick(*i, lives.len()) {
+                    // By value: written in place unless another handle holds the buffer, such as a
+                    // tensor a graph saved, whose value must not change under it.
+                    let shared = world.shared(&lives[i], &with(outer, &lives));
+                    let l = lives.swap_remove(i);
+                    let allocated = l.allocated();
+                    let (tensor, value) = match l.tensor {
+                        Any::F32(t) => (Any::F32(t + 1.0), f64::from(l.value as f32 + 1.0)),
+                        Any::F64(t) => (Any::F64(t + 1.0), l.value + 1.0),
+                        Any::F16(t) => (Any::F16(t + f16::ONE), l.value + 1.0),
+                        Any::Bf16(t) => (Any::Bf16(t + bf16::ONE), l.value + 1.0),
+                    };
+                    let buffer = if shared {
+                        world.new_buffer(allocated)
+                    } else {
+                        l.buffer
+                    };
+                    let node = l.node.and_then(|n| world.node(Vec::new(), vec![n]));
+                    lives.push(Live {
+                        tensor,
+                        buffer,
+                        value,
+                        node,
+                    });
+                }
+            }
+            Op::Mark(i) => {
+                if let Some(i) = pick(*i, lives.len()).filter(|&i| lives[i].is_f32()) {
+                    let l = lives.swap_remove(i);
+                    let Any::F32(t) = l.tensor else {
+                        unreachable!("picked an f32 tensor")
+                    };
+                    lives.push(Live {
+                        tensor: Any::F32(t.requires_grad()),
+                        node: world.node(Vec::new(), Vec::new()),
+                        ..l
+                    });
+                }
+            }
+            Op::Record { i, square } => {
+                if let Some(i) = pick(*i, lives.len()).filter(|&i| lives[i].is_f32()) {
+                    let l = &lives[i];
+                    let Any::F32(t) = &l.tensor else {
+                        unreachable!("picked an f32 tensor")
+                    };
+                    let (out, value) = if *square {
+                        (t * t, f64::from((l.value as f32) * (l.value as f32)))
+                    } else {
+                        (t.relu(), l.value) // values are never negative
+                    };
+                    let out = Live {
+                        tensor: Any::F32(out),
+                        buffer: 0,
+                        value,
+                        node: None,
+                    };
+                    let buffer = world.new_buffer(out.allocated());
+                    // Ops record only from an input that carries a graph: `t * t` saves `t` twice,
+                    // relu saves its output.
+                    let node = match l.node {
+                        Some(n) if *square => world.node(vec![l.buffer, l.buffer], vec![n, n]),
+                        Some(n) => world.node(vec![buffer], vec![n]),
+                        None => None,
+                    };
+                    lives.push(Live {
+                        buffer,
+                        node,
+                        ..out
+                    });
+                }
+            }
+            Op::Backward(i) => {
+                let picked = pick(*i, lives.len()).filter(|&i| lives[i].is_f32());
+                if let Some((i, root)) = picked.and_then(|i| Some((i, lives[i].node?))) {
+                    // The ops' nodes: leaves have no rule to run.
+                    let graph: Vec<usize> = world
+                        .reachable([root])
+                        .into_iter()
+                        .filter(|&n| !world.nodes[n].inputs.is_empty())
+                        .collect();
+                    let Any::F32(t) = &lives[i].tensor else {
+                        unreachable!("picked an f32 tensor")
+                    };
+                    let before = world.pool.stats();
+                    let loss = t.try_reshape(&[t.len()]).unwrap().try_sum(0).unwrap();
+                    let result = loss.backward().map(drop);
+                    drop(loss);
+                    let after = world.pool.stats();
+                    world.rents += (after.hits + after.misses) - (before.hits + before.misses);
+                    if world.nodes[root].consumed {
+                        // The pass stops at the root's rule, having run only the sum's and the
+                        // reshape's (made here, dropped with the loss).
+                        assert!(matches!(result, Err(Error::GraphConsumed)), "{result:?}");
+                    } else if graph.iter().all(|&n| !world.nodes[n].consumed) {
+                        result.unwrap();
+                        // Every rule ran and released what it saved.
+                        graph
+                            .into_iter()
+                            .for_each(|n| world.nodes[n].consumed = true);
+                    } else {
+                        // Part of the graph was differentiated before: the pass stops at the first
+                        // rule already run, having run some others (which the model cannot tell).
+                        assert!(matches!(result, Err(Error::GraphConsumed)), "{result:?}");
+                        graph
+                            .into_iter()
+                            .for_each(|n| world.nodes[n].consumed = true);
+                    }
+                }
+            }
             Op::Push => {
-                let mut stack: Vec<&Vec<Live<'_>>> = outer.to_vec();
-                stack.push(&lives);
+                let stack = with(outer, &lives);
                 let (escaped, stats) = s.scope_with_stats(|inner| run(inner, ops, world, &stack));
                 assert_eq!(
                     stats.rented + stats.adopted,
@@ -276,6 +478,8 @@ where
                         Live {
                             tensor,
                             buffer: l.buffer,
+                            value: l.value,
+                            node: l.node,
                         }
                     })
                     .collect();
@@ -309,20 +513,32 @@ where
                 assert_eq!(after.bytes_in_use, before.bytes_in_use);
             }
         }
-        let mut stack: Vec<&Vec<Live<'_>>> = outer.to_vec();
-        stack.push(&lives);
-        check(world, &stack);
+        check(world, &with(outer, &lives));
     }
     Vec::new()
 }
 
+/// The scopes' tensors from the outermost to `lives`.
+fn with<'a, 'l>(outer: &[&'a Vec<Live<'l>>], lives: &'a Vec<Live<'l>>) -> Vec<&'a Vec<Live<'l>>> {
+    let mut stack = outer.to_vec();
+    stack.push(lives);
+    stack
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn random_scope_programs_keep_every_invariant(ops in prop::collection::vec(op(), 1..80)) {
         let pool = Pool::new(PoolConfig::with_max_bytes(1 << 20));
-        let mut world = World { pool: pool.clone(), next_buffer: 0, rents: 0, detached: Vec::new() };
+        let mut world = World {
+            pool: pool.clone(),
+            next_buffer: 0,
+            rents: 0,
+            detached: Vec::new(),
+            nodes: Vec::new(),
+            sizes: HashMap::new(),
+        };
         let mut iter = ops.iter();
         let ((), stats) = pool.scope_with_stats(|s| {
             // What the outermost scope escapes stays its own (it has no parent scope), and drops here.
