@@ -79,7 +79,7 @@ enum Path {
 trait Trainer {
     fn step<'s>(
         &mut self,
-        s: &'s Scope<'_>,
+        s: &Scope<'s, '_>,
         grads: &mut Gradients<'_>,
         x: &Tensor<'s>,
         target: &Tensor<'s>,
@@ -96,7 +96,7 @@ struct Layers {
 impl Trainer for Layers {
     fn step<'s>(
         &mut self,
-        _: &'s Scope<'_>,
+        _: &Scope<'s, '_>,
         grads: &mut Gradients<'_>,
         x: &Tensor<'s>,
         target: &Tensor<'s>,
@@ -116,7 +116,7 @@ struct Autograd {
 impl Trainer for Autograd {
     fn step<'s>(
         &mut self,
-        s: &'s Scope<'_>,
+        s: &Scope<'s, '_>,
         grads: &mut Gradients<'_>,
         x: &Tensor<'s>,
         target: &Tensor<'s>,

@@ -30,7 +30,7 @@ struct Denoiser {
     conv_out: Param,
 }
 
-fn kernel<'s>(s: &'s Scope<'_>, out: usize, inp: usize, seed: u64) -> Tensor<'s> {
+fn kernel<'s>(s: &Scope<'s, '_>, out: usize, inp: usize, seed: u64) -> Tensor<'s> {
     s.randn::<f32>(&[out, inp, 3, 3], seed) * (1.0 / ((inp * 9) as f32).sqrt())
 }
 

@@ -11,7 +11,7 @@ const SEQ: usize = 64;
 const BATCH: usize = 8;
 const BLOCKS: usize = 4;
 
-fn weight(s: &Scope<'_>, rows: usize, cols: usize, seed: u64) -> Param {
+fn weight(s: &Scope<'_, '_>, rows: usize, cols: usize, seed: u64) -> Param {
     (s.randn::<f32>(&[rows, cols], seed) * (1.0 / (rows as f32).sqrt())).detach()
 }
 

@@ -434,3 +434,82 @@ fn no_grad_records_nothing() {
         assert!(s.bind(&w).has_graph());
     });
 }
+
+#[test]
+fn a_written_clone_is_the_same_parameter_and_a_duplicate_is_another() {
+    let pool = test_pool(16);
+    let w = Param::from_slice(&pool, &[2], &[1.0f64, 2.0]);
+    // A teacher made by cloning and then writing: still `w` for gradients. Summing the student's
+    // and the teacher's contributions under one key would be the gradient of neither.
+    let mut teacher = w.clone();
+    teacher.view_mut().fill(0.0);
+    let err = pool.train(|s| {
+        let x = s.ones::<f64>(&[2]);
+        let loss = (&x * &w).try_mse(&(&x * &teacher)).unwrap();
+        loss.backward().unwrap_err()
+    });
+    assert_eq!(
+        err,
+        Error::ParamUsedWithTwoValues {
+            shape: tensorscope::Shape::from(&[2][..])
+        }
+    );
+    // A duplicate is an independent parameter: the student's gradient alone, 2 (w - 0) / 2.
+    let teacher = teacher.duplicate();
+    let grad = pool.train(|s| {
+        let x = s.ones::<f64>(&[2]);
+        let loss = (&x * &w).try_mse(&(&x * &teacher)).unwrap();
+        let grads = loss.backward().unwrap();
+        assert_eq!(grads.len(), 2, "the teacher is a parameter of its own");
+        grads.get(&w).unwrap().to_vec()
+    });
+    assert_eq!(grad, vec![1.0, 2.0]);
+}
+
+#[test]
+fn a_failed_backward_adds_nothing() {
+    let pool = test_pool(16);
+    let (w1, w2) = (
+        Param::from_slice(&pool, &[2, 2], &[1.0f64; 4]),
+        Param::from_slice(&pool, &[2, 2], &[1.0f64; 4]),
+    );
+    pool.train(|s| {
+        let x = s.ones::<f64>(&[1, 2]);
+        let mut acc = Gradients::new(s);
+        x.matmul(&w2)
+            .try_sum(1)
+            .unwrap()
+            .try_sum(0)
+            .unwrap()
+            .backward_into(&mut acc)
+            .unwrap();
+        let before = acc.get(&w2).unwrap().to_vec();
+        // w2's branch differentiates; w1's goes through a `map`, which has no derivative.
+        let loss = (x.matmul(&w2) + x.matmul(&w1).map(|v| v * 2.0))
+            .try_sum(1)
+            .unwrap()
+            .try_sum(0)
+            .unwrap();
+        let err = loss.backward_into(&mut acc).unwrap_err();
+        assert_eq!(err, Error::NotDifferentiable { op: "map" });
+        assert_eq!(acc.get(&w2).unwrap().to_vec(), before, "nothing added");
+        assert!(acc.get(&w1).is_none());
+    });
+}
+
+#[test]
+fn the_gradient_check_never_passes_a_nan_and_gives_zeros_without_dependence() {
+    let pool = test_pool(16);
+    let x = input(&[3], 5);
+    let nan = check_gradients(&pool, std::slice::from_ref(&x), 1e-6, |xs| {
+        (&xs[0])
+            .try_map_with_derivative(|v| v * v, |_| f64::NAN)?
+            .try_sum(0)
+    })
+    .unwrap();
+    assert!(nan.max_error().is_nan(), "{nan:?}");
+    let c = weights(&[3]);
+    let none = check_gradients(&pool, &[x], 1e-6, |xs| xs[0].bind(&c).try_sum(0)).unwrap();
+    assert_eq!(none.max_error(), 0.0);
+    assert_eq!(none.analytic[0].as_slice().unwrap(), &[0.0; 3]);
+}

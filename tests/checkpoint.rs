@@ -13,7 +13,7 @@ fn layer_step<'s>(x: &Tensor<'s>, i: usize) -> Tensor<'s> {
 }
 
 /// The inputs of every layer, from a plain forward: `a_0 .. a_{n-1}`, and the output.
-fn plain_forward(s: &Scope<'_>, n: usize) -> (Vec<Vec<f32>>, Vec<f32>) {
+fn plain_forward(s: &Scope<'_, '_>, n: usize) -> (Vec<Vec<f32>>, Vec<f32>) {
     let mut x = s.randn::<f32>(&[4, 8], 7);
     let mut inputs = Vec::new();
     for i in 0..n {

@@ -367,3 +367,47 @@ mod review {
         });
     }
 }
+
+#[test]
+fn a_checkpointed_forward_differentiates_like_the_plain_one() {
+    let pool = Pool::with_max_memory_mb(64);
+    let mlp = Mlp::new(&pool, 8, 4);
+    // Full precision stores without a copy when it can; a forward that carries a graph must still
+    // reach every layer's parameters, and the stored values must not become parameters themselves.
+    let grads_of = |checkpointed: bool, marked: bool| {
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(1)));
+        pool.train(|s| {
+            let mut x = s.randn::<f32>(&[3, 4], 9);
+            if marked {
+                x = x.requires_grad();
+            }
+            let y = if checkpointed {
+                mlp.forward(&mut ckpt, x.clone())
+            } else {
+                mlp.forward_plain(x.clone())
+            };
+            let grads = y.sum(1).sum(0).backward().unwrap();
+            let mut all: Vec<Vec<f32>> = mlp
+                .weights
+                .iter()
+                .map(|w| grads.get(w).expect("every weight has a gradient").to_vec())
+                .collect();
+            if marked {
+                all.push(grads.of(&x).expect("the input's gradient").to_vec());
+            }
+            assert_eq!(
+                grads.len(),
+                all.len(),
+                "no gradient for a stored checkpoint"
+            );
+            all
+        })
+    };
+    for marked in [false, true] {
+        assert_eq!(
+            grads_of(true, marked),
+            grads_of(false, marked),
+            "marked input: {marked}"
+        );
+    }
+}

@@ -106,7 +106,7 @@ impl From<Error> for ForwardError {
 }
 
 #[dispose_scope]
-fn checked<'a>(x: &Tensor<'a>, w: &Tensor<'_>) -> Result<Tensor<'a>, ForwardError> {
+fn checked<'a>(x: &Tensor<'a>, w: &Tensor<'a>) -> Result<Tensor<'a>, ForwardError> {
     if x.is_empty() {
         return Err(ForwardError::Empty);
     }
@@ -213,7 +213,7 @@ struct Counter {
 
 impl Counter {
     #[dispose_scope]
-    fn step<'a>(&mut self, s: &'a Scope<'_>, n: usize) -> (Tensor<'a>, usize) {
+    fn step<'a>(&mut self, s: &Scope<'a, '_>, n: usize) -> (Tensor<'a>, usize) {
         self.calls += 1;
         let t = s.full::<f32>(&[n], self.calls as f32); // `s` is the function's own scope here
         let _scratch = s.zeros::<f32>(&[1024]);
@@ -269,7 +269,7 @@ fn nested_annotated_calls_nest_scopes() {
 }
 
 #[dispose_scope(max_memory_mb = 1)]
-fn bounded<'a>(s: &'a Scope<'_>, x: &Tensor<'a>, floats: usize) -> Result<Tensor<'a>, Error> {
+fn bounded<'a>(s: &Scope<'a, '_>, x: &Tensor<'a>, floats: usize) -> Result<Tensor<'a>, Error> {
     let big = s.try_zeros::<f32>(&[floats])?; // `s` is the function's own, budgeted scope
     s.scope(|child| child.try_zeros::<f32>(&[floats]).map(|t| t.len()))?; // so are its children
     Ok(&big.sum(0) + x)

@@ -523,7 +523,7 @@ fn optimizers_update_any_parameter_set_in_place_and_refuse_one_listed_twice() {
     let pool = Pool::with_max_memory_mb(16);
     let mut set = vec![Param::<f32>::zeros(&pool, &[2]), Param::zeros(&pool, &[3])];
     let mut sgd = Sgd::new(0.5, 0.0);
-    fn grads_of<'s>(set: &[Param<f32>], s: &'s Scope<'_>) -> tensorscope::Gradients<'s, f32> {
+    fn grads_of<'s>(set: &[Param<f32>], s: &Scope<'s, '_>) -> tensorscope::Gradients<'s, f32> {
         let mut grads = tensorscope::Gradients::new(s);
         for p in set {
             grads.accumulate(p, &s.ones::<f32>(p.shape())).unwrap();
@@ -556,4 +556,65 @@ fn optimizers_update_any_parameter_set_in_place_and_refuse_one_listed_twice() {
         );
     });
     assert_eq!(set[0].to_vec(), [-0.5; 2], "nothing changed");
+}
+
+#[test]
+fn a_gradient_of_values_an_update_left_behind_is_refused() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut store = ParamStore::<f32>::new(&pool);
+    store.ones("w", &[2]).unwrap();
+    // A model holding a clone of the store's parameter, trained through the store: the first
+    // update copies the store's data (the clone shares it), so the clone keeps the old values.
+    let stale = store.get("w").unwrap().clone();
+    let mut sgd = Sgd::new(0.5, 0.0);
+    let mut step = |store: &mut ParamStore<f32>| {
+        pool.train(|s| {
+            let loss = s
+                .ones::<f32>(&[2])
+                .try_mul(&stale)
+                .unwrap()
+                .try_sum(0)
+                .unwrap();
+            let grads = loss.backward().unwrap();
+            sgd.step(store, &grads)
+        })
+    };
+    step(&mut store).unwrap();
+    assert_eq!(store.get("w").unwrap().to_vec(), [0.5; 2]);
+    let err = step(&mut store).unwrap_err();
+    assert!(
+        matches!(&err, NnError::Tensor(Error::StaleGradient { index: 0, .. })),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("another copy of its values"),
+        "{err}"
+    );
+    assert_eq!(
+        store.get("w").unwrap().to_vec(),
+        [0.5; 2],
+        "nothing changed"
+    );
+}
+
+#[test]
+fn adam_corrects_each_parameter_by_its_own_step_count() {
+    // PyTorch keeps Adam's step per parameter: a parameter whose first gradient comes at a later
+    // step still makes a first step of size lr.
+    let pool = Pool::with_max_memory_mb(16);
+    let mut set = vec![Param::<f32>::zeros(&pool, &[1]), Param::zeros(&pool, &[1])];
+    let mut adam = Adam::new(0.01);
+    for step in 0..3 {
+        pool.scope(|s| {
+            let mut grads = tensorscope::Gradients::new(s);
+            grads.accumulate(&set[0], &s.ones::<f32>(&[1])).unwrap();
+            if step == 2 {
+                grads.accumulate(&set[1], &s.ones::<f32>(&[1])).unwrap();
+            }
+            adam.step(&mut set, &grads).unwrap();
+        });
+    }
+    let late = set[1].to_vec()[0];
+    assert!((late + 0.01).abs() < 1e-6, "first step of b: {late}");
+    assert!((set[0].to_vec()[0] + 0.03).abs() < 1e-5, "three steps of a");
 }

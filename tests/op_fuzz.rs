@@ -462,7 +462,7 @@ fn tame(mut shape: Vec<usize>) -> Vec<usize> {
     shape
 }
 
-fn random<'s>(s: &'s Scope<'_>, shape: &[usize], seed: u64) -> Tensor<'s> {
+fn random<'s>(s: &Scope<'s, '_>, shape: &[usize], seed: u64) -> Tensor<'s> {
     s.uniform::<f32>(&tame(shape.to_vec()), -2.0, 2.0, seed)
 }
 

@@ -184,7 +184,7 @@ impl World {
         self.next_buffer
     }
 
-    fn rent<'s>(&mut self, s: &'s Scope<'_>, shape: &[usize], ty: u8) -> Live<'s> {
+    fn rent<'s>(&mut self, s: &Scope<'s, '_>, shape: &[usize], ty: u8) -> Live<'s> {
         // Small whole numbers: exact in every type after the additions a program can make.
         let v = f64::from((self.next_buffer + 1) % 50);
         let tensor = match ty {
@@ -286,7 +286,7 @@ fn check(world: &World, stack: &[&Vec<Live<'_>>]) {
 
 /// Runs ops in scope `s` until a `Pop`; returns the escaped tensors (already re-branded).
 fn run<'p, 's>(
-    s: &'s Scope<'p>,
+    s: &Scope<'s, 'p>,
     ops: &mut std::slice::Iter<'_, Op>,
     world: &mut World,
     outer: &[&Vec<Live<'_>>],

@@ -89,8 +89,8 @@ enum Kind {
     TensorOwned,
 }
 
-/// A parameter the macro works with: its binding, its kind, and its brand lifetime (the lifetime of
-/// a `&'a Scope` borrow, or the first lifetime argument of `Tensor<'a, ..>`).
+/// A parameter the macro works with: its binding, its kind, and its brand lifetime (the first
+/// lifetime argument of `Scope<'a, ..>` or of `Tensor<'a, ..>`).
 struct Param {
     pat: PatIdent,
     kind: Kind,
@@ -114,13 +114,22 @@ fn segment_named<'t>(ty: &'t Type, name: &str) -> Option<&'t syn::PathSegment> {
     }
 }
 
+/// Whether `ty` is a path through a module named `thread` (`std::thread::Scope`).
+fn is_thread(ty: &Type) -> bool {
+    match peel(ty) {
+        Type::Path(p) => p.path.segments.iter().any(|s| s.ident == "thread"),
+        _ => false,
+    }
+}
+
+/// The named lifetime arguments of `segment`, `'_` excluded.
 fn lifetime_args(segment: &syn::PathSegment) -> Vec<String> {
     match &segment.arguments {
         syn::PathArguments::AngleBracketed(a) => a
             .args
             .iter()
             .filter_map(|g| match g {
-                syn::GenericArgument::Lifetime(l) => Some(l.ident.to_string()),
+                syn::GenericArgument::Lifetime(l) if l.ident != "_" => Some(l.ident.to_string()),
                 _ => None,
             })
             .collect(),
@@ -147,14 +156,8 @@ fn classify(arg: &FnArg) -> Option<Param> {
     };
     match peel(&typed.ty) {
         Type::Reference(r) if r.mutability.is_none() => {
-            // tensorscope's `Scope` has one lifetime parameter; `std::thread::Scope` has two.
-            if let Some(seg) = segment_named(&r.elem, "Scope") {
-                if lifetime_args(seg).len() <= 1 {
-                    return param(
-                        Kind::Scope,
-                        r.lifetime.as_ref().map(|l| l.ident.to_string()),
-                    );
-                }
+            if let Some(seg) = segment_named(&r.elem, "Scope").filter(|_| !is_thread(&r.elem)) {
+                return param(Kind::Scope, lifetime_args(seg).into_iter().next());
             }
             let seg = segment_named(&r.elem, "Tensor")?;
             param(Kind::TensorRef, lifetime_args(seg).into_iter().next())
@@ -266,7 +269,7 @@ fn parent_param<'p>(params: &'p [Param], output: &ReturnType) -> syn::Result<Opt
                 ty,
                 "#[dispose_scope] cannot tell which scope the result belongs to: the return type \
                  has a lifetime, but no `&Scope` or tensor parameter carries a brand (a `Param` \
-                 carries none); add a parameter `s: &'a Scope<'_>` and return `Tensor<'a>`, or \
+                 carries none); add a parameter `s: &Scope<'a, '_>` and return `Tensor<'a>`, or \
                  return values without a brand (`Param`, numbers, `Vec<f32>`)",
             ));
         }
@@ -298,9 +301,9 @@ fn parent_param<'p>(params: &'p [Param], output: &ReturnType) -> syn::Result<Opt
             ty,
             format!(
                 "#[dispose_scope] cannot tell which scope the result belongs to: the return type \
-                 names `'{}`, but no `&'{0} Scope` or `Tensor<'{0}>`/`&Tensor<'{0}>` parameter \
+                 names `'{}`, but no `&Scope<'{0}, '_>` or `Tensor<'{0}>`/`&Tensor<'{0}>` parameter \
                  carries it (a `Param` carries no brand; tensors inside slices, options, type \
-                 aliases or `self` are not looked into); add a parameter `s: &'{0} Scope<'_>`",
+                 aliases or `self` are not looked into); add a parameter `s: &Scope<'{0}, '_>`",
                 returned[0]
             ),
         )),
@@ -339,10 +342,14 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
             match p.kind {
                 Kind::Scope if Some(ident) == parent_ident => Some(quote!(let #ident = #scope;)),
                 Kind::Scope => None,
-                Kind::TensorRef => Some(quote!(let #mutability #ident = &#scope.rebind(#ident);)),
-                Kind::TensorOwned => {
-                    Some(quote!(let #mutability #ident = #scope.rebind_owned(#ident);))
-                }
+                // Spanned at the parameter: a brand that does not outlive the result's scope is
+                // reported there.
+                Kind::TensorRef => Some(
+                    quote_spanned!(ident.span()=> let #mutability #ident = &#scope.rebind(#ident);),
+                ),
+                Kind::TensorOwned => Some(
+                    quote_spanned!(ident.span()=> let #mutability #ident = #scope.rebind_owned(#ident);),
+                ),
             }
         })
         .collect();

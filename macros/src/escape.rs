@@ -47,29 +47,44 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
     })
 }
 
-/// `#name`'s generics with the escape target `'__escape_to` first, for the impl.
-fn with_target(input: &DeriveInput) -> (syn::Generics, Lifetime) {
-    let to = Lifetime::new("'__escape_to", proc_macro2::Span::mixed_site());
+/// `#name`'s generics with the escape target `'__escape_to` first, for the impl, and the source
+/// brand: the type's one lifetime if it has exactly one, else a new `'__escape_from` (a type
+/// without a brand escapes from any scope).
+fn with_target(input: &DeriveInput) -> (syn::Generics, Lifetime, Lifetime) {
+    let span = proc_macro2::Span::mixed_site();
+    let to = Lifetime::new("'__escape_to", span);
     let mut generics = input.generics.clone();
+    let lifetimes: Vec<&Lifetime> = input.generics.lifetimes().map(|l| &l.lifetime).collect();
+    let from = match lifetimes[..] {
+        [brand] => brand.clone(),
+        _ => {
+            let from = Lifetime::new("'__escape_from", span);
+            generics.params.insert(
+                0,
+                GenericParam::Lifetime(syn::LifetimeParam::new(from.clone())),
+            );
+            from
+        }
+    };
     generics.params.insert(
         0,
         GenericParam::Lifetime(syn::LifetimeParam::new(to.clone())),
     );
-    (generics, to)
+    (generics, from, to)
 }
 
 /// An impl that type-checks and is never run: the one emitted beside a derive error.
 fn fallback(input: &DeriveInput) -> TokenStream {
     let krate = crate_path(input).unwrap_or_else(|_| syn::parse_quote!(::tensorscope));
     let name = &input.ident;
-    let (generics, to) = with_target(input);
+    let (generics, from, to) = with_target(input);
     let (impl_generics, _, _) = generics.split_for_impl();
     let (_, ty_generics, where_clause) = input.generics.split_for_impl();
     // Every lifetime re-branded, so that functions returning the type type-check as if it derived.
     let escaped = escaped_args(input, &to);
     quote! {
         #[automatically_derived]
-        impl #impl_generics #krate::__private::Escape<#to> for #name #ty_generics #where_clause {
+        impl #impl_generics #krate::__private::Escape<#from, #to> for #name #ty_generics #where_clause {
             type Escaped = #name<#(#escaped),*>;
             fn escape_to(self, _: &#krate::__private::EscapeTarget<#to>) -> Self::Escaped {
                 ::core::unimplemented!("derive(Escape) failed to compile")
@@ -134,14 +149,14 @@ fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
     let private = quote!(#krate::__private);
     let name = &input.ident;
     let lifetimes: Vec<&Lifetime> = input.generics.lifetimes().map(|l| &l.lifetime).collect();
-    let (generics, to) = with_target(input);
+    let (generics, from, to) = with_target(input);
     let (impl_generics, _, _) = generics.split_for_impl();
     let (_, ty_generics, where_clause) = input.generics.split_for_impl();
     if lifetimes.is_empty() {
         // No brand, so no scoped tensor inside: the value passes through unchanged.
         return Ok(quote! {
             #[automatically_derived]
-            impl #impl_generics #private::Escape<#to> for #name #ty_generics #where_clause {
+            impl #impl_generics #private::Escape<#from, #to> for #name #ty_generics #where_clause {
                 type Escaped = Self;
                 fn escape_to(self, _: &#private::EscapeTarget<#to>) -> Self {
                     self
@@ -188,7 +203,7 @@ fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
     };
     Ok(quote! {
         #[automatically_derived]
-        impl #impl_generics #private::Escape<#to> for #name #ty_generics #where_clause {
+        impl #impl_generics #private::Escape<#from, #to> for #name #ty_generics #where_clause {
             type Escaped = #name<#(#escaped_args),*>;
             fn escape_to(self, #target: &#private::EscapeTarget<#to>) -> Self::Escaped {
                 #construct

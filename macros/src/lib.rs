@@ -39,20 +39,24 @@ mod item;
 /// });
 /// ```
 ///
-/// **The parent scope** is that of the parameter carrying the return type's brand: a `&'a Scope`
-/// parameter (which the body then sees as the child scope), else a `Tensor<'a>` or `&Tensor<'a>`
-/// parameter. A [`Param`](../tensorscope/struct.Param.html) carries no brand and is never the
+/// **The parent scope** is that of the parameter carrying the return type's brand: a
+/// `&Scope<'a, '_>` parameter (which the body then sees as the child scope), else a `Tensor<'a>` or
+/// `&Tensor<'a>` parameter. A [`Param`](../tensorscope/struct.Param.html) carries no brand and is never the
 /// parent. If the return type names a lifetime that no such parameter carries (tensors inside a
 /// slice, an `Option`, a type alias or `self` are not looked into), or two brands at once, the macro
-/// says so at compile time; add a `s: &'a Scope<'_>` parameter. A return type without lifetimes takes
+/// says so at compile time; add a `s: &Scope<'a, '_>` parameter. A return type without lifetimes takes
 /// the first scope or tensor parameter, else runs in a new outermost scope on
 /// [`current_pool`](../tensorscope/fn.current_pool.html), from which only values without a brand
 /// (numbers, `Vec`s, `Param`s) can be returned.
 ///
 /// **Tensor parameters** (`Tensor<..>` and `&Tensor<..>` with a plain name not starting with `_`) are
 /// rebound into the child, so ops on them rent there; an owned tensor stays unique, so by-value ops on
-/// it still write in place. Other inputs (`&[Tensor]`, `Option<&Tensor>`, fields of `self`) are not
-/// rebound: ops on them alone rent in their own scope. Parameters (`&Param`) need no rebinding: an op
+/// it still write in place. A tensor parameter must outlive the scope the result escapes to: give it
+/// the return type's brand (`x: &Tensor<'a>`; a caller's tensor of an enclosing scope converts), or
+/// a brand bounded by it (`w: &Tensor<'b>` with `'b: 'a`). One of an unrelated brand could otherwise
+/// be handed out to a scope it does not outlive, and does not compile ("explicit lifetime required"). Other inputs (`&[Tensor]`, `Option<&Tensor>`, fields of `self`) are not
+/// rebound: ops on them alone rent in their own scope, outside the child and its
+/// `max_memory_mb` budget. Parameters (`&Param`) need no rebinding: an op
 /// with a tensor rents in the tensor's scope. Inside the body, tensors carry the child's brand, so
 /// write `'_` rather than the function's `'a` in local type annotations.
 ///

@@ -167,6 +167,30 @@ pub enum Error {
         /// The op.
         op: &'static str,
     },
+    /// One parameter's gradient would sum contributions computed from two different copies of its
+    /// values: a clone written after cloning (copy on write) is still the same parameter.
+    #[error(
+        "backward: a parameter of shape {shape} was used with two different copies of its values (a \
+         clone written after cloning is still the same parameter); use one handle, or make an \
+         independent parameter with Param::duplicate"
+    )]
+    ParamUsedWithTwoValues {
+        /// The parameter's shape.
+        shape: Shape,
+    },
+    /// An optimizer was given a gradient computed from other values than the parameter holds: the
+    /// forward used a clone of it that an earlier update (copy on write) left behind.
+    #[error(
+        "optimizer: the gradient of parameter #{index} (shape {shape}) was computed from another copy \
+         of its values than the one being updated (a forward on a clone made before an update?); \
+         update the parameters the forward uses"
+    )]
+    StaleGradient {
+        /// The parameter's position in the set given to the optimizer.
+        index: usize,
+        /// Its shape.
+        shape: Shape,
+    },
     /// A class label past the number of classes.
     #[error("{op}: label {label} of row {row} is out of range for {classes} classes")]
     LabelOutOfRange {

@@ -31,7 +31,11 @@ impl EscapeTarget<'_> {
     }
 }
 
-/// A value that can be handed to an outer scope with brand `'to`.
+/// A value of the scope with brand `'from` that can be handed to an outer scope with brand `'to`.
+///
+/// `'from` is what makes an escape safe to allow: [`Scope::escape`](crate::Scope::escape) asks for
+/// `Escape<'s, 'p>`, with `'s` the escaping scope's own (invariant) brand, so it takes only tensors of
+/// that scope or of the scopes around it, never those of a deeper, sibling or unrelated scope.
 ///
 /// Implemented for [`Tensor`], tuples of up to 8 elements, arrays, `Vec`, `Option`, `Result` (only the
 /// `Ok` value is escaped; an error type holding tensors would keep its brand and not compile), and
@@ -43,42 +47,42 @@ impl EscapeTarget<'_> {
     note = "add `#[derive(Escape)]` to a struct of tensors, or return tensors, tuples, arrays, `Vec`, \
             `Option` or `Result` of them"
 )]
-pub trait Escape<'to> {
+pub trait Escape<'from, 'to> {
     /// The same value re-branded for the outer scope.
     type Escaped;
     /// Moves every tensor inside `self` to `target`, without copying data.
     fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped;
 }
 
-impl<'to, T: Element> Escape<'to> for Tensor<'_, T> {
+impl<'from, 'to, T: Element> Escape<'from, 'to> for Tensor<'from, T> {
     type Escaped = Tensor<'to, T>;
     fn escape_to(self, target: &EscapeTarget<'to>) -> Tensor<'to, T> {
         self.move_to(target.state())
     }
 }
 
-impl<'to, E: Escape<'to>> Escape<'to> for Vec<E> {
+impl<'from, 'to, E: Escape<'from, 'to>> Escape<'from, 'to> for Vec<E> {
     type Escaped = Vec<E::Escaped>;
     fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped {
         self.into_iter().map(|e| e.escape_to(target)).collect()
     }
 }
 
-impl<'to, E: Escape<'to>, const N: usize> Escape<'to> for [E; N] {
+impl<'from, 'to, E: Escape<'from, 'to>, const N: usize> Escape<'from, 'to> for [E; N] {
     type Escaped = [E::Escaped; N];
     fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped {
         self.map(|e| e.escape_to(target))
     }
 }
 
-impl<'to, E: Escape<'to>> Escape<'to> for Option<E> {
+impl<'from, 'to, E: Escape<'from, 'to>> Escape<'from, 'to> for Option<E> {
     type Escaped = Option<E::Escaped>;
     fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped {
         self.map(|e| e.escape_to(target))
     }
 }
 
-impl<'to, E: Escape<'to>, Err> Escape<'to> for Result<E, Err> {
+impl<'from, 'to, E: Escape<'from, 'to>, Err> Escape<'from, 'to> for Result<E, Err> {
     type Escaped = Result<E::Escaped, Err>;
     fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped {
         self.map(|e| e.escape_to(target))
@@ -87,7 +91,7 @@ impl<'to, E: Escape<'to>, Err> Escape<'to> for Result<E, Err> {
 
 macro_rules! escape_tuple {
     ($($name:ident)+) => {
-        impl<'to, $($name: Escape<'to>),+> Escape<'to> for ($($name,)+) {
+        impl<'from, 'to, $($name: Escape<'from, 'to>),+> Escape<'from, 'to> for ($($name,)+) {
             type Escaped = ($($name::Escaped,)+);
             #[allow(non_snake_case)]
             fn escape_to(self, target: &EscapeTarget<'to>) -> Self::Escaped {
@@ -109,7 +113,7 @@ escape_tuple!(A B C D E F G H);
 
 macro_rules! escape_plain {
     ($($t:ty)*) => {$(
-        impl<'to> Escape<'to> for $t {
+        impl<'from, 'to> Escape<'from, 'to> for $t {
             type Escaped = $t;
             fn escape_to(self, _target: &EscapeTarget<'to>) -> $t {
                 self
@@ -121,7 +125,7 @@ macro_rules! escape_plain {
 escape_plain!(() bool char u8 u16 u32 u64 u128 usize i8 i16 i32 i64 i128 isize f32 f64 half::f16 half::bf16 String);
 escape_plain!(crate::PoolStats crate::ScopeStats crate::Error);
 
-impl<'to, T: Element> Escape<'to> for crate::Param<T> {
+impl<'from, 'to, T: Element> Escape<'from, 'to> for crate::Param<T> {
     type Escaped = Self;
     /// A parameter belongs to no scope: it passes through unchanged.
     fn escape_to(self, _target: &EscapeTarget<'to>) -> Self {

@@ -41,7 +41,7 @@ pub struct Param<T: Element = f32> {
     buf: Arc<PoolBuffer<T>>,
     dim: IxDyn,
     /// Identifies the parameter in [`Gradients`](crate::autograd::Gradients): kept by clones and
-    /// by copy on write, new for every parameter made.
+    /// by copy on write, new for every parameter made (and for [`Param::duplicate`]).
     key: u64,
 }
 
@@ -63,6 +63,36 @@ impl<T: Element> Param<T> {
     /// The key of this parameter's gradient.
     pub(crate) fn key(&self) -> u64 {
         self.key
+    }
+
+    /// Identifies the values behind this handle: equal for handles on one buffer, new after a copy
+    /// on write. A gradient records the source it was computed from.
+    pub(crate) fn source(&self) -> usize {
+        Arc::as_ptr(&self.buf) as usize
+    }
+
+    /// An independent parameter holding a copy of these values: a new buffer of the same pool and
+    /// a new gradient key. A [`Clone`] is the same parameter (same key), so it is not a second
+    /// parameter to train: a frozen teacher, an exponential moving average or any copy meant to
+    /// differ from the original is made with this. Fails only with a budget error.
+    pub fn try_duplicate(&self) -> Result<Param<T>> {
+        Ok(Param::from_buffer(self.copied()?, self.shape()))
+    }
+
+    /// A new buffer of the same pool holding these values.
+    fn copied(&self) -> Result<PoolBuffer<T>> {
+        let mut buf = self.buf.pool().try_rent::<T>(self.shape())?;
+        buf.copy_from_slice(self.as_slice());
+        Ok(buf)
+    }
+
+    /// An independent copy; see [`Param::try_duplicate`].
+    ///
+    /// # Panics
+    /// If the pool budget is exhausted, with the error's message.
+    #[track_caller]
+    pub fn duplicate(&self) -> Param<T> {
+        or_panic(self.try_duplicate())
     }
 
     /// The shared buffer, for tensors bound to this parameter.
@@ -174,9 +204,7 @@ impl<T: Element> Param<T> {
     /// this handle keeps. Fails only if that copy cannot be rented.
     pub fn try_view_mut(&mut self) -> Result<ArrayViewMutD<'_, T>> {
         if Arc::get_mut(&mut self.buf).is_none() {
-            let mut copy = self.buf.pool().try_rent::<T>(self.shape())?;
-            copy.copy_from_slice(self.as_slice());
-            self.buf = Arc::new(copy);
+            self.buf = Arc::new(self.copied()?);
         }
         let buf = Arc::get_mut(&mut self.buf).expect("unique after the copy");
         Ok(ArrayViewMutD::from_shape(self.dim.clone(), buf)
@@ -229,7 +257,9 @@ impl<T: Element> Param<T> {
 }
 
 impl<T: Element> Clone for Param<T> {
-    /// Another handle on the same data (no copy).
+    /// Another handle on the same parameter: the same data (no copy) and the same gradient key. A
+    /// handle written after cloning gets its own copy of the data (copy on write) but stays the same
+    /// parameter; for an independent one, use [`Param::duplicate`].
     fn clone(&self) -> Self {
         Param {
             buf: Arc::clone(&self.buf),

@@ -23,7 +23,7 @@ pub struct Parent<'p> {
 
 impl<'p> Parent<'p> {
     /// A `&Scope` parameter: the child is a child of that scope.
-    pub fn of_scope(scope: &'p Scope<'_>) -> Self {
+    pub fn of_scope(scope: &Scope<'p, '_>) -> Self {
         Parent {
             state: Rc::clone(scope.state()),
             _brand: PhantomData,
@@ -42,7 +42,7 @@ impl<'p> Parent<'p> {
     pub fn open<R>(
         self,
         max_bytes: Option<usize>,
-        f: impl for<'i> FnOnce(&'i Scope<'p>) -> R,
+        f: impl for<'i> FnOnce(&Scope<'i, 'p>) -> R,
     ) -> R {
         run(ScopeState::child(&self.state, max_bytes), f).0
     }
@@ -51,7 +51,10 @@ impl<'p> Parent<'p> {
 /// A `#[dispose_scope]` function with no scope or tensor parameter: its body runs in a new outermost
 /// scope on the pool of the innermost scope open on this thread ([`crate::Pool::global`] if none),
 /// whose parent brand is as local as its own, so only values without a brand can be returned.
-pub fn open_root<R>(max_bytes: Option<usize>, f: impl for<'p, 'i> FnOnce(&'i Scope<'p>) -> R) -> R {
+pub fn open_root<R>(
+    max_bytes: Option<usize>,
+    f: impl for<'i, 'p> FnOnce(&Scope<'i, 'p>) -> R,
+) -> R {
     run(ScopeState::root(&current_pool(), max_bytes), f).0
 }
 
@@ -75,7 +78,7 @@ pub fn checkpoint_layers<'s, T: Element, L>(
     ckpt: Option<&mut Checkpointer<T>>,
     input: Tensor<'s, T>,
     layers: Vec<L>,
-    step: impl for<'b> FnMut(&'b Scope<'s>, Tensor<'b, T>, L) -> Tensor<'b, T>,
+    step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
 ) -> Result<Tensor<'s, T>, CheckpointError> {
     match ckpt {
         Some(ckpt) => checkpoint::run_layers(config, Some(ckpt), input, layers, step),

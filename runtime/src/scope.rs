@@ -213,16 +213,18 @@ impl ScopeState {
     }
 }
 
-/// Of two scope states, the deeper one: where the result of an op on tensors of both belongs.
+/// Of two scope states, the one made later, which closes first (scopes on a thread nest): where
+/// the result of an op on tensors of both belongs, since its brand is the shorter of the two.
+/// (Depth would do within one tree, but not for two trees, one opened inside the other's closure.)
 pub(crate) fn deeper<'a>(a: &'a Rc<ScopeState>, b: &'a Rc<ScopeState>) -> &'a Rc<ScopeState> {
-    if b.depth > a.depth {
+    if b.opened > a.opened {
         b
     } else {
         a
     }
 }
 
-/// A region of work on a [`Pool`]. It is handed to a closure as `&'s Scope<'p>`, where `'s` brands
+/// A region of work on a [`Pool`]. It is handed to a closure as `&Scope<'s, 'p>`, where `'s` brands
 /// the tensors made in it and `'p` is the parent's brand.
 ///
 /// ```
@@ -243,7 +245,7 @@ pub(crate) fn deeper<'a>(a: &'a Rc<ScopeState>, b: &'a Rc<ScopeState>) -> &'a Rc
 ///
 /// # Lifetimes
 ///
-/// The closure receives `&'s Scope<'p>` and must accept every `'s` (it is `for<'s>`, as with
+/// The closure receives `&Scope<'s, 'p>` and must accept every `'s` (it is `for<'s>`, as with
 /// [`std::thread::scope`]). Inside it `'s` is a lifetime the compiler knows only to end with the
 /// closure, so nothing typed `Tensor<'s>` can leave it: not as the return value, not pushed into an
 /// outer `Vec` or `HashMap`, not stored in an outer struct, `Cell`, `RefCell`, thread-local or
@@ -251,7 +253,7 @@ pub(crate) fn deeper<'a>(a: &'a Rc<ScopeState>, b: &'a Rc<ScopeState>) -> &'a Rc
 /// leave does so on purpose: [`Scope::escape`] re-brands a value for the parent scope `'p`, and
 /// [`Tensor::detach`] turns a tensor into a [`Param`], which has no brand and no ops.
 ///
-/// An outermost scope's parent brand `'p` is just as universal (`for<'p, 's>`): escaping from it gives
+/// An outermost scope's parent brand `'p` is just as universal (`for<'s, 'p>`): escaping from it gives
 /// tensors still confined to the closure. So no tensor outlives every scope, and parameters, which
 /// do, compute only beside a scoped tensor (`x.matmul(&w)`) or bound into a scope ([`Scope::bind`]):
 /// whatever is computed belongs to a scope that the compiler tracks.
@@ -280,6 +282,15 @@ pub(crate) fn deeper<'a>(a: &'a Rc<ScopeState>, b: &'a Rc<ScopeState>) -> &'a Rc
 /// // parent brand is as local to the closure as its own
 /// ```
 ///
+/// ```compile_fail
+/// use tensorscope_runtime::Pool;
+/// let pool = Pool::with_max_memory_mb(64);
+/// pool.scope(|outer| {
+///     // error: `outer` can escape only its own tensors, not those of `inner`
+///     let kept = outer.scope(|inner| outer.escape(inner.zeros::<f32>(&[4])));
+/// });
+/// ```
+///
 /// `Scope` is neither `Send` nor `Sync`: a scope and its tensors stay on the thread that opened it.
 ///
 /// # Memory safety
@@ -289,10 +300,16 @@ pub(crate) fn deeper<'a>(a: &'a Rc<ScopeState>, b: &'a Rc<ScopeState>) -> &'a Rc
 /// does nothing at its end but count: a tensor still alive then (only possible through
 /// `mem::forget` or a reference cycle) is reported in [`ScopeStats::leaked`] and its buffer is never
 /// handed out again. The brand is for discipline and for the per-scope accounting in [`ScopeStats`].
-pub struct Scope<'p> {
+pub struct Scope<'s, 'p> {
     state: Rc<ScopeState>,
-    _parent: PhantomData<&'p ()>,
+    /// `'s` is invariant: a scope's brand can be neither shortened nor lengthened, so
+    /// [`Scope::escape`] and [`Scope::rebind`] accept exactly the tensors of this scope and of the
+    /// scopes around it. `'p: 's` is implied wherever a `Scope<'s, 'p>` appears.
+    _brand: PhantomData<(Invariant<'s>, &'s &'p ())>,
 }
+
+/// A marker invariant in `'s`.
+type Invariant<'s> = fn(&'s ()) -> &'s ();
 
 thread_local! {
     /// The scopes open on this thread, innermost last; only read by [`current_pool`].
@@ -315,13 +332,13 @@ impl Drop for Opened {
 /// Runs `f` in a scope with `state`, then records what it leaked.
 pub(crate) fn run<'p, R>(
     state: Rc<ScopeState>,
-    f: impl for<'s> FnOnce(&'s Scope<'p>) -> R,
+    f: impl for<'s> FnOnce(&Scope<'s, 'p>) -> R,
 ) -> (R, ScopeStats) {
     OPEN.with_borrow_mut(|open| open.push(Rc::clone(&state)));
     let _opened = Opened;
     let scope = Scope {
         state,
-        _parent: PhantomData,
+        _brand: PhantomData,
     };
     let result = f(&scope);
     let state = &scope.state;
@@ -344,14 +361,14 @@ impl Pool {
     ///
     /// Tensors made in the scope cannot be returned from `f`: results leave as plain values
     /// (`to_vec`, numbers) or as parameters ([`Tensor::detach`]). See [`Scope`] for why.
-    pub fn scope<R>(&self, f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R) -> R {
+    pub fn scope<R>(&self, f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R) -> R {
         self.scope_with_stats(f).0
     }
 
     /// Like [`Pool::scope`], and also returns the scope's final [`ScopeStats`].
     pub fn scope_with_stats<R>(
         &self,
-        f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R,
+        f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R,
     ) -> (R, ScopeStats) {
         run(ScopeState::root(self, None), f)
     }
@@ -361,7 +378,7 @@ impl Pool {
     pub fn scope_with_budget<R>(
         &self,
         max_bytes: usize,
-        f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R,
+        f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R,
     ) -> R {
         run(ScopeState::root(self, Some(max_bytes)), f).0
     }
@@ -372,27 +389,27 @@ impl Pool {
     /// with [`Scope::bind`] or given as an operand) is a leaf of the gradient graph, so a loss
     /// computed from them can [`backward`](Tensor::backward) to their gradients. Outside, the same
     /// forward records nothing.
-    pub fn train<R>(&self, f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R) -> R {
+    pub fn train<R>(&self, f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R) -> R {
         autograd::with_mode(Mode::Train, || self.scope(f))
     }
 }
 
 /// Runs `f` in a new outermost scope on the process-wide default pool, [`Pool::global`].
-pub fn scope<R>(f: impl for<'p, 's> FnOnce(&'s Scope<'p>) -> R) -> R {
+pub fn scope<R>(f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R) -> R {
     Pool::global().scope(f)
 }
 
-impl<'p> Scope<'p> {
+impl<'s, 'p> Scope<'s, 'p> {
     /// Runs `f` in a child scope and returns what it returns. Tensors of this scope are usable in the
     /// child; the child's own tensors reach this scope only through the child's [`Scope::escape`].
-    pub fn scope<'s, R>(&'s self, f: impl for<'i> FnOnce(&'i Scope<'s>) -> R) -> R {
+    pub fn scope<R>(&self, f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R) -> R {
         self.scope_with_stats(f).0
     }
 
     /// Like [`Scope::scope`], and also returns the child scope's final [`ScopeStats`].
-    pub fn scope_with_stats<'s, R>(
-        &'s self,
-        f: impl for<'i> FnOnce(&'i Scope<'s>) -> R,
+    pub fn scope_with_stats<R>(
+        &self,
+        f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R,
     ) -> (R, ScopeStats) {
         run(ScopeState::child(&self.state, None), f)
     }
@@ -401,23 +418,23 @@ impl<'p> Scope<'p> {
     /// hold at most `max_bytes` (size-class bytes) at once. A rent past it fails with
     /// [`Error::ScopeBudgetExceeded`] (the panicking forms panic with that message); the pool's own
     /// budget still applies. Bytes escaped to the parent stop counting.
-    pub fn scope_with_budget<'s, R>(
-        &'s self,
+    pub fn scope_with_budget<R>(
+        &self,
         max_bytes: usize,
-        f: impl for<'i> FnOnce(&'i Scope<'s>) -> R,
+        f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R,
     ) -> R {
         run(ScopeState::child(&self.state, Some(max_bytes)), f).0
     }
 
     /// Like [`Scope::scope`], for a training step: while `f` runs, parameters used by ops are
     /// leaves of the gradient graph (see [`Pool::train`]).
-    pub fn train<'s, R>(&'s self, f: impl for<'i> FnOnce(&'i Scope<'s>) -> R) -> R {
+    pub fn train<R>(&self, f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R) -> R {
         autograd::with_mode(Mode::Train, || self.scope(f))
     }
 
     /// Like [`Scope::scope`], with recording off while `f` runs: no op records a gradient graph,
     /// whatever its inputs carry (PyTorch's `no_grad`). For evaluation inside a training loop.
-    pub fn no_grad<'s, R>(&'s self, f: impl for<'i> FnOnce(&'i Scope<'s>) -> R) -> R {
+    pub fn no_grad<R>(&self, f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R) -> R {
         autograd::with_mode(Mode::Off, || self.scope(f))
     }
 
@@ -427,7 +444,7 @@ impl<'p> Scope<'p> {
 
     /// Like [`Scope::rebind`] for an owned tensor: no new handle is made, so a tensor that was unique
     /// stays unique and by-value ops on it still write in place.
-    pub fn rebind_owned<'s, T: Element>(&'s self, tensor: Tensor<'s, T>) -> Tensor<'s, T> {
+    pub fn rebind_owned<T: Element>(&self, tensor: Tensor<'s, T>) -> Tensor<'s, T> {
         tensor.with_scope(&self.state)
     }
 
@@ -436,9 +453,11 @@ impl<'p> Scope<'p> {
     /// data is copied. An outermost scope has no parent scope: its tensors stay its own (and its
     /// parent brand is as confined to the closure as its own; see [`Scope`]).
     ///
-    /// A tensor of a deeper scope that can see this one may be escaped here too; it then skips the
-    /// levels in between, and the accounting follows (escaped from its owner, adopted by the parent).
-    pub fn escape<E: Escape<'p>>(&self, value: E) -> E::Escaped {
+    /// Only this scope's values (and those of the scopes around it, which pass through) can be
+    /// escaped here: a deeper, sibling or unrelated scope's tensor does not compile, so no scope can
+    /// carry another's tensors past the end of the scope that made them. A deeper scope's tensor
+    /// leaves level by level.
+    pub fn escape<E: Escape<'s, 'p>>(&self, value: E) -> E::Escaped {
         let parent = self.state.parent.as_ref().unwrap_or(&self.state);
         value.escape_to(&EscapeTarget::new(parent))
     }
@@ -446,13 +465,13 @@ impl<'p> Scope<'p> {
     /// A zero-copy tensor of `param`'s values whose ops rent in this scope: how a parameter takes
     /// part in any op (ops also take `&param` as their second operand directly). Nothing is rented
     /// or counted; ops on it, in-place ones included, never write through to the parameter.
-    pub fn bind<'s, T: Element>(&'s self, param: &Param<T>) -> Tensor<'s, T> {
+    pub fn bind<T: Element>(&self, param: &Param<T>) -> Tensor<'s, T> {
         Tensor::bound(&self.state, param)
     }
 
     /// A zero-copy alias of `tensor` whose ops rent their outputs in this scope. Use it to bring an
     /// outer tensor in, so that everything derived from it is this scope's to release.
-    pub fn rebind<'s, T: Element>(&'s self, tensor: &Tensor<'s, T>) -> Tensor<'s, T> {
+    pub fn rebind<T: Element>(&self, tensor: &Tensor<'s, T>) -> Tensor<'s, T> {
         tensor.alias_in(&self.state)
     }
 
@@ -479,7 +498,7 @@ impl<'p> Scope<'p> {
 
     /// Rents a tensor of `shape` whose contents are unspecified (but initialized); see
     /// [`Pool::try_rent`] for the errors.
-    pub fn try_rent<'s, T: Element>(&'s self, shape: &[usize]) -> Result<Tensor<'s, T>> {
+    pub fn try_rent<T: Element>(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
         Tensor::try_rent_in(&self.state, shape)
     }
 
@@ -488,7 +507,7 @@ impl<'p> Scope<'p> {
     /// # Panics
     /// With the message of the [`Error`] `try_rent` would return.
     #[track_caller]
-    pub fn rent<'s, T: Element>(&'s self, shape: &[usize]) -> Tensor<'s, T> {
+    pub fn rent<T: Element>(&self, shape: &[usize]) -> Tensor<'s, T> {
         or_panic(self.try_rent(shape))
     }
 
@@ -496,8 +515,8 @@ impl<'p> Scope<'p> {
     /// custom computation. The view starts with unspecified contents. The result carries no gradient
     /// graph: whatever `kernel` reads from other tensors is a constant to
     /// [`backward`](Tensor::backward).
-    pub fn try_rent_with<'s, T: Element>(
-        &'s self,
+    pub fn try_rent_with<T: Element>(
+        &self,
         shape: &[usize],
         kernel: impl FnOnce(ArrayViewMutD<'_, T>),
     ) -> Result<Tensor<'s, T>> {
@@ -511,8 +530,8 @@ impl<'p> Scope<'p> {
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn rent_with<'s, T: Element>(
-        &'s self,
+    pub fn rent_with<T: Element>(
+        &self,
         shape: &[usize],
         kernel: impl FnOnce(ArrayViewMutD<'_, T>),
     ) -> Tensor<'s, T> {
@@ -520,7 +539,7 @@ impl<'p> Scope<'p> {
     }
 
     /// A tensor of `shape` filled with `value`.
-    pub fn try_full<'s, T: Element>(&'s self, shape: &[usize], value: T) -> Result<Tensor<'s, T>> {
+    pub fn try_full<T: Element>(&self, shape: &[usize], value: T) -> Result<Tensor<'s, T>> {
         self.try_rent_with(shape, |mut v| v.fill(value))
     }
 
@@ -529,12 +548,12 @@ impl<'p> Scope<'p> {
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn full<'s, T: Element>(&'s self, shape: &[usize], value: T) -> Tensor<'s, T> {
+    pub fn full<T: Element>(&self, shape: &[usize], value: T) -> Tensor<'s, T> {
         or_panic(self.try_full(shape, value))
     }
 
     /// A tensor of zeros (see [`Pool::try_rent_zeroed`]).
-    pub fn try_zeros<'s, T: Element>(&'s self, shape: &[usize]) -> Result<Tensor<'s, T>> {
+    pub fn try_zeros<T: Element>(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
         Tensor::try_rent_zeroed_in(&self.state, shape)
     }
 
@@ -543,7 +562,7 @@ impl<'p> Scope<'p> {
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn zeros<'s, T: Element>(&'s self, shape: &[usize]) -> Tensor<'s, T> {
+    pub fn zeros<T: Element>(&self, shape: &[usize]) -> Tensor<'s, T> {
         or_panic(self.try_zeros(shape))
     }
 
@@ -552,14 +571,14 @@ impl<'p> Scope<'p> {
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn ones<'s, T: Element>(&'s self, shape: &[usize]) -> Tensor<'s, T> {
+    pub fn ones<T: Element>(&self, shape: &[usize]) -> Tensor<'s, T> {
         self.full(shape, T::one())
     }
 
     /// A tensor holding a copy of `array`: a reference to an ndarray array (`&array`) or a view, of
     /// any dimension. Fails with a budget error if the pool or scope cannot hold it.
-    pub fn try_tensor<'s, 'a, T: Element, D: Dimension>(
-        &'s self,
+    pub fn try_tensor<'a, T: Element, D: Dimension>(
+        &self,
         array: impl AsArray<'a, T, D>,
     ) -> Result<Tensor<'s, T>> {
         Tensor::try_copy_of(&self.state, array.into())
@@ -570,8 +589,8 @@ impl<'p> Scope<'p> {
     /// # Panics
     /// On an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn tensor<'s, 'a, T: Element, D: Dimension>(
-        &'s self,
+    pub fn tensor<'a, T: Element, D: Dimension>(
+        &self,
         array: impl AsArray<'a, T, D>,
     ) -> Tensor<'s, T> {
         or_panic(self.try_tensor(array))
@@ -581,11 +600,7 @@ impl<'p> Scope<'p> {
     /// [`Error::LengthMismatch`] if `data` has not exactly as many elements as `shape` holds,
     /// [`Error::SizeOverflow`] for a shape too large to address, and with a budget error if the pool
     /// or scope cannot hold it.
-    pub fn try_from_slice<'s, T: Element>(
-        &'s self,
-        shape: &[usize],
-        data: &[T],
-    ) -> Result<Tensor<'s, T>> {
+    pub fn try_from_slice<T: Element>(&self, shape: &[usize], data: &[T]) -> Result<Tensor<'s, T>> {
         check_length("from_slice", shape, data)?;
         let mut t = self.try_rent(shape)?;
         t.unique_slice_mut().copy_from_slice(data);
@@ -597,18 +612,14 @@ impl<'p> Scope<'p> {
     /// # Panics
     /// If the length does not match the shape, or on an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn from_slice<'s, T: Element>(&'s self, shape: &[usize], data: &[T]) -> Tensor<'s, T> {
+    pub fn from_slice<T: Element>(&self, shape: &[usize], data: &[T]) -> Tensor<'s, T> {
         or_panic(self.try_from_slice(shape, data))
     }
 
     /// A tensor of standard normal samples from a deterministic generator seeded with `seed`
     /// (SplitMix64 and Box-Muller: reproducible across platforms, not for cryptography). Fails with a
     /// shape or budget error.
-    pub fn try_randn<'s, T: Element>(
-        &'s self,
-        shape: &[usize],
-        seed: u64,
-    ) -> Result<Tensor<'s, T>> {
+    pub fn try_randn<T: Element>(&self, shape: &[usize], seed: u64) -> Result<Tensor<'s, T>> {
         let mut rng = SplitMix64::new(seed);
         self.try_rent_with(shape, |mut v| {
             v.iter_mut().for_each(|x| *x = T::from_f64(rng.normal()))
@@ -620,15 +631,15 @@ impl<'p> Scope<'p> {
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn randn<'s, T: Element>(&'s self, shape: &[usize], seed: u64) -> Tensor<'s, T> {
+    pub fn randn<T: Element>(&self, shape: &[usize], seed: u64) -> Tensor<'s, T> {
         or_panic(self.try_randn(shape, seed))
     }
 
     /// A tensor of samples uniform in `[low, high)` from a deterministic generator seeded with `seed`.
     /// The samples are drawn in `f64` and rounded to `T`, so `high` itself can occur after rounding
     /// (about once in 2^25 samples for `f32`, 2^12 for `f16`). Fails with a shape or budget error.
-    pub fn try_uniform<'s, T: Element>(
-        &'s self,
+    pub fn try_uniform<T: Element>(
+        &self,
         shape: &[usize],
         low: f64,
         high: f64,
@@ -646,8 +657,8 @@ impl<'p> Scope<'p> {
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn uniform<'s, T: Element>(
-        &'s self,
+    pub fn uniform<T: Element>(
+        &self,
         shape: &[usize],
         low: f64,
         high: f64,
@@ -660,20 +671,20 @@ impl<'p> Scope<'p> {
 impl<'s, T: Element> Tensor<'s, T> {
     /// Runs `f` in a child scope of the scope this tensor's ops rent in, typed as a child of the
     /// tensor's brand: what a function that receives tensors but no [`Scope`] uses to open its own.
-    pub fn child_scope<R>(&self, f: impl for<'i> FnOnce(&'i Scope<'s>) -> R) -> R {
+    pub fn child_scope<R>(&self, f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R) -> R {
         self.child_scope_with_stats(f).0
     }
 
     /// Like [`Tensor::child_scope`], and also returns the child scope's final [`ScopeStats`].
     pub fn child_scope_with_stats<R>(
         &self,
-        f: impl for<'i> FnOnce(&'i Scope<'s>) -> R,
+        f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R,
     ) -> (R, ScopeStats) {
         run(ScopeState::child(&self.scope, None), f)
     }
 }
 
-impl fmt::Debug for Scope<'_> {
+impl fmt::Debug for Scope<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Scope")
             .field("depth", &self.state.depth)

@@ -40,8 +40,8 @@ use crate::scope::ScopeState;
 ///
 /// # Lifetimes
 ///
-/// `'s` is the brand of the scope that made the tensor: the `'s` of the `&'s Scope` its closure
-/// received. The closure must accept every `'s` (`for<'s>`), so inside it `'s` is a lifetime the
+/// `'s` is the brand of the scope that made the tensor: the `'s` of the `&Scope<'s, '_>` its
+/// closure received. The closure must accept every `'s` (`for<'s>`), so inside it `'s` is a lifetime the
 /// compiler knows nothing about except that it ends with the closure: a `Tensor<'s>` cannot be
 /// returned from it, pushed into an outer `Vec`, stored in an outer struct, `RefCell`, thread-local or
 /// `Box<dyn Any>`, or captured by a closure that outlives it. The only way out is on purpose, with
@@ -151,7 +151,8 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// `param`'s data as a tensor whose ops rent in `scope`: no copy, no rent, nothing accounted.
     /// In a training scope it is a leaf of the gradient graph, keyed by the parameter.
     pub(crate) fn bound(scope: &Rc<ScopeState>, param: &Param<T>) -> Self {
-        let node = (autograd::mode() == Mode::Train).then(|| Node::leaf(param.key(), scope));
+        let node = (autograd::mode() == Mode::Train)
+            .then(|| Node::leaf(param.key(), Some(param.source()), scope));
         Tensor {
             data: Data::Bound(Arc::clone(param.buffer())),
             scope: Rc::clone(scope),

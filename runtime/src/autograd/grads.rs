@@ -20,11 +20,13 @@ use crate::tensor::Tensor;
 pub struct Gradients<'s, T: Element = f32> {
     scope: Rc<ScopeState>,
     by_key: HashMap<u64, Tensor<'s, T>>,
+    /// The parameter values each gradient was computed from ([`Param::source`]).
+    sources: HashMap<u64, usize>,
 }
 
 impl<'s, T: Element> Gradients<'s, T> {
     /// No gradients yet; what is added is kept in `s`.
-    pub fn new(s: &'s Scope<'_>) -> Self {
+    pub fn new(s: &Scope<'s, '_>) -> Self {
         Gradients::in_scope(s.state())
     }
 
@@ -32,6 +34,7 @@ impl<'s, T: Element> Gradients<'s, T> {
         Gradients {
             scope: Rc::clone(scope),
             by_key: HashMap::new(),
+            sources: HashMap::new(),
         }
     }
 
@@ -66,7 +69,17 @@ impl<'s, T: Element> Gradients<'s, T> {
         for g in self.by_key.values_mut() {
             g.try_view_mut()?.fill(T::zero());
         }
+        // Zeros are the gradient of any values: the next pass may use the updated parameters.
+        self.sources.clear();
         Ok(())
+    }
+
+    /// Whether the gradient of `param` (if any) was computed from the values `param` holds now,
+    /// rather than from another copy (a clone written after it, or written before it).
+    pub(crate) fn is_of_current_values(&self, param: &Param<T>) -> bool {
+        self.sources
+            .get(&param.key())
+            .is_none_or(|&s| s == param.source())
     }
 
     /// Adds `grad` to the gradient of `param`: how hand-written backward passes report theirs.
@@ -81,11 +94,36 @@ impl<'s, T: Element> Gradients<'s, T> {
                 reason: "a gradient must have its parameter's shape".into(),
             });
         }
-        self.add(param.key(), grad.saved())
+        self.add_all(vec![(param.key(), Some(param.source()), grad.saved())])
+    }
+
+    /// Adds each `(key, source, gradient)`, after checking that no key meets two sources (among
+    /// them, or against what is here): one parameter's gradient summed over two different copies
+    /// of its values would be the gradient of neither.
+    pub(crate) fn add_all(
+        &mut self,
+        grads: Vec<(u64, Option<usize>, Tensor<'static, T>)>,
+    ) -> Result<()> {
+        let mut seen: HashMap<u64, usize> = HashMap::new();
+        for (key, source, grad) in &grads {
+            let Some(source) = *source else { continue };
+            let earlier = self.sources.get(key).or(seen.get(key)).copied();
+            if earlier.is_some_and(|e| e != source) {
+                return Err(Error::ParamUsedWithTwoValues {
+                    shape: Shape::from(grad.shape()),
+                });
+            }
+            seen.insert(*key, source);
+        }
+        self.sources.extend(seen);
+        for (key, _, grad) in grads {
+            self.add(key, grad)?;
+        }
+        Ok(())
     }
 
     /// Adds `grad` to the gradient under `key`; the sum is kept in this collection's scope.
-    pub(crate) fn add(&mut self, key: u64, grad: Tensor<'static, T>) -> Result<()> {
+    fn add(&mut self, key: u64, grad: Tensor<'static, T>) -> Result<()> {
         let total = match self.by_key.remove(&key) {
             // By value: written into the earlier gradient's buffer when it is the only handle.
             Some(earlier) => earlier.try_add_owned(&grad)?.move_to(&self.scope),
@@ -96,7 +134,7 @@ impl<'s, T: Element> Gradients<'s, T> {
     }
 }
 
-impl<'to, T: Element> Escape<'to> for Gradients<'_, T> {
+impl<'from, 'to, T: Element> Escape<'from, 'to> for Gradients<'from, T> {
     type Escaped = Gradients<'to, T>;
     /// Every gradient escapes with the collection, which then adds into the target scope.
     fn escape_to(self, target: &EscapeTarget<'to>) -> Gradients<'to, T> {
@@ -107,6 +145,7 @@ impl<'to, T: Element> Escape<'to> for Gradients<'_, T> {
                 .into_iter()
                 .map(|(key, g)| (key, g.escape_to(target)))
                 .collect(),
+            sources: self.sources,
         }
     }
 }

@@ -100,7 +100,8 @@ pub(crate) struct Node<T: Element> {
 }
 
 enum Kind<T: Element> {
-    Leaf(u64),
+    /// A parameter (with its buffer's identity, [`Param::source`](crate::Param)) or a marked tensor.
+    Leaf { key: u64, source: Option<usize> },
     Op {
         /// The inputs' nodes; `None` for inputs that need no gradient.
         inputs: Vec<Option<Rc<Node<T>>>>,
@@ -110,18 +111,19 @@ enum Kind<T: Element> {
 }
 
 impl<T: Element> Node<T> {
-    /// A leaf for `key` held by `owner`.
-    pub(crate) fn leaf(key: u64, owner: &Rc<ScopeState>) -> Rc<Self> {
+    /// A leaf for `key` held by `owner`; `source` identifies the parameter values it was made
+    /// from (`None` for a marked tensor).
+    pub(crate) fn leaf(key: u64, source: Option<usize>, owner: &Rc<ScopeState>) -> Rc<Self> {
         Rc::new(Node {
             owner: RefCell::new(Rc::clone(owner)),
-            kind: Kind::Leaf(key),
+            kind: Kind::Leaf { key, source },
         })
     }
 
     /// The leaf key, if this is a leaf.
     pub(crate) fn key(&self) -> Option<u64> {
         match self.kind {
-            Kind::Leaf(key) => Some(key),
+            Kind::Leaf { key, .. } => Some(key),
             Kind::Op { .. } => None,
         }
     }
@@ -212,7 +214,9 @@ pub(crate) fn move_graph<T: Element>(node: &Rc<Node<T>>, target: &Rc<ScopeState>
 }
 
 /// Runs backward from `root` (its node) with `seed` as its gradient, adding the gradients of the
-/// leaves into `grads`. Everything is computed in `at`, the root's scope, with recording off.
+/// leaves into `grads`. Everything is computed in `at`, the root's scope, with recording off. The
+/// leaves' gradients are added only once the whole walk has succeeded, so a pass that fails (a
+/// `map` on the path, a budget error) leaves `grads` as it was; the rules it ran are consumed.
 pub(crate) fn backward<T: Element>(
     root: &Rc<Node<T>>,
     seed: Tensor<'static, T>,
@@ -222,6 +226,7 @@ pub(crate) fn backward<T: Element>(
     with_mode(Mode::Off, || {
         let order = topological(root);
         let mut pending: HashMap<*const Node<T>, Tensor<'static, T>> = HashMap::new();
+        let mut leaves = Vec::new();
         pending.insert(Rc::as_ptr(root), seed);
         // Consumers come after their inputs in `order`: walking it backwards, a node's gradient is
         // complete when its turn comes.
@@ -230,7 +235,7 @@ pub(crate) fn backward<T: Element>(
                 continue;
             };
             match &node.kind {
-                Kind::Leaf(key) => grads.add(*key, grad)?,
+                Kind::Leaf { key, source } => leaves.push((*key, *source, grad)),
                 Kind::Op { inputs, rule } => {
                     let rule = rule.borrow_mut().take().ok_or(Error::GraphConsumed)?;
                     let needs: Vec<bool> = inputs.iter().map(Option::is_some).collect();
@@ -248,7 +253,7 @@ pub(crate) fn backward<T: Element>(
                 }
             }
         }
-        Ok(())
+        grads.add_all(leaves)
     })
 }
 
@@ -267,7 +272,7 @@ fn topological<T: Element>(root: &Rc<Node<T>>) -> Vec<Rc<Node<T>>> {
         }
         let inputs: Vec<Rc<Node<T>>> = match &node.kind {
             Kind::Op { inputs, .. } => inputs.iter().flatten().cloned().collect(),
-            Kind::Leaf(_) => Vec::new(),
+            Kind::Leaf { .. } => Vec::new(),
         };
         stack.push((node, true));
         stack.extend(
@@ -285,7 +290,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// reports its gradient ([`Gradients::of`]). No data is copied. A tensor that already carried a
     /// graph starts a new one here (its history is not differentiated through).
     pub fn requires_grad(mut self) -> Tensor<'s, T> {
-        self.node = Some(Node::leaf(next_key(), &self.scope));
+        self.node = Some(Node::leaf(next_key(), None, &self.scope));
         self
     }
 

@@ -344,8 +344,9 @@ impl<T: Element> Checkpointer<T> {
 
     /// Stores `activation` as the input of `layer` (see [`Checkpointer::save`]) and returns the
     /// tensor to go on with. At full precision the activation's buffer becomes the stored parameter
-    /// without a copy when `activation` is its only handle, and the forward goes on with that
-    /// parameter bound into the activation's scope; otherwise the values are copied.
+    /// without a copy when `activation` is its only handle and carries no gradient graph, and the
+    /// forward goes on with that parameter bound into the activation's scope; otherwise the values
+    /// are copied and the forward goes on with `activation`.
     fn store<'s>(&mut self, layer: usize, activation: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         if let Some(limit) = self.config.max_checkpoints {
             let needed = self.stored.len() + usize::from(!self.stored.contains_key(&layer));
@@ -364,10 +365,16 @@ impl<T: Element> Checkpointer<T> {
             });
         }
         let (stored, next) = match self.config.precision {
+            // A gradient graph runs through the activation: the forward goes on with it, so that a
+            // backward reaches the layers before, and the checkpoint is a copy.
+            Precision::Full if activation.has_graph() => {
+                (Stored::Full(activation.saved().try_detach()?), activation)
+            }
             Precision::Full => {
                 let scope = Rc::clone(&activation.scope);
                 let param = activation.try_detach()?;
-                let next = Tensor::bound(&scope, &param);
+                // The stored values, not a parameter to train: no leaf, also in a training scope.
+                let next = Tensor::bound(&scope, &param).without_grad();
                 (Stored::Full(param), next)
             }
             Precision::F16 => (Stored::F16(narrowed(layer, &activation)?), activation),
@@ -582,7 +589,7 @@ pub(crate) fn run_layers<'s, T: Element, L>(
     mut ckpt: Option<&mut Checkpointer<T>>,
     input: Tensor<'s, T>,
     layers: Vec<L>,
-    mut step: impl for<'b> FnMut(&'b Scope<'s>, Tensor<'b, T>, L) -> Tensor<'b, T>,
+    mut step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
 ) -> Result<Tensor<'s, T>> {
     let n = layers.len();
     let ids: Vec<usize> = (0..n).collect();
@@ -603,7 +610,7 @@ pub(crate) fn run_layers<'s, T: Element, L>(
     for (j, &start) in plan.iter().enumerate() {
         let end = plan.get(j + 1).copied().unwrap_or(n);
         let state = ScopeState::child(&x.scope, None);
-        x = run(state, |segment: &Scope<'s>| {
+        x = run(state, |segment: &Scope<'_, 's>| {
             let mut a = segment.rebind_owned(x);
             for (pos, layer) in layers.by_ref().take(end - start) {
                 if let Some(ckpt) = ckpt.as_deref_mut() {
@@ -638,7 +645,7 @@ impl<T: Element> Checkpointer<T> {
     /// The replay runs in `s`: the stored activation is bound there and `forward`'s outputs rent there.
     pub fn recompute_from_checkpoint<'s>(
         &self,
-        s: &'s Scope<'_>,
+        s: &Scope<'s, '_>,
         target_layer: usize,
         layers: &[usize],
         mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Tensor<'s, T>,
@@ -675,7 +682,7 @@ impl<T: Element> Checkpointer<T> {
     /// there.
     pub fn reverse<'s>(
         &mut self,
-        s: &'s Scope<'_>,
+        s: &Scope<'s, '_>,
         forward: impl FnMut(&Tensor<'s, T>, usize) -> Tensor<'s, T>,
         backward: impl FnMut(usize, &Tensor<'s, T>),
     ) -> Result<ReverseReport> {

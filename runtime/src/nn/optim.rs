@@ -8,7 +8,7 @@ use ndarray::{ArrayViewD, ArrayViewMutD, Zip};
 use super::NnError;
 use crate::autograd::Gradients;
 use crate::element::Element;
-use crate::error::Shape;
+use crate::error::{Error, Shape};
 use crate::param::{Param, Parameters};
 
 /// Updates parameters from their gradients.
@@ -65,6 +65,13 @@ impl<S> States<S> {
                         index: index - 1,
                         shape: Shape::from(p.shape()),
                     });
+                }
+                if !grads.is_of_current_values(p) {
+                    return Err(Error::StaleGradient {
+                        index: index - 1,
+                        shape: Shape::from(p.shape()),
+                    }
+                    .into());
                 }
                 if let Entry::Vacant(slot) = self.by_key.entry(p.key()) {
                     slot.insert(make(p)?);
@@ -141,8 +148,9 @@ pub struct Adam<T: Element = f32> {
     beta2: T,
     eps: T,
     weight_decay: T,
-    t: i32,
-    moments: States<(Param<T>, Param<T>)>,
+    /// Per parameter: the moments and the number of updates it has had (its bias correction, as in
+    /// PyTorch, counts the parameter's own steps).
+    moments: States<(Param<T>, Param<T>, i32)>,
 }
 
 impl<T: Element> Adam<T> {
@@ -159,7 +167,6 @@ impl<T: Element> Adam<T> {
             beta2,
             eps,
             weight_decay: T::zero(),
-            t: 0,
             moments: States::new(),
         }
     }
@@ -179,10 +186,7 @@ impl<T: Element> Optimizer<T> for Adam<T> {
         params: &mut dyn Parameters<T>,
         grads: &Gradients<'_, T>,
     ) -> Result<(), NnError> {
-        let t = self.t.saturating_add(1);
         let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
-        let correction1 = T::one() - b1.powi(t);
-        let correction2 = T::one() - b2.powi(t);
         let (lr, decay) = (self.lr, T::one() - self.lr * self.weight_decay);
         let decoupled = self.weight_decay != T::zero();
         self.moments.update_all(
@@ -192,9 +196,13 @@ impl<T: Element> Optimizer<T> for Adam<T> {
                 Ok((
                     Param::try_zeros(p.pool(), p.shape())?,
                     Param::try_zeros(p.pool(), p.shape())?,
+                    0,
                 ))
             },
-            |w, (m, v), g| {
+            |w, (m, v, t), g| {
+                *t = t.saturating_add(1);
+                let correction1 = T::one() - b1.powi(*t);
+                let correction2 = T::one() - b2.powi(*t);
                 Zip::from(w)
                     .and(m.view_mut())
                     .and(v.view_mut())
@@ -210,8 +218,6 @@ impl<T: Element> Optimizer<T> for Adam<T> {
                         *w = *w - lr * m_hat / (v_hat.sqrt() + eps);
                     });
             },
-        )?;
-        self.t = t;
-        Ok(())
+        )
     }
 }

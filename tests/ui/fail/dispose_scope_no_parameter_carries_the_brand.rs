@@ -1,4 +1,4 @@
-// The return type names `'a`, but no `&'a Scope` or `Tensor<'a>` parameter carries it (a type
+// The return type names `'a`, but no `&Scope<'a, '_>` or `Tensor<'a>` parameter carries it (a type
 // alias hides it): the macro cannot know which scope the result belongs to.
 use tensorscope::prelude::*;
 

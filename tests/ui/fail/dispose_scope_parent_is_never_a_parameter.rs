@@ -8,7 +8,7 @@ fn project<'a>(w: &Param, x: &Tensor<'_>) -> Tensor<'a> {
 }
 
 #[dispose_scope]
-fn project_old<'a>(w: &Tensor<'a>, x: &Tensor<'_>) -> Tensor<'a> {
+fn project_old<'a>(w: &Tensor<'a>, x: &Tensor<'a>) -> Tensor<'a> {
     x.matmul(w).relu()
 }
 

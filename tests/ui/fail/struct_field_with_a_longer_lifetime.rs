@@ -5,7 +5,7 @@ struct State<'a> {
     hidden: Tensor<'a>,
 }
 
-fn step<'a>(state: &mut State<'a>, inner: &Scope<'a>) {
+fn step<'a>(state: &mut State<'a>, inner: &Scope<'a, '_>) {
     inner.scope(|i| state.hidden = i.ones::<f32>(&[4]));
 }
 

@@ -22,7 +22,7 @@ impl<T: Element> Linear<T> {
     }
 
     #[dispose_scope]
-    fn into_weight<'a>(self, s: &'a Scope<'_>) -> Tensor<'a, T> {
+    fn into_weight<'a>(self, s: &Scope<'a, '_>) -> Tensor<'a, T> {
         s.bind(&self.w) * T::from_f64(1.0)
     }
 }

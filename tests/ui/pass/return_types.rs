@@ -36,7 +36,7 @@ fn option<'a>(x: &Tensor<'a>, some: bool) -> Option<Tensor<'a>> {
 }
 
 #[dispose_scope]
-fn result<'a>(x: &Tensor<'a>, w: &Tensor<'_>) -> Result<Tensor<'a>, tensorscope::Error> {
+fn result<'a>(x: &Tensor<'a>, w: &Tensor<'a>) -> Result<Tensor<'a>, tensorscope::Error> {
     x.try_matmul(w)
 }
 

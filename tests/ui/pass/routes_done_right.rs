@@ -18,7 +18,7 @@ struct State<'a> {
     hidden: Tensor<'a>,
 }
 
-fn step<'a>(state: &mut State<'a>, outer: &'a Scope<'_>) {
+fn step<'a>(state: &mut State<'a>, outer: &Scope<'a, '_>) {
     state.hidden = outer.scope(|i| i.escape(i.ones::<f32>(&[4])));
 }
 
