@@ -513,3 +513,29 @@ fn the_gradient_check_never_passes_a_nan_and_gives_zeros_without_dependence() {
     assert_eq!(none.max_error(), 0.0);
     assert_eq!(none.analytic[0].as_slice().unwrap(), &[0.0; 3]);
 }
+
+#[test]
+fn gradients_never_alias_a_tensor_of_a_shorter_scope() {
+    // The seed of `backward_with` flows unchanged to a marked leaf, and a hand-written gradient is
+    // added by `accumulate`: if the gradients took those buffers, a tensor of a scope that ends
+    // would live on under the gradients' (longer) brand without ever being escaped.
+    let pool = test_pool(16);
+    let w = Param::from_slice(&pool, &[4], &[0.0f32; 4]);
+    pool.scope(|s| {
+        let anchor = s.zeros::<f32>(&[4]).requires_grad();
+        let mut kept = Gradients::new(s);
+        let (seeded, inner) = s.scope_with_stats(|i| {
+            let deep = i.full::<f32>(&[4], 9.0);
+            let grads = anchor.backward_with(&deep).unwrap();
+            let seeded = grads.of(&anchor).unwrap().clone();
+            assert!(!seeded.shares_buffer_with(&deep), "the seed was copied");
+            kept.accumulate(&w, deep.clone()).unwrap();
+            assert!(!kept.get(&w).unwrap().shares_buffer_with(&deep));
+            seeded.to_vec()
+        });
+        assert_eq!(seeded, vec![9.0; 4]);
+        assert_eq!((inner.escaped, inner.leaked), (0, 0), "{inner:?}");
+        assert_eq!(kept.get(&w).unwrap().to_vec(), vec![9.0; 4]);
+    });
+    assert_eq!(pool.stats().bytes_in_use, w.allocated_bytes());
+}

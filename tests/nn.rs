@@ -51,12 +51,15 @@ fn gradients_accumulate_per_parameter() {
         let b = params.get("b").unwrap();
         let mut grads = tensorscope::Gradients::new(s);
         let g = s.from_slice::<f32>(&[3], &[1.0, 2.0, 3.0]);
-        grads.accumulate(b, &g).unwrap();
-        grads.accumulate(b, &g).unwrap();
+        grads.accumulate(b, g.clone()).unwrap();
+        grads.accumulate(b, g.clone()).unwrap();
         assert_eq!(grads.get(b).unwrap().to_vec(), vec![2.0, 4.0, 6.0]);
+        // `g` has another handle, so the first gradient was a copy: the sum never wrote into it.
+        assert_eq!(g.to_vec(), vec![1.0, 2.0, 3.0]);
+        assert!(!grads.get(b).unwrap().shares_buffer_with(&g));
         assert_eq!(grads.len(), 1);
         assert!(grads.get(params.get("unused").unwrap()).is_none());
-        let err = grads.accumulate(b, &s.zeros::<f32>(&[2])).unwrap_err();
+        let err = grads.accumulate(b, s.zeros::<f32>(&[2])).unwrap_err();
         assert!(matches!(
             err,
             Error::ShapeMismatch {
@@ -175,7 +178,9 @@ fn steps(
             pool.scope(|s| {
                 let mut grads = tensorscope::Gradients::new(s);
                 let g = s.from_slice::<f64>(&[grad.len()], grad);
-                grads.accumulate(params.get("w").unwrap(), &g).unwrap();
+                grads
+                    .accumulate(params.get("w").unwrap(), g.clone())
+                    .unwrap();
                 opt.step(&mut params, &grads).unwrap();
             });
             params.get("w").unwrap().to_vec()
@@ -478,7 +483,7 @@ fn a_replaced_parameter_starts_with_fresh_optimizer_state() {
             pool.scope(|s| {
                 let mut grads = tensorscope::Gradients::new(s);
                 let w = params.get("w").unwrap();
-                grads.accumulate(w, &s.ones::<f32>(w.shape())).unwrap();
+                grads.accumulate(w, s.ones::<f32>(w.shape())).unwrap();
                 opt.step(params, &grads)
             })
         };
@@ -507,7 +512,7 @@ fn a_step_that_runs_out_of_memory_changes_nothing() {
         .scope(|s| {
             let mut grads = tensorscope::Gradients::new(s);
             for (_, p) in params.iter() {
-                grads.accumulate(p, &s.ones::<f32>(&[200])).unwrap();
+                grads.accumulate(p, s.ones::<f32>(&[200])).unwrap();
             }
             adam.step(&mut params, &grads)
         })
@@ -526,7 +531,7 @@ fn optimizers_update_any_parameter_set_in_place_and_refuse_one_listed_twice() {
     fn grads_of<'s>(set: &[Param<f32>], s: &Scope<'s, '_>) -> tensorscope::Gradients<'s, f32> {
         let mut grads = tensorscope::Gradients::new(s);
         for p in set {
-            grads.accumulate(p, &s.ones::<f32>(p.shape())).unwrap();
+            grads.accumulate(p, s.ones::<f32>(p.shape())).unwrap();
         }
         grads
     }
@@ -607,9 +612,9 @@ fn adam_corrects_each_parameter_by_its_own_step_count() {
     for step in 0..3 {
         pool.scope(|s| {
             let mut grads = tensorscope::Gradients::new(s);
-            grads.accumulate(&set[0], &s.ones::<f32>(&[1])).unwrap();
+            grads.accumulate(&set[0], s.ones::<f32>(&[1])).unwrap();
             if step == 2 {
-                grads.accumulate(&set[1], &s.ones::<f32>(&[1])).unwrap();
+                grads.accumulate(&set[1], s.ones::<f32>(&[1])).unwrap();
             }
             adam.step(&mut set, &grads).unwrap();
         });

@@ -86,7 +86,7 @@ fn fallback(input: &DeriveInput) -> TokenStream {
         #[automatically_derived]
         impl #impl_generics #krate::__private::Escape<#from, #to> for #name #ty_generics #where_clause {
             type Escaped = #name<#(#escaped),*>;
-            fn escape_to(self, _: &#krate::__private::EscapeTarget<#to>) -> Self::Escaped {
+            fn escape_to(self, _: &#krate::__private::EscapeTarget<#from, #to>) -> Self::Escaped {
                 ::core::unimplemented!("derive(Escape) failed to compile")
             }
         }
@@ -158,7 +158,7 @@ fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
             #[automatically_derived]
             impl #impl_generics #private::Escape<#from, #to> for #name #ty_generics #where_clause {
                 type Escaped = Self;
-                fn escape_to(self, _: &#private::EscapeTarget<#to>) -> Self {
+                fn escape_to(self, _: &#private::EscapeTarget<#from, #to>) -> Self {
                     self
                 }
             }
@@ -205,7 +205,7 @@ fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
         #[automatically_derived]
         impl #impl_generics #private::Escape<#from, #to> for #name #ty_generics #where_clause {
             type Escaped = #name<#(#escaped_args),*>;
-            fn escape_to(self, #target: &#private::EscapeTarget<#to>) -> Self::Escaped {
+            fn escape_to(self, #target: &#private::EscapeTarget<#from, #to>) -> Self::Escaped {
                 #construct
             }
         }

@@ -309,7 +309,7 @@ pub struct Scope<'s, 'p> {
 }
 
 /// A marker invariant in `'s`.
-type Invariant<'s> = fn(&'s ()) -> &'s ();
+pub(crate) type Invariant<'s> = fn(&'s ()) -> &'s ();
 
 thread_local! {
     /// The scopes open on this thread, innermost last; only read by [`current_pool`].

@@ -185,6 +185,17 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
     }
 
+    /// This handle without its graph and its brand (no new handle: a unique tensor stays unique).
+    pub(crate) fn into_saved(self) -> Tensor<'static, T> {
+        Tensor {
+            data: self.data,
+            scope: self.scope,
+            dim: self.dim,
+            node: None,
+            _brand: PhantomData,
+        }
+    }
+
     /// An alias without a graph and without a brand, for a backward rule to keep.
     pub(crate) fn saved(&self) -> Tensor<'static, T> {
         let mut alias = self.alias_in(&self.scope);
@@ -231,10 +242,16 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// This tensor if it is the only handle on its buffer, else a copy of it (same scope, same
     /// graph), so that its buffer can be written.
     pub(crate) fn try_into_unique(self) -> Result<Self> {
+        let scope = Rc::clone(&self.scope);
+        self.try_into_unique_in(&scope)
+    }
+
+    /// Like [`Tensor::try_into_unique`], a copy being rented in `scope` (the tensor's scope then).
+    pub(crate) fn try_into_unique_in(self, scope: &Rc<ScopeState>) -> Result<Self> {
         if self.is_unique() {
             return Ok(self);
         }
-        let mut copy = Tensor::try_rent_in(&self.scope, self.shape())?;
+        let mut copy = Tensor::try_rent_in(scope, self.shape())?;
         copy.unique_slice_mut().copy_from_slice(self.as_slice());
         copy.node = self.node;
         Ok(copy)

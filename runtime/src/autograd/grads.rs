@@ -83,9 +83,10 @@ impl<'s, T: Element> Gradients<'s, T> {
     }
 
     /// Adds `grad` to the gradient of `param`: how hand-written backward passes report theirs.
-    /// Fails with [`Error::ShapeMismatch`] if `grad` does not have the parameter's shape, or with a
-    /// budget error.
-    pub fn accumulate(&mut self, param: &Param<T>, grad: &Tensor<'_, T>) -> Result<()> {
+    /// A first gradient takes `grad`'s buffer when `grad` is its only handle, else a copy: the
+    /// gradients never alias a tensor of another scope. Fails with [`Error::ShapeMismatch`] if
+    /// `grad` does not have the parameter's shape, or with a budget error.
+    pub fn accumulate(&mut self, param: &Param<T>, grad: Tensor<'_, T>) -> Result<()> {
         if grad.shape() != param.shape() {
             return Err(Error::ShapeMismatch {
                 op: "Gradients::accumulate",
@@ -94,7 +95,7 @@ impl<'s, T: Element> Gradients<'s, T> {
                 reason: "a gradient must have its parameter's shape".into(),
             });
         }
-        self.add_all(vec![(param.key(), Some(param.source()), grad.saved())])
+        self.add_all(vec![(param.key(), Some(param.source()), grad.into_saved())])
     }
 
     /// Adds each `(key, source, gradient)`, after checking that no key meets two sources (among
@@ -127,7 +128,9 @@ impl<'s, T: Element> Gradients<'s, T> {
         let total = match self.by_key.remove(&key) {
             // By value: written into the earlier gradient's buffer when it is the only handle.
             Some(earlier) => earlier.try_add_owned(&grad)?.move_to(&self.scope),
-            None => grad.move_to(&self.scope),
+            // A buffer another handle shares (a caller's seed or gradient, a bound parameter) is
+            // copied, here: moving it would hand that handle's buffer to this scope's brand.
+            None => grad.try_into_unique_in(&self.scope)?.move_to(&self.scope),
         };
         self.by_key.insert(key, total);
         Ok(())
@@ -137,7 +140,7 @@ impl<'s, T: Element> Gradients<'s, T> {
 impl<'from, 'to, T: Element> Escape<'from, 'to> for Gradients<'from, T> {
     type Escaped = Gradients<'to, T>;
     /// Every gradient escapes with the collection, which then adds into the target scope.
-    fn escape_to(self, target: &EscapeTarget<'to>) -> Gradients<'to, T> {
+    fn escape_to(self, target: &EscapeTarget<'from, 'to>) -> Gradients<'to, T> {
         Gradients {
             scope: Rc::clone(target.state()),
             by_key: self

@@ -165,9 +165,9 @@ impl<T: Element> Layer<T> for Linear {
         }
         check_grad("linear", &expected, grad)?;
         let dw = x.try_transpose()?.try_matmul(grad)?;
-        grads.accumulate(&weight, &dw)?;
+        grads.accumulate(&weight, dw)?;
         let db = grad.try_sum(0)?;
-        grads.accumulate(params.param(self.bias, "linear")?, &db)?;
+        grads.accumulate(params.param(self.bias, "linear")?, db)?;
         Ok(grad.try_matmul(&grad.bind(&weight).try_transpose()?)?)
     }
 }
@@ -341,8 +341,8 @@ impl<T: Element> Layer<T> for LayerNorm<T> {
             dgamma = dgamma.try_sum(0)?;
             dbeta = dbeta.try_sum(0)?;
         }
-        grads.accumulate(&gamma, &dgamma)?;
-        grads.accumulate(params.param(self.beta, "layer_norm")?, &dbeta)?;
+        grads.accumulate(&gamma, dgamma)?;
+        grads.accumulate(params.param(self.beta, "layer_norm")?, dbeta)?;
         // dx = inv_std / n * (n dxhat - sum(dxhat) - xhat * sum(dxhat * xhat)), per row: the kernel
         // of the op's own backward rule.
         let mut dx = grad.try_mul(&gamma)?;
