@@ -467,7 +467,7 @@ fn a_written_clone_is_the_same_parameter_and_a_duplicate_is_another() {
 }
 
 #[test]
-fn a_failed_backward_adds_nothing() {
+fn a_backward_through_an_op_without_derivative_adds_nothing_and_consumes_nothing() {
     let pool = test_pool(16);
     let (w1, w2) = (
         Param::from_slice(&pool, &[2, 2], &[1.0f64; 4]),
@@ -494,6 +494,8 @@ fn a_failed_backward_adds_nothing() {
         assert_eq!(err, Error::NotDifferentiable { op: "map" });
         assert_eq!(acc.get(&w2).unwrap().to_vec(), before, "nothing added");
         assert!(acc.get(&w1).is_none());
+        // Checked before any rule ran: the graph is intact, and says the same again.
+        assert_eq!(loss.backward_into(&mut acc).unwrap_err(), err);
     });
 }
 

@@ -151,8 +151,13 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// `param`'s data as a tensor whose ops rent in `scope`: no copy, no rent, nothing accounted.
     /// In a training scope it is a leaf of the gradient graph, keyed by the parameter.
     pub(crate) fn bound(scope: &Rc<ScopeState>, param: &Param<T>) -> Self {
-        let node = (autograd::mode() == Mode::Train)
-            .then(|| Node::leaf(param.key(), Some(param.source()), scope));
+        let node = (autograd::mode() == Mode::Train).then(|| {
+            Node::leaf(
+                param.key(),
+                Some((param.source(), IxDyn(param.shape()))),
+                scope,
+            )
+        });
         Tensor {
             data: Data::Bound(Arc::clone(param.buffer())),
             scope: Rc::clone(scope),

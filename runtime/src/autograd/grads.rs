@@ -95,36 +95,41 @@ impl<'s, T: Element> Gradients<'s, T> {
                 reason: "a gradient must have its parameter's shape".into(),
             });
         }
-        self.add_all(vec![(param.key(), Some(param.source()), grad.into_saved())])
+        self.check_sources([(param.key(), param.source(), param.shape())])?;
+        self.add(param.key(), Some(param.source()), grad.into_saved())
     }
 
-    /// Adds each `(key, source, gradient)`, after checking that no key meets two sources (among
-    /// them, or against what is here): one parameter's gradient summed over two different copies
-    /// of its values would be the gradient of neither.
-    pub(crate) fn add_all(
-        &mut self,
-        grads: Vec<(u64, Option<usize>, Tensor<'static, T>)>,
+    /// Checks that no key of `leaves` (key, source, shape) meets two sources, among them or against
+    /// what is here: one parameter's gradient summed over two different copies of its values would
+    /// be the gradient of neither.
+    pub(crate) fn check_sources<'a>(
+        &self,
+        leaves: impl IntoIterator<Item = (u64, usize, &'a [usize])>,
     ) -> Result<()> {
         let mut seen: HashMap<u64, usize> = HashMap::new();
-        for (key, source, grad) in &grads {
-            let Some(source) = *source else { continue };
-            let earlier = self.sources.get(key).or(seen.get(key)).copied();
-            if earlier.is_some_and(|e| e != source) {
+        for (key, source, shape) in leaves {
+            let earlier = self.sources.get(&key).or(seen.get(&key));
+            if earlier.is_some_and(|&e| e != source) {
                 return Err(Error::ParamUsedWithTwoValues {
-                    shape: Shape::from(grad.shape()),
+                    shape: Shape::from(shape),
                 });
             }
-            seen.insert(*key, source);
-        }
-        self.sources.extend(seen);
-        for (key, _, grad) in grads {
-            self.add(key, grad)?;
+            seen.insert(key, source);
         }
         Ok(())
     }
 
-    /// Adds `grad` to the gradient under `key`; the sum is kept in this collection's scope.
-    fn add(&mut self, key: u64, grad: Tensor<'static, T>) -> Result<()> {
+    /// Adds `grad` to the gradient under `key`, computed from the values `source` identifies (see
+    /// [`Gradients::check_sources`]); the sum is kept in this collection's scope.
+    pub(crate) fn add(
+        &mut self,
+        key: u64,
+        source: Option<usize>,
+        grad: Tensor<'static, T>,
+    ) -> Result<()> {
+        if let Some(source) = source {
+            self.sources.insert(key, source);
+        }
         let total = match self.by_key.remove(&key) {
             // By value: written into the earlier gradient's buffer when it is the only handle.
             Some(earlier) => earlier.try_add_owned(&grad)?.move_to(&self.scope),

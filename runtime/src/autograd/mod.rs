@@ -40,6 +40,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use ndarray::{Dimension, IxDyn};
+
 pub use check::{check_gradients, GradCheck};
 pub use grads::Gradients;
 pub(crate) use rules::{Rule, Scalar, Unary};
@@ -100,8 +102,11 @@ pub(crate) struct Node<T: Element> {
 }
 
 enum Kind<T: Element> {
-    /// A parameter (with its buffer's identity, [`Param::source`](crate::Param)) or a marked tensor.
-    Leaf { key: u64, source: Option<usize> },
+    /// A parameter (with the identity of its values and its shape) or a marked tensor (`None`).
+    Leaf {
+        key: u64,
+        source: Option<(usize, IxDyn)>,
+    },
     Op {
         /// The inputs' nodes; `None` for inputs that need no gradient.
         inputs: Vec<Option<Rc<Node<T>>>>,
@@ -112,8 +117,12 @@ enum Kind<T: Element> {
 
 impl<T: Element> Node<T> {
     /// A leaf for `key` held by `owner`; `source` identifies the parameter values it was made
-    /// from (`None` for a marked tensor).
-    pub(crate) fn leaf(key: u64, source: Option<usize>, owner: &Rc<ScopeState>) -> Rc<Self> {
+    /// from, with their shape (`None` for a marked tensor).
+    pub(crate) fn leaf(
+        key: u64,
+        source: Option<(usize, IxDyn)>,
+        owner: &Rc<ScopeState>,
+    ) -> Rc<Self> {
         Rc::new(Node {
             owner: RefCell::new(Rc::clone(owner)),
             kind: Kind::Leaf { key, source },
@@ -214,9 +223,13 @@ pub(crate) fn move_graph<T: Element>(node: &Rc<Node<T>>, target: &Rc<ScopeState>
 }
 
 /// Runs backward from `root` (its node) with `seed` as its gradient, adding the gradients of the
-/// leaves into `grads`. Everything is computed in `at`, the root's scope, with recording off. The
-/// leaves' gradients are added only once the whole walk has succeeded, so a pass that fails (a
-/// `map` on the path, a budget error) leaves `grads` as it was; the rules it ran are consumed.
+/// leaves into `grads`. Everything is computed in `at`, the root's scope, with recording off.
+///
+/// What can be known before running a rule is checked first (a rule already run, an op without a
+/// derivative, a parameter used with two copies of its values), so such a pass changes neither
+/// `grads` nor the graph. Each leaf's gradient is then added as soon as it is complete, so that no
+/// more than one of them waits in memory: a budget error halfway leaves the gradients added so far,
+/// and the rules run so far consumed.
 pub(crate) fn backward<T: Element>(
     root: &Rc<Node<T>>,
     seed: Tensor<'static, T>,
@@ -225,8 +238,8 @@ pub(crate) fn backward<T: Element>(
 ) -> Result<()> {
     with_mode(Mode::Off, || {
         let order = topological(root);
+        check(&order, grads)?;
         let mut pending: HashMap<*const Node<T>, Tensor<'static, T>> = HashMap::new();
-        let mut leaves = Vec::new();
         pending.insert(Rc::as_ptr(root), seed);
         // Consumers come after their inputs in `order`: walking it backwards, a node's gradient is
         // complete when its turn comes.
@@ -235,7 +248,9 @@ pub(crate) fn backward<T: Element>(
                 continue;
             };
             match &node.kind {
-                Kind::Leaf { key, source } => leaves.push((*key, *source, grad)),
+                Kind::Leaf { key, source } => {
+                    grads.add(*key, source.as_ref().map(|(s, _)| *s), grad)?
+                }
                 Kind::Op { inputs, rule } => {
                     let rule = rule.borrow_mut().take().ok_or(Error::GraphConsumed)?;
                     let needs: Vec<bool> = inputs.iter().map(Option::is_some).collect();
@@ -253,8 +268,30 @@ pub(crate) fn backward<T: Element>(
                 }
             }
         }
-        grads.add_all(leaves)
+        Ok(())
     })
+}
+
+/// Fails as backward would, before anything runs: with [`Error::GraphConsumed`] for a rule already
+/// run, [`Error::NotDifferentiable`] for an op without a derivative, and
+/// [`Error::ParamUsedWithTwoValues`].
+fn check<T: Element>(order: &[Rc<Node<T>>], grads: &Gradients<'_, T>) -> Result<()> {
+    for node in order {
+        if let Kind::Op { rule, .. } = &node.kind {
+            match rule.borrow().as_ref() {
+                None => return Err(Error::GraphConsumed),
+                Some(Rule::NotDifferentiable(op)) => return Err(Error::NotDifferentiable { op }),
+                Some(_) => {}
+            }
+        }
+    }
+    grads.check_sources(order.iter().filter_map(|node| match &node.kind {
+        Kind::Leaf {
+            key,
+            source: Some((source, shape)),
+        } => Some((*key, *source, shape.slice())),
+        _ => None,
+    }))
 }
 
 /// The nodes under `root`, each after all of its inputs (post-order, iteratively).
