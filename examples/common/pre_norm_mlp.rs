@@ -6,11 +6,14 @@
 //! - as an annotated forward of tensor ops on parameters the blocks own, trained through autograd
 //!   ([`Block`]).
 //!
-//! Shared by `examples/checkpointed_training.rs` and `tests/training.rs` through `#[path]`.
+//! Shared by `examples/checkpointed_training.rs`, `tests/training.rs` and
+//! `tests/checkpoint_training.rs` through `#[path]`.
+
+#![allow(dead_code)] // each user needs a different part
 
 use tensorscope::nn::{Activation, LayerNorm, Linear, ParamStore, Residual, Sequential};
 use tensorscope::prelude::*;
-use tensorscope::Parameters;
+use tensorscope::{Checkpointer, Parameters};
 
 const EPS: f32 = 1e-5;
 
@@ -91,5 +94,51 @@ impl Parameters<f32> for Block {
             b2,
         } = self;
         [gamma, beta, w1, b1, w2, b2].into_iter().for_each(f)
+    }
+}
+
+/// The blocks as one model: the forward written once, with checkpointing under the control of the
+/// checkpointer it is given.
+pub(crate) struct Model {
+    pub(crate) blocks: Vec<Block>,
+}
+
+impl Model {
+    /// Every block in turn. Checkpointed as `ckpt`'s configuration says; in a training scope its
+    /// backward replays the blocks from the stored boundaries.
+    #[checkpoint]
+    pub(crate) fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for block in &self.blocks {
+            x = block.forward(&x);
+        }
+        x
+    }
+
+    /// The same forward without the attribute.
+    pub(crate) fn forward_plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
+        self.blocks.iter().fold(x, |x, block| block.forward(&x))
+    }
+}
+
+impl Parameters<f32> for Model {
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
+        self.blocks.for_each_param(f)
+    }
+}
+
+impl Block {
+    /// Calls `f` on every parameter, in registration order.
+    pub(crate) fn each_param(&self, f: &mut dyn FnMut(&Param)) {
+        [
+            &self.gamma,
+            &self.beta,
+            &self.w1,
+            &self.b1,
+            &self.w2,
+            &self.b2,
+        ]
+        .into_iter()
+        .for_each(f)
     }
 }

@@ -140,10 +140,20 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
         }
     }
     if policy_key.is_none() && errors.is_empty() {
-        errors.push(syn::Error::new(
-            Span::call_site(),
-            "#[checkpoint] needs a policy: `every = N` or `policy = \"sqrt\"`",
-        ));
+        // Without a policy the checkpointer's configuration applies, precision and limit included.
+        for found in found
+            .iter()
+            .filter(|f| matches!(f.key.as_str(), "precision" | "max"))
+        {
+            errors.push(syn::Error::new(
+                found.key_span,
+                format!(
+                    "`{}` goes with a policy (`every = N` or `policy = \"sqrt\"`); without one, \
+                     the checkpointer's own configuration applies",
+                    found.key
+                ),
+            ));
+        }
     }
     args::combine(errors).map(|()| settings)
 }
@@ -292,10 +302,17 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
             quote!(.with_max_checkpoints(#m))
         })
         .unwrap_or_default();
-    let config = quote! {
-        #private::CheckpointConfig::new(#private::Policy::#policy)
-            .with_precision(#private::Precision::#precision)
-            #max
+    // Without a policy, the checkpointer's own configuration applies.
+    let config = if policy.is_empty() {
+        quote!(::core::option::Option::None)
+    } else {
+        quote! {
+            ::core::option::Option::Some(
+                #private::CheckpointConfig::new(#private::Policy::#policy)
+                    .with_precision(#private::Precision::#precision)
+                    #max
+            )
+        }
     };
     let ckpt = match checkpointer_param(&func) {
         Some(ident) => quote!(::core::option::Option::Some(&mut *#ident)),

@@ -167,6 +167,18 @@ pub enum Error {
         /// The op.
         op: &'static str,
     },
+    /// The backward of a checkpointed region could not replay it (a recomputed activation of
+    /// another shape, a checkpoint missing).
+    #[error(transparent)]
+    Checkpoint(Box<crate::checkpoint::CheckpointError>),
+    /// A backward from a tensor computed inside a layer step of a checkpointed region: the step's
+    /// graph exists only when the region replays it.
+    #[error(
+        "backward: the tensor was computed inside a layer step of a #[checkpoint] region, whose graph \
+         is built only when the region's backward replays it; call backward on the region's output, \
+         or on a loss computed from it"
+    )]
+    BackwardInsideCheckpoint,
     /// One parameter's gradient would sum contributions computed from two different copies of its
     /// values: a clone written after cloning (copy on write) is still the same parameter.
     #[error(

@@ -74,7 +74,7 @@ pub const fn mib(mb: usize) -> usize {
 /// each segment's first layer is saved into `ckpt`, else into the checkpointer installed on this
 /// thread ([`Checkpointer::install`]); with neither, nothing is stored (inference).
 pub fn checkpoint_layers<'s, T: Element, L>(
-    config: CheckpointConfig,
+    config: Option<CheckpointConfig>,
     ckpt: Option<&mut Checkpointer<T>>,
     input: Tensor<'s, T>,
     layers: Vec<L>,

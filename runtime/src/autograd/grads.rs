@@ -99,6 +99,12 @@ impl<'s, T: Element> Gradients<'s, T> {
         self.add(param.key(), Some(param.source()), grad.into_saved())
     }
 
+    /// Removes and returns the gradient under `key` (a checkpointed region's own leaves).
+    pub(crate) fn take(&mut self, key: u64) -> Option<Tensor<'static, T>> {
+        self.sources.remove(&key);
+        self.by_key.remove(&key).map(Tensor::into_saved)
+    }
+
     /// Checks that no key of `leaves` (key, source, shape) meets two sources, among them or against
     /// what is here: one parameter's gradient summed over two different copies of its values would
     /// be the gradient of neither.

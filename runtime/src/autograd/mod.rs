@@ -34,6 +34,7 @@
 mod check;
 mod grads;
 mod rules;
+mod tape;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -44,7 +45,8 @@ use ndarray::{Dimension, IxDyn};
 
 pub use check::{check_gradients, GradCheck};
 pub use grads::Gradients;
-pub(crate) use rules::{Rule, Scalar, Unary};
+pub(crate) use rules::{RegionRule, Rule, Saved, Scalar, Unary};
+pub(crate) use tape::{Arg, SharedTape, Tape};
 
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
@@ -113,6 +115,9 @@ enum Kind<T: Element> {
         /// Taken (and so released) when backward runs it.
         rule: RefCell<Option<Rule<T>>>,
     },
+    /// A value of a layer step of a checkpointed region, recorded on the step's tape: the step's
+    /// input (0) or the output of the tape's op `value - 1`.
+    Taped { tape: SharedTape<T>, value: usize },
 }
 
 impl<T: Element> Node<T> {
@@ -133,7 +138,54 @@ impl<T: Element> Node<T> {
     pub(crate) fn key(&self) -> Option<u64> {
         match self.kind {
             Kind::Leaf { key, .. } => Some(key),
-            Kind::Op { .. } => None,
+            Kind::Op { .. } | Kind::Taped { .. } => None,
+        }
+    }
+
+    /// The value `value` of `tape`, held by `owner`: the step's input is value 0.
+    pub(crate) fn taped(tape: &SharedTape<T>, value: usize, owner: &Rc<ScopeState>) -> Rc<Self> {
+        Rc::new(Node {
+            owner: RefCell::new(Rc::clone(owner)),
+            kind: Kind::Taped {
+                tape: Rc::clone(tape),
+                value,
+            },
+        })
+    }
+
+    /// `(tape, value)` if this is a value of a layer step's tape.
+    pub(crate) fn tape_value(&self) -> Option<(&SharedTape<T>, usize)> {
+        match &self.kind {
+            Kind::Taped { tape, value } => Some((tape, *value)),
+            _ => None,
+        }
+    }
+
+    /// A node of the op that made a region's output: its graph inputs and the region's rule.
+    pub(crate) fn region(
+        inputs: Vec<Option<Rc<Node<T>>>>,
+        rule: Box<dyn RegionRule<T>>,
+        owner: &Rc<ScopeState>,
+    ) -> Rc<Self> {
+        Rc::new(Node {
+            owner: RefCell::new(Rc::clone(owner)),
+            kind: Kind::Op {
+                inputs,
+                rule: RefCell::new(Some(Rule::Region(rule))),
+            },
+        })
+    }
+
+    /// Whether this is a leaf (a parameter or a marked tensor).
+    pub(crate) fn is_leaf(&self) -> bool {
+        matches!(self.kind, Kind::Leaf { .. })
+    }
+
+    /// The leaf's key and source, if this is a leaf.
+    pub(crate) fn leaf_parts(&self) -> Option<(u64, Option<(usize, IxDyn)>)> {
+        match &self.kind {
+            Kind::Leaf { key, source } => Some((*key, source.clone())),
+            _ => None,
         }
     }
 }
@@ -159,6 +211,8 @@ impl<T: Element> Drop for Node<T> {
 /// The graph inputs of an op about to run: made only when the output must record a node.
 pub(crate) struct Recorder<T: Element> {
     inputs: Vec<Option<Rc<Node<T>>>>,
+    /// For an op on a value of a layer step's tape: the tape and what the op reads.
+    tape: Option<(SharedTape<T>, Vec<Arg<T>>)>,
 }
 
 impl<T: Element> Recorder<T> {
@@ -167,8 +221,33 @@ impl<T: Element> Recorder<T> {
         if mode() == Mode::Off || inputs.iter().all(|t| t.node.is_none()) {
             return None;
         }
-        Some(Recorder {
-            inputs: inputs.iter().map(|t| t.node.clone()).collect(),
+        let tape = inputs.iter().find_map(|t| {
+            t.node
+                .as_ref()?
+                .tape_value()
+                .map(|(tape, _)| Rc::clone(tape))
+        });
+        Some(match tape {
+            Some(tape) => {
+                let args = inputs
+                    .iter()
+                    .map(|t| match t.node.as_ref().and_then(|n| n.tape_value()) {
+                        Some((on, value)) if Rc::ptr_eq(on, &tape) => Arg::Value(value),
+                        _ => Arg::Outside {
+                            node: t.node.clone(),
+                            value: t.saved(),
+                        },
+                    })
+                    .collect();
+                Recorder {
+                    inputs: Vec::new(),
+                    tape: Some((tape, args)),
+                }
+            }
+            None => Recorder {
+                inputs: inputs.iter().map(|t| t.node.clone()).collect(),
+                tape: None,
+            },
         })
     }
 }
@@ -180,14 +259,20 @@ pub(crate) fn finish<'s, T: Element>(
     mut out: Tensor<'s, T>,
     rule: impl FnOnce(&Tensor<'s, T>) -> Rule<T>,
 ) -> Tensor<'s, T> {
-    out.node = recorder.map(|r| {
-        Rc::new(Node {
+    out.node = recorder.map(|r| match r.tape {
+        // On a tape, only what it takes to run the op again is kept.
+        Some((tape, args)) => {
+            let replay = tape::Replay::of(&rule(&out), out.shape());
+            let value = tape.borrow_mut().push(replay, args);
+            Node::taped(&tape, value, &out.scope)
+        }
+        None => Rc::new(Node {
             owner: RefCell::new(Rc::clone(&out.scope)),
             kind: Kind::Op {
                 inputs: r.inputs,
                 rule: RefCell::new(Some(rule(&out))),
             },
-        })
+        }),
     });
     out
 }
@@ -195,7 +280,10 @@ pub(crate) fn finish<'s, T: Element>(
 /// `out` marked as made by an op without a derivative, from inputs that carry a graph: a backward
 /// that reaches it fails naming `op`, rather than giving a zero gradient.
 pub(crate) fn barrier<'s, U: Element>(out: Tensor<'s, U>, op: &'static str) -> Tensor<'s, U> {
-    let recorder = (mode() != Mode::Off).then_some(Recorder { inputs: Vec::new() });
+    let recorder = (mode() != Mode::Off).then_some(Recorder {
+        inputs: Vec::new(),
+        tape: None,
+    });
     finish(recorder, out, |_| Rule::NotDifferentiable(op))
 }
 
@@ -213,11 +301,18 @@ pub(crate) fn move_graph<T: Element>(node: &Rc<Node<T>>, target: &Rc<ScopeState>
             }
             *owner = Rc::clone(target);
         }
-        if let Kind::Op { inputs, rule } = &node.kind {
-            if let Some(rule) = rule.borrow().as_ref() {
-                rule.for_each_saved(&mut |t| t.move_accounting(target));
+        match &node.kind {
+            Kind::Op { inputs, rule } => {
+                if let Some(rule) = rule.borrow().as_ref() {
+                    rule.for_each_saved(&mut |t| t.move_accounting(target));
+                }
+                pending.extend(inputs.iter().flatten().cloned());
             }
-            pending.extend(inputs.iter().flatten().cloned());
+            Kind::Taped { tape, .. } => tape.borrow().for_each_outside(&mut |(node, value)| {
+                value.move_accounting(target);
+                pending.extend(node.cloned());
+            }),
+            Kind::Leaf { .. } => {}
         }
     }
 }
@@ -251,10 +346,14 @@ pub(crate) fn backward<T: Element>(
                 Kind::Leaf { key, source } => {
                     grads.add(*key, source.as_ref().map(|(s, _)| *s), grad)?
                 }
+                Kind::Taped { .. } => unreachable!("refused by the check"),
                 Kind::Op { inputs, rule } => {
                     let rule = rule.borrow_mut().take().ok_or(Error::GraphConsumed)?;
                     let needs: Vec<bool> = inputs.iter().map(Option::is_some).collect();
-                    let input_grads = rule.backward(grad, &needs, at)?;
+                    let input_grads = match rule {
+                        Rule::Region(region) => region.backward(grad, &needs, at, grads)?,
+                        rule => rule.backward(grad, &needs, at)?,
+                    };
                     for (input, g) in inputs.iter().zip(input_grads) {
                         if let (Some(input), Some(g)) = (input, g) {
                             let slot = Rc::as_ptr(input);
@@ -277,12 +376,14 @@ pub(crate) fn backward<T: Element>(
 /// [`Error::ParamUsedWithTwoValues`].
 fn check<T: Element>(order: &[Rc<Node<T>>], grads: &Gradients<'_, T>) -> Result<()> {
     for node in order {
-        if let Kind::Op { rule, .. } = &node.kind {
-            match rule.borrow().as_ref() {
+        match &node.kind {
+            Kind::Op { rule, .. } => match rule.borrow().as_ref() {
                 None => return Err(Error::GraphConsumed),
                 Some(Rule::NotDifferentiable(op)) => return Err(Error::NotDifferentiable { op }),
                 Some(_) => {}
-            }
+            },
+            Kind::Taped { .. } => return Err(Error::BackwardInsideCheckpoint),
+            Kind::Leaf { .. } => {}
         }
     }
     grads.check_sources(order.iter().filter_map(|node| match &node.kind {
@@ -309,7 +410,7 @@ fn topological<T: Element>(root: &Rc<Node<T>>) -> Vec<Rc<Node<T>>> {
         }
         let inputs: Vec<Rc<Node<T>>> = match &node.kind {
             Kind::Op { inputs, .. } => inputs.iter().flatten().cloned().collect(),
-            Kind::Leaf { .. } => Vec::new(),
+            Kind::Leaf { .. } | Kind::Taped { .. } => Vec::new(),
         };
         stack.push((node, true));
         stack.extend(

@@ -7,6 +7,7 @@ use std::rc::Rc;
 
 use ndarray::{ArrayView1, ArrayViewMut1, Axis, Zip};
 
+use super::Gradients;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::ops;
@@ -15,7 +16,7 @@ use crate::tensor::Tensor;
 use crate::TensorOps;
 
 /// A saved tensor: an alias without a graph, branded for nothing (only rules hold it).
-type Saved<T> = Tensor<'static, T>;
+pub(crate) type Saved<T> = Tensor<'static, T>;
 
 /// Elementwise functions with a derivative.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +72,8 @@ pub(crate) enum Rule<T: Element> {
     /// An elementwise function; the saved tensor is its input or its output (see
     /// [`Unary::saves_output`]).
     Unary(Unary, Option<Saved<T>>),
-    /// `map_with_derivative`: the input and the derivative.
-    Map(Saved<T>, Box<dyn Fn(T) -> T>),
+    /// `map_with_derivative`: the input, the function (for a replay) and the derivative.
+    Map(Saved<T>, Rc<dyn Fn(T) -> T>, Rc<dyn Fn(T) -> T>),
     /// An op without a derivative: backward through it fails, naming it.
     NotDifferentiable(&'static str),
     /// Softmax along an axis, from its output.
@@ -103,6 +104,24 @@ pub(crate) enum Rule<T: Element> {
     Mse(Saved<T>, usize),
     /// Softmax cross-entropy: the log-probabilities and the labels.
     CrossEntropy(Saved<T>, Vec<usize>),
+    /// A checkpointed region: its backward replays the region's layer steps.
+    Region(Box<dyn RegionRule<T>>),
+}
+
+/// The backward of a checkpointed region (see `checkpoint::region`): it runs nested backward
+/// passes, so it adds the gradients of the parameters it reaches into `grads` itself.
+pub(crate) trait RegionRule<T: Element> {
+    /// The gradients of the region's graph inputs given `g`, the gradient of its output.
+    fn backward(
+        self: Box<Self>,
+        g: Saved<T>,
+        needs: &[bool],
+        at: &Rc<ScopeState>,
+        grads: &mut Gradients<'_, T>,
+    ) -> Result<Vec<Option<Saved<T>>>>;
+
+    /// Calls `f` on every tensor the region keeps (for moving their accounting on escape).
+    fn for_each_saved(&self, f: &mut dyn FnMut(&Saved<T>));
 }
 
 impl<T: Element> Rule<T> {
@@ -118,9 +137,10 @@ impl<T: Element> Rule<T> {
                 f(a);
                 f(b);
             }
+            Rule::Region(region) => region.for_each_saved(f),
             Rule::Scalar(_, _, Some(x))
             | Rule::Unary(_, Some(x))
-            | Rule::Map(x, _)
+            | Rule::Map(x, ..)
             | Rule::Softmax(x, _)
             | Rule::LogSoftmax(x, _)
             | Rule::Mse(x, _)
@@ -213,7 +233,10 @@ impl<T: Element> Rule<T> {
                     Unary::Exp => g.try_zip_map(s(), |g, y| g * y)?,
                 })]
             }
-            Rule::Map(x, df) => vec![Some(g.try_zip_map(&here(&x), |g, x| g * df(x))?)],
+            Rule::Map(x, _, df) => vec![Some(g.try_zip_map(&here(&x), |g, x| g * df(x))?)],
+            Rule::Region(_) => {
+                unreachable!("the engine runs a region's backward with the gradients")
+            }
             Rule::NotDifferentiable(op) => return Err(Error::NotDifferentiable { op }),
             Rule::Softmax(y, axis) => vec![Some(lanes3(g, &here(&y), axis, softmax_lane)?)],
             Rule::LogSoftmax(y, axis) => vec![Some(lanes3(g, &here(&y), axis, log_softmax_lane)?)],

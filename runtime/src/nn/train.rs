@@ -189,7 +189,14 @@ fn binomial_backward<'s, T: Element>(
     let report = ckpt
         .reverse_in(
             &scope,
-            |x, i| forward_no_cache(&*layers[i], params, x, &mut failure.borrow_mut()),
+            |x, i| {
+                Ok(forward_no_cache(
+                    &*layers[i],
+                    params,
+                    x,
+                    &mut failure.borrow_mut(),
+                ))
+            },
             |i, x| {
                 let mut cache = Cache::new();
                 let step = layers[i]
@@ -201,6 +208,7 @@ fn binomial_backward<'s, T: Element>(
                         failure.borrow_mut().get_or_insert(e);
                     }
                 }
+                Ok(())
             },
         )
         .map_err(checkpoint_error)?;

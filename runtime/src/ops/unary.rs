@@ -1,5 +1,7 @@
 //! Ops that can write their output over their input: elementwise maps and per-lane kernels.
 
+use std::rc::Rc;
+
 use ndarray::{ArrayView1, ArrayViewMut1, Axis, Zip};
 
 use super::{check_axis, work, Arg};
@@ -52,14 +54,18 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// `df(x)`. Fails only if an output cannot be rented.
     fn try_map_with_derivative(
         self,
-        f: impl Fn(T) -> T,
+        f: impl Fn(T) -> T + 'static,
         df: impl Fn(T) -> T + 'static,
     ) -> Result<Tensor<'s, T>> {
         self.with_arg(|a| {
             let saved = Recorder::of(&[a.tensor()]).map(|_| a.tensor().saved());
-            map_recorded(a, f, move |_| {
-                Rule::Map(saved.expect("saved when recording"), Box::new(df))
-            })
+            let f = Rc::new(f);
+            let kernel = Rc::clone(&f);
+            map_recorded(
+                a,
+                move |x| kernel(x),
+                move |_| Rule::Map(saved.expect("saved when recording"), f, Rc::new(df)),
+            )
         })
     }
 
@@ -71,7 +77,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     #[track_caller]
     fn map_with_derivative(
         self,
-        f: impl Fn(T) -> T,
+        f: impl Fn(T) -> T + 'static,
         df: impl Fn(T) -> T + 'static,
     ) -> Tensor<'s, T> {
         or_panic(self.try_map_with_derivative(f, df))
@@ -336,6 +342,28 @@ pub(crate) fn unary<'s, T: Element>(src: Arg<'_, 's, T>, kind: Unary) -> Result<
         };
         Rule::Unary(kind, saved)
     })
+}
+
+/// The elementwise function `kind` of `x`, as [`TensorOps`] runs it (for a replay).
+pub(crate) fn unary_op<'s, T: Element>(x: &Tensor<'s, T>, kind: Unary) -> Result<Tensor<'s, T>> {
+    unary(Arg::Borrowed(x), kind)
+}
+
+/// `x` with scalar `c` by `kind`, as the operators compute it (for a replay).
+pub(crate) fn scalar_op<'s, T: Element>(
+    x: &Tensor<'s, T>,
+    kind: Scalar,
+    c: T,
+) -> Result<Tensor<'s, T>> {
+    let x = Arg::Borrowed(x);
+    match kind {
+        Scalar::Add => scalar(x, kind, c, move |v| v + c),
+        Scalar::Sub => scalar(x, kind, c, move |v| v - c),
+        Scalar::SubFrom => scalar(x, kind, c, move |v| c - v),
+        Scalar::Mul => scalar(x, kind, c, move |v| v * c),
+        Scalar::Div => scalar(x, kind, c, move |v| v / c),
+        Scalar::DivInto => scalar(x, kind, c, move |v| c / v),
+    }
 }
 
 /// An op between a tensor and a scalar `c`, `f(x)`, with its rule.

@@ -1,0 +1,228 @@
+//! Lean recording, for checkpointed regions: the ops of one layer step recorded as a program (which
+//! op, on which values) rather than as a graph that keeps what each op saved, and replayed from the
+//! step's input when a backward needs the step.
+//!
+//! A region driver (`checkpoint::run_layers` in a recording forward) gives each layer step an input
+//! whose node starts a [`Tape`]. An op with an input on a tape records its [`Replay`] there: its
+//! inputs are values of the tape (the step's input, or an earlier op's output) or values from
+//! outside (a parameter, a constant, a tensor computed before the region), kept as aliases. Nothing
+//! else is kept, so the step's temporaries go back to the pool as the forward drops them. Replaying
+//! the tape from the same input runs the same kernels on the same values: with recording on, it
+//! builds the graph the plain forward would have built, bit for bit.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::{Node, Rule, Scalar, Unary};
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::ops::elementwise::Binary;
+use crate::scope::ScopeState;
+use crate::tensor::Tensor;
+use crate::TensorOps;
+
+/// A value an op read, as the tape keeps it.
+pub(crate) enum Arg<T: Element> {
+    /// The step's input (0) or the output of the tape's op `i - 1` (`i`).
+    Value(usize),
+    /// A value from outside the step, and its graph node if it has one.
+    Outside {
+        node: Option<Rc<Node<T>>>,
+        value: Tensor<'static, T>,
+    },
+}
+
+/// How to run an op again: the op and its arguments other than the input tensors.
+pub(crate) enum Replay<T: Element> {
+    Binary(Binary),
+    Scalar(Scalar, T),
+    Unary(Unary),
+    Map(Rc<dyn Fn(T) -> T>, Rc<dyn Fn(T) -> T>),
+    Softmax(usize),
+    LogSoftmax(usize),
+    LayerNorm(T),
+    GroupNorm(usize, T),
+    Sum(usize),
+    Mean(usize),
+    Matmul,
+    Transpose,
+    Reshape(Vec<usize>),
+    Concat(usize),
+    Conv2d(usize, usize),
+    Upsample(usize),
+    Mse,
+    CrossEntropy(Vec<usize>),
+    /// An op without a derivative (`map`, `map_lanes`, `zip_map`): it cannot be run again.
+    Opaque(&'static str),
+}
+
+impl<T: Element> Replay<T> {
+    /// The op that made `rule` (whose output has `shape`), without what the rule saved.
+    pub(crate) fn of(rule: &Rule<T>, shape: &[usize]) -> Self {
+        match rule {
+            Rule::Add(..) => Replay::Binary(Binary::Add),
+            Rule::Sub(..) => Replay::Binary(Binary::Sub),
+            Rule::Mul(..) => Replay::Binary(Binary::Mul),
+            Rule::Div(..) => Replay::Binary(Binary::Div),
+            Rule::Scalar(kind, c, _) => Replay::Scalar(*kind, *c),
+            Rule::Unary(kind, _) => Replay::Unary(*kind),
+            Rule::Map(_, f, df) => Replay::Map(Rc::clone(f), Rc::clone(df)),
+            Rule::NotDifferentiable(op) => Replay::Opaque(op),
+            Rule::Softmax(_, axis) => Replay::Softmax(*axis),
+            Rule::LogSoftmax(_, axis) => Replay::LogSoftmax(*axis),
+            Rule::LayerNorm(_, _, eps) => Replay::LayerNorm(*eps),
+            Rule::GroupNorm(_, _, groups, eps) => Replay::GroupNorm(*groups, *eps),
+            Rule::Sum(axis, _) => Replay::Sum(*axis),
+            Rule::Mean(axis, _) => Replay::Mean(*axis),
+            Rule::Matmul(..) => Replay::Matmul,
+            Rule::Transpose => Replay::Transpose,
+            Rule::Reshape(_) => Replay::Reshape(shape.to_vec()),
+            Rule::Concat(axis, _) => Replay::Concat(*axis),
+            Rule::Conv2d(_, _, stride, padding) => Replay::Conv2d(*stride, *padding),
+            Rule::Upsample(scale) => Replay::Upsample(*scale),
+            Rule::Mse(..) => Replay::Mse,
+            Rule::CrossEntropy(_, labels) => Replay::CrossEntropy(labels.clone()),
+            Rule::Region(_) => unreachable!("a region's output is never an op of a step"),
+        }
+    }
+
+    /// Runs the op on `args`; it records (and so builds a graph) if they carry nodes.
+    fn run(&self, args: &[Tensor<'static, T>]) -> Result<Tensor<'static, T>> {
+        let a = &args[0];
+        let b = || &args[1];
+        match self {
+            Replay::Binary(Binary::Add) => a.try_add(b()),
+            Replay::Binary(Binary::Sub) => a.try_sub(b()),
+            Replay::Binary(Binary::Mul) => a.try_mul(b()),
+            Replay::Binary(Binary::Div) => a.try_div(b()),
+            Replay::Binary(Binary::ZipMap) | Replay::Opaque(_) => {
+                Err(Error::NotDifferentiable { op: self.name() })
+            }
+            Replay::Scalar(kind, c) => crate::ops::scalar_op(a, *kind, *c),
+            Replay::Unary(kind) => crate::ops::unary_op(a, *kind),
+            Replay::Map(f, df) => {
+                let (f, df) = (Rc::clone(f), Rc::clone(df));
+                a.try_map_with_derivative(move |x| f(x), move |x| df(x))
+            }
+            Replay::Softmax(axis) => a.try_softmax(*axis),
+            Replay::LogSoftmax(axis) => a.try_log_softmax(*axis),
+            Replay::LayerNorm(eps) => a.try_layer_norm(*eps),
+            Replay::GroupNorm(groups, eps) => a.try_group_norm(*groups, *eps),
+            Replay::Sum(axis) => a.try_sum(*axis),
+            Replay::Mean(axis) => a.try_mean(*axis),
+            Replay::Matmul => a.try_matmul(b()),
+            Replay::Transpose => a.try_transpose(),
+            Replay::Reshape(shape) => a.try_reshape(shape),
+            Replay::Concat(axis) => Tensor::try_concat(&args.iter().collect::<Vec<_>>(), *axis),
+            Replay::Conv2d(stride, padding) => a.try_conv2d(b(), *stride, *padding),
+            Replay::Upsample(scale) => a.try_upsample_nearest2d(*scale),
+            Replay::Mse => a.try_mse(b()),
+            Replay::CrossEntropy(labels) => a.try_cross_entropy(labels),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Replay::Opaque(op) => op,
+            _ => "zip_map",
+        }
+    }
+}
+
+/// One recorded op.
+struct Op<T: Element> {
+    replay: Replay<T>,
+    args: Vec<Arg<T>>,
+}
+
+/// The program of one layer step.
+pub(crate) struct Tape<T: Element> {
+    ops: Vec<Op<T>>,
+    /// What the step returned; `None` until the driver closes the tape.
+    output: Option<Arg<T>>,
+}
+
+/// A tape shared by the nodes of the step's tensors.
+pub(crate) type SharedTape<T> = Rc<RefCell<Tape<T>>>;
+
+/// A value from outside a step: its graph node, if any, and the value.
+pub(crate) type Outside<'a, T> = (Option<&'a Rc<Node<T>>>, &'a Tensor<'static, T>);
+
+impl<T: Element> Tape<T> {
+    /// An empty tape, for a step whose input is value 0.
+    pub(crate) fn new() -> SharedTape<T> {
+        Rc::new(RefCell::new(Tape {
+            ops: Vec::new(),
+            output: None,
+        }))
+    }
+
+    /// Appends an op; returns the value index of its output.
+    pub(crate) fn push(&mut self, replay: Replay<T>, args: Vec<Arg<T>>) -> usize {
+        self.ops.push(Op { replay, args });
+        self.ops.len()
+    }
+
+    /// Records what the step returned.
+    pub(crate) fn close(&mut self, output: Arg<T>) {
+        self.output = Some(output);
+    }
+
+    /// Calls `f` on every value from outside the step (for moving their accounting, and for
+    /// finding the graph nodes the step reads).
+    pub(crate) fn for_each_outside(&self, f: &mut dyn FnMut(Outside<'_, T>)) {
+        let args = self.ops.iter().flat_map(|op| &op.args).chain(&self.output);
+        for arg in args {
+            if let Arg::Outside { node, value } = arg {
+                f((node.as_ref(), value));
+            }
+        }
+    }
+
+    /// Runs the step again from `input`, in `at`. Values from outside take `outside(node, value)`:
+    /// the value itself for a values-only replay, or the value with a node for a replay that builds
+    /// a graph. Every intermediate value is dropped as soon as no later op reads it.
+    pub(crate) fn replay(
+        &self,
+        input: Tensor<'static, T>,
+        at: &Rc<ScopeState>,
+        outside: &mut dyn FnMut(Outside<'_, T>) -> Tensor<'static, T>,
+    ) -> Result<Tensor<'static, T>> {
+        let mut last_read = vec![0usize; self.ops.len() + 1];
+        for (i, op) in self.ops.iter().enumerate() {
+            for arg in &op.args {
+                if let Arg::Value(v) = arg {
+                    last_read[*v] = i + 1;
+                }
+            }
+        }
+        let output = self.output.as_ref().expect("a replayed tape was closed");
+        if let Arg::Value(v) = output {
+            last_read[*v] = usize::MAX;
+        }
+        let mut values: Vec<Option<Tensor<'static, T>>> = Vec::with_capacity(self.ops.len() + 1);
+        values.push(Some(input.alias_in(at)));
+        for (i, op) in self.ops.iter().enumerate() {
+            let args = op
+                .args
+                .iter()
+                .map(|arg| match arg {
+                    Arg::Value(v) => values[*v].clone().expect("read before its last reader"),
+                    Arg::Outside { node, value } => outside((node.as_ref(), value)).alias_in(at),
+                })
+                .collect::<Vec<_>>();
+            values.push(Some(op.replay.run(&args)?));
+            for arg in &op.args {
+                if let Arg::Value(v) = arg {
+                    if last_read[*v] == i + 1 {
+                        values[*v] = None;
+                    }
+                }
+            }
+        }
+        Ok(match output {
+            Arg::Value(v) => values[*v].take().expect("the output is kept"),
+            Arg::Outside { node, value } => outside((node.as_ref(), value)),
+        })
+    }
+}

@@ -1,0 +1,81 @@
+//! What a checkpointer stores: which layers' inputs, in which precision, and how many at most.
+
+#[cfg(doc)]
+use super::{binomial_recompute_steps, CheckpointError, Checkpointer};
+use crate::element::Element;
+
+/// Which layers' input activations a forward pass stores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Policy {
+    /// Every `k`-th layer, starting with the first: `n / k` checkpoints, segments of `k` layers.
+    Every(usize),
+    /// Every `ceil(sqrt(n))`-th layer (Chen et al. 2016): about `2 sqrt(n)` activations live at the
+    /// peak of the backward pass, for about one extra forward.
+    Sqrt,
+    /// These positions (0-based indices into the forward's layer list); the first layer is added
+    /// if missing, since every recompute starts from a checkpoint.
+    Explicit(Vec<usize>),
+    /// As many stored activations as fit in this many bytes of pool budget, placed by binomial
+    /// checkpointing (revolve) so that the reverse sweep recomputes the fewest layer steps; see
+    /// [`binomial_recompute_steps`]. An activation counts what the pool holds for it: its bytes in
+    /// the storage precision rounded up to the pool's size class (at most 25% more, see
+    /// [`crate::Pool`]), so the stored checkpoints never take more pool memory than this.
+    Budget(usize),
+}
+
+/// How stored activations are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// As the activation's own element type: exact (`f32` for an `f32` model).
+    #[default]
+    Full,
+    /// IEEE half precision: half the bytes of `f32`, about 3 significant digits, range +-65504.
+    F16,
+    /// bfloat16: half the bytes of `f32`, about 2 significant digits, `f32`'s range.
+    Bf16,
+}
+
+impl Precision {
+    pub(crate) fn bytes_per_element<T: Element>(self) -> usize {
+        match self {
+            Precision::Full => std::mem::size_of::<T>(),
+            Precision::F16 | Precision::Bf16 => 2,
+        }
+    }
+}
+
+/// Settings of a [`Checkpointer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CheckpointConfig {
+    /// Which layers' inputs are stored.
+    pub policy: Policy,
+    /// How they are stored.
+    pub precision: Precision,
+    /// At most this many stored activations; a save past it fails with
+    /// [`CheckpointError::LimitExceeded`].
+    pub max_checkpoints: Option<usize>,
+}
+
+impl CheckpointConfig {
+    /// A config with `policy`, full precision and no limit.
+    pub fn new(policy: Policy) -> Self {
+        CheckpointConfig {
+            policy,
+            precision: Precision::Full,
+            max_checkpoints: None,
+        }
+    }
+
+    /// The same config storing activations in `precision`.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// The same config with at most `max` stored activations.
+    pub fn with_max_checkpoints(mut self, max: usize) -> Self {
+        self.max_checkpoints = Some(max);
+        self
+    }
+}

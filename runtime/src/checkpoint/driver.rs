@@ -1,0 +1,188 @@
+//! The forward over a list of layers that stores the policy's checkpoints, for both
+//! `Checkpointer::checkpointed_forward` (every layer in the caller's scope) and `#[checkpoint]`
+//! (each segment in a child scope). A recording forward records each step on a tape and gives the
+//! output the region's node (see `region`).
+
+use super::region::{self, Recording};
+use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
+use crate::element::Element;
+use crate::scope::{run, Scope, ScopeState};
+use crate::tensor::Tensor;
+
+/// The checkpointer a forward stores into.
+enum Slot<'c, T: Element> {
+    Given(&'c mut Checkpointer<T>),
+    /// A recording forward without a checkpointer keeps its boundaries in one of its own.
+    Own(Box<Checkpointer<T>>),
+    /// Inference without a checkpointer: nothing is stored.
+    None,
+}
+
+/// One forward over layers: the plan, the checkpointer, and the recording, if any.
+struct Driver<'c, T: Element> {
+    slot: Slot<'c, T>,
+    plan: Vec<usize>,
+    recording: Option<Recording<T>>,
+}
+
+impl<'c, T: Element> Driver<'c, T> {
+    /// Plans a forward over `ids` from `input` (taking its graph node if the forward records).
+    fn start(
+        mut config: CheckpointConfig,
+        ckpt: Option<&'c mut Checkpointer<T>>,
+        ids: &[usize],
+        input: &mut Tensor<'_, T>,
+    ) -> Result<Self> {
+        let recording = region::records(input).then(|| Recording::start(input));
+        let mut slot = match ckpt {
+            Some(ckpt) => {
+                ckpt.set_config(config);
+                Slot::Given(ckpt)
+            }
+            None if recording.is_some() => Slot::Own(Box::new(Checkpointer::new(config))),
+            None => {
+                // Nothing is stored, so there is no limit to respect: the plan only groups segments.
+                config.max_checkpoints = None;
+                let plan = Checkpointer::<T>::new(config)
+                    .plan(ids.len(), input.len())?
+                    .0;
+                return Ok(Driver {
+                    slot: Slot::None,
+                    plan,
+                    recording,
+                });
+            }
+        };
+        let ckpt = slot.get().expect("a checkpointer was given or made");
+        ckpt.begin(ids, input)?;
+        let plan = ckpt.planned().to_vec();
+        Ok(Driver {
+            slot,
+            plan,
+            recording,
+        })
+    }
+
+    /// The input of the step at `pos`: stored if the plan says so, and opening the step's tape.
+    fn enter<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+        let x = match self.slot.get() {
+            Some(ckpt) => ckpt.record(pos, x)?,
+            None => x,
+        };
+        Ok(match &mut self.recording {
+            Some(recording) => recording.open(x),
+            None => x,
+        })
+    }
+
+    /// What the step returned, as the next step's input.
+    fn leave<'s>(&mut self, y: Tensor<'s, T>) -> Tensor<'s, T> {
+        match &mut self.recording {
+            Some(recording) => recording.close(y),
+            None => y,
+        }
+    }
+
+    /// The forward's output: `x`, with the region's node if the forward recorded.
+    fn finish<'s>(mut self, x: Tensor<'s, T>) -> Tensor<'s, T> {
+        match (self.recording.take(), self.slot.get()) {
+            (Some(recording), Some(ckpt)) => recording.finish(ckpt, x),
+            _ => x,
+        }
+    }
+}
+
+impl<T: Element> Slot<'_, T> {
+    fn get(&mut self) -> Option<&mut Checkpointer<T>> {
+        match self {
+            Slot::Given(ckpt) => Some(ckpt),
+            Slot::Own(ckpt) => Some(ckpt),
+            Slot::None => None,
+        }
+    }
+}
+
+impl<T: Element> Checkpointer<T> {
+    /// Runs `forward(activation, layer)` for each of `layers` in order from `input`, storing the inputs
+    /// of the layers the policy picks (earlier checkpoints are dropped first), and returns the last
+    /// output. Layer ids must be distinct.
+    ///
+    /// In a forward that records a gradient graph (a training scope, or an input that carries a
+    /// graph), the layers record nothing but what it takes to run them again, and the output's
+    /// [`backward`](Tensor::backward) replays them from the checkpoints (see `#[checkpoint]`).
+    pub fn checkpointed_forward<'s>(
+        &mut self,
+        input: &Tensor<'s, T>,
+        layers: &[usize],
+        mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Tensor<'s, T>,
+    ) -> Result<Tensor<'s, T>> {
+        let mut seen = std::collections::HashSet::with_capacity(layers.len());
+        if let Some(&layer) = layers.iter().find(|&&l| !seen.insert(l)) {
+            return Err(CheckpointError::BadLayer {
+                layer,
+                problem: "appears twice in",
+                count: layers.len(),
+            });
+        }
+        let mut x = input.clone();
+        let config = self.config.clone();
+        let mut driver = Driver::start(config, Some(self), layers, &mut x)?;
+        for (pos, &layer) in layers.iter().enumerate() {
+            x = driver.enter(pos, x)?;
+            x = driver.leave(forward(&x, layer));
+        }
+        Ok(driver.finish(x))
+    }
+}
+
+/// Runs the layer loop of a `#[checkpoint]` function: `step(segment_scope, activation, layer)` for
+/// each of `layers` in order, the layers grouped into segments by the policy's plan and each segment
+/// run in its own child scope of the activation's (so its temporaries are that scope's to release).
+/// The input of each segment's first layer is saved into `ckpt` if there is one; with none, nothing
+/// is stored in inference, and a recording forward keeps its boundaries in a checkpointer of its
+/// own.
+///
+/// `config` is the attribute's; without one, `ckpt`'s own configuration applies, and without a
+/// checkpointer either the layers run as written, in one child scope, checkpointing nothing.
+pub(crate) fn run_layers<'s, T: Element, L>(
+    config: Option<CheckpointConfig>,
+    ckpt: Option<&mut Checkpointer<T>>,
+    mut input: Tensor<'s, T>,
+    layers: Vec<L>,
+    mut step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
+) -> Result<Tensor<'s, T>> {
+    let config = match (config, &ckpt) {
+        (Some(config), _) => config,
+        (None, Some(ckpt)) => ckpt.config().clone(),
+        (None, None) => {
+            let state = ScopeState::child(&input.scope, None);
+            return Ok(run(state, |scope: &Scope<'_, 's>| {
+                let x = layers
+                    .into_iter()
+                    .fold(scope.rebind_owned(input), |x, layer| step(scope, x, layer));
+                scope.escape(x)
+            })
+            .0);
+        }
+    };
+    let n = layers.len();
+    let ids: Vec<usize> = (0..n).collect();
+    let mut driver = Driver::start(config, ckpt, &ids, &mut input)?;
+    let plan = driver.plan.clone();
+    let mut x = input;
+    let mut layers = layers.into_iter().enumerate();
+    for (j, &start) in plan.iter().enumerate() {
+        let end = plan.get(j + 1).copied().unwrap_or(n);
+        let state = ScopeState::child(&x.scope, None);
+        x = run(state, |segment: &Scope<'_, 's>| {
+            let mut a = segment.rebind_owned(x);
+            for (pos, layer) in layers.by_ref().take(end - start) {
+                a = driver.enter(pos, a)?;
+                a = driver.leave(step(segment, a, layer));
+            }
+            Ok::<_, CheckpointError>(segment.escape(a))
+        })
+        .0?;
+    }
+    Ok(driver.finish(x))
+}

@@ -1,0 +1,86 @@
+//! The checkpointer's errors.
+
+#[cfg(doc)]
+use super::{CheckpointConfig, Checkpointer};
+use crate::error::{Error, Shape};
+
+/// Errors of the checkpointer; bad input is reported, never a panic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// No checkpoint at or before the layer asked for.
+    #[error("no checkpoint for layer {layer} or any layer before it; stored: {stored:?}")]
+    UnknownLayer {
+        /// The layer asked for.
+        layer: usize,
+        /// The layers that have a checkpoint.
+        stored: Vec<usize>,
+    },
+    /// [`Checkpointer::get`] of a layer that has no stored activation.
+    #[error("no checkpoint is stored for layer {layer}; stored: {stored:?}")]
+    NotStored {
+        /// The layer asked for.
+        layer: usize,
+        /// The layers that have a checkpoint.
+        stored: Vec<usize>,
+    },
+    /// [`Checkpointer::reverse`] with checkpoints saved by hand but no forward pass: there is no
+    /// layer list to replay.
+    #[error(
+        "reverse needs the layer list of a checkpointed_forward, but none ran; {stored} \
+         checkpoints were saved by hand and are kept"
+    )]
+    NoForward {
+        /// How many checkpoints are stored.
+        stored: usize,
+    },
+    /// A layer id that is not in the forward's layer list (or appears in it twice).
+    #[error("layer {layer} {problem} the layer list of the forward pass ({count} layers)")]
+    BadLayer {
+        /// The layer.
+        layer: usize,
+        /// `"is not in"` or `"appears twice in"`.
+        problem: &'static str,
+        /// How many layers the list has.
+        count: usize,
+    },
+    /// A save past [`CheckpointConfig::max_checkpoints`].
+    #[error("saving layer {layer} would store {needed} checkpoints, past the limit of {limit}")]
+    LimitExceeded {
+        /// The layer being saved.
+        layer: usize,
+        /// Checkpoints that would be stored.
+        needed: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A recomputed activation whose shape differs from the one the forward pass produced.
+    #[error(
+        "recomputing the input of layer {layer} gave shape {got}, but the forward pass gave {expected}"
+    )]
+    ShapeDrift {
+        /// The layer whose input drifted.
+        layer: usize,
+        /// Shape seen in the forward pass.
+        expected: Shape,
+        /// Shape seen on recompute.
+        got: Shape,
+    },
+    /// A NaN or infinity in an activation being saved, or a value out of the storage type's range.
+    #[error("the input of layer {layer} cannot be stored: {problem}")]
+    BadValue {
+        /// The layer being saved.
+        layer: usize,
+        /// What is wrong, with the first offending value.
+        problem: String,
+    },
+    /// A policy that cannot be followed (e.g. `Every(0)`, a budget too small for one activation).
+    #[error("invalid checkpoint policy: {0}")]
+    InvalidPolicy(String),
+    /// An error of the pool or an op, e.g. an exhausted budget while storing.
+    #[error(transparent)]
+    Tensor(#[from] Error),
+}
+
+/// `Result` with [`CheckpointError`].
+pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;

@@ -1,0 +1,346 @@
+//! Checkpointed training: a forward over layers that records each layer step on a tape instead of
+//! keeping a graph, stores the policy's boundaries, and gives its output one graph node whose
+//! backward replays the steps.
+//!
+//! **Forward.** Each layer step starts from an input whose node opens a [`Tape`]: the step's ops
+//! record what to run and on which values (see `autograd::tape`), and keep nothing of their own, so
+//! the step's activations go back to the pool as the forward drops them. The policy's boundaries
+//! are stored as in inference (full precision without a copy when the activation has no other
+//! handle, or narrowed to `f16`/`bf16`).
+//!
+//! **Backward.** The region's node runs nested backward passes, last step first. Under `Every`,
+//! `Sqrt` and `Explicit` it replays one segment at a time from its stored boundary with recording
+//! on (one extra forward in all), backpropagates through that segment's graph and drops it before
+//! the next. Under `Budget` the binomial schedule of the reverse sweep recomputes the boundaries it
+//! did not store, and each step is replayed with recording on once, when its turn comes. Parameters'
+//! gradients go straight into the backward's `Gradients`; the gradients of the region's input and
+//! of values from before the region are returned to the outer backward.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use super::stored::Stored;
+use super::sweep::{check_shape, ReverseReport, Sweep};
+use super::{CheckpointError, Checkpointer, Result};
+use crate::autograd::{self, Arg, Gradients, Mode, Node, RegionRule, Saved, SharedTape, Tape};
+use crate::element::Element;
+use crate::error::Result as TensorResult;
+use crate::scope::ScopeState;
+use crate::tensor::Tensor;
+
+/// Whether a forward from `input` records a graph: recording is on, and the input carries one or
+/// parameters become leaves (a training scope).
+pub(crate) fn records<T: Element>(input: &Tensor<'_, T>) -> bool {
+    match autograd::mode() {
+        Mode::Off => false,
+        Mode::Train => true,
+        Mode::Infer => input.has_graph(),
+    }
+}
+
+/// What a recording forward keeps of its steps until the region's node is made.
+pub(super) struct Recording<T: Element> {
+    /// The graph node of the region's input.
+    input: Option<Rc<Node<T>>>,
+    tapes: Vec<SharedTape<T>>,
+}
+
+impl<T: Element> Recording<T> {
+    /// Starts recording a forward from `input`, taking its graph node (the steps see only values).
+    pub(super) fn start(input: &mut Tensor<'_, T>) -> Self {
+        Recording {
+            input: input.node.take(),
+            tapes: Vec::new(),
+        }
+    }
+
+    /// `x`, the input of the next step, with a node that opens the step's tape.
+    pub(super) fn open<'s>(&mut self, mut x: Tensor<'s, T>) -> Tensor<'s, T> {
+        let tape = Tape::new();
+        x.node = Some(Node::taped(&tape, 0, &x.scope));
+        self.tapes.push(tape);
+        x
+    }
+
+    /// Closes the step's tape with what it returned, `y`; returns `y`'s values without a node.
+    pub(super) fn close<'s>(&mut self, y: Tensor<'s, T>) -> Tensor<'s, T> {
+        let tape = self.tapes.last().expect("a step was opened");
+        let output = match y.node.as_ref().and_then(|n| n.tape_value()) {
+            Some((on, value)) if Rc::ptr_eq(on, tape) => Arg::Value(value),
+            _ => Arg::Outside {
+                node: y.node.clone(),
+                value: y.saved(),
+            },
+        };
+        tape.borrow_mut().close(output);
+        y.without_grad()
+    }
+
+    /// `x`, the region's output, with the node whose backward replays the steps from what `ckpt`
+    /// stored.
+    pub(super) fn finish<'s>(self, ckpt: &Checkpointer<T>, mut x: Tensor<'s, T>) -> Tensor<'s, T> {
+        // The region's graph inputs: its input, and the values from before it that its steps read
+        // (not leaves: those get their gradients by key).
+        let mut externals: Vec<Rc<Node<T>>> = Vec::new();
+        for tape in &self.tapes {
+            tape.borrow().for_each_outside(&mut |(node, _)| {
+                if let Some(node) = node.filter(|n| !n.is_leaf()) {
+                    if !externals.iter().any(|e| Rc::ptr_eq(e, node)) {
+                        externals.push(Rc::clone(node));
+                    }
+                }
+            });
+        }
+        let inputs = std::iter::once(self.input)
+            .chain(externals.iter().cloned().map(Some))
+            .collect();
+        let region = Region {
+            ids: positions(self.tapes.len()),
+            tapes: self.tapes,
+            externals,
+            stored: ckpt.stored_by_position(),
+            shapes: ckpt.shapes.clone(),
+            plan: ckpt.plan.clone(),
+            slots: ckpt.slots,
+            report: Rc::clone(&ckpt.last_backward),
+        };
+        x.node = Some(Node::region(inputs, Box::new(region), &x.scope));
+        x
+    }
+}
+
+/// The backward of a checkpointed region: what its forward recorded and stored.
+struct Region<T: Element> {
+    /// The steps' ids in the stored maps and errors: their positions.
+    ids: Vec<usize>,
+    /// One tape per layer step.
+    tapes: Vec<SharedTape<T>>,
+    /// The graph nodes from before the region that its steps read, after its input in the node's
+    /// inputs.
+    externals: Vec<Rc<Node<T>>>,
+    /// The stored boundaries, by position.
+    stored: BTreeMap<usize, Stored<T>>,
+    /// The shapes of the steps' inputs, for [`CheckpointError::ShapeDrift`].
+    shapes: Vec<Vec<usize>>,
+    plan: Vec<usize>,
+    /// Slots of the binomial schedule (`Budget`), 0 otherwise.
+    slots: usize,
+    /// Where the report of the backward goes (the checkpointer's).
+    report: Rc<Cell<Option<ReverseReport>>>,
+}
+
+/// A replay's gradient bookkeeping: the keys of the leaves standing for the region's input and
+/// for its external values.
+struct Keys<T: Element> {
+    input: u64,
+    externals: Vec<(Rc<Node<T>>, u64)>,
+}
+
+impl<T: Element> Keys<T> {
+    fn new() -> Self {
+        Keys {
+            input: autograd::next_key(),
+            externals: Vec::new(),
+        }
+    }
+
+    /// `value` with a graph node for a replay that records: a parameter's or a marked tensor's
+    /// own leaf (so its gradient is added under its key), a leaf of this replay's for a value from
+    /// before the region, none for a constant.
+    fn outside(
+        &mut self,
+        node: Option<&Rc<Node<T>>>,
+        value: &Saved<T>,
+        at: &Rc<ScopeState>,
+    ) -> Saved<T> {
+        let mut v = value.alias_in(at);
+        v.node = node.map(|node| match node.leaf_parts() {
+            Some((key, source)) => Node::leaf(key, source, at),
+            None => {
+                let key = match self.externals.iter().find(|(e, _)| Rc::ptr_eq(e, node)) {
+                    Some((_, key)) => *key,
+                    None => {
+                        let key = autograd::next_key();
+                        self.externals.push((Rc::clone(node), key));
+                        key
+                    }
+                };
+                Node::leaf(key, None, at)
+            }
+        });
+        v
+    }
+}
+
+/// What a backward through the region has gathered so far.
+struct Flow<T: Element> {
+    /// The gradient of the next step's input (of the region's output, at first); `None` once
+    /// nothing flows further back.
+    grad: Option<Saved<T>>,
+    /// The gradients of the region's external values, in the order of `Region::externals`.
+    externals: Vec<Option<Saved<T>>>,
+    report: ReverseReport,
+}
+
+impl<T: Element> Region<T> {
+    /// Step `pos` run again from `x`: with recording off (values only), or building its graph, with
+    /// the leaves `keys` hands out.
+    fn replay(
+        &self,
+        pos: usize,
+        x: Saved<T>,
+        at: &Rc<ScopeState>,
+        keys: Option<&mut Keys<T>>,
+    ) -> TensorResult<Saved<T>> {
+        let tape = self.tapes[pos].borrow();
+        match keys {
+            None => autograd::with_mode(Mode::Off, || {
+                tape.replay(x, at, &mut |(_, value)| value.alias_in(at))
+            }),
+            Some(keys) => autograd::with_mode(Mode::Infer, || {
+                tape.replay(x, at, &mut |(node, value)| keys.outside(node, value, at))
+            }),
+        }
+    }
+
+    /// Steps `start..end` replayed from `x` with recording on, backpropagated from `flow.grad`.
+    fn backpropagate(
+        &self,
+        start: usize,
+        end: usize,
+        x: Saved<T>,
+        at: &Rc<ScopeState>,
+        grads: &mut Gradients<'_, T>,
+        flow: &mut Flow<T>,
+    ) -> Result<()> {
+        let Some(seed) = flow.grad.take() else {
+            return Ok(());
+        };
+        let mut keys = Keys::new();
+        let mut y = x;
+        y.node = Some(Node::leaf(keys.input, None, at));
+        for pos in start..end {
+            y = self.replay(pos, y, at, Some(&mut keys))?;
+            check_shape(&self.shapes, &self.ids, pos + 1, &y)?;
+        }
+        flow.report.replayed_steps += end - start;
+        if let Some(root) = y.node.take() {
+            autograd::backward(&root, seed, at, grads)?;
+        }
+        flow.grad = grads.take(keys.input);
+        for (node, key) in keys.externals {
+            if let Some(g) = grads.take(key) {
+                let i = self
+                    .externals
+                    .iter()
+                    .position(|e| Rc::ptr_eq(e, &node))
+                    .expect("every external value is an input of the region");
+                flow.externals[i] = Some(match flow.externals[i].take() {
+                    Some(earlier) => earlier.try_add_owned(&g)?,
+                    None => g,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Segment by segment, last first: each replayed once from its boundary, with recording on.
+    fn segments(
+        &mut self,
+        at: &Rc<ScopeState>,
+        grads: &mut Gradients<'_, T>,
+        flow: &mut Flow<T>,
+    ) -> Result<()> {
+        let n = self.tapes.len();
+        let plan = std::mem::take(&mut self.plan);
+        for (j, &start) in plan.iter().enumerate().rev() {
+            let end = plan.get(j + 1).copied().unwrap_or(n);
+            let stored = self
+                .stored
+                .remove(&start)
+                .ok_or(CheckpointError::UnknownLayer {
+                    layer: start,
+                    stored: self.stored.keys().copied().collect(),
+                })?;
+            let x = stored.restore(at)?.without_grad();
+            drop(stored);
+            flow.report.peak_activations = flow.report.peak_activations.max(self.stored.len() + 1);
+            self.backpropagate(start, end, x, at, grads, flow)?;
+        }
+        Ok(())
+    }
+
+    /// The binomial schedule: boundaries it did not store are recomputed (values only), and each
+    /// step is replayed with recording on when its turn comes.
+    fn binomial(
+        &mut self,
+        at: &Rc<ScopeState>,
+        grads: &mut Gradients<'_, T>,
+        flow: &mut Flow<T>,
+    ) -> Result<()> {
+        let stored = std::mem::take(&mut self.stored);
+        let this = &*self;
+        let mut forward = |x: &Saved<T>, pos: usize| Ok(this.replay(pos, x.saved(), at, None)?);
+        let mut backward =
+            |pos: usize, x: &Saved<T>| this.backpropagate(pos, pos + 1, x.saved(), at, grads, flow);
+        let mut sweep = Sweep {
+            scope: at,
+            stored,
+            layers: &this.ids,
+            shapes: &this.shapes,
+            forward: &mut forward,
+            backward: &mut backward,
+            report: ReverseReport::default(),
+            held: 0,
+        };
+        let result = sweep.binomial(&this.plan, this.slots);
+        let report = sweep.report;
+        drop(sweep);
+        result?;
+        flow.report.recomputed_steps += report.recomputed_steps;
+        flow.report.peak_activations = report.peak_activations;
+        Ok(())
+    }
+}
+
+/// The ids of `n` steps: their positions.
+fn positions(n: usize) -> Vec<usize> {
+    (0..n).collect()
+}
+
+impl<T: Element> RegionRule<T> for Region<T> {
+    fn backward(
+        mut self: Box<Self>,
+        g: Saved<T>,
+        needs: &[bool],
+        at: &Rc<ScopeState>,
+        grads: &mut Gradients<'_, T>,
+    ) -> TensorResult<Vec<Option<Saved<T>>>> {
+        let mut flow = Flow {
+            grad: Some(g),
+            externals: vec![None; self.externals.len()],
+            report: ReverseReport::default(),
+        };
+        let result = if self.slots > 0 {
+            self.binomial(at, grads, &mut flow)
+        } else {
+            self.segments(at, grads, &mut flow)
+        };
+        result.map_err(|e| match e {
+            CheckpointError::Tensor(e) => e,
+            e => crate::error::Error::Checkpoint(Box::new(e)),
+        })?;
+        self.report.set(Some(flow.report));
+        let input = flow
+            .grad
+            .filter(|_| needs.first().copied().unwrap_or(false));
+        Ok(std::iter::once(input).chain(flow.externals).collect())
+    }
+
+    fn for_each_saved(&self, f: &mut dyn FnMut(&Saved<T>)) {
+        for tape in &self.tapes {
+            tape.borrow().for_each_outside(&mut |(_, value)| f(value));
+        }
+    }
+}
