@@ -16,52 +16,16 @@ use plotters::prelude::*;
 use tensorscope::prelude::*;
 use tensorscope::TimelinePoint;
 
+#[path = "common/denoiser.rs"]
+mod denoiser;
+
+use denoiser::Denoiser;
+
 const CHANNELS: usize = 64;
 const LATENT: usize = 4;
 const SIZE: usize = 64;
 const STEPS: usize = 50;
 const GROUPS: usize = 8;
-
-struct Denoiser {
-    conv_in: Param,
-    down: Param,
-    mid: Param,
-    up: Param,
-    conv_out: Param,
-}
-
-fn kernel<'s>(s: &Scope<'s, '_>, out: usize, inp: usize, seed: u64) -> Tensor<'s> {
-    s.randn::<f32>(&[out, inp, 3, 3], seed) * (1.0 / ((inp * 9) as f32).sqrt())
-}
-
-impl Denoiser {
-    fn new(pool: &Pool) -> Self {
-        pool.scope(|s| Denoiser {
-            conv_in: kernel(s, CHANNELS, LATENT, 1).detach(),
-            down: kernel(s, CHANNELS, CHANNELS, 2).detach(),
-            mid: kernel(s, CHANNELS, CHANNELS, 3).detach(),
-            up: kernel(s, CHANNELS, CHANNELS, 4).detach(),
-            conv_out: (kernel(s, LATENT, CHANNELS, 5) * 0.1).detach(),
-        })
-    }
-
-    /// The noise predicted in `x` ([1, 4, 64, 64]).
-    #[dispose_scope]
-    fn predict_noise<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
-        let h1 = x
-            .conv2d(&self.conv_in, 1, 1)
-            .group_norm(GROUPS, 1e-5)
-            .silu(); // [1, 64, 64, 64]
-        let h2 = h1.conv2d(&self.down, 2, 1).group_norm(GROUPS, 1e-5).silu(); // [1, 64, 32, 32]
-        let h3 = h2.conv2d(&self.mid, 1, 1).group_norm(GROUPS, 1e-5).silu();
-        let merged = h3.upsample_nearest2d(2) + &h1; // the skip connection
-        let h4 = merged
-            .conv2d(&self.up, 1, 1)
-            .group_norm(GROUPS, 1e-5)
-            .silu();
-        h4.conv2d(&self.conv_out, 1, 1)
-    }
-}
 
 struct Run {
     millis: f64,
@@ -187,7 +151,7 @@ fn timeline_dir() -> Option<PathBuf> {
 fn main() {
     let timeline = timeline_dir();
     let pool = Pool::with_max_memory_mb(2048);
-    let model = Denoiser::new(&pool);
+    let model = Denoiser::new(&pool, LATENT, CHANNELS, GROUPS);
     let activation = CHANNELS * SIZE * SIZE * 4;
     println!(
         "{STEPS} denoising steps of a [1, {LATENT}, {SIZE}, {SIZE}] latent; activations up to \

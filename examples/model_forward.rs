@@ -6,105 +6,19 @@
 
 use tensorscope::prelude::*;
 
+#[path = "common/transformer.rs"]
+mod transformer;
+
+use transformer::Transformer;
+
 const DIM: usize = 128;
 const SEQ: usize = 64;
 const BATCH: usize = 8;
 const BLOCKS: usize = 4;
 
-fn weight(s: &Scope<'_, '_>, rows: usize, cols: usize, seed: u64) -> Param {
-    (s.randn::<f32>(&[rows, cols], seed) * (1.0 / (rows as f32).sqrt())).detach()
-}
-
-/// Single-head self-attention over `[batch, seq, dim]`.
-struct Attention {
-    wq: Param,
-    wk: Param,
-    wv: Param,
-    wo: Param,
-}
-
-impl Attention {
-    #[dispose_scope]
-    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
-        let q = x.matmul(&self.wq);
-        let k = x.matmul(&self.wk);
-        let v = x.matmul(&self.wv);
-        let scores = q.matmul(&k.transpose()) * (1.0 / (DIM as f32).sqrt()); // [batch, seq, seq]
-        let weights = scores.softmax(2);
-        weights.matmul(&v).matmul(&self.wo)
-    }
-}
-
-/// `gelu(x W1 + b1) W2 + b2`, hidden width 4x.
-struct Mlp {
-    w1: Param,
-    b1: Param,
-    w2: Param,
-    b2: Param,
-}
-
-impl Mlp {
-    #[dispose_scope]
-    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
-        let h = (x.matmul(&self.w1) + &self.b1).gelu();
-        h.matmul(&self.w2) + &self.b2
-    }
-}
-
-/// Pre-norm block: `h = x + attn(ln(x)); y = h + mlp(ln(h))`.
-struct Block {
-    attention: Attention,
-    mlp: Mlp,
-}
-
-impl Block {
-    #[dispose_scope]
-    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
-        let h = x + &self.attention.forward(&x.layer_norm(1e-5));
-        let out = self.mlp.forward(&(&h).layer_norm(1e-5)); // `&h`: keep `h` for the residual
-        h + &out
-    }
-}
-
-struct Model {
-    blocks: Vec<Block>,
-}
-
-impl Model {
-    fn new(pool: &Pool) -> Self {
-        pool.scope(|s| Model {
-            blocks: (0..BLOCKS as u64)
-                .map(|i| Block {
-                    attention: Attention {
-                        wq: weight(s, DIM, DIM, 10 * i),
-                        wk: weight(s, DIM, DIM, 10 * i + 1),
-                        wv: weight(s, DIM, DIM, 10 * i + 2),
-                        wo: weight(s, DIM, DIM, 10 * i + 3),
-                    },
-                    mlp: Mlp {
-                        w1: weight(s, DIM, 4 * DIM, 10 * i + 4),
-                        b1: Param::zeros(pool, &[4 * DIM]),
-                        w2: weight(s, 4 * DIM, DIM, 10 * i + 5),
-                        b2: Param::zeros(pool, &[DIM]),
-                    },
-                })
-                .collect(),
-        })
-    }
-
-    #[dispose_scope]
-    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
-        let mut x = x.clone();
-        for block in &self.blocks {
-            x = block.forward(&x);
-        }
-        x
-    }
-}
-
 fn main() {
     let pool = Pool::with_max_memory_mb(512);
-    let model = Model::new(&pool);
+    let model = Transformer::new(&pool, BLOCKS, DIM);
     let weights = pool.stats().bytes_in_use;
     let activation = BATCH * SEQ * DIM * 4;
     println!(
