@@ -1,25 +1,28 @@
-//! Trains a deep residual MLP on synthetic regression data under each checkpoint policy, and once
-//! through autograd, and prints peak activation memory, stored checkpoint bytes, step time and
-//! loss.
+//! Trains a deep residual MLP, written once as an annotated forward, on synthetic regression data:
+//! without checkpointing and under each checkpoint policy, and prints peak activation memory,
+//! stored checkpoint bytes, step time and loss.
 //!
 //! `cargo run --release --example checkpointed_training [-- --blocks 64 --width 128 --batch 32 --steps 60]`
 //!
-//! Each block is `x + W2 gelu(W1 LayerNorm(x))` (pre-norm, hidden width 2x); the target is a fixed
-//! random teacher `tanh(x A)`; Adam. Every row trains the same model from the same seeds on the same
-//! batches, in a pool of its own, so its peak is its own. The policy rows use `nn` layers and their
-//! hand-written backward passes; the `autograd` row runs the same blocks as an annotated forward
-//! (`examples/common/pre_norm_mlp.rs`) and differentiates it with `backward()`, no checkpointing:
-//! its gradients are bit-identical to the `none` row's (`tests/training.rs`).
+//! Each block is `x + W2 gelu(W1 LayerNorm(x))` (pre-norm, hidden width 2x,
+//! `examples/common/pre_norm_mlp.rs`); the target is a fixed random teacher `tanh(x A)`; Adam. The
+//! model's forward is a `#[checkpoint]` loop over the blocks: with a checkpointer of a given policy
+//! it stores that policy's block inputs, and `loss.backward()` replays the blocks from them. Every
+//! row trains the same model from the same seeds on the same batches, in a pool of its own, so its
+//! peak is its own; the rows take turns, five steps at a time, so their times are comparable on a
+//! machine whose speed drifts.
 
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tensorscope::nn::{mse, train_step, Adam, Optimizer, ParamStore};
+use tensorscope::nn::{Adam, Optimizer};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Gradients, Policy, Precision};
 
 #[path = "common/pre_norm_mlp.rs"]
 mod pre_norm_mlp;
+
+use pre_norm_mlp::Model;
 
 struct Args {
     blocks: usize,
@@ -57,151 +60,94 @@ fn args() -> Args {
     args
 }
 
-struct Row {
+/// One model trained one way, in a pool of its own: its checkpointer (none for the plain row), its
+/// optimizer, and what its steps measured.
+struct Trainer {
     name: &'static str,
-    peak: usize,
-    stored: usize,
-    median_ms: f64,
-    first_loss: f32,
-    last_loss: f32,
-}
-
-/// How a row trains the model.
-enum Path {
-    /// `nn` layers with hand-written backward passes, under a checkpoint policy or none.
-    Layers(Option<CheckpointConfig>),
-    /// The annotated forward of `pre_norm_mlp::Block`, differentiated by `backward()`.
-    Autograd,
-}
-
-/// A model trained one way: one step on a batch, with gradients kept across steps in `grads`;
-/// returns the loss and the checkpoint bytes.
-trait Trainer {
-    fn step<'s>(
-        &mut self,
-        s: &Scope<'s, '_>,
-        grads: &mut Gradients<'_>,
-        x: &Tensor<'s>,
-        target: &Tensor<'s>,
-    ) -> (f32, usize);
-}
-
-struct Layers {
-    seq: tensorscope::nn::Sequential,
-    params: ParamStore,
+    pool: Pool,
+    model: Model,
     adam: Adam,
     ckpt: Option<Checkpointer>,
+    teacher: Param,
+    times: Vec<f64>,
+    losses: Vec<f32>,
+    peak: usize,
 }
 
-impl Trainer for Layers {
-    fn step<'s>(
-        &mut self,
-        _: &Scope<'s, '_>,
-        grads: &mut Gradients<'_>,
-        x: &Tensor<'s>,
-        target: &Tensor<'s>,
-    ) -> (f32, usize) {
-        let (params, adam, ckpt) = (&mut self.params, &mut self.adam, self.ckpt.as_mut());
-        let report = train_step(&self.seq, params, adam, grads, x, |y| mse(y, target), ckpt)
-            .unwrap_or_else(|e| panic!("{e}"));
-        (report.loss, report.stored_bytes)
-    }
-}
+/// Steps a row runs before the next row takes its turn.
+const CHUNK: usize = 5;
 
-struct Autograd {
-    blocks: Vec<pre_norm_mlp::Block>,
-    adam: Adam,
-}
-
-impl Trainer for Autograd {
-    fn step<'s>(
-        &mut self,
-        s: &Scope<'s, '_>,
-        grads: &mut Gradients<'_>,
-        x: &Tensor<'s>,
-        target: &Tensor<'s>,
-    ) -> (f32, usize) {
-        // The batch and its target are made outside the training scope: the teacher is not
-        // trained, so it must not be a leaf of the graph.
-        s.train(|s| {
-            let x = s.rebind(x);
-            let y = self.blocks.iter().fold(x, |x, b| b.forward(&x));
-            let loss = y.try_mse(target).unwrap_or_else(|e| panic!("{e}"));
-            loss.backward_into(grads).unwrap_or_else(|e| panic!("{e}"));
-            self.adam
-                .step(&mut self.blocks, grads)
-                .unwrap_or_else(|e| panic!("{e}"));
-            grads.zero().unwrap_or_else(|e| panic!("{e}"));
-            (loss.item(), 0)
-        })
-    }
-}
-
-fn run(a: &Args, name: &'static str, path: Path) -> Row {
-    let pool = Pool::with_max_memory_mb(4096);
-    let mut params = ParamStore::new(&pool);
-    let seq = pre_norm_mlp::layers(&mut params, a.blocks, a.width);
-    let mut trainer: Box<dyn Trainer> = match path {
-        Path::Layers(config) => Box::new(Layers {
-            seq,
-            params,
+impl Trainer {
+    fn new(a: &Args, name: &'static str, config: Option<CheckpointConfig>) -> Self {
+        let pool = Pool::with_max_memory_mb(4096);
+        Trainer {
+            name,
+            model: Model::new(&pool, a.blocks, a.width),
             adam: Adam::new(1e-3),
             ckpt: config.map(Checkpointer::new),
-        }),
-        Path::Autograd => {
-            let blocks = pre_norm_mlp::Block::all(&params, a.blocks);
-            // The blocks own the parameters alone, so Adam updates them in place.
-            drop((seq, params));
-            Box::new(Autograd {
-                blocks,
-                adam: Adam::new(1e-3),
-            })
+            teacher: pool.scope(|s| (s.randn::<f32>(&[a.width, a.width], 7) * 0.2).detach()),
+            pool,
+            times: Vec::new(),
+            losses: Vec::new(),
+            peak: 0,
         }
-    };
-    let teacher = pool.scope(|s| (s.randn::<f32>(&[a.width, a.width], 7) * 0.2).detach());
-    let bar = ProgressBar::new(a.steps as u64).with_message(name);
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} loss {prefix}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    let (mut times, mut losses, mut stored, mut peak) = (Vec::new(), Vec::new(), 0, 0);
-    // The gradients live in a scope around the loop and are zeroed after each update, so after the
-    // first step they hold their memory as the parameters and Adam's moments do.
-    pool.scope(|outer| {
-        let mut grads = Gradients::new(outer);
-        for step in 0..a.steps {
-            if step == 1 {
-                // From here on, parameters, gradients and Adam's moments are all allocated: what is
-                // rented beyond them during a step is activations.
+    }
+
+    /// Steps `steps` (Adam on batch `step` each). The gradients live in a scope around them and
+    /// are zeroed after each update, so after the first step they hold their memory as the
+    /// parameters and Adam's moments do: from the second step on, what a step rents beyond them
+    /// is activations, and that step is measured.
+    fn run(&mut self, a: &Args, steps: std::ops::Range<usize>) {
+        let first = steps.start;
+        let pool = self.pool.clone();
+        pool.scope(|outer| {
+            let mut grads = Gradients::new(outer);
+            for step in steps {
+                let baseline = pool.stats().bytes_in_use;
                 pool.reset_peak();
+                let started = Instant::now();
+                let loss = outer.scope(|s| {
+                    // The batch and its target are made outside the training scope: the teacher
+                    // is not trained, so it must not be a leaf of the graph.
+                    let x = s.randn::<f32>(&[a.batch, a.width], 1000 + step as u64);
+                    let target = x.matmul(&self.teacher).tanh();
+                    s.train(|t| {
+                        let x = t.rebind(&x);
+                        let y = match self.ckpt.as_mut() {
+                            Some(ckpt) => self.model.forward(ckpt, x),
+                            None => self.model.forward_plain(x),
+                        };
+                        let loss = y.mse(&target);
+                        loss.backward_into(&mut grads)
+                            .unwrap_or_else(|e| panic!("{}: {e}", self.name));
+                        loss.item()
+                    })
+                });
+                self.adam
+                    .step(&mut self.model, &grads)
+                    .unwrap_or_else(|e| panic!("{}: {e}", self.name));
+                grads
+                    .zero()
+                    .unwrap_or_else(|e| panic!("{}: {e}", self.name));
+                if step > first && step > 1 {
+                    self.times.push(started.elapsed().as_secs_f64() * 1e3);
+                    self.peak = self.peak.max(pool.stats().peak_bytes_in_use - baseline);
+                }
+                self.losses.push(loss);
             }
-            let baseline = pool.stats().bytes_in_use;
-            let started = Instant::now();
-            let (loss, stored_bytes) = outer.scope(|s| {
-                let x = s.randn::<f32>(&[a.batch, a.width], 1000 + step as u64);
-                let target = x.matmul(&teacher).tanh();
-                trainer.step(s, &mut grads, &x, &target)
-            });
-            times.push(started.elapsed().as_secs_f64() * 1e3);
-            if step >= 1 {
-                peak = peak.max(pool.stats().peak_bytes_in_use - baseline);
-            }
-            stored = stored_bytes;
-            losses.push(loss);
-            bar.set_prefix(format!("{loss:.5}"));
-            bar.inc(1);
-        }
-    });
-    bar.finish();
-    times.sort_by(f64::total_cmp);
-    Row {
-        name,
-        peak,
-        stored,
-        median_ms: times[times.len() / 2],
-        first_loss: losses[0],
-        last_loss: losses[losses.len() - 1],
+        });
+    }
+
+    fn median_ms(&self) -> f64 {
+        let mut times = self.times.clone();
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    }
+
+    fn stored(&self) -> usize {
+        self.ckpt
+            .as_ref()
+            .map_or(0, Checkpointer::memory_stored_bytes)
     }
 }
 
@@ -216,23 +162,36 @@ fn main() {
         a.batch,
         a.steps
     );
-    let policy = |p: Policy| Path::Layers(Some(CheckpointConfig::new(p)));
-    let rows: Vec<Row> = [
-        ("none", Path::Layers(None)),
-        ("autograd", Path::Autograd),
+    let policy = |p: Policy| Some(CheckpointConfig::new(p));
+    let mut rows: Vec<Trainer> = [
+        ("none", None),
         ("every 4", policy(Policy::Every(4))),
         ("sqrt", policy(Policy::Sqrt)),
         (
             "sqrt f16",
-            Path::Layers(Some(
-                CheckpointConfig::new(Policy::Sqrt).with_precision(Precision::F16),
-            )),
+            Some(CheckpointConfig::new(Policy::Sqrt).with_precision(Precision::F16)),
         ),
         ("budget 8", policy(Policy::Budget(8 * activation))),
     ]
     .into_iter()
-    .map(|(name, path)| run(&a, name, path))
+    .map(|(name, config)| Trainer::new(&a, name, config))
     .collect();
+    // The rows take turns, a few steps each, so that a change in the machine's speed during the
+    // run affects them alike.
+    let bar = ProgressBar::new(a.steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template("[{bar:40}] {pos}/{len} steps of every row")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    for start in (0..a.steps).step_by(CHUNK) {
+        let steps = start..(start + CHUNK).min(a.steps);
+        for row in &mut rows {
+            row.run(&a, steps.clone());
+        }
+        bar.inc(steps.len() as u64);
+    }
+    bar.finish();
 
     let base = &rows[0];
     println!(
@@ -252,11 +211,11 @@ fn main() {
             r.name,
             r.peak,
             r.peak as f64 / base.peak as f64,
-            r.stored,
-            r.median_ms,
-            r.median_ms / base.median_ms,
-            r.first_loss,
-            r.last_loss
+            r.stored(),
+            r.median_ms(),
+            r.median_ms() / base.median_ms(),
+            r.losses[0],
+            r.losses[r.losses.len() - 1]
         );
     }
     println!(
@@ -265,7 +224,7 @@ fn main() {
     );
     for r in &rows {
         assert!(
-            r.last_loss < r.first_loss,
+            r.losses[r.losses.len() - 1] < r.losses[0],
             "{}: the loss must decrease",
             r.name
         );

@@ -1,22 +1,24 @@
-//! The training path's groundwork: named parameters, losses (values and gradients against central
-//! finite differences in f64) and optimizers (against hand-computed updates).
+//! The `nn` module: named parameters, modules (forward values, gradients through autograd,
+//! checkpointed forwards) and optimizers (against hand-computed updates).
 
-use tensorscope::nn::{mse, softmax_cross_entropy, Adam, NnError, Optimizer, ParamStore, Sgd};
+use tensorscope::autograd::check_gradients;
+use tensorscope::nn::{
+    Activation, Adam, LayerNorm, Linear, Module, NnError, Optimizer, ParamStore, Residual,
+    Sequential, Sgd,
+};
 use tensorscope::prelude::*;
-use tensorscope::Error;
-use tensorscope::Param;
+use tensorscope::{CheckpointConfig, Checkpointer, Error, Parameters, Policy};
 
 #[test]
 fn params_are_found_by_name_in_registration_order() {
     let pool = Pool::with_max_memory_mb(16);
     let mut params = ParamStore::<f32>::new(&pool);
-    let w = params.randn("fc1.weight", &[3, 2], 0.5, 1).unwrap();
+    params.randn("fc1.weight", &[3, 2], 0.5, 1).unwrap();
     params.zeros("fc1.bias", &[2]).unwrap();
     params.ones("fc2.weight", &[2, 2]).unwrap();
     let names: Vec<&str> = params.iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight"]);
-    assert_eq!(params.id("fc1.weight").unwrap(), w);
-    assert_eq!(params[w].shape(), &[3, 2]);
+    assert_eq!(params.get("fc1.weight").unwrap().shape(), &[3, 2]);
     assert_eq!(params.get("fc2.weight").unwrap().to_vec(), vec![1.0; 4]);
 
     let err = params.get("fc1.bais").unwrap_err();
@@ -39,6 +41,12 @@ fn params_are_found_by_name_in_registration_order() {
         params.zeros("fc1.bias", &[2]).unwrap_err(),
         NnError::DuplicateParam("fc1.bias".into())
     );
+    // Taken out for a module: gone from the store, the others still found by name.
+    let w = params.take("fc1.weight").unwrap();
+    assert_eq!(w.shape(), &[3, 2]);
+    assert_eq!(params.len(), 2);
+    assert_eq!(params.get("fc2.weight").unwrap().shape(), &[2, 2]);
+    assert!(params.get("fc1.weight").is_err());
 }
 
 #[test]
@@ -69,95 +77,6 @@ fn gradients_accumulate_per_parameter() {
         ));
     });
     assert_eq!(pool.stats().bytes_in_use, 2 * 64, "the parameters only");
-}
-
-/// Central finite differences of `f` at `x`, element by element.
-fn numeric_grad(x: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
-    let h = 1e-6;
-    (0..x.len())
-        .map(|i| {
-            let mut plus = x.to_vec();
-            let mut minus = x.to_vec();
-            plus[i] += h;
-            minus[i] -= h;
-            (f(&plus) - f(&minus)) / (2.0 * h)
-        })
-        .collect()
-}
-
-fn assert_grad_close(analytic: &[f64], numeric: &[f64]) {
-    for (i, (a, n)) in analytic.iter().zip(numeric).enumerate() {
-        assert!(
-            (a - n).abs() <= 1e-6 * (1.0 + n.abs()),
-            "element {i}: {a} vs {n}"
-        );
-    }
-}
-
-#[test]
-fn mse_value_and_gradient() {
-    tensorscope::scope(|s| {
-        let pred: Vec<f64> = vec![0.5, -1.0, 2.0, 0.25, 3.0, -0.75];
-        let target: Vec<f64> = vec![1.0, -1.5, 1.0, 0.0, 2.5, 0.25];
-        let t = s.from_slice::<f64>(&[2, 3], &target);
-        let loss_of = |p: &[f64]| mse(&s.from_slice::<f64>(&[2, 3], p), &t).unwrap().0;
-        let (loss, grad) = mse(&s.from_slice::<f64>(&[2, 3], &pred), &t).unwrap();
-        let expected: f64 = pred
-            .iter()
-            .zip(&target)
-            .map(|(p, t)| (p - t).powi(2))
-            .sum::<f64>()
-            / 6.0;
-        assert!((loss - expected).abs() < 1e-15);
-        assert_grad_close(&grad.to_vec(), &numeric_grad(&pred, loss_of));
-        let err = mse(&s.zeros::<f64>(&[2]), &s.zeros::<f64>(&[3])).unwrap_err();
-        assert!(matches!(
-            err,
-            NnError::Tensor(Error::ShapeMismatch { op: "mse", .. })
-        ));
-    });
-}
-
-#[test]
-fn softmax_cross_entropy_value_gradient_and_errors() {
-    tensorscope::scope(|s| {
-        let logits: Vec<f64> = vec![1.0, 2.0, 0.5, -1.0, 0.0, 3.0];
-        let labels = [1usize, 2];
-        let loss_of = |l: &[f64]| {
-            softmax_cross_entropy(&s.from_slice::<f64>(&[2, 3], l), &labels)
-                .unwrap()
-                .0
-        };
-        let (loss, grad) =
-            softmax_cross_entropy(&s.from_slice::<f64>(&[2, 3], &logits), &labels).unwrap();
-        let row_loss = |row: &[f64], label: usize| {
-            let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
-            lse - row[label]
-        };
-        let expected = (row_loss(&logits[0..3], 1) + row_loss(&logits[3..6], 2)) / 2.0;
-        assert!((loss - expected).abs() < 1e-14, "{loss} vs {expected}");
-        assert_grad_close(&grad.to_vec(), &numeric_grad(&logits, loss_of));
-
-        let bad = s.zeros::<f64>(&[2, 3]);
-        assert_eq!(
-            softmax_cross_entropy(&bad, &[0, 3])
-                .unwrap_err()
-                .to_string(),
-            "cross_entropy: label 3 of row 1 is out of range for 3 classes"
-        );
-        assert!(matches!(
-            softmax_cross_entropy(&bad, &[0]).unwrap_err(),
-            NnError::Tensor(Error::LengthMismatch {
-                expected: 2,
-                got: 1,
-                ..
-            })
-        ));
-        assert!(matches!(
-            softmax_cross_entropy(&s.zeros::<f64>(&[6]), &[0]).unwrap_err(),
-            NnError::Tensor(Error::InvalidShape { .. })
-        ));
-    });
 }
 
 /// Runs `steps` steps of `opt` on one parameter `w` with the fixed gradient `grad`, returning `w`
@@ -235,240 +154,6 @@ fn adam_and_adamw_match_the_update_rule() {
             }
         }
     }
-}
-
-mod layers {
-    use super::*;
-    use tensorscope::nn::{Activation, Cache, Layer, LayerNorm, Linear, Residual, Sequential};
-
-    /// `L = sum(layer(x) * r)` for `x` given as values.
-    fn loss(
-        layer: &dyn Layer<f64>,
-        params: &ParamStore<f64>,
-        shape: &[usize],
-        x: &[f64],
-        r: &[f64],
-    ) -> f64 {
-        tensorscope::scope(|s| {
-            let y = layer
-                .forward(params, &s.from_slice::<f64>(shape, x), None)
-                .unwrap();
-            y.as_slice().iter().zip(r).map(|(a, b)| a * b).sum()
-        })
-    }
-
-    fn set(params: &mut ParamStore<f64>, name: &str, values: &[f64]) {
-        let p = params.get_mut(name).unwrap();
-        p.view_mut().as_slice_mut().unwrap().copy_from_slice(values);
-    }
-
-    /// Checks `layer`'s backward against central finite differences of `L = sum(y * r)`, for the
-    /// input and for every parameter, in f64.
-    fn check(make: impl Fn(&mut ParamStore<f64>) -> Box<dyn Layer<f64>>, shape: &[usize]) {
-        let pool = Pool::with_max_memory_mb(64);
-        let mut params = ParamStore::<f64>::new(&pool);
-        let layer = make(&mut params);
-        let (x, r, dx, param_grads) = pool.scope(|s| {
-            let x = s.randn::<f64>(shape, 11);
-            let mut cache = Cache::new();
-            let y = layer.forward(&params, &x, Some(&mut cache)).unwrap();
-            let r = s.randn::<f64>(y.shape(), 12);
-            let mut grads = tensorscope::Gradients::new(s);
-            let dx = layer.backward(&params, &mut grads, &mut cache, &r).unwrap();
-            let param_grads: Vec<Vec<f64>> = params
-                .iter()
-                .map(|(_, p)| {
-                    grads
-                        .get(p)
-                        .expect("every parameter has a gradient")
-                        .to_vec()
-                })
-                .collect();
-            assert!(
-                cache.is_empty(),
-                "{}: backward popped all it pushed",
-                layer.name()
-            );
-            let plain = layer.forward(&params, &x, None).unwrap();
-            assert_eq!(
-                y.to_vec(),
-                plain.to_vec(),
-                "caching does not change the output"
-            );
-            (x.to_vec(), r.to_vec(), dx.to_vec(), param_grads)
-        });
-        let numeric = numeric_grad(&x, |v| loss(&*layer, &params, shape, v, &r));
-        assert_grad_close(&dx, &numeric);
-
-        let names: Vec<String> = params.iter().map(|(n, _)| n.to_string()).collect();
-        for (name, grad) in names.into_iter().zip(param_grads) {
-            let value = params.get(&name).unwrap().to_vec();
-            let mut numeric = Vec::new();
-            for i in 0..value.len() {
-                let h = 1e-6;
-                let mut plus = value.clone();
-                plus[i] += h;
-                set(&mut params, &name, &plus);
-                let up = loss(&*layer, &params, shape, &x, &r);
-                plus[i] -= 2.0 * h;
-                set(&mut params, &name, &plus);
-                let down = loss(&*layer, &params, shape, &x, &r);
-                numeric.push((up - down) / (2.0 * h));
-            }
-            set(&mut params, &name, &value);
-            assert_grad_close(&grad, &numeric);
-        }
-    }
-
-    #[test]
-    fn linear_backward_matches_finite_differences() {
-        check(
-            |p| Box::new(Linear::new(p, "fc", 4, 3, 1).unwrap()),
-            &[5, 4],
-        );
-    }
-
-    #[test]
-    fn activations_backward_match_finite_differences() {
-        check(|_| Box::new(Activation::relu()), &[3, 4]);
-        check(|_| Box::new(Activation::gelu()), &[3, 4]);
-        check(|_| Box::new(Activation::tanh()), &[3, 4]);
-    }
-
-    #[test]
-    fn layer_norm_backward_matches_finite_differences() {
-        check(
-            |p| Box::new(LayerNorm::new(p, "ln", 6, 1e-5).unwrap()),
-            &[4, 6],
-        );
-    }
-
-    #[test]
-    fn residual_block_and_sequential_backward_match_finite_differences() {
-        check(
-            |p| {
-                let inner = Sequential::new()
-                    .push(Linear::new(p, "b.fc1", 4, 8, 2).unwrap())
-                    .push(Activation::gelu())
-                    .push(Linear::new(p, "b.fc2", 8, 4, 3).unwrap());
-                Box::new(
-                    Sequential::new()
-                        .push(Residual::new(inner))
-                        .push(LayerNorm::new(p, "b.ln", 4, 1e-5).unwrap())
-                        .push(Activation::tanh()),
-                )
-            },
-            &[3, 4],
-        );
-    }
-
-    #[test]
-    fn backward_without_forward_is_an_error() {
-        let pool = Pool::with_max_memory_mb(16);
-        let mut params = ParamStore::<f32>::new(&pool);
-        let fc = Linear::new(&mut params, "fc", 2, 2, 1).unwrap();
-        pool.scope(|s| {
-            let mut grads = tensorscope::Gradients::new(s);
-            let err = fc
-                .backward(
-                    &params,
-                    &mut grads,
-                    &mut Cache::new(),
-                    &s.ones::<f32>(&[1, 2]),
-                )
-                .unwrap_err();
-            assert_eq!(
-                err.to_string(),
-                "linear: backward found no cached forward values; run forward with a cache first"
-            );
-        });
-    }
-}
-
-#[test]
-fn a_layer_used_with_another_store_is_an_error_naming_the_layer() {
-    use tensorscope::nn::{Layer, Linear};
-    let pool = Pool::with_max_memory_mb(16);
-    let mut own = ParamStore::<f32>::new(&pool);
-    let linear = Linear::new(&mut own, "fc", 3, 2, 1).unwrap();
-    // A store with too few parameters (an index past its end), and one whose first two
-    // parameters have the shapes the layer expects (which must not be used either).
-    let mut short = ParamStore::<f32>::new(&pool);
-    short.zeros("w", &[1]).unwrap();
-    let mut lookalike = ParamStore::<f32>::new(&pool);
-    lookalike.zeros("w", &[3, 2]).unwrap();
-    lookalike.zeros("b", &[2]).unwrap();
-    pool.scope(|s| {
-        let x = s.ones::<f32>(&[4, 3]);
-        for store in [&short, &lookalike] {
-            let err = linear.forward(store, &x, None).unwrap_err();
-            assert_eq!(
-                err,
-                NnError::ForeignParam {
-                    layer: "linear",
-                    index: 0
-                }
-            );
-            assert_eq!(
-                err.to_string(),
-                "linear: parameter #0 was registered in another ParamStore; use the layer with \
-                 the store it was built with"
-            );
-        }
-        assert_eq!(linear.forward(&own, &x, None).unwrap().shape(), &[4, 2]);
-    });
-}
-
-#[test]
-fn backward_with_a_gradient_or_cache_of_the_wrong_shape_is_an_error() {
-    use tensorscope::nn::{Activation, Cache, Layer, LayerNorm};
-    use tensorscope::Shape;
-    let pool = Pool::with_max_memory_mb(16);
-    let mut params = ParamStore::<f32>::new(&pool);
-    let norm = LayerNorm::new(&mut params, "ln", 3, 1e-5).unwrap();
-    pool.scope(|s| {
-        let x = s.ones::<f32>(&[4, 3]);
-        let grad_shape = |layer, got: &[usize]| NnError::GradShape {
-            layer,
-            expected: Shape(vec![4, 3]),
-            got: Shape(got.to_vec()),
-        };
-        let mut grads = tensorscope::Gradients::new(s);
-        let mut cache = Cache::new();
-        norm.forward(&params, &x, Some(&mut cache)).unwrap();
-        let err = norm
-            .backward(&params, &mut grads, &mut cache, &s.ones::<f32>(&[4, 2]))
-            .unwrap_err();
-        assert_eq!(err, grad_shape("layer_norm", &[4, 2]));
-        assert_eq!(
-            err.to_string(),
-            "layer_norm: the gradient has shape [4, 2] but the layer's output has shape [4, 3]"
-        );
-        // A gradient that would broadcast against the input is still the wrong shape.
-        for act in [Activation::relu(), Activation::gelu(), Activation::tanh()] {
-            let mut cache = Cache::new();
-            act.forward(&params, &x, Some(&mut cache)).unwrap();
-            let err = act
-                .backward(&params, &mut grads, &mut cache, &s.ones::<f32>(&[1, 3]))
-                .unwrap_err();
-            assert_eq!(err, grad_shape(Layer::<f32>::name(&act), &[1, 3]));
-        }
-        // Rank-0 tensors where the layer norm's backward expects its forward's values.
-        let mut cache = Cache::new();
-        cache.push(s.ones::<f32>(&[]));
-        cache.push(s.ones::<f32>(&[]));
-        let err = norm
-            .backward(&params, &mut grads, &mut cache, &s.ones::<f32>(&[]))
-            .unwrap_err();
-        assert!(
-            matches!(
-                &err,
-                NnError::Tensor(Error::InvalidShape { op: "layer_norm backward", shape, .. })
-                    if shape.0.is_empty()
-            ),
-            "{err}"
-        );
-    });
 }
 
 #[test]
@@ -622,4 +307,128 @@ fn adam_corrects_each_parameter_by_its_own_step_count() {
     let late = set[1].to_vec()[0];
     assert!((late + 0.01).abs() < 1e-6, "first step of b: {late}");
     assert!((set[0].to_vec()[0] + 0.03).abs() < 1e-5, "three steps of a");
+}
+
+#[test]
+fn linear_takes_any_leading_axes() {
+    let pool = Pool::with_max_memory_mb(16);
+    let w = Param::from_slice(&pool, &[2, 3], &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let b = Param::from_slice(&pool, &[3], &[0.5f32, 0.0, -0.5]);
+    let layer = Linear::from_params(w, b).unwrap();
+    pool.scope(|s| {
+        let x = s.from_slice::<f32>(&[2, 1, 2], &[1.0, 0.0, 0.0, 1.0]);
+        let y = layer.forward(&x).unwrap();
+        assert_eq!(y.shape(), &[2, 1, 3]);
+        assert_eq!(y.to_vec(), vec![1.5, 2.0, 2.5, 4.5, 5.0, 5.5]);
+        let rows = layer.forward(&x.reshape(&[2, 2])).unwrap();
+        assert_eq!(rows.to_vec(), y.to_vec());
+        let err = layer.forward(&s.ones::<f32>(&[4, 3])).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("matmul: incompatible shapes [4, 3] and [2, 3]"),
+            "{err}"
+        );
+    });
+    let err = Linear::from_params(
+        Param::<f32>::zeros(&pool, &[2, 3]),
+        Param::zeros(&pool, &[2]),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(
+            err,
+            Error::ShapeMismatch {
+                op: "Linear::from_params",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+/// `width -> 2 width -> width` with layer norm, every activation and a residual connection.
+fn model(pool: &Pool, width: usize) -> Sequential<f64> {
+    let branch = Sequential::new()
+        .push(LayerNorm::new(pool, width, 1e-5).unwrap())
+        .push(Linear::new(pool, width, 2 * width, 1).unwrap())
+        .push(Activation::gelu())
+        .push(Activation::tanh())
+        .push(Activation::silu())
+        .push(Activation::sigmoid())
+        .push(Activation::relu())
+        .push(Linear::new(pool, 2 * width, width, 2).unwrap());
+    Sequential::new()
+        .push(Residual::new(branch))
+        .push(Linear::new(pool, width, width, 3).unwrap())
+}
+
+#[test]
+fn modules_differentiate_through_autograd() {
+    let pool = Pool::with_max_memory_mb(64);
+    let net = model(&pool, 4);
+    // The gradient with respect to the input, against finite differences; the parameters'
+    // gradients come from the same rules.
+    let x = pool.scope(|s| s.randn::<f64>(&[3, 4], 5).to_array());
+    let report = check_gradients(&pool, &[x], 1e-6, |xs| {
+        let y = net.forward(&xs[0])?;
+        y.try_mul(&y)?.try_reshape(&[12])?.try_sum(0)
+    })
+    .unwrap();
+    assert!(report.max_error() < 1e-6, "{report:?}");
+    // Every parameter of every layer gets a gradient in a training scope.
+    let mut count = 0;
+    let mut net = net;
+    net.for_each_param(&mut |_| count += 1);
+    let keys = pool.train(|s| {
+        let y = net.forward(&s.randn::<f64>(&[3, 4], 5)).unwrap();
+        y.mse(&s.zeros(&[3, 4])).backward().unwrap().len()
+    });
+    assert_eq!((count, keys), (8, 8), "layer norm and three linear layers");
+}
+
+#[test]
+fn a_checkpointed_sequential_gives_the_plain_gradients_and_reports_layer_errors() {
+    let pool = Pool::with_max_memory_mb(64);
+    // Handles on the layers' parameters (clones: the same parameters, for looking gradients up).
+    let mut handles = Vec::new();
+    let mut net = Sequential::new();
+    for i in 0..6 {
+        let layer = Linear::<f32>::new(&pool, 4, 4, i).unwrap();
+        handles.extend([layer.weight().clone(), layer.bias().clone()]);
+        net = net.push(layer).push(Activation::tanh());
+    }
+    let grads = |ckpt: Option<&mut Checkpointer<f32>>| {
+        pool.train(|s| {
+            let x = s.randn::<f32>(&[2, 4], 9);
+            let y = match ckpt {
+                Some(ckpt) => net.forward_checkpointed(ckpt, x).unwrap(),
+                None => net.forward(&x).unwrap(),
+            };
+            let grads = y.mse(&s.ones(&[2, 4])).backward().unwrap();
+            assert_eq!(grads.len(), handles.len());
+            handles
+                .iter()
+                .map(|p| grads.get(p).unwrap().to_vec())
+                .collect::<Vec<_>>()
+        })
+    };
+    let plain = grads(None);
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Sqrt));
+    assert_eq!(grads(Some(&mut ckpt)), plain, "bit for bit");
+    // Sqrt of 12 layers: segments of 4; the last one's graph was kept by the forward.
+    assert_eq!(ckpt.last_backward().unwrap().replayed_steps, 8);
+
+    let err = pool.scope(|s| {
+        net.forward_checkpointed(&mut ckpt, s.ones::<f32>(&[2, 3]))
+            .unwrap_err()
+    });
+    assert!(
+        err.to_string()
+            .starts_with("matmul: incompatible shapes [2, 3] and [4, 4]"),
+        "{err}"
+    );
+    ckpt.clear();
+    let weights: usize = handles.iter().map(Param::allocated_bytes).sum();
+    assert_eq!(pool.stats().bytes_in_use, weights, "nothing else is held");
 }

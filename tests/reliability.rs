@@ -6,9 +6,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use tensorscope::nn::{mse, train_step, Activation, Linear, ParamStore, Sequential, Sgd};
+use tensorscope::nn::{Activation, Linear, Module, Optimizer, Sequential, Sgd};
 use tensorscope::prelude::*;
-use tensorscope::{CheckpointConfig, Checkpointer, Error, Gradients, Policy};
+use tensorscope::{CheckpointConfig, Checkpointer, Error, Parameters, Policy};
 
 #[test]
 fn threads_with_their_own_scopes_share_one_pool_exactly() {
@@ -155,46 +155,28 @@ struct Faulty {
     fail: Rc<Cell<bool>>,
 }
 
-impl tensorscope::nn::Layer for Faulty {
-    fn name(&self) -> &'static str {
-        "faulty"
-    }
-    fn forward<'s>(
-        &self,
-        _: &ParamStore,
-        x: &Tensor<'s>,
-        cache: Option<&mut tensorscope::nn::Cache<'s>>,
-    ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
+impl Module for Faulty {
+    fn forward<'s>(&self, x: &Tensor<'s>) -> tensorscope::Result<Tensor<'s>> {
         assert!(
             !self.fail.get(),
             "fault injected in the middle of a forward"
         );
-        if let Some(cache) = cache {
-            cache.push(x.clone());
-        }
         Ok(x.clone())
     }
-    fn backward<'s>(
-        &self,
-        _: &ParamStore,
-        _: &mut tensorscope::Gradients<'_>,
-        cache: &mut tensorscope::nn::Cache<'s>,
-        grad: &Tensor<'s>,
-    ) -> Result<Tensor<'s>, tensorscope::nn::NnError> {
-        cache.pop("faulty")?;
-        Ok(grad.clone())
-    }
+}
+
+impl Parameters<f32> for Faulty {
+    fn for_each_param(&mut self, _: &mut dyn FnMut(&mut Param)) {}
 }
 
 #[test]
 fn a_panic_in_a_checkpointed_training_step_leaves_the_pool_consistent() {
     let pool = Pool::with_max_memory_mb(64);
-    let mut params = ParamStore::new(&pool);
     let fail = Rc::new(Cell::new(false));
     let mut model = Sequential::new();
     for i in 0..8 {
         model = model
-            .push(Linear::new(&mut params, &format!("fc{i}"), 8, 8, i).unwrap())
+            .push(Linear::new(&pool, 8, 8, i).unwrap())
             .push(Activation::tanh());
         if i == 4 {
             model = model.push(Faulty { fail: fail.clone() });
@@ -202,28 +184,21 @@ fn a_panic_in_a_checkpointed_training_step_leaves_the_pool_consistent() {
     }
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(3)));
     let mut sgd = Sgd::new(0.01, 0.0);
-    let mut step = |params: &mut ParamStore, ckpt: &mut Checkpointer| {
-        pool.scope(|s| {
+    let mut step = |model: &mut Sequential, ckpt: &mut Checkpointer| {
+        pool.train(|s| {
             let x = s.randn::<f32>(&[4, 8], 1);
-            let target = s.zeros::<f32>(&[4, 8]);
-            train_step(
-                &model,
-                params,
-                &mut sgd,
-                &mut Gradients::new(s),
-                &x,
-                |y| mse(y, &target),
-                Some(ckpt),
-            )
-            .unwrap()
-            .loss
+            let y = model.forward_checkpointed(ckpt, x).unwrap();
+            let loss = y.mse(&s.zeros(&[4, 8]));
+            sgd.step(model, &loss.backward().unwrap()).unwrap();
+            loss.item()
         })
     };
-    let first = step(&mut params, &mut ckpt);
+    let first = step(&mut model, &mut ckpt);
+    ckpt.clear();
     let steady = pool.stats().bytes_in_use;
 
     fail.set(true);
-    let caught = catch_unwind(AssertUnwindSafe(|| step(&mut params, &mut ckpt)));
+    let caught = catch_unwind(AssertUnwindSafe(|| step(&mut model, &mut ckpt)));
     assert!(caught.is_err());
     fail.set(false);
     // The checkpoints of the interrupted step are the only thing left over; clearing them restores
@@ -234,7 +209,7 @@ fn a_panic_in_a_checkpointed_training_step_leaves_the_pool_consistent() {
         steady,
         "every activation of the failed step returned"
     );
-    let next = step(&mut params, &mut ckpt);
+    let next = step(&mut model, &mut ckpt);
     assert!(
         next.is_finite() && next < first,
         "training goes on: {first} -> {next}"

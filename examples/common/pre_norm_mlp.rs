@@ -1,48 +1,17 @@
-//! The deep residual MLP of `examples/checkpointed_training.rs`, written two ways on the same
-//! parameters: `n` pre-norm blocks `x + W2 gelu(W1 LayerNorm(x))` (hidden width 2x, affine layer
-//! norm, GELU's tanh form).
+//! The deep residual MLP of `examples/checkpointed_training.rs`: `n` pre-norm blocks
+//! `x + W2 gelu(W1 LayerNorm(x))` (hidden width 2x, affine layer norm, GELU's tanh form), written
+//! as an annotated forward of tensor ops on parameters the blocks own, and the block loop once more
+//! with `#[checkpoint]`.
 //!
-//! - as `nn` layers, trained through their hand-written backward passes ([`layers`]);
-//! - as an annotated forward of tensor ops on parameters the blocks own, trained through autograd
-//!   ([`Block`]).
-//!
-//! Shared by `examples/checkpointed_training.rs`, `tests/training.rs` and
-//! `tests/checkpoint_training.rs` through `#[path]`.
+//! Shared by `examples/checkpointed_training.rs` and `tests/checkpoint_training.rs` through
+//! `#[path]`.
 
 #![allow(dead_code)] // each user needs a different part
 
-use tensorscope::nn::{Activation, LayerNorm, Linear, ParamStore, Residual, Sequential};
 use tensorscope::prelude::*;
 use tensorscope::{Checkpointer, Parameters};
 
 const EPS: f32 = 1e-5;
-
-/// The model as `nn` layers, registering `b{i}.ln.{gamma,beta}` and `b{i}.fc{1,2}.{weight,bias}`
-/// in `params`. The output projections start small (std `0.5 / sqrt(2 width blocks)`), so the
-/// residual stream stays near unit scale at any depth.
-pub(crate) fn layers(params: &mut ParamStore, blocks: usize, width: usize) -> Sequential {
-    let hidden = 2 * width;
-    let out_std = 0.5 / ((hidden * blocks) as f64).sqrt();
-    (0..blocks).fold(Sequential::new(), |seq, i| {
-        let seed = 10 * i as u64;
-        let inner = Sequential::new()
-            .push(LayerNorm::new(params, &format!("b{i}.ln"), width, EPS).unwrap())
-            .push(Linear::new(params, &format!("b{i}.fc1"), width, hidden, seed).unwrap())
-            .push(Activation::gelu())
-            .push(
-                Linear::with_std(
-                    params,
-                    &format!("b{i}.fc2"),
-                    hidden,
-                    width,
-                    out_std,
-                    seed + 1,
-                )
-                .unwrap(),
-            );
-        seq.push(Residual::new(inner))
-    })
-}
 
 /// One block as tensor ops on parameters it owns.
 pub(crate) struct Block {
@@ -54,36 +23,53 @@ pub(crate) struct Block {
     b2: Param,
 }
 
+/// Normal samples with standard deviation `std`, from `seed`.
+fn randn(pool: &Pool, shape: &[usize], std: f32, seed: u64) -> Param {
+    pool.scope(|s| (s.randn::<f32>(shape, seed) * std).detach())
+}
+
 impl Block {
-    /// The blocks of a model made by [`layers`], sharing its parameters (no copy). Drop the store
-    /// before training them, so each parameter has one owner and updates run in place.
-    pub(crate) fn all(params: &ParamStore, blocks: usize) -> Vec<Block> {
-        (0..blocks)
-            .map(|i| {
-                let get = |name: &str| params.get(&format!("b{i}.{name}")).unwrap().clone();
-                Block {
-                    gamma: get("ln.gamma"),
-                    beta: get("ln.beta"),
-                    w1: get("fc1.weight"),
-                    b1: get("fc1.bias"),
-                    w2: get("fc2.weight"),
-                    b2: get("fc2.bias"),
-                }
-            })
-            .collect()
+    /// Block `i` of a model `blocks` deep: layer norm at the identity, the first projection of
+    /// standard deviation `1/sqrt(width)`, the second small (`0.5 / sqrt(hidden blocks)`), so the
+    /// residual stream stays near unit scale at any depth; biases zero.
+    pub(crate) fn new(pool: &Pool, i: usize, blocks: usize, width: usize) -> Block {
+        let hidden = 2 * width;
+        let seed = 10 * i as u64;
+        let out_std = 0.5 / ((hidden * blocks) as f32).sqrt();
+        Block {
+            gamma: Param::from_slice(pool, &[width], &vec![1.0; width]),
+            beta: Param::zeros(pool, &[width]),
+            w1: randn(pool, &[width, hidden], 1.0 / (width as f32).sqrt(), seed),
+            b1: Param::zeros(pool, &[hidden]),
+            w2: randn(pool, &[hidden, width], out_std, seed + 1),
+            b2: Param::zeros(pool, &[width]),
+        }
     }
 
-    /// `x + W2 gelu(W1 LayerNorm(x))`: the same kernels in the same order as the layers.
+    /// `x + W2 gelu(W1 LayerNorm(x))`.
     #[dispose_scope]
     pub(crate) fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
         let h = x.layer_norm(EPS) * &self.gamma + &self.beta;
         let h = (h.matmul(&self.w1) + &self.b1).gelu();
         h.matmul(&self.w2) + &self.b2 + x
     }
+
+    /// Calls `f` on every parameter.
+    pub(crate) fn each_param(&self, f: &mut dyn FnMut(&Param)) {
+        [
+            &self.gamma,
+            &self.beta,
+            &self.w1,
+            &self.b1,
+            &self.w2,
+            &self.b2,
+        ]
+        .into_iter()
+        .for_each(f)
+    }
 }
 
 impl Parameters<f32> for Block {
-    /// In registration order, as the store lists them.
     fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
         let Block {
             gamma,
@@ -104,6 +90,15 @@ pub(crate) struct Model {
 }
 
 impl Model {
+    /// `blocks` blocks of `width`.
+    pub(crate) fn new(pool: &Pool, blocks: usize, width: usize) -> Model {
+        Model {
+            blocks: (0..blocks)
+                .map(|i| Block::new(pool, i, blocks, width))
+                .collect(),
+        }
+    }
+
     /// Every block in turn. Checkpointed as `ckpt`'s configuration says; in a training scope its
     /// backward replays the blocks from the stored boundaries.
     #[checkpoint]
@@ -119,26 +114,15 @@ impl Model {
     pub(crate) fn forward_plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
         self.blocks.iter().fold(x, |x, block| block.forward(&x))
     }
+
+    /// Calls `f` on every parameter.
+    pub(crate) fn each_param(&self, f: &mut dyn FnMut(&Param)) {
+        self.blocks.iter().for_each(|b| b.each_param(f))
+    }
 }
 
 impl Parameters<f32> for Model {
     fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
         self.blocks.for_each_param(f)
-    }
-}
-
-impl Block {
-    /// Calls `f` on every parameter, in registration order.
-    pub(crate) fn each_param(&self, f: &mut dyn FnMut(&Param)) {
-        [
-            &self.gamma,
-            &self.beta,
-            &self.w1,
-            &self.b1,
-            &self.w2,
-            &self.b2,
-        ]
-        .into_iter()
-        .for_each(f)
     }
 }

@@ -23,6 +23,11 @@ struct Driver<'c, T: Element> {
     slot: Slot<'c, T>,
     plan: Vec<usize>,
     recording: Option<Recording<T>>,
+    /// In a recording forward, the steps recorded on tapes: all of them under `Budget`; under the
+    /// other policies all but the last segment, whose graph is kept instead, since its backward
+    /// comes first (replaying it would cost a forward of it and save nothing: one segment's graph
+    /// is alive at a time either way).
+    taped: usize,
 }
 
 impl<'c, T: Element> Driver<'c, T> {
@@ -33,13 +38,13 @@ impl<'c, T: Element> Driver<'c, T> {
         ids: &[usize],
         input: &mut Tensor<'_, T>,
     ) -> Result<Self> {
-        let recording = region::records(input).then(|| Recording::start(input));
+        let records = region::records(input);
         let mut slot = match ckpt {
             Some(ckpt) => {
                 ckpt.set_config(config);
                 Slot::Given(ckpt)
             }
-            None if recording.is_some() => Slot::Own(Box::new(Checkpointer::new(config))),
+            None if records => Slot::Own(Box::new(Checkpointer::new(config))),
             None => {
                 // Nothing is stored, so there is no limit to respect: the plan only groups segments.
                 config.max_checkpoints = None;
@@ -49,22 +54,38 @@ impl<'c, T: Element> Driver<'c, T> {
                 return Ok(Driver {
                     slot: Slot::None,
                     plan,
-                    recording,
+                    recording: None,
+                    taped: 0,
                 });
             }
         };
         let ckpt = slot.get().expect("a checkpointer was given or made");
         ckpt.begin(ids, input)?;
         let plan = ckpt.planned().to_vec();
+        let taped = match (records, ckpt.slots, plan.last()) {
+            (false, ..) => 0,
+            (true, 0, Some(&last)) => last,
+            (true, ..) => ids.len(),
+        };
         Ok(Driver {
             slot,
             plan,
-            recording,
+            // A forward with no step to tape records its graph as it goes.
+            recording: (taped > 0).then(|| Recording::start(input)),
+            taped,
         })
     }
 
-    /// The input of the step at `pos`: stored if the plan says so, and opening the step's tape.
+    /// The input of the step at `pos`: stored if the plan says so, and opening the step's tape. The
+    /// first step past the taped ones starts from the region's output.
     fn enter<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+        if pos >= self.taped && self.recording.is_some() {
+            return Ok(self.close_region(x));
+        }
+        if self.recording.is_none() && self.taped > 0 {
+            // Past the region: the step records its graph as any ops do.
+            return Ok(x);
+        }
         let x = match self.slot.get() {
             Some(ckpt) => ckpt.record(pos, x)?,
             None => x,
@@ -83,12 +104,18 @@ impl<'c, T: Element> Driver<'c, T> {
         }
     }
 
-    /// The forward's output: `x`, with the region's node if the forward recorded.
-    fn finish<'s>(mut self, x: Tensor<'s, T>) -> Tensor<'s, T> {
+    /// `x`, the output of the taped steps, with the region's node.
+    fn close_region<'s>(&mut self, x: Tensor<'s, T>) -> Tensor<'s, T> {
+        let taped = self.taped;
         match (self.recording.take(), self.slot.get()) {
-            (Some(recording), Some(ckpt)) => recording.finish(ckpt, x),
+            (Some(recording), Some(ckpt)) => recording.finish(ckpt, taped, x),
             _ => x,
         }
+    }
+
+    /// The forward's output: `x`, with the region's node if every step was taped.
+    fn finish<'s>(mut self, x: Tensor<'s, T>) -> Tensor<'s, T> {
+        self.close_region(x)
     }
 }
 

@@ -111,7 +111,8 @@ impl<T: Element> Checkpointer<T> {
     }
 
     /// What the backward of the last checkpointed forward that recorded a graph did (layer steps
-    /// recomputed and replayed, activations held at most), once that backward has run.
+    /// recomputed and replayed, activations held at most), once that backward has run; `None` if
+    /// it had nothing to replay (a forward of one segment keeps its graph).
     pub fn last_backward(&self) -> Option<ReverseReport> {
         self.last_backward.get()
     }

@@ -9,9 +9,10 @@
 //! handle, or narrowed to `f16`/`bf16`).
 //!
 //! **Backward.** The region's node runs nested backward passes, last step first. Under `Every`,
-//! `Sqrt` and `Explicit` it replays one segment at a time from its stored boundary with recording
-//! on (one extra forward in all), backpropagates through that segment's graph and drops it before
-//! the next. Under `Budget` the binomial schedule of the reverse sweep recomputes the boundaries it
+//! `Sqrt` and `Explicit` the last segment is not in the region: it records its graph as it runs,
+//! since its backward comes first. The region replays one segment at a time from its stored
+//! boundary with recording on (one extra forward of all segments but the last), backpropagates
+//! through that segment's graph and drops it before the next. Under `Budget` the binomial schedule of the reverse sweep recomputes the boundaries it
 //! did not store, and each step is replayed with recording on once, when its turn comes. Parameters'
 //! gradients go straight into the backward's `Gradients`; the gradients of the region's input and
 //! of values from before the region are returned to the outer backward.
@@ -77,9 +78,14 @@ impl<T: Element> Recording<T> {
         y.without_grad()
     }
 
-    /// `x`, the region's output, with the node whose backward replays the steps from what `ckpt`
-    /// stored.
-    pub(super) fn finish<'s>(self, ckpt: &Checkpointer<T>, mut x: Tensor<'s, T>) -> Tensor<'s, T> {
+    /// `x`, the output of the `taped` steps, with the node whose backward replays them from what
+    /// `ckpt` stored.
+    pub(super) fn finish<'s>(
+        self,
+        ckpt: &Checkpointer<T>,
+        taped: usize,
+        mut x: Tensor<'s, T>,
+    ) -> Tensor<'s, T> {
         // The region's graph inputs: its input, and the values from before it that its steps read
         // (not leaves: those get their gradients by key).
         let mut externals: Vec<Rc<Node<T>>> = Vec::new();
@@ -101,7 +107,7 @@ impl<T: Element> Recording<T> {
             externals,
             stored: ckpt.stored_by_position(),
             shapes: ckpt.shapes.clone(),
-            plan: ckpt.plan.clone(),
+            plan: ckpt.plan.iter().copied().filter(|&p| p < taped).collect(),
             slots: ckpt.slots,
             report: Rc::clone(&ckpt.last_backward),
         };

@@ -1,19 +1,40 @@
-//! A small training path: named parameters, losses with their gradients, and optimizers.
+//! Modules, optimizers and named parameters for training.
 //!
-//! Parameters live in a [`ParamStore`] under names like `"fc1.weight"`, as [`Param`](crate::Param)s.
-//! Gradients are [`Gradients`](crate::Gradients), from [`Tensor::backward`](crate::Tensor::backward)
-//! or from the hand-written backward passes of [`Layer`]s over a shared [`Cache`];
-//! [`Optimizer`]s apply them. [`train_step`] runs one step of a [`Sequential`] model, plain or with
-//! activation checkpointing.
+//! [`Module`]s ([`Linear`] over any leading batch axes, [`LayerNorm`], [`Activation`]s,
+//! [`Residual`], [`Sequential`]) are forward passes over the [`Param`](crate::Param)s they own; in
+//! a training scope their ops record a graph like any other ops, so [`Tensor::backward`](crate::Tensor::backward)
+//! differentiates a model written with them, with tensor ops, or with both. [`Optimizer`]s update
+//! any [`Parameters`](crate::Parameters) in place. A [`ParamStore`] keeps parameters by name.
+//!
+//! A training step is the loop written out: forward, loss, backward, step.
+//!
+//! ```
+//! use tensorscope_runtime::nn::{Activation, Adam, Linear, Module, Optimizer, Sequential};
+//! use tensorscope_runtime::{Pool, TensorOps};
+//!
+//! let pool = Pool::with_max_memory_mb(64);
+//! let mut model = Sequential::new()
+//!     .push(Linear::new(&pool, 4, 16, 1).unwrap())
+//!     .push(Activation::gelu())
+//!     .push(Linear::new(&pool, 16, 1, 2).unwrap());
+//! let mut adam = Adam::new(1e-2);
+//! let mut losses = Vec::new();
+//! for _ in 0..30 {
+//!     losses.push(pool.train(|s| {
+//!         let x = s.randn::<f32>(&[32, 4], 7);
+//!         let target = x.sum(1).reshape(&[32, 1]).tanh();
+//!         let loss = model.forward(&x).unwrap().mse(&target);
+//!         adam.step(&mut model, &loss.backward().unwrap()).unwrap();
+//!         loss.item()
+//!     }));
+//! }
+//! assert!(losses[29] < losses[0] / 2.0);
+//! ```
 
 mod layers;
-mod loss;
 mod optim;
 mod params;
-mod train;
 
-pub use layers::{Activation, Cache, Layer, LayerNorm, Linear, Residual, Sequential};
-pub use loss::{mse, softmax_cross_entropy};
+pub use layers::{Activation, LayerNorm, Linear, Module, Residual, Sequential};
 pub use optim::{Adam, Optimizer, Sgd};
-pub use params::{NnError, ParamId, ParamStore};
-pub use train::{backward_step, train_step, StepReport};
+pub use params::{NnError, ParamStore};

@@ -22,7 +22,7 @@ mod unary;
 
 pub(crate) use conv::{conv2d_backward, upsample_backward};
 pub use unary::TensorOps;
-pub(crate) use unary::{gelu, gelu_grad, norm_backward_lane, relu, scalar_op, unary_op};
+pub(crate) use unary::{gelu_grad, norm_backward_lane, scalar_op, unary_op};
 
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
