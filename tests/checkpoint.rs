@@ -335,12 +335,11 @@ fn bad_input_gives_typed_errors() {
 }
 
 #[test]
-fn edge_cases_found_in_review() {
+fn a_sweep_follows_the_forwards_plan_and_consumes_the_checkpoints() {
     let pool = Pool::with_max_memory_mb(64);
     pool.scope(|s| {
         let input = s.ones::<f32>(&[4]);
         let layers: Vec<usize> = (0..8).collect();
-
         // The sweep follows the plan the forward made, even if the config changed since.
         let mut ckpt = Checkpointer::new(config(Policy::Every(4)));
         ckpt.checkpointed_forward(&input, &layers, layer_step)
@@ -358,8 +357,14 @@ fn edge_cases_found_in_review() {
                 stored: vec![]
             }
         );
+    });
+}
 
-        // No layers: nothing stored, nothing to sweep, under every policy.
+#[test]
+fn a_forward_over_no_layers_stores_nothing_under_every_policy() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let input = s.ones::<f32>(&[4]);
         for policy in [
             Policy::Explicit(vec![]),
             Policy::Budget(1 << 20),
@@ -376,8 +381,14 @@ fn edge_cases_found_in_review() {
                 0
             );
         }
+    });
+}
 
-        // The limit error names the layer id, not its position.
+#[test]
+fn the_limit_error_names_the_layer_id_and_clear_forgets_the_plan() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|s| {
+        let input = s.ones::<f32>(&[4]);
         let ids: Vec<usize> = (100..108).collect();
         let mut limited = Checkpointer::new(config(Policy::Every(2)).with_max_checkpoints(3));
         let err = limited
@@ -391,8 +402,7 @@ fn edge_cases_found_in_review() {
                 limit: 3
             }
         );
-
-        // `clear` forgets the plan too.
+        let layers: Vec<usize> = (0..8).collect();
         let mut sqrt = Checkpointer::new(config(Policy::Sqrt));
         sqrt.checkpointed_forward(&input, &layers, layer_step)
             .unwrap();

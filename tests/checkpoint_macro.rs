@@ -264,7 +264,9 @@ fn the_sequence_replay_runs_one_let_and_names_the_bad_index() {
     });
 }
 
-mod review {
+/// Less common forms: layers borrowed mutably, several assigned variables, named replays, nested
+/// forwards.
+mod forms {
     use super::*;
 
     struct Lin {
@@ -335,30 +337,54 @@ mod review {
         x
     }
 
-    #[test]
-    fn fixes_from_review() {
-        let pool = Pool::with_max_memory_mb(64);
-        let mut net = Net {
+    fn net() -> Net {
+        Net {
             layers: (0..4)
                 .map(|i| Lin {
                     scale: 1.0 + i as f32,
                     calls: 0,
                 })
                 .collect(),
-        };
+        }
+    }
+
+    #[test]
+    fn layers_borrowed_mutably_and_an_iterable_that_reads_the_activation() {
+        let pool = Pool::with_max_memory_mb(64);
+        let mut net = net();
         let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(1)));
         pool.scope(|s| {
             let y = net.forward_mut(&mut ckpt, s.ones::<f32>(&[3]));
             assert_eq!(y.to_vec(), vec![24.0 + 3.0; 3]);
             assert_eq!(net.layers[3].calls, 1);
+        });
+    }
+
+    #[test]
+    fn the_returned_variable_is_the_activation_and_a_limit_without_checkpointer_stores_nothing() {
+        let pool = Pool::with_max_memory_mb(64);
+        let net = net();
+        pool.scope(|s| {
             // `max = 1` with no checkpointer stores nothing, so it does not fail.
             assert_eq!(net.counted(s.ones::<f32>(&[2])).to_vec(), vec![24.0; 2]);
-            // The replay takes the activation, not the parameter it was bound from.
+        });
+    }
+
+    #[test]
+    fn a_named_replay_takes_the_activation_not_the_parameter_it_was_bound_from() {
+        let pool = Pool::with_max_memory_mb(64);
+        let net = net();
+        pool.scope(|s| {
             let a = s.full::<f32>(&[2], 2.0);
             assert_eq!(net.layer(&a, 2).to_vec(), vec![6.0; 2]);
             assert_eq!(net.named(a).to_vec(), vec![48.0; 2]);
+        });
+    }
 
-            // A nested #[checkpoint] forward does not replan the outer one's checkpointer.
+    #[test]
+    fn a_nested_forward_does_not_replan_the_outer_checkpointer() {
+        let pool = Pool::with_max_memory_mb(64);
+        pool.scope(|s| {
             let mut outer = Checkpointer::<f32>::new(CheckpointConfig::new(Policy::Every(1)));
             let y = outer.install(|| outer_forward(s.zeros::<f32>(&[1])));
             assert_eq!(y.to_vec(), vec![45.0]);

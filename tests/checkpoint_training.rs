@@ -261,3 +261,41 @@ fn pool_weights(model: &transformer::Transformer, denoiser: &denoiser::Denoiser)
     denoiser.each_param(&mut |p| bytes += p.allocated_bytes());
     bytes
 }
+
+/// A forward that tries a backward from inside its first layer step.
+struct Probe {
+    w: Param,
+    seen: std::cell::RefCell<Vec<tensorscope::Result<()>>>,
+}
+
+impl Probe {
+    #[checkpoint(every = 1)]
+    fn forward<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for i in 0..3 {
+            x = x.matmul(&self.w).tanh();
+            if i == 0 {
+                let attempt = x.sum(0).sum(0).backward().map(drop);
+                self.seen.borrow_mut().push(attempt);
+            }
+        }
+        x
+    }
+}
+
+#[test]
+fn a_backward_from_inside_a_taped_step_is_an_error_naming_the_region() {
+    let pool = Pool::with_max_memory_mb(16);
+    let probe = Probe {
+        w: Param::from_slice(&pool, &[2, 2], &[0.5f32, 0.1, -0.2, 0.3]),
+        seen: Default::default(),
+    };
+    let grads = pool.train(|s| {
+        let y = probe.forward(s.ones::<f32>(&[1, 2]));
+        y.sum(1).sum(0).backward().unwrap().len()
+    });
+    let err = probe.seen.borrow_mut().remove(0).unwrap_err();
+    assert_eq!(err, tensorscope::Error::BackwardInsideCheckpoint);
+    assert!(err.to_string().contains("#[checkpoint] region"), "{err}");
+    assert_eq!(grads, 1, "the region's own backward is unaffected");
+}

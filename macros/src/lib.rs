@@ -78,7 +78,9 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// Inserts activation checkpointing into a forward function whose body is a `for` loop over layers
-/// that reassigns the activation, or a sequence of `let` statements that rebind it.
+/// that reassigns the activation, or a sequence of `let` statements that rebind it. The same
+/// function serves inference (it stores the policy's layer inputs) and training (its output's
+/// `backward()` replays the layers from them).
 ///
 /// ```
 /// use tensorscope::prelude::*;
@@ -111,10 +113,59 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// ```
 ///
 /// **Where checkpoints go.** A `&mut Checkpointer` parameter, else the checkpointer installed on this
-/// thread with [`Checkpointer::install`](../tensorscope/checkpoint/struct.Checkpointer.html#method.install);
-/// with neither, the function runs as a plain segmented forward and stores nothing (inference). The
-/// attribute's options are applied to the checkpointer (`set_config`) before the forward. The stored
-/// layers are numbered by position: 0 for the first step of the loop or sequence.
+/// thread with [`Checkpointer::install`](../tensorscope/checkpoint/struct.Checkpointer.html#method.install).
+/// The attribute's options are applied to it (`set_config`) before the forward; without options
+/// (`#[checkpoint]` alone) its own configuration applies, so one annotated function serves every
+/// policy. With neither a checkpointer nor options, the layers run as written. The stored layers
+/// are numbered by position: 0 for the first step of the loop or sequence.
+///
+/// **Training.** In a training scope (or from an input that carries a gradient graph), the layers
+/// record what it takes to run them again instead of a graph that keeps their activations, and the
+/// output's graph node replays them in the backward pass: segment by segment from the stored
+/// inputs (`every`, `sqrt`, explicit positions), or by the binomial schedule of a byte budget.
+/// The last segment keeps its graph (its backward comes first). At full precision the loss and
+/// every gradient are bit-identical to the same forward without the attribute.
+///
+/// ```
+/// use tensorscope::nn::{Adam, Optimizer};
+/// use tensorscope::prelude::*;
+/// use tensorscope::{CheckpointConfig, Checkpointer, Parameters, Policy};
+///
+/// struct Mlp { weights: Vec<Param> }
+///
+/// impl Mlp {
+///     #[checkpoint]
+///     fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
+///         let mut x = x;
+///         for w in &self.weights {
+///             x = x.matmul(w).tanh();
+///         }
+///         x
+///     }
+/// }
+///
+/// impl Parameters<f32> for Mlp {
+///     fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
+///         self.weights.for_each_param(f)
+///     }
+/// }
+///
+/// let pool = Pool::with_max_memory_mb(64);
+/// let mut mlp = pool.scope(|s| Mlp {
+///     weights: (0..16).map(|i| (s.randn::<f32>(&[8, 8], i) * 0.3).detach()).collect(),
+/// });
+/// let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Sqrt));
+/// let mut adam = Adam::new(1e-2);
+/// for _ in 0..3 {
+///     pool.train(|s| {
+///         let y = mlp.forward(&mut ckpt, s.ones::<f32>(&[2, 8]));
+///         let loss = y.mse(&s.zeros(&[2, 8]));
+///         let grads = loss.backward().unwrap(); // replays the stored segments
+///         adam.step(&mut mlp, &grads).unwrap();
+///     });
+/// }
+/// assert_eq!(ckpt.last_backward().unwrap().replayed_steps, 12); // all but the last segment
+/// ```
 ///
 /// **Segments.** The layers are grouped by the policy; each group runs in its own child scope of the
 /// activation's, so whatever a layer rents is that segment's and is released by its end at the latest.
@@ -135,9 +186,10 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// return the activation tensor, and the loop's iterable and body to use only parameters (not locals
 /// made before the loop); it panics with the index and the layer count for an index past the end.
 ///
-/// **Options:** `every = N` or `policy = "sqrt"` (one of them is required), `precision = "f32" |
-/// "f16" | "bf16"`, `max = M` (at most `M` checkpoints), `replay = "name"`, `crate = "path"`. Misuse is a compile error at
-/// the offending tokens, and the function is still emitted as written.
+/// **Options:** `every = N` or `policy = "sqrt"` (or neither: the checkpointer's configuration),
+/// with a policy `precision = "f32" | "f16" | "bf16"` and `max = M` (at most `M` checkpoints),
+/// `replay = "name"`, `crate = "path"`. Misuse is a compile error at the offending tokens, and the
+/// function is still emitted as written.
 #[proc_macro_attribute]
 pub fn checkpoint(args: TokenStream, item: TokenStream) -> TokenStream {
     checkpoint::expand(args.into(), item.into()).into()
