@@ -299,3 +299,46 @@ fn a_backward_from_inside_a_taped_step_is_an_error_naming_the_region() {
     assert!(err.to_string().contains("#[checkpoint] region"), "{err}");
     assert_eq!(grads, 1, "the region's own backward is unaffected");
 }
+
+/// `#[checkpoint]` forwards nested in the layer steps of another.
+struct Nested {
+    weights: Vec<Param>,
+}
+
+impl Nested {
+    #[checkpoint(every = 2)]
+    fn inner<'a>(&self, x: Tensor<'a>, at: usize) -> Tensor<'a> {
+        let mut x = x;
+        for w in &self.weights[at..at + 4] {
+            x = x.matmul(w).tanh();
+        }
+        x
+    }
+
+    #[checkpoint(every = 1)]
+    fn outer<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for at in [0, 4, 8] {
+            x = self.inner(x, at);
+        }
+        x
+    }
+
+    fn plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
+        self.weights.iter().fold(x, |x, w| x.matmul(w).tanh())
+    }
+}
+
+#[test]
+fn nested_checkpointed_forwards_train_like_the_plain_one() {
+    let pool = Pool::with_max_memory_mb(64);
+    let model = Nested {
+        weights: (0..12)
+            .map(|i| pool.scope(|s| (s.randn::<f32>(&[4, 4], i) * 0.5).detach()))
+            .collect(),
+    };
+    let each = |f: &mut dyn FnMut(&Param)| model.weights.iter().for_each(f);
+    let plain = gradients(&pool, &[2, 4], |x| model.plain(x), each);
+    let nested = gradients(&pool, &[2, 4], |x| model.outer(x), each);
+    assert!(nested == plain);
+}

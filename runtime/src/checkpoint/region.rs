@@ -32,7 +32,17 @@ use crate::tensor::Tensor;
 
 /// Whether a forward from `input` records a graph: recording is on, and the input carries one or
 /// parameters become leaves (a training scope).
+///
+/// A forward whose input is on a tape already (a `#[checkpoint]` forward called inside a layer step
+/// of another) records on that tape as any ops do: the outer region replays it.
 pub(crate) fn records<T: Element>(input: &Tensor<'_, T>) -> bool {
+    if input
+        .node
+        .as_ref()
+        .is_some_and(|n| n.tape_value().is_some())
+    {
+        return false;
+    }
     match autograd::mode() {
         Mode::Off => false,
         Mode::Train => true,
