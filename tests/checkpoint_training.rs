@@ -342,3 +342,235 @@ fn nested_checkpointed_forwards_train_like_the_plain_one() {
     let nested = gradients(&pool, &[2, 4], |x| model.outer(x), each);
     assert!(nested == plain);
 }
+
+/// A loop whose steps share one weight (an RNN), with optional extras per step.
+struct Recurrent {
+    w: Param,
+    steps: usize,
+}
+
+impl Recurrent {
+    #[checkpoint]
+    fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for _ in 0..self.steps {
+            x = x.matmul(&self.w).tanh();
+        }
+        x
+    }
+
+    fn plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
+        (0..self.steps).fold(x, |x, _| x.matmul(&self.w).tanh())
+    }
+}
+
+#[test]
+fn a_weight_shared_by_every_step_gets_its_gradient_summed_per_segment() {
+    // The plain graph adds the shared weight's per-use gradients in forward order; the region adds
+    // them segment by segment, last segment first: the same sum, associated differently.
+    let pool = Pool::with_max_memory_mb(64);
+    let model = Recurrent {
+        w: pool.scope(|s| (s.randn::<f32>(&[4, 4], 3) * 0.5).detach()),
+        steps: 16,
+    };
+    let each = |f: &mut dyn FnMut(&Param)| f(&model.w);
+    let (loss, plain) = gradients(&pool, &[2, 4], |x| model.plain(x), each);
+    for policy in policies(16, 2 * 4 * 4) {
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy.clone()));
+        let (got_loss, got) = gradients(&pool, &[2, 4], |x| model.forward(&mut ckpt, x), each);
+        assert_eq!(got_loss, loss, "{policy:?}: the forward is exact");
+        let worst = got[0]
+            .iter()
+            .zip(&plain[0])
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{policy:?}: {worst}");
+    }
+}
+
+/// Steps with a `map` (no derivative): dead, or kept out of the graph with `without_grad`, or on
+/// the gradient's path in the first step.
+struct Masked {
+    weights: Vec<Param>,
+    mask: u8,
+}
+
+impl Masked {
+    #[checkpoint]
+    fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for (i, w) in self.weights.iter().enumerate() {
+            let mapped = (&x).map(|v| if v > 0.0 { 1.0 } else { 0.5 });
+            x = match self.mask {
+                _ if i > 0 => x.matmul(w).tanh(),
+                0 => x.matmul(w).tanh(), // `mapped` is dead
+                1 => (x.matmul(w) * &mapped.without_grad()).tanh(),
+                _ => (x.matmul(w) * &mapped).tanh(), // in the first step, which is taped
+            };
+        }
+        x
+    }
+}
+
+#[test]
+fn a_map_in_a_step_fails_the_backward_only_on_the_gradients_path_and_changes_nothing() {
+    let pool = Pool::with_max_memory_mb(64);
+    let weights: Vec<Param> = (0..8)
+        .map(|i| pool.scope(|s| (s.randn::<f32>(&[4, 4], i) * 0.5).detach()))
+        .collect();
+    let run = |mask: u8, ckpt: Option<&mut Checkpointer>| {
+        let model = Masked {
+            weights: weights.clone(),
+            mask,
+        };
+        pool.train(|s| {
+            let mut grads = Gradients::new(s);
+            let x = s.randn::<f32>(&[2, 4], 1);
+            let y = match ckpt {
+                Some(ckpt) => model.forward(ckpt, x),
+                None => model.forward(
+                    &mut Checkpointer::new(CheckpointConfig::new(Policy::Every(8))),
+                    x,
+                ),
+            };
+            let result = y.mse(&s.zeros(&[2, 4])).backward_into(&mut grads);
+            let values: Vec<Vec<f32>> = weights
+                .iter()
+                .filter_map(|w| grads.get(w).map(|g| g.to_vec()))
+                .collect();
+            (result, values)
+        })
+    };
+    for mask in [0, 1] {
+        let (plain, plain_grads) = run(mask, None);
+        plain.unwrap();
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(2)));
+        let (result, grads) = run(mask, Some(&mut ckpt));
+        result.unwrap();
+        assert_eq!(grads, plain_grads, "mask {mask}");
+    }
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(2)));
+    let (result, grads) = run(2, Some(&mut ckpt));
+    assert_eq!(
+        result.unwrap_err(),
+        tensorscope::Error::NotDifferentiable { op: "map" }
+    );
+    assert!(grads.is_empty(), "checked before any gradient was added");
+}
+
+#[test]
+fn a_budget_that_growing_activations_would_pass_is_an_error_naming_the_figures() {
+    let pool = Pool::with_max_memory_mb(64);
+    let w = Param::from_slice(&pool, &[1], &[0.5f32]);
+    let grow = |ckpt: &mut Checkpointer| {
+        pool.scope(|s| {
+            ckpt.checkpointed_forward(&s.ones::<f32>(&[2, 16]), &[0, 1, 2, 3], |x, _| {
+                let h = (x * &w).tanh();
+                Tensor::concat(&[x, &h], 1)
+            })
+            .map(drop)
+        })
+    };
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Budget(512)));
+    let err = grow(&mut ckpt).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            tensorscope::CheckpointError::BudgetExceeded { budget: 512, .. }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("past the budget of 512"), "{err}");
+}
+
+/// A forward of a layer that reads the previous step's value as well as its input.
+fn dense<'s>(
+    ckpt: &mut Checkpointer,
+    w: &Param,
+    x: &Tensor<'s>,
+) -> Result<Tensor<'s>, tensorscope::CheckpointError> {
+    let previous: std::cell::RefCell<Option<Tensor<'s>>> = Default::default();
+    ckpt.checkpointed_forward(x, &[0, 1, 2, 3], |x, _| {
+        let y = match previous.borrow().as_ref() {
+            Some(p) => (x.matmul(w) + p).tanh(),
+            None => x.matmul(w).tanh(),
+        };
+        *previous.borrow_mut() = Some(x.clone());
+        y
+    })
+}
+
+#[test]
+fn steps_that_read_an_earlier_steps_value_are_refused_in_training() {
+    let pool = Pool::with_max_memory_mb(64);
+    let w = Param::from_slice(&pool, &[2, 2], &[0.5f32, 0.1, -0.2, 0.3]);
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(2)));
+    // In inference the layers run as written.
+    pool.scope(|s| dense(&mut ckpt, &w, &s.ones(&[1, 2])).map(drop).unwrap());
+    let err = pool.train(|s| {
+        dense(&mut ckpt, &w, &s.ones(&[1, 2]))
+            .map(drop)
+            .unwrap_err()
+    });
+    assert_eq!(err, tensorscope::CheckpointError::CrossStepValue);
+}
+
+#[test]
+fn a_training_forward_with_nothing_to_train_has_no_graph_and_plans_what_it_stores() {
+    let pool = Pool::with_max_memory_mb(64);
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(2)));
+    let layers: Vec<usize> = (0..6).collect();
+    let ((), stats) = pool.scope_with_stats(|s| {
+        s.train(|t| {
+            let y = ckpt
+                .checkpointed_forward(&t.ones::<f32>(&[2]), &layers, |x, _| (x * 2.0).tanh())
+                .unwrap();
+            assert!(!y.has_graph(), "no parameter, no marked input");
+            assert_eq!(y.backward().unwrap_err(), tensorscope::Error::NoGraph);
+        })
+    });
+    assert_eq!(stats.leaked, 0);
+    // The last segment's input is not stored in training (its graph is kept): nor is it planned.
+    assert_eq!(ckpt.stored_layers(), vec![0, 2]);
+    assert!(ckpt.is_checkpoint_layer(2) && !ckpt.is_checkpoint_layer(4));
+}
+
+/// A step that makes a constant of its own, which its tape keeps for the replay.
+struct WithConstant {
+    w: Param,
+}
+
+impl WithConstant {
+    #[checkpoint]
+    fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for _ in 0..3 {
+            let k = (x.clone().without_grad() * 0.5).tanh();
+            x = (x.matmul(&self.w) * &k).tanh();
+        }
+        x
+    }
+}
+
+#[test]
+fn constants_a_taped_step_makes_are_accounted_to_the_scope_that_keeps_them() {
+    let pool = Pool::with_max_memory_mb(64);
+    let model = WithConstant {
+        w: Param::from_slice(&pool, &[2, 2], &[0.5f32, 0.1, -0.2, 0.3]),
+    };
+    // Budget tapes every step, so the last segment's scope is one whose constants the tape keeps.
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Budget(1 << 10)));
+    let ((), stats) = pool.scope_with_stats(|s| {
+        s.train(|t| {
+            let y = model.forward(&mut ckpt, t.ones::<f32>(&[1, 2]));
+            let segment = t.last_child_stats().unwrap();
+            assert_eq!(
+                (segment.leaked, segment.bytes_in_use),
+                (0, 0),
+                "{segment:?}"
+            );
+            y.sum(1).sum(0).backward().unwrap();
+        })
+    });
+    assert_eq!(stats.leaked, 0);
+}

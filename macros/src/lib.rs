@@ -124,7 +124,10 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// output's graph node replays them in the backward pass: segment by segment from the stored
 /// inputs (`every`, `sqrt`, explicit positions), or by the binomial schedule of a byte budget.
 /// The last segment keeps its graph (its backward comes first). At full precision the loss and
-/// every gradient are bit-identical to the same forward without the attribute.
+/// every gradient are bit-identical to the same forward without the attribute, but for a parameter
+/// read by several steps (an RNN's weight), whose per-step gradients are summed segment by segment
+/// (relative differences up to 1e-5). A step may not read a value of an earlier step other than
+/// through its input.
 ///
 /// ```
 /// use tensorscope::nn::{Adam, Optimizer};

@@ -221,12 +221,13 @@ impl<T: Element> Recorder<T> {
         if mode() == Mode::Off || inputs.iter().all(|t| t.node.is_none()) {
             return None;
         }
-        let tape = inputs.iter().find_map(|t| {
-            t.node
-                .as_ref()?
-                .tape_value()
-                .map(|(tape, _)| Rc::clone(tape))
-        });
+        // The latest tape among the inputs': the step being recorded (a value of an earlier step
+        // is an outside value, which the region refuses).
+        let tape = inputs
+            .iter()
+            .filter_map(|t| t.node.as_ref()?.tape_value().map(|(tape, _)| tape))
+            .max_by_key(|tape| tape.borrow().seq())
+            .map(Rc::clone);
         Some(match tape {
             Some(tape) => {
                 let args = inputs
@@ -262,7 +263,7 @@ pub(crate) fn finish<'s, T: Element>(
     out.node = recorder.map(|r| match r.tape {
         // On a tape, only what it takes to run the op again is kept.
         Some((tape, args)) => {
-            let replay = tape::Replay::of(&rule(&out), out.shape());
+            let replay = tape::Replay::of(&rule(&out), &out);
             let value = tape.borrow_mut().push(replay, args);
             Node::taped(&tape, value, &out.scope)
         }
@@ -380,6 +381,7 @@ fn check<T: Element>(order: &[Rc<Node<T>>], grads: &Gradients<'_, T>) -> Result<
             Kind::Op { rule, .. } => match rule.borrow().as_ref() {
                 None => return Err(Error::GraphConsumed),
                 Some(Rule::NotDifferentiable(op)) => return Err(Error::NotDifferentiable { op }),
+                Some(Rule::Region(region)) => region.check(grads)?,
                 Some(_) => {}
             },
             Kind::Taped { .. } => return Err(Error::BackwardInsideCheckpoint),

@@ -122,6 +122,11 @@ pub(crate) trait RegionRule<T: Element> {
 
     /// Calls `f` on every tensor the region keeps (for moving their accounting on escape).
     fn for_each_saved(&self, f: &mut dyn FnMut(&Saved<T>));
+
+    /// Fails as the region's backward would, before any backward runs: with
+    /// [`Error::NotDifferentiable`] for an op without a derivative its output depends on, and as
+    /// [`Gradients::check_sources`] does for the parameters its steps read.
+    fn check(&self, grads: &Gradients<'_, T>) -> Result<()>;
 }
 
 impl<T: Element> Rule<T> {

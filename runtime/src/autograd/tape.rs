@@ -52,13 +52,15 @@ pub(crate) enum Replay<T: Element> {
     Upsample(usize),
     Mse,
     CrossEntropy(Vec<usize>),
-    /// An op without a derivative (`map`, `map_lanes`, `zip_map`): it cannot be run again.
-    Opaque(&'static str),
+    /// An op without a derivative (`map`, `map_lanes`, `zip_map`): it cannot be run again, so its
+    /// output is kept, and a backward that reaches it fails naming it, as without the tape.
+    Kept(&'static str, Tensor<'static, T>),
 }
 
 impl<T: Element> Replay<T> {
-    /// The op that made `rule` (whose output has `shape`), without what the rule saved.
-    pub(crate) fn of(rule: &Rule<T>, shape: &[usize]) -> Self {
+    /// The op that made `rule` (whose output is `out`), without what the rule saved.
+    pub(crate) fn of(rule: &Rule<T>, out: &Tensor<'_, T>) -> Self {
+        let shape = out.shape();
         match rule {
             Rule::Add(..) => Replay::Binary(Binary::Add),
             Rule::Sub(..) => Replay::Binary(Binary::Sub),
@@ -67,7 +69,7 @@ impl<T: Element> Replay<T> {
             Rule::Scalar(kind, c, _) => Replay::Scalar(*kind, *c),
             Rule::Unary(kind, _) => Replay::Unary(*kind),
             Rule::Map(_, f, df) => Replay::Map(Rc::clone(f), Rc::clone(df)),
-            Rule::NotDifferentiable(op) => Replay::Opaque(op),
+            Rule::NotDifferentiable(op) => Replay::Kept(op, out.saved()),
             Rule::Softmax(_, axis) => Replay::Softmax(*axis),
             Rule::LogSoftmax(_, axis) => Replay::LogSoftmax(*axis),
             Rule::LayerNorm(_, _, eps) => Replay::LayerNorm(*eps),
@@ -95,9 +97,9 @@ impl<T: Element> Replay<T> {
             Replay::Binary(Binary::Sub) => a.try_sub(b()),
             Replay::Binary(Binary::Mul) => a.try_mul(b()),
             Replay::Binary(Binary::Div) => a.try_div(b()),
-            Replay::Binary(Binary::ZipMap) | Replay::Opaque(_) => {
-                Err(Error::NotDifferentiable { op: self.name() })
-            }
+            Replay::Binary(Binary::ZipMap) => Err(Error::NotDifferentiable { op: "zip_map" }),
+            // With recording on, a node whose backward fails naming the op.
+            Replay::Kept(op, value) => Ok(super::barrier(value.alias_in(&a.scope), op)),
             Replay::Scalar(kind, c) => crate::ops::scalar_op(a, *kind, *c),
             Replay::Unary(kind) => crate::ops::unary_op(a, *kind),
             Replay::Map(f, df) => {
@@ -120,13 +122,6 @@ impl<T: Element> Replay<T> {
             Replay::CrossEntropy(labels) => a.try_cross_entropy(labels),
         }
     }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Replay::Opaque(op) => op,
-            _ => "zip_map",
-        }
-    }
 }
 
 /// One recorded op.
@@ -137,6 +132,8 @@ struct Op<T: Element> {
 
 /// The program of one layer step.
 pub(crate) struct Tape<T: Element> {
+    /// Tapes opened later have higher numbers: an op on values of two tapes belongs to the later.
+    seq: u64,
     ops: Vec<Op<T>>,
     /// What the step returned; `None` until the driver closes the tape.
     output: Option<Arg<T>>,
@@ -151,10 +148,17 @@ pub(crate) type Outside<'a, T> = (Option<&'a Rc<Node<T>>>, &'a Tensor<'static, T
 impl<T: Element> Tape<T> {
     /// An empty tape, for a step whose input is value 0.
     pub(crate) fn new() -> SharedTape<T> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Rc::new(RefCell::new(Tape {
+            seq: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ops: Vec::new(),
             output: None,
         }))
+    }
+
+    /// The tape's number in the order tapes were opened.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
     }
 
     /// Appends an op; returns the value index of its output.
@@ -168,8 +172,8 @@ impl<T: Element> Tape<T> {
         self.output = Some(output);
     }
 
-    /// Calls `f` on every value from outside the step (for moving their accounting, and for
-    /// finding the graph nodes the step reads).
+    /// Calls `f` on every value from outside the step, and on every kept output (for moving their
+    /// accounting, and for finding the graph nodes the step reads).
     pub(crate) fn for_each_outside(&self, f: &mut dyn FnMut(Outside<'_, T>)) {
         let args = self.ops.iter().flat_map(|op| &op.args).chain(&self.output);
         for arg in args {
@@ -177,19 +181,59 @@ impl<T: Element> Tape<T> {
                 f((node.as_ref(), value));
             }
         }
+        for op in &self.ops {
+            if let Replay::Kept(_, value) = &op.replay {
+                f((None, value));
+            }
+        }
     }
 
-    /// Runs the step again from `input`, in `at`. Values from outside take `outside(node, value)`:
-    /// the value itself for a values-only replay, or the value with a node for a replay that builds
-    /// a graph. Every intermediate value is dropped as soon as no later op reads it.
+    /// Which ops the step's output depends on: the others need not run again.
+    fn needed(&self) -> Vec<bool> {
+        let mut needed = vec![false; self.ops.len() + 1];
+        if let Some(Arg::Value(v)) = &self.output {
+            needed[*v] = true;
+        }
+        for i in (0..self.ops.len()).rev() {
+            // A kept output is not computed from its arguments.
+            if needed[i + 1] && !matches!(self.ops[i].replay, Replay::Kept(..)) {
+                for arg in &self.ops[i].args {
+                    if let Arg::Value(v) = arg {
+                        needed[*v] = true;
+                    }
+                }
+            }
+        }
+        needed
+    }
+
+    /// The op without a derivative that the step's output depends on, if any: a backward through
+    /// the step fails naming it, as one through the same ops without a tape would.
+    pub(crate) fn opaque_dependency(&self) -> Option<&'static str> {
+        let needed = self.needed();
+        self.ops
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| needed[i + 1])
+            .find_map(|(_, op)| match &op.replay {
+                Replay::Kept(name, _) => Some(*name),
+                _ => None,
+            })
+    }
+
+    /// Runs the step again from `input`, in `at`: the ops its output depends on, no others. Values
+    /// from outside take `outside(node, value)`: the value itself for a values-only replay, or the
+    /// value with a node for a replay that builds a graph. Every intermediate value is dropped as
+    /// soon as no later op reads it.
     pub(crate) fn replay(
         &self,
         input: Tensor<'static, T>,
         at: &Rc<ScopeState>,
         outside: &mut dyn FnMut(Outside<'_, T>) -> Tensor<'static, T>,
     ) -> Result<Tensor<'static, T>> {
+        let needed = self.needed();
         let mut last_read = vec![0usize; self.ops.len() + 1];
-        for (i, op) in self.ops.iter().enumerate() {
+        for (i, op) in self.ops.iter().enumerate().filter(|&(i, _)| needed[i + 1]) {
             for arg in &op.args {
                 if let Arg::Value(v) = arg {
                     last_read[*v] = i + 1;
@@ -203,6 +247,11 @@ impl<T: Element> Tape<T> {
         let mut values: Vec<Option<Tensor<'static, T>>> = Vec::with_capacity(self.ops.len() + 1);
         values.push(Some(input.alias_in(at)));
         for (i, op) in self.ops.iter().enumerate() {
+            if !needed[i + 1] {
+                // Nothing the output depends on: not run again.
+                values.push(None);
+                continue;
+            }
             let args = op
                 .args
                 .iter()

@@ -3,6 +3,8 @@
 //! (each segment in a child scope). A recording forward records each step on a tape and gives the
 //! output the region's node (see `region`).
 
+use std::rc::Rc;
+
 use super::region::{self, Recording};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
 use crate::element::Element;
@@ -80,7 +82,7 @@ impl<'c, T: Element> Driver<'c, T> {
     /// first step past the taped ones starts from the region's output.
     fn enter<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         if pos >= self.taped && self.recording.is_some() {
-            return Ok(self.close_region(x));
+            return self.close_region(x);
         }
         if self.recording.is_none() && self.taped > 0 {
             // Past the region: the step records its graph as any ops do.
@@ -104,17 +106,30 @@ impl<'c, T: Element> Driver<'c, T> {
         }
     }
 
-    /// `x`, the output of the taped steps, with the region's node.
-    fn close_region<'s>(&mut self, x: Tensor<'s, T>) -> Tensor<'s, T> {
+    /// `x`, the output of the taped steps, with the region's node. The last segment's input is
+    /// not stored in training (its graph is kept), so it leaves the plan too.
+    fn close_region<'s>(&mut self, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         let taped = self.taped;
         match (self.recording.take(), self.slot.get()) {
-            (Some(recording), Some(ckpt)) => recording.finish(ckpt, taped, x),
-            _ => x,
+            (Some(recording), Some(ckpt)) => {
+                let x = recording.finish(ckpt, taped, x)?;
+                ckpt.plan.retain(|&p| p < taped);
+                Ok(x)
+            }
+            _ => Ok(x),
+        }
+    }
+
+    /// Moves the accounting of what the tapes keep to `target`, the scope a segment's output
+    /// escapes to.
+    fn settle(&self, target: &Rc<ScopeState>) {
+        if let Some(recording) = &self.recording {
+            recording.settle(target);
         }
     }
 
     /// The forward's output: `x`, with the region's node if every step was taped.
-    fn finish<'s>(mut self, x: Tensor<'s, T>) -> Tensor<'s, T> {
+    fn finish<'s>(mut self, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         self.close_region(x)
     }
 }
@@ -158,7 +173,7 @@ impl<T: Element> Checkpointer<T> {
             x = driver.enter(pos, x)?;
             x = driver.leave(forward(&x, layer));
         }
-        Ok(driver.finish(x))
+        driver.finish(x)
     }
 }
 
@@ -200,16 +215,18 @@ pub(crate) fn run_layers<'s, T: Element, L>(
     let mut layers = layers.into_iter().enumerate();
     for (j, &start) in plan.iter().enumerate() {
         let end = plan.get(j + 1).copied().unwrap_or(n);
-        let state = ScopeState::child(&x.scope, None);
+        let parent = Rc::clone(&x.scope);
+        let state = ScopeState::child(&parent, None);
         x = run(state, |segment: &Scope<'_, 's>| {
             let mut a = segment.rebind_owned(x);
             for (pos, layer) in layers.by_ref().take(end - start) {
                 a = driver.enter(pos, a)?;
                 a = driver.leave(step(segment, a, layer));
             }
+            driver.settle(&parent);
             Ok::<_, CheckpointError>(segment.escape(a))
         })
         .0?;
     }
-    Ok(driver.finish(x))
+    driver.finish(x)
 }

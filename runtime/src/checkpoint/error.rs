@@ -1,7 +1,7 @@
 //! The checkpointer's errors.
 
 #[cfg(doc)]
-use super::{CheckpointConfig, Checkpointer};
+use super::{CheckpointConfig, Checkpointer, Policy};
 use crate::error::{Error, Shape};
 
 /// Errors of the checkpointer; bad input is reported, never a panic.
@@ -74,6 +74,31 @@ pub enum CheckpointError {
         /// What is wrong, with the first offending value.
         problem: String,
     },
+    /// Storing an activation would hold more pool bytes than [`Policy::Budget`] allows: the plan
+    /// counted slots of the input's size, and this activation is larger.
+    #[error(
+        "storing the input of layer {layer} ({bytes} bytes in the pool) would hold {needed} bytes \
+         of checkpoints, past the budget of {budget}: the plan counted slots of the input's size, \
+         and this activation is larger; give a budget for the largest activation"
+    )]
+    BudgetExceeded {
+        /// The layer whose input was being stored.
+        layer: usize,
+        /// What its checkpoint takes in the pool.
+        bytes: usize,
+        /// What every stored checkpoint would take with it.
+        needed: usize,
+        /// The budget.
+        budget: usize,
+    },
+    /// A layer step of a recording checkpointed forward read a value of an earlier step other than
+    /// its own input: replaying the steps one at a time cannot give that value its gradient.
+    #[error(
+        "a layer step of a checkpointed forward that records a gradient graph read a value computed \
+         by an earlier step, not through its input; pass the value through the activation, or \
+         compute it before the checkpointed loop"
+    )]
+    CrossStepValue,
     /// A policy that cannot be followed (e.g. `Every(0)`, a budget too small for one activation).
     #[error("invalid checkpoint policy: {0}")]
     InvalidPolicy(String),

@@ -186,6 +186,29 @@ impl<T: Element> Checkpointer<T> {
                 });
             }
         }
+        if let Policy::Budget(budget) = self.config.policy {
+            let class = |data: usize| crate::pool::class_bytes_of(data);
+            let bytes = class(
+                activation
+                    .len()
+                    .saturating_mul(self.config.precision.bytes_per_element::<T>()),
+            );
+            let held: usize = self
+                .stored
+                .iter()
+                .filter(|&(&l, _)| l != layer)
+                .map(|(_, s)| class(s.data_bytes()))
+                .sum();
+            let needed = held.saturating_add(bytes);
+            if needed > budget {
+                return Err(CheckpointError::BudgetExceeded {
+                    layer,
+                    bytes,
+                    needed,
+                    budget,
+                });
+            }
+        }
         if let Some(v) = activation.as_slice().iter().find(|v| !v.is_finite()) {
             return Err(CheckpointError::BadValue {
                 layer,

@@ -29,6 +29,7 @@ use crate::element::Element;
 use crate::error::Result as TensorResult;
 use crate::scope::ScopeState;
 use crate::tensor::Tensor;
+use ndarray::Dimension;
 
 /// Whether a forward from `input` records a graph: recording is on, and the input carries one or
 /// parameters become leaves (a training scope).
@@ -88,25 +89,44 @@ impl<T: Element> Recording<T> {
         y.without_grad()
     }
 
+    /// Moves the accounting of what the tapes keep from scopes that end to `target` (as an escape
+    /// moves what a graph saved): a constant made in a segment stays alive with its tape.
+    pub(super) fn settle(&self, target: &Rc<ScopeState>) {
+        for tape in &self.tapes {
+            tape.borrow()
+                .for_each_outside(&mut |(_, value)| value.move_accounting(target));
+        }
+    }
+
     /// `x`, the output of the `taped` steps, with the node whose backward replays them from what
-    /// `ckpt` stored.
+    /// `ckpt` stored; without a node if nothing in the steps needs a gradient. Fails with
+    /// [`CheckpointError::CrossStepValue`] if a step read a value of an earlier step.
     pub(super) fn finish<'s>(
         self,
         ckpt: &Checkpointer<T>,
         taped: usize,
         mut x: Tensor<'s, T>,
-    ) -> Tensor<'s, T> {
+    ) -> Result<Tensor<'s, T>> {
         // The region's graph inputs: its input, and the values from before it that its steps read
         // (not leaves: those get their gradients by key).
         let mut externals: Vec<Rc<Node<T>>> = Vec::new();
+        let (mut leaves, mut cross_step) = (false, false);
         for tape in &self.tapes {
-            tape.borrow().for_each_outside(&mut |(node, _)| {
-                if let Some(node) = node.filter(|n| !n.is_leaf()) {
-                    if !externals.iter().any(|e| Rc::ptr_eq(e, node)) {
-                        externals.push(Rc::clone(node));
-                    }
+            tape.borrow().for_each_outside(&mut |(node, _)| match node {
+                Some(node) if node.is_leaf() => leaves = true,
+                Some(node) if node.tape_value().is_some() => cross_step = true,
+                Some(node) if !externals.iter().any(|e| Rc::ptr_eq(e, node)) => {
+                    externals.push(Rc::clone(node))
                 }
+                _ => {}
             });
+        }
+        if cross_step {
+            return Err(CheckpointError::CrossStepValue);
+        }
+        if self.input.is_none() && externals.is_empty() && !leaves {
+            // Nothing the steps read carries a gradient: neither does their output.
+            return Ok(x);
         }
         let inputs = std::iter::once(self.input)
             .chain(externals.iter().cloned().map(Some))
@@ -122,7 +142,7 @@ impl<T: Element> Recording<T> {
             report: Rc::clone(&ckpt.last_backward),
         };
         x.node = Some(Node::region(inputs, Box::new(region), &x.scope));
-        x
+        Ok(x)
     }
 }
 
@@ -358,5 +378,24 @@ impl<T: Element> RegionRule<T> for Region<T> {
         for tape in &self.tapes {
             tape.borrow().for_each_outside(&mut |(_, value)| f(value));
         }
+    }
+
+    fn check(&self, grads: &Gradients<'_, T>) -> TensorResult<()> {
+        if let Some(op) = self
+            .tapes
+            .iter()
+            .find_map(|t| t.borrow().opaque_dependency())
+        {
+            return Err(crate::error::Error::NotDifferentiable { op });
+        }
+        let mut leaves = Vec::new();
+        for tape in &self.tapes {
+            tape.borrow().for_each_outside(&mut |(node, _)| {
+                if let Some((key, Some((source, shape)))) = node.and_then(|n| n.leaf_parts()) {
+                    leaves.push((key, source, shape));
+                }
+            });
+        }
+        grads.check_sources(leaves.iter().map(|(k, s, shape)| (*k, *s, shape.slice())))
     }
 }
