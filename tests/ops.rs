@@ -10,15 +10,15 @@ mod common;
 use common::{panic_message, test_pool};
 use half::{bf16, f16};
 use ndarray::{concatenate, stack, Array, Array2, ArrayD, Axis, Dimension, Ix2, Ix3, IxDyn, Zip};
-use tensorscope::{Element, Error, Shape, Tensor, TensorOps};
+use tensorscope::{DType, Element, Error, Shape, Tensor, TensorOps};
 
 /// Tolerances for `f32` results: a few ulps relative, plus an absolute floor for values near zero.
 const F32_RTOL: f64 = 1e-5;
 const F32_ATOL: f64 = 1e-6;
 
-/// `x` as `f64`, through [`Element`] (`num_traits::ToPrimitive` has a method of the same name).
+/// `x` as `f64`, through [`DType`] (`num_traits::ToPrimitive` has a method of the same name).
 fn f64_of<T: Element>(x: T) -> f64 {
-    <T as Element>::to_f64(x)
+    <T as DType>::to_f64(x)
 }
 
 /// A tensor's values as an `f64` ndarray array.

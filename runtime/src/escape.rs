@@ -7,7 +7,7 @@
 use std::marker::PhantomData;
 use std::rc::Rc;
 
-use crate::element::Element;
+use crate::element::DType;
 use crate::scope::{Invariant, ScopeState};
 use crate::tensor::Tensor;
 
@@ -85,7 +85,7 @@ pub trait Escape<'from, 'to> {
     fn escape_to(self, target: &EscapeTarget<'from, 'to>) -> Self::Escaped;
 }
 
-impl<'from, 'to, T: Element> Escape<'from, 'to> for Tensor<'from, T> {
+impl<'from, 'to, T: DType> Escape<'from, 'to> for Tensor<'from, T> {
     type Escaped = Tensor<'to, T>;
     fn escape_to(self, target: &EscapeTarget<'from, 'to>) -> Tensor<'to, T> {
         self.move_to(target.state())
@@ -156,7 +156,7 @@ macro_rules! escape_plain {
 escape_plain!(() bool char u8 u16 u32 u64 u128 usize i8 i16 i32 i64 i128 isize f32 f64 half::f16 half::bf16 String);
 escape_plain!(crate::PoolStats crate::ScopeStats crate::Error);
 
-impl<'from, 'to, T: Element> Escape<'from, 'to> for crate::Param<T> {
+impl<'from, 'to, T: DType> Escape<'from, 'to> for crate::Param<T> {
     type Escaped = Self;
     /// A parameter belongs to no scope: it passes through unchanged.
     fn escape_to(self, _target: &EscapeTarget<'from, 'to>) -> Self {

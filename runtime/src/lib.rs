@@ -48,7 +48,7 @@ mod tensor;
 
 pub use autograd::Gradients;
 pub use checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};
-pub use element::Element;
+pub use element::{DType, Element};
 pub use error::{Error, Result, Shape};
 pub use escape::{Escape, EscapeTarget};
 pub use ops::{Operand, TensorOps};

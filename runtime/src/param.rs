@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, AsArray, Dimension, IxDyn};
 
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{or_panic, Result};
 use crate::pool::{check_length, Pool, PoolBuffer};
 
@@ -37,7 +37,7 @@ use crate::pool::{check_length, Pool, PoolBuffer};
 /// assert_eq!(y.to_vec(), vec![1.5, 1.5, 1.5, 1.5, 1.5, 1.5]);
 /// std::thread::spawn(move || assert_eq!(y.shape(), &[3, 2])).join().unwrap();
 /// ```
-pub struct Param<T: Element = f32> {
+pub struct Param<T: DType = f32> {
     buf: Arc<PoolBuffer<T>>,
     dim: IxDyn,
     /// Identifies the parameter in [`Gradients`](crate::autograd::Gradients): kept by clones and
@@ -45,7 +45,7 @@ pub struct Param<T: Element = f32> {
     key: u64,
 }
 
-impl<T: Element> Param<T> {
+impl<T: DType> Param<T> {
     /// A parameter over `buf`, which holds exactly `shape`'s elements.
     pub(crate) fn from_buffer(buf: PoolBuffer<T>, shape: &[usize]) -> Self {
         Param::from_shared(Arc::new(buf), shape)
@@ -256,7 +256,7 @@ impl<T: Element> Param<T> {
     }
 }
 
-impl<T: Element> Clone for Param<T> {
+impl<T: DType> Clone for Param<T> {
     /// Another handle on the same parameter: the same data (no copy) and the same gradient key. A
     /// handle written after cloning gets its own copy of the data (copy on write) but stays the same
     /// parameter; for an independent one, use [`Param::duplicate`].
@@ -269,7 +269,7 @@ impl<T: Element> Clone for Param<T> {
     }
 }
 
-impl<T: Element> fmt::Debug for Param<T> {
+impl<T: DType> fmt::Debug for Param<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Param<{}>{:?} ", T::NAME, self.shape())?;
         fmt::Debug::fmt(&self.view(), f)

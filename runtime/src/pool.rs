@@ -27,14 +27,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::{fmt, mem};
 
-use crate::element::Element;
+use crate::element::DType;
 use crate::error::{or_panic, Error, Result, Shape};
 
 /// Alignment of every pooled buffer, in bytes (one cache line; enough for any SIMD width in use).
 pub const ALIGN: usize = 64;
 
 /// One aligned unit of pool storage. Buffers are boxed slices of blocks, so their start is 64-byte
-/// aligned and `bytemuck` can view them as slices of any [`Element`] without `unsafe`.
+/// aligned and `bytemuck` can view them as slices of any [`DType`] without `unsafe`.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 pub(crate) struct Block([u8; ALIGN]);
@@ -219,7 +219,7 @@ fn size_class(bytes: usize) -> Option<(usize, usize)> {
 /// The element count of `shape`, or [`Error::SizeOverflow`] unless the product of its non-zero
 /// lengths times the element size fits in `isize::MAX` bytes. That is ndarray's rule for a valid
 /// shape, so every tensor shape is one ndarray can view, even with a zero-length axis.
-pub(crate) fn element_count<T: Element>(shape: &[usize]) -> Result<usize> {
+pub(crate) fn element_count<T: DType>(shape: &[usize]) -> Result<usize> {
     let elem_bytes = mem::size_of::<T>();
     let nonzero = shape
         .iter()
@@ -241,11 +241,7 @@ pub(crate) fn element_count<T: Element>(shape: &[usize]) -> Result<usize> {
 
 /// Checks that `data` holds exactly the elements of `shape` (for `op`'s error), as a copy into a
 /// buffer of that shape needs: [`Error::LengthMismatch`] or [`Error::SizeOverflow`] otherwise.
-pub(crate) fn check_length<T: Element>(
-    op: &'static str,
-    shape: &[usize],
-    data: &[T],
-) -> Result<()> {
+pub(crate) fn check_length<T: DType>(op: &'static str, shape: &[usize], data: &[T]) -> Result<()> {
     let expected = element_count::<T>(shape)?;
     if expected == data.len() {
         Ok(())
@@ -260,12 +256,12 @@ pub(crate) fn check_length<T: Element>(
 }
 
 /// Bytes needed for `shape` elements of `T`, or [`Error::SizeOverflow`].
-pub(crate) fn shape_bytes<T: Element>(shape: &[usize]) -> Result<usize> {
+pub(crate) fn shape_bytes<T: DType>(shape: &[usize]) -> Result<usize> {
     Ok(element_count::<T>(shape)? * mem::size_of::<T>())
 }
 
 /// Bytes of budget a rent of `shape` elements of `T` takes: its size class.
-pub(crate) fn class_bytes<T: Element>(shape: &[usize]) -> Result<usize> {
+pub(crate) fn class_bytes<T: DType>(shape: &[usize]) -> Result<usize> {
     Ok(class_bytes_of(shape_bytes::<T>(shape)?))
 }
 
@@ -420,7 +416,7 @@ impl Pool {
     /// Fails with [`Error::SizeOverflow`] if the byte count overflows, [`Error::BudgetExceeded`] if
     /// the buffers in use alone would pass the budget, and [`Error::AllocationFailed`] if the system
     /// allocator refuses. An empty shape (a zero-length axis) needs no memory and does not touch the pool.
-    pub fn try_rent<T: Element>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
+    pub fn try_rent<T: DType>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
         let mut buf = self.rent_typed::<T>(shape)?.0;
         if self.is_poisoned() {
             bytemuck::cast_slice_mut::<T, u8>(&mut buf).fill(POISON_BYTE);
@@ -430,16 +426,16 @@ impl Pool {
 
     /// Like [`Pool::try_rent`], but the buffer is zeroed. A fresh allocation comes zeroed from the
     /// allocator and is not written again.
-    pub fn try_rent_zeroed<T: Element>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
+    pub fn try_rent_zeroed<T: DType>(&self, shape: &[usize]) -> Result<PoolBuffer<T>> {
         let (mut buf, fresh) = self.rent_typed::<T>(shape)?;
         if !fresh {
-            buf.fill(T::zero());
+            buf.fill(T::zeroed());
         }
         Ok(buf)
     }
 
     /// A buffer for `shape`, and whether it is a fresh (zeroed) allocation.
-    fn rent_typed<T: Element>(&self, shape: &[usize]) -> Result<(PoolBuffer<T>, bool)> {
+    fn rent_typed<T: DType>(&self, shape: &[usize]) -> Result<(PoolBuffer<T>, bool)> {
         let bytes = shape_bytes::<T>(shape)?;
         let (blocks, fresh) = self.rent_blocks(bytes)?;
         let buf = PoolBuffer {
@@ -456,7 +452,7 @@ impl Pool {
     /// # Panics
     /// With the message of the [`Error`] that `try_rent` would return.
     #[track_caller]
-    pub fn rent<T: Element>(&self, shape: &[usize]) -> PoolBuffer<T> {
+    pub fn rent<T: DType>(&self, shape: &[usize]) -> PoolBuffer<T> {
         or_panic(self.try_rent(shape))
     }
 
@@ -465,7 +461,7 @@ impl Pool {
     /// # Panics
     /// With the message of the [`Error`] that `try_rent_zeroed` would return.
     #[track_caller]
-    pub fn rent_zeroed<T: Element>(&self, shape: &[usize]) -> PoolBuffer<T> {
+    pub fn rent_zeroed<T: DType>(&self, shape: &[usize]) -> PoolBuffer<T> {
         or_panic(self.try_rent_zeroed(shape))
     }
 
@@ -594,14 +590,14 @@ impl fmt::Debug for Pool {
 
 /// A buffer of `T` rented from a [`Pool`]; it dereferences to `[T]` and goes back to its pool when
 /// dropped. The start is aligned to [`ALIGN`] bytes.
-pub struct PoolBuffer<T: Element> {
+pub struct PoolBuffer<T: DType> {
     blocks: Box<[Block]>,
     len: usize,
     pool: Pool,
     _elem: PhantomData<T>,
 }
 
-impl<T: Element> PoolBuffer<T> {
+impl<T: DType> PoolBuffer<T> {
     /// A buffer of no elements, which holds no memory and returns nothing to `pool`.
     pub(crate) fn empty(pool: &Pool) -> Self {
         PoolBuffer {
@@ -623,20 +619,20 @@ impl<T: Element> PoolBuffer<T> {
     }
 }
 
-impl<T: Element> Deref for PoolBuffer<T> {
+impl<T: DType> Deref for PoolBuffer<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         &bytemuck::cast_slice(&self.blocks)[..self.len]
     }
 }
 
-impl<T: Element> DerefMut for PoolBuffer<T> {
+impl<T: DType> DerefMut for PoolBuffer<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         &mut bytemuck::cast_slice_mut(&mut self.blocks)[..self.len]
     }
 }
 
-impl<T: Element> Drop for PoolBuffer<T> {
+impl<T: DType> Drop for PoolBuffer<T> {
     fn drop(&mut self) {
         if !self.blocks.is_empty() {
             self.pool.give_back(mem::take(&mut self.blocks));
@@ -644,7 +640,7 @@ impl<T: Element> Drop for PoolBuffer<T> {
     }
 }
 
-impl<T: Element> fmt::Debug for PoolBuffer<T> {
+impl<T: DType> fmt::Debug for PoolBuffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PoolBuffer")
             .field("elem", &T::NAME)

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use ndarray::{ArrayViewMutD, AsArray, Dimension};
 
 use crate::autograd::{self, Mode};
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{or_panic, Error, Result};
 use crate::escape::{Escape, EscapeTarget};
 use crate::init::SplitMix64;
@@ -105,7 +105,7 @@ impl ScopeState {
     }
 
     /// Fails with [`Error::ScopeBudgetExceeded`] if renting `shape` of `T` here would pass a budget.
-    pub(crate) fn check_budgets<T: Element>(&self, shape: &[usize]) -> Result<()> {
+    pub(crate) fn check_budgets<T: DType>(&self, shape: &[usize]) -> Result<()> {
         if self.budgets.is_empty() {
             return Ok(());
         }
@@ -444,7 +444,7 @@ impl<'s, 'p> Scope<'s, 'p> {
 
     /// Like [`Scope::rebind`] for an owned tensor: no new handle is made, so a tensor that was unique
     /// stays unique and by-value ops on it still write in place.
-    pub fn rebind_owned<T: Element>(&self, tensor: Tensor<'s, T>) -> Tensor<'s, T> {
+    pub fn rebind_owned<T: DType>(&self, tensor: Tensor<'s, T>) -> Tensor<'s, T> {
         tensor.with_scope(&self.state)
     }
 
@@ -465,13 +465,13 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// A zero-copy tensor of `param`'s values whose ops rent in this scope: how a parameter takes
     /// part in any op (ops also take `&param` as their second operand directly). Nothing is rented
     /// or counted; ops on it, in-place ones included, never write through to the parameter.
-    pub fn bind<T: Element>(&self, param: &Param<T>) -> Tensor<'s, T> {
+    pub fn bind<T: DType>(&self, param: &Param<T>) -> Tensor<'s, T> {
         Tensor::bound(&self.state, param)
     }
 
     /// A zero-copy alias of `tensor` whose ops rent their outputs in this scope. Use it to bring an
     /// outer tensor in, so that everything derived from it is this scope's to release.
-    pub fn rebind<T: Element>(&self, tensor: &Tensor<'s, T>) -> Tensor<'s, T> {
+    pub fn rebind<T: DType>(&self, tensor: &Tensor<'s, T>) -> Tensor<'s, T> {
         tensor.alias_in(&self.state)
     }
 
@@ -498,7 +498,7 @@ impl<'s, 'p> Scope<'s, 'p> {
 
     /// Rents a tensor of `shape` whose contents are unspecified (but initialized); see
     /// [`Pool::try_rent`] for the errors.
-    pub fn try_rent<T: Element>(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
+    pub fn try_rent<T: DType>(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
         Tensor::try_rent_in(&self.state, shape)
     }
 
@@ -507,7 +507,7 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// # Panics
     /// With the message of the [`Error`] `try_rent` would return.
     #[track_caller]
-    pub fn rent<T: Element>(&self, shape: &[usize]) -> Tensor<'s, T> {
+    pub fn rent<T: DType>(&self, shape: &[usize]) -> Tensor<'s, T> {
         or_panic(self.try_rent(shape))
     }
 
@@ -515,7 +515,7 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// custom computation. The view starts with unspecified contents. The result carries no gradient
     /// graph: whatever `kernel` reads from other tensors is a constant to
     /// [`backward`](Tensor::backward).
-    pub fn try_rent_with<T: Element>(
+    pub fn try_rent_with<T: DType>(
         &self,
         shape: &[usize],
         kernel: impl FnOnce(ArrayViewMutD<'_, T>),
@@ -530,7 +530,7 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn rent_with<T: Element>(
+    pub fn rent_with<T: DType>(
         &self,
         shape: &[usize],
         kernel: impl FnOnce(ArrayViewMutD<'_, T>),
@@ -539,7 +539,7 @@ impl<'s, 'p> Scope<'s, 'p> {
     }
 
     /// A tensor of `shape` filled with `value`.
-    pub fn try_full<T: Element>(&self, shape: &[usize], value: T) -> Result<Tensor<'s, T>> {
+    pub fn try_full<T: DType>(&self, shape: &[usize], value: T) -> Result<Tensor<'s, T>> {
         self.try_rent_with(shape, |mut v| v.fill(value))
     }
 
@@ -548,12 +548,12 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn full<T: Element>(&self, shape: &[usize], value: T) -> Tensor<'s, T> {
+    pub fn full<T: DType>(&self, shape: &[usize], value: T) -> Tensor<'s, T> {
         or_panic(self.try_full(shape, value))
     }
 
     /// A tensor of zeros (see [`Pool::try_rent_zeroed`]).
-    pub fn try_zeros<T: Element>(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
+    pub fn try_zeros<T: DType>(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
         Tensor::try_rent_zeroed_in(&self.state, shape)
     }
 
@@ -562,7 +562,7 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn zeros<T: Element>(&self, shape: &[usize]) -> Tensor<'s, T> {
+    pub fn zeros<T: DType>(&self, shape: &[usize]) -> Tensor<'s, T> {
         or_panic(self.try_zeros(shape))
     }
 
@@ -571,13 +571,13 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// # Panics
     /// On a bad shape or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn ones<T: Element>(&self, shape: &[usize]) -> Tensor<'s, T> {
-        self.full(shape, T::one())
+    pub fn ones<T: DType>(&self, shape: &[usize]) -> Tensor<'s, T> {
+        self.full(shape, T::from_f64(1.0))
     }
 
     /// A tensor holding a copy of `array`: a reference to an ndarray array (`&array`) or a view, of
     /// any dimension. Fails with a budget error if the pool or scope cannot hold it.
-    pub fn try_tensor<'a, T: Element, D: Dimension>(
+    pub fn try_tensor<'a, T: DType, D: Dimension>(
         &self,
         array: impl AsArray<'a, T, D>,
     ) -> Result<Tensor<'s, T>> {
@@ -589,7 +589,7 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// # Panics
     /// On an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn tensor<'a, T: Element, D: Dimension>(
+    pub fn tensor<'a, T: DType, D: Dimension>(
         &self,
         array: impl AsArray<'a, T, D>,
     ) -> Tensor<'s, T> {
@@ -600,7 +600,7 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// [`Error::LengthMismatch`] if `data` has not exactly as many elements as `shape` holds,
     /// [`Error::SizeOverflow`] for a shape too large to address, and with a budget error if the pool
     /// or scope cannot hold it.
-    pub fn try_from_slice<T: Element>(&self, shape: &[usize], data: &[T]) -> Result<Tensor<'s, T>> {
+    pub fn try_from_slice<T: DType>(&self, shape: &[usize], data: &[T]) -> Result<Tensor<'s, T>> {
         check_length("from_slice", shape, data)?;
         let mut t = self.try_rent(shape)?;
         t.unique_slice_mut().copy_from_slice(data);
@@ -612,7 +612,7 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// # Panics
     /// If the length does not match the shape, or on an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn from_slice<T: Element>(&self, shape: &[usize], data: &[T]) -> Tensor<'s, T> {
+    pub fn from_slice<T: DType>(&self, shape: &[usize], data: &[T]) -> Tensor<'s, T> {
         or_panic(self.try_from_slice(shape, data))
     }
 
@@ -668,7 +668,7 @@ impl<'s, 'p> Scope<'s, 'p> {
     }
 }
 
-impl<'s, T: Element> Tensor<'s, T> {
+impl<'s, T: DType> Tensor<'s, T> {
     /// Runs `f` in a child scope of the scope this tensor's ops rent in, typed as a child of the
     /// tensor's brand: what a function that receives tensors but no [`Scope`] uses to open its own.
     pub fn child_scope<R>(&self, f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R) -> R {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
 use crate::autograd::{self, Mode, Node, Recorder, Rule};
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::param::Param;
 use crate::pool::{element_count, PoolBuffer};
@@ -70,7 +70,7 @@ use crate::scope::ScopeState;
 /// code: a buffer goes back to the pool when its last handle drops, wherever that handle is. A tensor
 /// kept alive past its scope by `mem::forget` or a reference cycle only keeps its buffer out of the
 /// pool (never reused), and the scope counts it in [`ScopeStats::leaked`](crate::ScopeStats::leaked).
-pub struct Tensor<'s, T: Element = f32> {
+pub struct Tensor<'s, T: DType = f32> {
     data: Data<T>,
     /// The scope that ops on this handle rent their outputs in.
     pub(crate) scope: Rc<ScopeState>,
@@ -81,14 +81,14 @@ pub struct Tensor<'s, T: Element = f32> {
 }
 
 /// Where a tensor's elements are.
-enum Data<T: Element> {
+enum Data<T: DType> {
     /// A buffer rented in a scope, which accounts for it.
     Rented(Rc<Storage<T>>),
     /// A parameter's buffer, bound into a scope: shared, read-only, accounted to no scope.
     Bound(Arc<PoolBuffer<T>>),
 }
 
-impl<T: Element> Clone for Data<T> {
+impl<T: DType> Clone for Data<T> {
     fn clone(&self) -> Self {
         match self {
             Data::Rented(s) => Data::Rented(Rc::clone(s)),
@@ -98,14 +98,14 @@ impl<T: Element> Clone for Data<T> {
 }
 
 /// A rented buffer and the scope whose accounting it belongs to.
-struct Storage<T: Element> {
+struct Storage<T: DType> {
     buf: PoolBuffer<T>,
     owner: RefCell<Rc<ScopeState>>,
     /// The buffer was moved into a [`Param`] ([`Tensor::detach`]): its owner counted the escape.
     detached: bool,
 }
 
-impl<T: Element> Drop for Storage<T> {
+impl<T: DType> Drop for Storage<T> {
     fn drop(&mut self) {
         if !self.detached {
             self.owner.borrow().on_release(self.buf.allocated_bytes());
@@ -114,7 +114,7 @@ impl<T: Element> Drop for Storage<T> {
     }
 }
 
-impl<'s, T: Element> Tensor<'s, T> {
+impl<'s, T: DType> Tensor<'s, T> {
     /// Rents a tensor with unspecified contents, owned by `scope`.
     pub(crate) fn try_rent_in(scope: &Rc<ScopeState>, shape: &[usize]) -> Result<Self> {
         scope.check_budgets::<T>(shape)?;
@@ -514,14 +514,14 @@ impl<'s, T: Element> Tensor<'s, T> {
     }
 }
 
-impl<T: Element> Clone for Tensor<'_, T> {
+impl<T: DType> Clone for Tensor<'_, T> {
     /// A zero-copy alias on the same buffer.
     fn clone(&self) -> Self {
         self.alias_in(&self.scope)
     }
 }
 
-impl<T: Element> fmt::Debug for Tensor<'_, T> {
+impl<T: DType> fmt::Debug for Tensor<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Tensor<{}>{:?} ", T::NAME, self.shape())?;
         fmt::Debug::fmt(&self.view(), f)

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
 
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
 use crate::escape::{Escape, EscapeTarget};
 use crate::param::Param;
@@ -17,7 +17,7 @@ use crate::tensor::Tensor;
 /// A parameter used several times in a forward gets the sum of its gradients; several backward
 /// passes into one `Gradients` ([`Tensor::backward_into`]) accumulate. Gradients are scoped tensors:
 /// they are released with their scope, and leave it only through [`Scope::escape`].
-pub struct Gradients<'s, T: Element = f32> {
+pub struct Gradients<'s, T: DType = f32> {
     scope: Rc<ScopeState>,
     by_key: HashMap<u64, Tensor<'s, T>>,
     /// The parameter values each gradient was computed from ([`Param::source`]).

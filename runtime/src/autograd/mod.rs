@@ -48,7 +48,7 @@ pub use grads::Gradients;
 pub(crate) use rules::{RegionRule, Rule, Saved, Scalar, Unary};
 pub(crate) use tape::{Arg, SharedTape, Tape};
 
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
 use crate::scope::ScopeState;
 use crate::tensor::Tensor;
@@ -97,13 +97,13 @@ pub(crate) fn next_key() -> u64 {
 
 /// A node of a gradient graph: a leaf (a parameter or a marked tensor, by key) or the op that made a
 /// tensor, with the nodes of its inputs and the rule (and saved tensors) of its backward.
-pub(crate) struct Node<T: Element> {
+pub(crate) struct Node<T: DType> {
     /// The scope whose accounting holds what the rule saved: where the op ran, moved by escapes.
     owner: RefCell<Rc<ScopeState>>,
     kind: Kind<T>,
 }
 
-enum Kind<T: Element> {
+enum Kind<T: DType> {
     /// A parameter (with the identity of its values and its shape) or a marked tensor (`None`).
     Leaf {
         key: u64,
@@ -120,7 +120,7 @@ enum Kind<T: Element> {
     Taped { tape: SharedTape<T>, value: usize },
 }
 
-impl<T: Element> Node<T> {
+impl<T: DType> Node<T> {
     /// A leaf for `key` held by `owner`; `source` identifies the parameter values it was made
     /// from, with their shape (`None` for a marked tensor).
     pub(crate) fn leaf(
@@ -190,7 +190,7 @@ impl<T: Element> Node<T> {
     }
 }
 
-impl<T: Element> Drop for Node<T> {
+impl<T: DType> Drop for Node<T> {
     /// Frees a chain of nodes with a loop instead of recursion, so that a graph of a million ops
     /// does not overflow the stack when its last tensor drops.
     fn drop(&mut self) {
@@ -209,13 +209,13 @@ impl<T: Element> Drop for Node<T> {
 }
 
 /// The graph inputs of an op about to run: made only when the output must record a node.
-pub(crate) struct Recorder<T: Element> {
+pub(crate) struct Recorder<T: DType> {
     inputs: Vec<Option<Rc<Node<T>>>>,
     /// For an op on a value of a layer step's tape: the tape and what the op reads.
     tape: Option<(SharedTape<T>, Vec<Arg<T>>)>,
 }
 
-impl<T: Element> Recorder<T> {
+impl<T: DType> Recorder<T> {
     /// A recorder if recording is on and any of `inputs` carries a graph.
     pub(crate) fn of(inputs: &[&Tensor<'_, T>]) -> Option<Self> {
         if mode() == Mode::Off || inputs.iter().all(|t| t.node.is_none()) {
@@ -255,7 +255,7 @@ impl<T: Element> Recorder<T> {
 
 /// Sets `out`'s node: the op's, with `rule()`, when `recorder` is given; none otherwise (an output
 /// written into an input's buffer must not keep that input's node).
-pub(crate) fn finish<'s, T: Element>(
+pub(crate) fn finish<'s, T: DType>(
     recorder: Option<Recorder<T>>,
     mut out: Tensor<'s, T>,
     rule: impl FnOnce(&Tensor<'s, T>) -> Rule<T>,
@@ -263,8 +263,7 @@ pub(crate) fn finish<'s, T: Element>(
     out.node = recorder.map(|r| match r.tape {
         // On a tape, only what it takes to run the op again is kept.
         Some((tape, args)) => {
-            let replay = tape::Replay::of(&rule(&out), &out);
-            let value = tape.borrow_mut().push(replay, args);
+            let value = tape.borrow_mut().push(&rule(&out), &out, args);
             Node::taped(&tape, value, &out.scope)
         }
         None => Rc::new(Node {
@@ -292,7 +291,7 @@ pub(crate) fn barrier<'s, U: Element>(out: Tensor<'s, U>, op: &'static str) -> T
 /// scopes that `target` outlives. A node's inputs are held by scopes that outlive its own (they
 /// were made earlier, in the op's scope or around it), so the walk stops at the first node whose
 /// scope outlives `target`: an escape costs the nodes made inside the escaping scope, not the graph.
-pub(crate) fn move_graph<T: Element>(node: &Rc<Node<T>>, target: &Rc<ScopeState>) {
+pub(crate) fn move_graph<T: DType>(node: &Rc<Node<T>>, target: &Rc<ScopeState>) {
     let mut pending = vec![Rc::clone(node)];
     while let Some(node) = pending.pop() {
         {

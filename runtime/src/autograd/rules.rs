@@ -8,7 +8,7 @@ use std::rc::Rc;
 use ndarray::{ArrayView1, ArrayViewMut1, Axis, Zip};
 
 use super::Gradients;
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::scope::ScopeState;
@@ -58,7 +58,7 @@ pub(crate) enum Scalar {
 }
 
 /// A backward rule and what it saved.
-pub(crate) enum Rule<T: Element> {
+pub(crate) enum Rule<T: DType> {
     /// `a + b` with broadcasting: the inputs' shapes, to reduce the gradient to.
     Add(Vec<usize>, Vec<usize>),
     /// `a - b` with broadcasting.
@@ -110,7 +110,7 @@ pub(crate) enum Rule<T: Element> {
 
 /// The backward of a checkpointed region (see `checkpoint::region`): it runs nested backward
 /// passes, so it adds the gradients of the parameters it reaches into `grads` itself.
-pub(crate) trait RegionRule<T: Element> {
+pub(crate) trait RegionRule<T: DType> {
     /// The gradients of the region's graph inputs given `g`, the gradient of its output.
     fn backward(
         self: Box<Self>,
@@ -129,7 +129,7 @@ pub(crate) trait RegionRule<T: Element> {
     fn check(&self, grads: &Gradients<'_, T>) -> Result<()>;
 }
 
-impl<T: Element> Rule<T> {
+impl<T: DType> Rule<T> {
     /// Calls `f` on every saved tensor (for moving their accounting on escape).
     pub(crate) fn for_each_saved(&self, f: &mut dyn FnMut(&Saved<T>)) {
         match self {
@@ -163,7 +163,9 @@ impl<T: Element> Rule<T> {
             | Rule::Upsample(_) => {}
         }
     }
+}
 
+impl<T: Element> Rule<T> {
     /// The gradients of the op's inputs given `g`, the gradient of its output (a tensor of `at`):
     /// one per input, `None` where `needs` says the input needs none.
     pub(crate) fn backward(

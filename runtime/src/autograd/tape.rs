@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::{Node, Rule, Scalar, Unary};
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::ops::elementwise::Binary;
 use crate::scope::ScopeState;
@@ -22,7 +22,7 @@ use crate::tensor::Tensor;
 use crate::TensorOps;
 
 /// A value an op read, as the tape keeps it.
-pub(crate) enum Arg<T: Element> {
+pub(crate) enum Arg<T: DType> {
     /// The step's input (0) or the output of the tape's op `i - 1` (`i`).
     Value(usize),
     /// A value from outside the step, and its graph node if it has one.
@@ -33,7 +33,7 @@ pub(crate) enum Arg<T: Element> {
 }
 
 /// How to run an op again: the op and its arguments other than the input tensors.
-pub(crate) enum Replay<T: Element> {
+pub(crate) enum Replay<T: DType> {
     Binary(Binary),
     Scalar(Scalar, T),
     Unary(Unary),
@@ -125,18 +125,21 @@ impl<T: Element> Replay<T> {
 }
 
 /// One recorded op.
-struct Op<T: Element> {
+struct Op<T: DType> {
     replay: Replay<T>,
     args: Vec<Arg<T>>,
 }
 
 /// The program of one layer step.
-pub(crate) struct Tape<T: Element> {
+pub(crate) struct Tape<T: DType> {
     /// Tapes opened later have higher numbers: an op on values of two tapes belongs to the later.
     seq: u64,
     ops: Vec<Op<T>>,
     /// What the step returned; `None` until the driver closes the tape.
     output: Option<Arg<T>>,
+    /// [`Replay::of`] for `T`: ops generic over every [`DType`] record through it, and only a float
+    /// tape is ever made.
+    replay_of: fn(&Rule<T>, &Tensor<'_, T>) -> Replay<T>,
 }
 
 /// A tape shared by the nodes of the step's tensors.
@@ -145,24 +148,16 @@ pub(crate) type SharedTape<T> = Rc<RefCell<Tape<T>>>;
 /// A value from outside a step: its graph node, if any, and the value.
 pub(crate) type Outside<'a, T> = (Option<&'a Rc<Node<T>>>, &'a Tensor<'static, T>);
 
-impl<T: Element> Tape<T> {
-    /// An empty tape, for a step whose input is value 0.
-    pub(crate) fn new() -> SharedTape<T> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        Rc::new(RefCell::new(Tape {
-            seq: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            ops: Vec::new(),
-            output: None,
-        }))
-    }
-
+impl<T: DType> Tape<T> {
     /// The tape's number in the order tapes were opened.
     pub(crate) fn seq(&self) -> u64 {
         self.seq
     }
 
-    /// Appends an op; returns the value index of its output.
-    pub(crate) fn push(&mut self, replay: Replay<T>, args: Vec<Arg<T>>) -> usize {
+    /// Appends the op that made `out` by `rule`, reading `args`; returns the value index of its
+    /// output.
+    pub(crate) fn push(&mut self, rule: &Rule<T>, out: &Tensor<'_, T>, args: Vec<Arg<T>>) -> usize {
+        let replay = (self.replay_of)(rule, out);
         self.ops.push(Op { replay, args });
         self.ops.len()
     }
@@ -186,6 +181,19 @@ impl<T: Element> Tape<T> {
                 f((None, value));
             }
         }
+    }
+}
+
+impl<T: Element> Tape<T> {
+    /// An empty tape, for a step whose input is value 0.
+    pub(crate) fn new() -> SharedTape<T> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        Rc::new(RefCell::new(Tape {
+            seq: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            ops: Vec::new(),
+            output: None,
+            replay_of: Replay::of,
+        }))
     }
 
     /// Which ops the step's output depends on: the others need not run again.
