@@ -139,7 +139,7 @@ fn matmul_transpose_reshape_concat() {
     check("matmul batched", &[&[2, 3, 4], &[2, 4, 5]], |x| {
         x[0].try_matmul(&x[1])
     });
-    check("transpose", &[&[2, 3, 4]], |x| x[0].try_transpose());
+    check("transpose", &[&[2, 3, 4]], |x| x[0].try_t());
     check("reshape", &[&[2, 3, 4]], |x| x[0].try_reshape(&[4, 6]));
     for axis in [0, 1] {
         check("concat", &[&[2, 3], &[2, 3], &[2, 3]], |x| {
@@ -149,6 +149,167 @@ fn matmul_transpose_reshape_concat() {
                 vec![&x[0], &x[1], &x[2]]
             };
             Tensor::try_concat(&pieces, axis)
+        });
+    }
+}
+
+#[test]
+fn shape_ops_of_real_models() {
+    check("narrow", &[&[3, 5, 2]], |x| x[0].try_narrow(1, 1, 3));
+    check("narrow, negative axis", &[&[3, 5]], |x| {
+        x[0].try_narrow(-1, 2, 3)
+    });
+    check("permute", &[&[2, 3, 4]], |x| x[0].try_permute(&[2, 0, 1]));
+    check("transpose(1, 2)", &[&[2, 3, 4, 2]], |x| {
+        x[0].try_transpose(1, 2)
+    });
+    check("split", &[&[2, 7]], |x| {
+        let parts = x[0].try_split(3, -1)?;
+        // Every piece, each weighted differently, so each one's gradient is checked.
+        let lens: Vec<usize> = parts.iter().map(|p| p.shape()[1]).collect();
+        assert_eq!(lens, vec![3, 3, 1]);
+        Tensor::try_concat(&[&(&parts[2] * 3.0), &(&parts[0] * 2.0), &parts[1]], 1)
+    });
+    check("chunk", &[&[2, 6]], |x| {
+        let qkv = x[0].try_chunk(3, -1)?;
+        qkv[0].try_mul(&qkv[1])?.try_add(&qkv[2])
+    });
+    check("stack", &[&[2, 3], &[2, 3]], |x| {
+        Tensor::try_stack(&[&x[0], &x[1]], 1)
+    });
+    check("squeeze/unsqueeze", &[&[2, 1, 3]], |x| {
+        x[0].try_squeeze(1)?.try_unsqueeze(-1)
+    });
+    check("tril", &[&[2, 4, 4]], |x| x[0].try_tril(0));
+    check("triu(1)", &[&[3, 5]], |x| x[0].try_triu(1));
+}
+
+#[test]
+fn index_ops_of_real_models() {
+    check("index_select, repeated ids", &[&[5, 3]], |x| {
+        let ids = x[0].bind(&Param::from_slice(
+            &Pool::with_max_memory_mb(1),
+            &[4],
+            &[4i64, 0, 4, 2],
+        ));
+        x[0].try_index_select(0, &ids)
+    });
+    check("index_select along 1", &[&[2, 5, 3]], |x| {
+        let ids = x[0].bind(&Param::from_slice(
+            &Pool::with_max_memory_mb(1),
+            &[2],
+            &[1i64, 3],
+        ));
+        x[0].try_index_select(1, &ids)
+    });
+    check("embedding", &[&[6, 4]], |x| {
+        let ids = x[0].bind(&Param::from_slice(
+            &Pool::with_max_memory_mb(1),
+            &[2, 3],
+            &[5i64, 0, 5, 1, 2, 3],
+        ));
+        x[0].try_embedding(&ids)
+    });
+    check("gather", &[&[3, 4]], |x| {
+        let index = x[0].bind(&Param::from_slice(
+            &Pool::with_max_memory_mb(1),
+            &[3, 2],
+            &[3i64, 3, 0, 1, 2, 0],
+        ));
+        x[0].try_gather(1, &index)
+    });
+    check("gather, smaller index", &[&[4, 3]], |x| {
+        let index = x[0].bind(&Param::from_slice(
+            &Pool::with_max_memory_mb(1),
+            &[2, 2],
+            &[3i64, 0, 1, 1],
+        ));
+        x[0].try_gather(0, &index)
+    });
+    // Random inputs have no ties, so the max is where the gradient goes, and finite differences see
+    // the same max.
+    for axis in [0, 1, -1] {
+        check("max", &[&[3, 4, 2]], |x| x[0].try_max(axis));
+        check("min_keepdim", &[&[3, 4, 2]], |x| x[0].try_min_keepdim(axis));
+    }
+}
+
+#[test]
+fn masks_and_selection() {
+    check("where_cond", &[&[2, 3], &[3]], |x| {
+        let mask = x[0].bind(&Param::from_slice(
+            &Pool::with_max_memory_mb(1),
+            &[2, 1],
+            &[1u8, 0],
+        ));
+        mask.try_where_cond(&x[0], &x[1])
+    });
+    check("masked_fill", &[&[2, 3]], |x| {
+        let mask = x[0].bind(&Param::from_slice(
+            &Pool::with_max_memory_mb(1),
+            &[3],
+            &[0u8, 1, 0],
+        ));
+        x[0].try_masked_fill(&mask, -7.0)
+    });
+    check("causal softmax", &[&[2, 4, 4]], |x| {
+        let future = x[0]
+            .bind(&Param::from_slice(
+                &Pool::with_max_memory_mb(1),
+                &[4, 4],
+                &[1u8; 16],
+            ))
+            .triu(1);
+        x[0].try_masked_fill(&future, f64::NEG_INFINITY)?
+            .try_softmax(-1)
+    });
+}
+
+#[test]
+fn elementwise_functions_of_real_models() {
+    fn positive<'s>(x: &Tensor<'s, f64>) -> Tensor<'s, f64> {
+        (x * 0.5).exp() + 0.1
+    }
+    check("log", &[&[3, 4]], |x| Ok(positive(&x[0]).log()));
+    check("sqrt", &[&[3, 4]], |x| Ok(positive(&x[0]).sqrt()));
+    check("pow 3", &[&[3, 4]], |x| Ok((&x[0]).pow(3.0)));
+    check("pow -0.5", &[&[3, 4]], |x| Ok(positive(&x[0]).pow(-0.5)));
+    check("abs", &[&[3, 4]], |x| Ok((&x[0]).abs()));
+    check("clamp", &[&[3, 4]], |x| Ok((&x[0]).clamp(-0.5, 0.7)));
+    check("gelu_erf", &[&[3, 4]], |x| Ok((&x[0]).gelu_erf()));
+    check("rms_norm", &[&[3, 5]], |x| (&x[0]).try_rms_norm(1e-6));
+    check("sum_keepdim", &[&[3, 4]], |x| x[0].try_sum_keepdim(-1));
+    check("mean_keepdim", &[&[3, 4]], |x| x[0].try_mean_keepdim(0));
+    check("sum_all", &[&[3, 4]], |x| x[0].try_sum_all());
+    check("mean_all", &[&[3, 4]], |x| x[0].try_mean_all());
+}
+
+#[test]
+fn matmul_broadcasts_over_leading_axes() {
+    check(
+        "[b,h,t,d] x [b,h,d,t]",
+        &[&[2, 3, 4, 2], &[2, 3, 2, 4]],
+        |x| x[0].try_matmul(&x[1]),
+    );
+    check("[b,1,m,k] x [h,k,n]", &[&[2, 1, 3, 4], &[3, 4, 2]], |x| {
+        x[0].try_matmul(&x[1])
+    });
+    check("[m,k] x [b,k,n]", &[&[3, 4], &[2, 4, 5]], |x| {
+        x[0].try_matmul(&x[1])
+    });
+    check("[b,t,c] x [c,d]", &[&[2, 3, 4], &[4, 5]], |x| {
+        x[0].try_matmul(&x[1])
+    });
+}
+
+#[test]
+fn pooling() {
+    for (kernel, stride) in [(2, 2), (3, 1), (2, 3)] {
+        check("max_pool2d", &[&[2, 3, 5, 6]], |x| {
+            x[0].try_max_pool2d(kernel, stride)
+        });
+        check("avg_pool2d", &[&[2, 3, 5, 6]], |x| {
+            x[0].try_avg_pool2d(kernel, stride)
         });
     }
 }
@@ -195,7 +356,7 @@ fn a_transformer_style_block_passes_the_gradient_check() {
                 qkv.try_matmul(&x.bind(&Param::from_array(&Pool::with_max_memory_mb(1), &sel)))
             };
             let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-            let scores = q.try_matmul(&k.try_transpose()?)? * (1.0 / 6f64.sqrt());
+            let scores = q.try_matmul(&k.try_t()?)? * (1.0 / 6f64.sqrt());
             let mut mask = ndarray::Array2::<f64>::zeros((4, 4));
             for i in 0..4 {
                 for j in i + 1..4 {

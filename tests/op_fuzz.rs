@@ -266,39 +266,40 @@ fn ref_reduce(x: &ArrayD<f64>, axis: usize, mean: bool) -> Want {
 }
 
 fn ref_matmul(a: &ArrayD<f64>, b: &ArrayD<f64>) -> Want {
-    let (batch, m, k, batched) = match *a.shape() {
-        [m, k] => (1, m, k, false),
-        [bt, m, k] => (bt, m, k, b.ndim() == 3),
-        _ => return Want::Invalid,
-    };
-    let (k2, n) = match (b.shape(), batched) {
-        (&[k2, n], false) => (k2, n),
-        (&[b2, k2, n], true) if b2 == batch => (k2, n),
-        _ => return Want::Invalid,
-    };
-    if k != k2 {
+    // PyTorch's rule for ranks >= 2: `[.., m, k] x [.., k, n]`, the batch axes broadcast.
+    let (Some(ab), Some(bb)) = (a.ndim().checked_sub(2), b.ndim().checked_sub(2)) else {
         return Want::Invalid;
-    }
-    let shape = if a.ndim() == 2 {
-        vec![m, n]
-    } else {
-        vec![batch, m, n]
+    };
+    let (m, k, k2, n) = (
+        a.shape()[ab],
+        a.shape()[ab + 1],
+        b.shape()[bb],
+        b.shape()[bb + 1],
+    );
+    let Some(batch) = broadcast_shape(&a.shape()[..ab], &b.shape()[..bb]).filter(|_| k == k2)
+    else {
+        return Want::Invalid;
+    };
+    let mut shape = batch.clone();
+    shape.extend([m, n]);
+    // The index of an operand of batch axes `own` at output batch index `at` (1-axes broadcast).
+    let pick = |own: &[usize], at: &[usize], tail: [usize; 2]| -> Vec<usize> {
+        let lead = at.len() - own.len();
+        let mut i: Vec<usize> = own
+            .iter()
+            .zip(&at[lead..])
+            .map(|(&l, &p)| if l == 1 { 0 } else { p })
+            .collect();
+        i.extend(tail);
+        i
     };
     output(shape, |s| {
         from_fn(s, |i| {
-            let (bi, r, c) = match *i {
-                [r, c] => (0, r, c),
-                [bi, r, c] => (bi, r, c),
-                _ => unreachable!(),
-            };
+            let (at, rc) = i.split_at(i.len() - 2);
             (0..k)
                 .map(|j| {
-                    let av = if a.ndim() == 2 {
-                        a[[r, j]]
-                    } else {
-                        a[[bi, r, j]]
-                    };
-                    let bv = if batched { b[[bi, j, c]] } else { b[[j, c]] };
+                    let av = a[IxDyn(&pick(&a.shape()[..ab], at, [rc[0], j]))];
+                    let bv = b[IxDyn(&pick(&b.shape()[..bb], at, [j, rc[1]]))];
                     av * bv
                 })
                 .sum()
@@ -644,8 +645,17 @@ fn run_program(steps: &[Step]) -> Result<(), TestCaseError> {
                     let k = shape.last().copied().unwrap_or(1);
                     // A free length stays 0 next to a huge axis, so the output can exist.
                     let n = if has_long_axis(shape) { 0 } else { n };
+                    // Batched: the same batch axes, or each one broadcast from 1 (odd seeds).
                     let other = match (shape.len(), batched) {
-                        (3, true) => vec![shape[0], k, n],
+                        (r, true) if r >= 3 => {
+                            let mut o: Vec<usize> = shape[..r - 2]
+                                .iter()
+                                .enumerate()
+                                .map(|(i, &l)| if (seed >> i) & 1 == 1 { 1 } else { l })
+                                .collect();
+                            o.extend([k, n]);
+                            o
+                        }
                         _ => vec![k, n],
                     };
                     let y = random(s, &other, seed);
@@ -666,7 +676,7 @@ fn run_program(steps: &[Step]) -> Result<(), TestCaseError> {
                         v.swap_axes(rank - 2, rank - 1);
                         output(v.shape().to_vec(), |_| v.as_standard_layout().into_owned())
                     };
-                    ("transpose".into(), x.try_transpose(), want, 0.0)
+                    ("transpose".into(), x.try_t(), want, 0.0)
                 }
                 &Step::Reshape(flat) => {
                     let shape = if flat {

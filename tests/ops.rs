@@ -351,13 +351,13 @@ fn transpose_swaps_the_last_two_axes_in_2d_and_3d() {
     pool.scope(|s| {
         let a = s.randn::<f32>(&[3, 4], 28);
         let want = a.to_array().t().to_owned();
-        assert_close("2-D transpose", &a.transpose(), &want);
-        assert_close("2-D try_transpose", &a.try_transpose().unwrap(), &want);
+        assert_close("2-D transpose", &a.t(), &want);
+        assert_close("2-D try_transpose", &a.try_t().unwrap(), &want);
 
         let b = s.randn::<f32>(&[2, 3, 4], 29);
         let want = b.to_array().permuted_axes(IxDyn(&[0, 2, 1]));
-        assert_close("3-D transpose", &b.transpose(), &want);
-        assert_close("transpose twice", &b.transpose().transpose(), &b.to_array());
+        assert_close("3-D transpose", &b.t(), &want);
+        assert_close("transpose twice", &b.t().t(), &b.to_array());
     });
 }
 
@@ -1150,24 +1150,24 @@ fn softmax_log_softmax_sum_mean_with_a_bad_axis_report_axis_out_of_range() {
 }
 
 #[test]
-fn transpose_of_a_1d_tensor_is_an_invalid_shape() {
+fn t_of_a_1d_tensor_is_an_invalid_shape() {
     let pool = test_pool(16);
     pool.scope(|s| {
         let v = s.zeros::<f32>(&[5]);
-        let err = v.try_transpose().unwrap_err();
+        let err = v.try_t().unwrap_err();
         assert_eq!(
             err,
             Error::InvalidShape {
-                op: "transpose",
+                op: "t",
                 shape: Shape(vec![5]),
                 reason: "needs at least two axes".into(),
             }
         );
         assert_eq!(
             err.to_string(),
-            "transpose: invalid shape [5]: needs at least two axes"
+            "t: invalid shape [5]: needs at least two axes"
         );
-        assert_panics_with(&err, || drop(v.transpose()));
+        assert_panics_with(&err, || drop(v.t()));
     });
 }
 
@@ -1302,7 +1302,7 @@ fn rank_0_and_empty_tensors_broadcast_like_ndarray() {
         let ea = empty.to_array();
         assert_close("[0, 3] + [3]", &(&empty + &row), &(&ea + &ra));
         assert_close("[0, 3] relu", &(&empty).relu(), &ea);
-        assert_close("[0, 3] transpose", &empty.transpose(), &ea.t().to_owned());
+        assert_close("[0, 3] transpose", &empty.t(), &ea.t().to_owned());
         assert_close("[0, 3] sum 0", &empty.sum(0), &ea.sum_axis(Axis(0)));
         assert_close("[0, 3] sum 1", &empty.sum(1), &ea.sum_axis(Axis(1)));
         let mean0 = empty.mean(0);
@@ -1465,7 +1465,7 @@ fn ops_on_empty_tensors_do_no_work_however_long_their_other_axes() {
             .zeros::<f32>(&[N, 0, 1])
             .matmul(&s.zeros::<f32>(&[N, 1, 0]));
         assert_eq!(product.shape(), &[N, 0, 0]);
-        assert_eq!(wide.transpose().shape(), &[N, 0]);
+        assert_eq!(wide.t().shape(), &[N, 0]);
         assert_eq!((&tall + &s.ones::<f32>(&[1, 1])).shape(), &[N, 0]);
         assert_eq!(Tensor::concat(&[&tall, &tall], 1).shape(), &[N, 0]);
         let images = s.zeros::<f32>(&[N, 0, 1, 1]);

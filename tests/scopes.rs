@@ -298,7 +298,7 @@ fn everything_computed_from_parameters_belongs_to_a_scope() {
         let x = s.ones::<f32>(&[2, 8]);
         let y = x.matmul(&w); // the parameter beside a scoped tensor: rents in its scope
         let bound = s.bind(&w); // no rent: the parameter's own buffer
-        let t = bound.transpose();
+        let t = bound.t();
         assert_eq!(s.stats().rented, 3, "x, y and t; the binding rents nothing");
         assert_eq!(y.to_vec(), vec![1.0; 16]);
         drop((x, y, bound, t));

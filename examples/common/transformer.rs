@@ -28,7 +28,7 @@ impl Attention {
         let q = x.matmul(&self.wq);
         let k = x.matmul(&self.wk);
         let v = x.matmul(&self.wv);
-        let scores = q.matmul(&k.transpose()) * self.scale; // [batch, seq, seq]
+        let scores = q.matmul(&k.t()) * self.scale; // [batch, seq, seq]
         let weights = scores.softmax(2);
         weights.matmul(&v).matmul(&self.wo)
     }

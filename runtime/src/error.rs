@@ -118,13 +118,13 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// An axis index past the tensor's rank.
+    /// An axis index past the tensor's rank (from the front, or from the back when negative).
     #[error("{op}: axis {axis} is out of range for a tensor of rank {ndim}")]
     AxisOutOfRange {
         /// The operation.
         op: &'static str,
-        /// The axis asked for.
-        axis: usize,
+        /// The axis asked for, as given (negative counts from the back).
+        axis: isize,
         /// The tensor's rank.
         ndim: usize,
     },
@@ -214,6 +214,29 @@ pub enum Error {
         label: usize,
         /// The number of classes (the logits' last axis).
         classes: usize,
+    },
+    /// An index (a token id, a gathered position) outside the axis it indexes.
+    #[error("{op}: index {index} is out of range for axis {axis} of length {len}")]
+    IndexOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The index given.
+        index: i64,
+        /// The axis it indexes.
+        axis: usize,
+        /// That axis's length.
+        len: usize,
+    },
+    /// An argument outside the values an op accepts (a zero step, a kernel larger than the
+    /// image), named with the reason.
+    #[error("{op}: invalid {arg}: {reason}")]
+    InvalidArgument {
+        /// The operation.
+        op: &'static str,
+        /// The argument.
+        arg: &'static str,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A data slice whose length does not match the shape's element count.
     #[error("{op}: shape {shape} holds {expected} elements but {got} were given")]

@@ -552,6 +552,36 @@ impl<'s, 'p> Scope<'s, 'p> {
         or_panic(self.try_full(shape, value))
     }
 
+    /// The values `start, start + step, ...` below `end` (above it for a negative step), as
+    /// PyTorch's `arange`: `s.arange(0i64, 5, 1)` is `[0, 1, 2, 3, 4]`, positions for an embedding;
+    /// `s.arange(0.0f32, 1.0, 0.25)` is `[0, 0.25, 0.5, 0.75]`. Fails with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a zero or non-finite step.
+    pub fn try_arange<T: DType>(&self, start: T, end: T, step: T) -> Result<Tensor<'s, T>> {
+        let (a, b, d) = (start.to_f64(), end.to_f64(), step.to_f64());
+        if d == 0.0 || !d.is_finite() || !a.is_finite() || !b.is_finite() {
+            return Err(crate::Error::InvalidArgument {
+                op: "arange",
+                arg: "step",
+                reason: format!("from {start} to {end} by {step} is not a finite range"),
+            });
+        }
+        let len = ((b - a) / d).ceil().max(0.0) as usize;
+        self.try_rent_with(&[len], |mut v| {
+            v.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = T::from_f64(a + i as f64 * d));
+        })
+    }
+
+    /// The values from `start` below `end` by `step`; see [`Scope::try_arange`].
+    ///
+    /// # Panics
+    /// For a zero or non-finite step or an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn arange<T: DType>(&self, start: T, end: T, step: T) -> Tensor<'s, T> {
+        or_panic(self.try_arange(start, end, step))
+    }
+
     /// A tensor of zeros (see [`Pool::try_rent_zeroed`]).
     pub fn try_zeros<T: DType>(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
         Tensor::try_rent_zeroed_in(&self.state, shape)

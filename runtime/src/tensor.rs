@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
 use crate::autograd::{self, Mode, Node, Recorder, Rule};
-use crate::element::{DType, Element};
+use crate::element::DType;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::param::Param;
 use crate::pool::{element_count, PoolBuffer};
@@ -296,7 +296,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// A zero-copy tensor of `param`'s values whose ops rent in this tensor's scope: how a function
     /// that has tensors but no [`Scope`](crate::Scope) brings a parameter in (with a scope, use
     /// [`Scope::bind`](crate::Scope::bind)). Ops on it never write through to the parameter.
-    pub fn bind(&self, param: &Param<T>) -> Tensor<'s, T> {
+    pub fn bind<U: DType>(&self, param: &Param<U>) -> Tensor<'s, U> {
         Tensor::bound(&self.scope, param)
     }
 
@@ -403,11 +403,13 @@ impl<'s, T: DType> Tensor<'s, T> {
         or_panic(self.try_reshape(shape))
     }
 
-    /// A copy converted to element type `U`, rounding to nearest (`f32` to `f16` loses precision and
-    /// maps values beyond `f16`'s range to infinity). Fails only with a budget error. Gradients do
-    /// not flow through a cast: a backward that reaches one fails with
+    /// A copy converted to element type `U`: between floats, rounding to nearest (`f32` to `f16`
+    /// loses precision and maps values beyond `f16`'s range to infinity); to an integer type,
+    /// truncating toward zero and saturating at its bounds, NaN giving 0 (as Rust's `as`); from an
+    /// integer, exact up to 2^53 (`ids.cast::<f32>()`, `mask.cast::<f32>()`). Fails only with a
+    /// budget error. Gradients do not flow through a cast: a backward that reaches one fails with
     /// [`Error::NotDifferentiable`].
-    pub fn try_cast<U: Element>(&self) -> Result<Tensor<'s, U>> {
+    pub fn try_cast<U: DType>(&self) -> Result<Tensor<'s, U>> {
         let mut out = Tensor::<U>::try_rent_in(&self.scope, self.shape())?;
         out.unique_slice_mut()
             .iter_mut()
@@ -425,7 +427,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// # Panics
     /// If the pool budget is exhausted, with the error's message.
     #[track_caller]
-    pub fn cast<U: Element>(&self) -> Tensor<'s, U> {
+    pub fn cast<U: DType>(&self) -> Tensor<'s, U> {
         or_panic(self.try_cast())
     }
 

@@ -3,7 +3,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use tensorscope::{Element, Pool, PoolConfig, Tensor, POISON_BYTE};
+use tensorscope::{DType, Pool, PoolConfig, Tensor, POISON_BYTE};
 
 /// A pool of `mb` MiB that, in debug builds, fills every unzeroed rent with [`POISON_BYTE`] (NaN for
 /// floats): an op that leaves part of its output unwritten then shows the sentinel, never another
@@ -13,13 +13,13 @@ pub(crate) fn test_pool(mb: usize) -> Pool {
 }
 
 /// Whether `x` is the poison sentinel, bit for bit (a computed NaN has other bits).
-pub(crate) fn is_poison<T: Element>(x: T) -> bool {
+pub(crate) fn is_poison<T: DType>(x: T) -> bool {
     bytemuck::bytes_of(&x).iter().all(|&b| b == POISON_BYTE)
 }
 
 /// Asserts that no element of `t` is the poison sentinel: the op wrote its whole output.
 #[track_caller]
-pub(crate) fn assert_fully_written<T: Element>(what: &str, t: &Tensor<'_, T>) {
+pub(crate) fn assert_fully_written<T: DType>(what: &str, t: &Tensor<'_, T>) {
     if let Some(i) = t.as_slice().iter().position(|&x| is_poison(x)) {
         panic!("{what}: element {i} of {:?} was never written", t.shape());
     }

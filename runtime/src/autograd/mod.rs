@@ -279,7 +279,7 @@ pub(crate) fn finish<'s, T: DType>(
 
 /// `out` marked as made by an op without a derivative, from inputs that carry a graph: a backward
 /// that reaches it fails naming `op`, rather than giving a zero gradient.
-pub(crate) fn barrier<'s, U: Element>(out: Tensor<'s, U>, op: &'static str) -> Tensor<'s, U> {
+pub(crate) fn barrier<'s, U: DType>(out: Tensor<'s, U>, op: &'static str) -> Tensor<'s, U> {
     let recorder = (mode() != Mode::Off).then_some(Recorder {
         inputs: Vec::new(),
         tape: None,
@@ -304,14 +304,15 @@ pub(crate) fn move_graph<T: DType>(node: &Rc<Node<T>>, target: &Rc<ScopeState>) 
         match &node.kind {
             Kind::Op { inputs, rule } => {
                 if let Some(rule) = rule.borrow().as_ref() {
-                    rule.for_each_saved(&mut |t| t.move_accounting(target));
+                    rule.move_saved(target);
                 }
                 pending.extend(inputs.iter().flatten().cloned());
             }
-            Kind::Taped { tape, .. } => tape.borrow().for_each_outside(&mut |(node, value)| {
-                value.move_accounting(target);
-                pending.extend(node.cloned());
-            }),
+            Kind::Taped { tape, .. } => {
+                let tape = tape.borrow();
+                tape.move_accounting(target);
+                tape.for_each_outside(&mut |(node, _)| pending.extend(node.cloned()));
+            }
             Kind::Leaf { .. } => {}
         }
     }

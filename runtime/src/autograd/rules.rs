@@ -5,7 +5,7 @@
 
 use std::rc::Rc;
 
-use ndarray::{ArrayView1, ArrayViewMut1, Axis, Zip};
+use ndarray::{ArrayView1, ArrayViewMut1, Axis, Slice, Zip};
 
 use super::Gradients;
 use crate::element::{DType, Element};
@@ -28,6 +28,10 @@ pub(crate) enum Unary {
     Tanh,
     Exp,
     Neg,
+    Log,
+    Sqrt,
+    Abs,
+    GeluErf,
 }
 
 impl Unary {
@@ -35,7 +39,7 @@ impl Unary {
     pub(crate) fn saves_output(self) -> bool {
         matches!(
             self,
-            Unary::Relu | Unary::Sigmoid | Unary::Tanh | Unary::Exp
+            Unary::Relu | Unary::Sigmoid | Unary::Tanh | Unary::Exp | Unary::Sqrt
         )
     }
 }
@@ -55,6 +59,15 @@ pub(crate) enum Scalar {
     Div,
     /// `c / x`: its rule needs `x`.
     DivInto,
+    /// `x ^ c`: its rule needs `x`.
+    Pow,
+}
+
+impl Scalar {
+    /// Whether the rule needs the op's input.
+    pub(crate) fn saves_input(self) -> bool {
+        matches!(self, Scalar::DivInto | Scalar::Pow)
+    }
 }
 
 /// A backward rule and what it saved.
@@ -90,8 +103,10 @@ pub(crate) enum Rule<T: DType> {
     Mean(usize, Vec<usize>),
     /// Matrix product.
     Matmul(Saved<T>, Saved<T>),
-    /// Transpose of the last two axes.
-    Transpose,
+    /// A permutation of the axes: axis `i` of the output is axis `axes[i]` of the input.
+    Permute(Vec<usize>),
+    /// `narrow(axis, start, _)` of a tensor whose axis had this length.
+    Narrow(usize, usize, usize),
     /// A reshape of a tensor of this shape.
     Reshape(Vec<usize>),
     /// Concatenation along an axis, of inputs of these lengths along it.
@@ -104,6 +119,24 @@ pub(crate) enum Rule<T: DType> {
     Mse(Saved<T>, usize),
     /// Softmax cross-entropy: the log-probabilities and the labels.
     CrossEntropy(Saved<T>, Vec<usize>),
+    /// `index_select` along an axis of this length, by these ids.
+    IndexSelect(usize, Saved<i64>, usize),
+    /// `gather` along an axis, by this index, of an input of this shape.
+    Gather(usize, Saved<i64>, Vec<usize>),
+    /// `tril` (`false`) or `triu` (`true`) with this diagonal offset.
+    Triangle(i64, bool),
+    /// `where_cond` with this mask, of operands of these shapes.
+    Where(Saved<u8>, Vec<usize>, Vec<usize>),
+    /// `masked_fill` with this mask and value.
+    MaskedFill(Saved<u8>, T),
+    /// 2-D pooling: the max's positions (for max pooling) and the input's shape.
+    Pool2d {
+        kind: ops::pool2d::Pooling,
+        kernel: usize,
+        stride: usize,
+        at: Option<Saved<i64>>,
+        input: [usize; 4],
+    },
     /// A checkpointed region: its backward replays the region's layer steps.
     Region(Box<dyn RegionRule<T>>),
 }
@@ -120,8 +153,8 @@ pub(crate) trait RegionRule<T: DType> {
         grads: &mut Gradients<'_, T>,
     ) -> Result<Vec<Option<Saved<T>>>>;
 
-    /// Calls `f` on every tensor the region keeps (for moving their accounting on escape).
-    fn for_each_saved(&self, f: &mut dyn FnMut(&Saved<T>));
+    /// Moves the accounting of every tensor the region keeps to `target` (on escape).
+    fn move_saved(&self, target: &Rc<ScopeState>);
 
     /// Fails as the region's backward would, before any backward runs: with
     /// [`Error::NotDifferentiable`] for an op without a derivative its output depends on, and as
@@ -130,8 +163,10 @@ pub(crate) trait RegionRule<T: DType> {
 }
 
 impl<T: DType> Rule<T> {
-    /// Calls `f` on every saved tensor (for moving their accounting on escape).
-    pub(crate) fn for_each_saved(&self, f: &mut dyn FnMut(&Saved<T>)) {
+    /// Moves the accounting of everything the rule saved to `target` (see
+    /// `Tensor::move_accounting`): its tensors of `T`, and the ids, masks and positions it keeps.
+    pub(crate) fn move_saved(&self, target: &Rc<ScopeState>) {
+        let f = &mut |t: &Saved<T>| t.move_accounting(target);
         match self {
             Rule::Mul(a, b)
             | Rule::Div(a, b)
@@ -142,7 +177,7 @@ impl<T: DType> Rule<T> {
                 f(a);
                 f(b);
             }
-            Rule::Region(region) => region.for_each_saved(f),
+            Rule::Region(region) => region.move_saved(target),
             Rule::Scalar(_, _, Some(x))
             | Rule::Unary(_, Some(x))
             | Rule::Map(x, ..)
@@ -157,10 +192,16 @@ impl<T: DType> Rule<T> {
             | Rule::NotDifferentiable(_)
             | Rule::Sum(..)
             | Rule::Mean(..)
-            | Rule::Transpose
+            | Rule::Permute(_)
+            | Rule::Narrow(..)
             | Rule::Reshape(_)
             | Rule::Concat(..)
-            | Rule::Upsample(_) => {}
+            | Rule::Upsample(_)
+            | Rule::Triangle(..)
+            | Rule::Pool2d { at: None, .. } => {}
+            Rule::IndexSelect(_, ids, _) | Rule::Gather(_, ids, _) => ids.move_accounting(target),
+            Rule::Pool2d { at: Some(at), .. } => at.move_accounting(target),
+            Rule::Where(mask, ..) | Rule::MaskedFill(mask, _) => mask.move_accounting(target),
         }
     }
 }
@@ -220,6 +261,10 @@ impl<T: Element> Rule<T> {
                     let x = here(x.as_ref().expect("c / x saves x"));
                     g.try_zip_map(&x, |g, x| -g * c / (x * x))?
                 }
+                Scalar::Pow => {
+                    let x = here(x.as_ref().expect("x ^ c saves x"));
+                    g.try_zip_map(&x, |g, x| g * c * x.powf(c - T::one()))?
+                }
             })],
             Rule::Unary(kind, saved) => {
                 let saved = saved.as_ref().map(here);
@@ -238,12 +283,85 @@ impl<T: Element> Rule<T> {
                     Unary::Sigmoid => g.try_zip_map(s(), |g, y| g * y * (T::one() - y))?,
                     Unary::Tanh => g.try_zip_map(s(), |g, y| g * (T::one() - y * y))?,
                     Unary::Exp => g.try_zip_map(s(), |g, y| g * y)?,
+                    Unary::Log => g.try_zip_map(s(), |g, x| g / x)?,
+                    Unary::Sqrt => g.try_zip_map(s(), |g, y| g / (y + y))?,
+                    // As PyTorch: the sign, 0 at 0.
+                    Unary::Abs => g.try_zip_map(s(), |g, x| {
+                        if x > T::zero() {
+                            g
+                        } else if x < T::zero() {
+                            -g
+                        } else {
+                            x * g
+                        }
+                    })?,
+                    Unary::GeluErf => g.try_zip_map(s(), |g, x| g * ops::gelu_erf_grad(x))?,
                 })]
             }
             Rule::Map(x, _, df) => vec![Some(g.try_zip_map(&here(&x), |g, x| g * df(x))?)],
             Rule::Region(_) => {
                 unreachable!("the engine runs a region's backward with the gradients")
             }
+            Rule::IndexSelect(axis, ids, len) => {
+                let mut shape = g.shape().to_vec();
+                shape[axis] = len;
+                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, &shape)?;
+                if !g.is_empty() {
+                    let (src, mut dst) = (g.view(), dx.unique_view_mut());
+                    for (j, &id) in ids.as_slice().iter().enumerate() {
+                        Zip::from(dst.index_axis_mut(Axis(axis), id as usize))
+                            .and(src.index_axis(Axis(axis), j))
+                            .for_each(|d, &g| *d = *d + g);
+                    }
+                }
+                vec![Some(dx)]
+            }
+            Rule::Gather(axis, index, shape) => {
+                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, &shape)?;
+                if !g.is_empty() {
+                    let (src, idx) = (g.view(), index.view());
+                    let mut dst = dx.unique_view_mut();
+                    let mut dst = dst.slice_each_axis_mut(ops::index::cut_to(index.shape(), axis));
+                    Zip::from(dst.lanes_mut(Axis(axis)))
+                        .and(idx.lanes(Axis(axis)))
+                        .and(src.lanes(Axis(axis)))
+                        .for_each(|mut d, i, g| {
+                            i.iter().zip(g).for_each(|(&i, &g)| {
+                                let d = &mut d[i as usize];
+                                *d = *d + g;
+                            })
+                        });
+                }
+                vec![Some(dx)]
+            }
+            Rule::Triangle(k, upper) => vec![Some(g.triangle(k, upper)?)],
+            Rule::Where(mask, a, b) => {
+                vec![
+                    grad_if(0, &|| {
+                        reduce_to(ops::mask::select_grad(&g, &mask, true)?, &a)
+                    })?,
+                    grad_if(1, &|| {
+                        reduce_to(ops::mask::select_grad(&g, &mask, false)?, &b)
+                    })?,
+                ]
+            }
+            Rule::MaskedFill(mask, _) => {
+                vec![Some(ops::mask::select_grad(&g, &mask, false)?)]
+            }
+            Rule::Pool2d {
+                kind,
+                kernel,
+                stride,
+                at: positions,
+                input,
+            } => vec![Some(ops::pool2d::pool2d_backward(
+                &g,
+                kind,
+                kernel,
+                stride,
+                positions.as_ref(),
+                input,
+            )?)],
             Rule::NotDifferentiable(op) => return Err(Error::NotDifferentiable { op }),
             Rule::Softmax(y, axis) => vec![Some(lanes3(g, &here(&y), axis, softmax_lane)?)],
             Rule::LogSoftmax(y, axis) => vec![Some(lanes3(g, &here(&y), axis, log_softmax_lane)?)],
@@ -284,26 +402,45 @@ impl<T: Element> Rule<T> {
             Rule::Matmul(a, b) => {
                 let (a, b) = (here(&a), here(&b));
                 vec![
-                    grad_if(0, &|| g.try_matmul(&b.try_transpose()?))?,
-                    grad_if(1, &|| match (a.ndim(), b.ndim()) {
-                        // One matrix for every batch entry: sum over the batch in one product.
-                        (3, 2) => {
-                            let rows = a.shape()[0] * a.shape()[1];
-                            let a2 = a.try_reshape(&[rows, a.shape()[2]])?;
-                            let g2 = g.try_reshape(&[rows, g.shape()[2]])?;
-                            a2.try_transpose()?.try_matmul(&g2)
+                    grad_if(0, &|| reduce_to(g.try_matmul(&b.try_t()?)?, a.shape()))?,
+                    grad_if(1, &|| {
+                        let (k, n) = (a.shape()[a.ndim() - 1], g.shape()[g.ndim() - 1]);
+                        if b.len() == k * n {
+                            // One right matrix for every left one: the batch sums in one product.
+                            let rows = a.len() / k.max(1);
+                            let a2 = a.try_reshape(&[rows, k])?;
+                            let g2 = g.try_reshape(&[rows, n])?;
+                            a2.try_t()?.try_matmul(&g2)?.try_reshape(b.shape())
+                        } else {
+                            reduce_to(a.try_t()?.try_matmul(&g)?, b.shape())
                         }
-                        _ => a.try_transpose()?.try_matmul(&g),
                     })?,
                 ]
             }
-            Rule::Transpose => vec![Some(g.try_transpose()?)],
+            Rule::Permute(axes) => {
+                let mut inverse = vec![0; axes.len()];
+                for (i, &a) in axes.iter().enumerate() {
+                    inverse[a] = i;
+                }
+                vec![Some(g.try_permute(&inverse)?)]
+            }
+            Rule::Narrow(axis, start, full) => {
+                let mut shape = g.shape().to_vec();
+                let len = std::mem::replace(&mut shape[axis], full);
+                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, &shape)?;
+                if !g.is_empty() {
+                    dx.unique_view_mut()
+                        .slice_axis_mut(Axis(axis), Slice::from(start..start + len))
+                        .assign(&g.view());
+                }
+                vec![Some(dx)]
+            }
             Rule::Reshape(shape) => vec![Some(g.try_reshape(&shape)?)],
             Rule::Concat(axis, lengths) => {
                 let mut start = 0;
                 let mut out = Vec::with_capacity(lengths.len());
                 for (i, &len) in lengths.iter().enumerate() {
-                    out.push(grad_if(i, &|| g.try_narrow_copy(axis, start, len))?);
+                    out.push(grad_if(i, &|| g.narrow_kernel(axis, start, len))?);
                     start += len;
                 }
                 out

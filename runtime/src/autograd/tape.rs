@@ -45,13 +45,21 @@ pub(crate) enum Replay<T: DType> {
     Sum(usize),
     Mean(usize),
     Matmul,
-    Transpose,
+    Permute(Vec<usize>),
+    Narrow(usize, usize, usize),
     Reshape(Vec<usize>),
     Concat(usize),
     Conv2d(usize, usize),
     Upsample(usize),
     Mse,
     CrossEntropy(Vec<usize>),
+    IndexSelect(usize, Tensor<'static, i64>),
+    Gather(usize, Tensor<'static, i64>),
+    Triangle(i64, bool),
+    /// `where_cond` with this mask, on the op's two inputs.
+    Where(Tensor<'static, u8>),
+    MaskedFill(Tensor<'static, u8>, T),
+    Pool2d(crate::ops::pool2d::Pooling, usize, usize),
     /// An op without a derivative (`map`, `map_lanes`, `zip_map`): it cannot be run again, so its
     /// output is kept, and a backward that reaches it fails naming it, as without the tape.
     Kept(&'static str, Tensor<'static, T>),
@@ -77,13 +85,25 @@ impl<T: Element> Replay<T> {
             Rule::Sum(axis, _) => Replay::Sum(*axis),
             Rule::Mean(axis, _) => Replay::Mean(*axis),
             Rule::Matmul(..) => Replay::Matmul,
-            Rule::Transpose => Replay::Transpose,
+            Rule::Permute(axes) => Replay::Permute(axes.clone()),
+            Rule::Narrow(axis, start, _) => Replay::Narrow(*axis, *start, shape[*axis]),
             Rule::Reshape(_) => Replay::Reshape(shape.to_vec()),
             Rule::Concat(axis, _) => Replay::Concat(*axis),
             Rule::Conv2d(_, _, stride, padding) => Replay::Conv2d(*stride, *padding),
             Rule::Upsample(scale) => Replay::Upsample(*scale),
             Rule::Mse(..) => Replay::Mse,
             Rule::CrossEntropy(_, labels) => Replay::CrossEntropy(labels.clone()),
+            Rule::IndexSelect(axis, ids, _) => Replay::IndexSelect(*axis, ids.saved()),
+            Rule::Gather(axis, index, _) => Replay::Gather(*axis, index.saved()),
+            Rule::Triangle(k, upper) => Replay::Triangle(*k, *upper),
+            Rule::Where(mask, ..) => Replay::Where(mask.saved()),
+            Rule::MaskedFill(mask, value) => Replay::MaskedFill(mask.saved(), *value),
+            Rule::Pool2d {
+                kind,
+                kernel,
+                stride,
+                ..
+            } => Replay::Pool2d(*kind, *kernel, *stride),
             Rule::Region(_) => unreachable!("a region's output is never an op of a step"),
         }
     }
@@ -113,13 +133,20 @@ impl<T: Element> Replay<T> {
             Replay::Sum(axis) => a.try_sum(*axis),
             Replay::Mean(axis) => a.try_mean(*axis),
             Replay::Matmul => a.try_matmul(b()),
-            Replay::Transpose => a.try_transpose(),
+            Replay::Permute(axes) => a.try_permute(axes),
+            Replay::Narrow(axis, start, len) => a.try_narrow(*axis, *start, *len),
             Replay::Reshape(shape) => a.try_reshape(shape),
             Replay::Concat(axis) => Tensor::try_concat(&args.iter().collect::<Vec<_>>(), *axis),
             Replay::Conv2d(stride, padding) => a.try_conv2d(b(), *stride, *padding),
             Replay::Upsample(scale) => a.try_upsample_nearest2d(*scale),
             Replay::Mse => a.try_mse(b()),
             Replay::CrossEntropy(labels) => a.try_cross_entropy(labels),
+            Replay::IndexSelect(axis, ids) => a.try_index_select(*axis, ids),
+            Replay::Gather(axis, index) => a.try_gather(*axis, index),
+            Replay::Triangle(k, upper) => a.triangle(*k, *upper),
+            Replay::Where(mask) => mask.try_where_cond(a, b()),
+            Replay::MaskedFill(mask, value) => a.try_masked_fill(mask, *value),
+            Replay::Pool2d(kind, kernel, stride) => a.pool2d(*kind, *kernel, *stride),
         }
     }
 }
@@ -165,6 +192,19 @@ impl<T: DType> Tape<T> {
     /// Records what the step returned.
     pub(crate) fn close(&mut self, output: Arg<T>) {
         self.output = Some(output);
+    }
+
+    /// Moves the accounting of every value the tape keeps (from outside the step, kept outputs,
+    /// and the ids and masks its ops read) to `target`, if `target` outlives their owners.
+    pub(crate) fn move_accounting(&self, target: &Rc<ScopeState>) {
+        self.for_each_outside(&mut |(_, value)| value.move_accounting(target));
+        for op in &self.ops {
+            match &op.replay {
+                Replay::IndexSelect(_, ids) | Replay::Gather(_, ids) => ids.move_accounting(target),
+                Replay::Where(mask) | Replay::MaskedFill(mask, _) => mask.move_accounting(target),
+                _ => {}
+            }
+        }
     }
 
     /// Calls `f` on every value from outside the step, and on every kept output (for moving their

@@ -93,8 +93,7 @@ impl<T: Element> Recording<T> {
     /// moves what a graph saved): a constant made in a segment stays alive with its tape.
     pub(super) fn settle(&self, target: &Rc<ScopeState>) {
         for tape in &self.tapes {
-            tape.borrow()
-                .for_each_outside(&mut |(_, value)| value.move_accounting(target));
+            tape.borrow().move_accounting(target);
         }
     }
 
@@ -374,9 +373,9 @@ impl<T: Element> RegionRule<T> for Region<T> {
         Ok(std::iter::once(input).chain(flow.externals).collect())
     }
 
-    fn for_each_saved(&self, f: &mut dyn FnMut(&Saved<T>)) {
+    fn move_saved(&self, target: &Rc<ScopeState>) {
         for tape in &self.tapes {
-            tape.borrow().for_each_outside(&mut |(_, value)| f(value));
+            tape.borrow().move_accounting(target);
         }
     }
 

@@ -12,7 +12,7 @@ use crate::error::{or_panic, Error, Result, Shape};
 use crate::scope::deeper;
 use crate::tensor::Tensor;
 
-fn nchw<T: Element>(op: &'static str, t: &Tensor<'_, T>) -> Result<[usize; 4]> {
+pub(crate) fn nchw<T: Element>(op: &'static str, t: &Tensor<'_, T>) -> Result<[usize; 4]> {
     match *t.shape() {
         [n, c, h, w] => Ok([n, c, h, w]),
         _ => Err(Error::InvalidShape {

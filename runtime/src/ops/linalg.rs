@@ -1,4 +1,4 @@
-//! Matrix products and transposition.
+//! Matrix products.
 //!
 //! Products run on ndarray's `general_mat_mul` (the `matrixmultiply` kernels for `f32` and `f64`, a
 //! generic loop for `f16`/`bf16`), writing straight into the rented output.
@@ -6,7 +6,7 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
 
-use super::{work, Operand};
+use super::{broadcast_shape, work, Operand};
 use crate::autograd::{self, Recorder, Rule};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
@@ -18,13 +18,14 @@ fn matrix<T>(rows: usize, cols: usize, data: &[T]) -> ArrayView2<'_, T> {
 }
 
 impl<'s, T: Element> Tensor<'s, T> {
-    /// The matrix product with a tensor or a [`Param`](crate::Param) (`x.matmul(&w)`). Accepted shapes:
-    /// - `[m, k] x [k, n] -> [m, n]`;
-    /// - `[b, m, k] x [k, n] -> [b, m, n]` (one matrix applied to every batch entry);
-    /// - `[b, m, k] x [b, k, n] -> [b, m, n]` (batched).
+    /// The matrix product with a tensor or a [`Param`](crate::Param) (`x.matmul(&w)`), as PyTorch's
+    /// `matmul` for operands of rank 2 or more: `[.., m, k] x [.., k, n] -> [.., m, n]`, the leading
+    /// (batch) axes broadcast with NumPy's rule. So `[b, t, c] x [c, d]` applies one matrix to every
+    /// row, `[b, h, t, d] x [b, h, d, t]` multiplies per batch and head, and `[b, 1, m, k] x
+    /// [h, k, n]` gives `[b, h, m, n]`.
     ///
-    /// Fails with [`Error::ShapeMismatch`] naming both shapes when the inner dimensions or the batch
-    /// sizes differ or the ranks are not one of the above.
+    /// Fails with [`Error::ShapeMismatch`] naming both shapes when an operand has rank below 2, the
+    /// inner dimensions differ, or the batch axes do not broadcast.
     pub fn try_matmul(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
         let other = &*other.bind_beside(self);
         let recorder = Recorder::of(&[self, other]);
@@ -41,54 +42,67 @@ impl<'s, T: Element> Tensor<'s, T> {
             rhs: Shape::from(other.shape()),
             reason,
         };
-        let (batch, m, k, batched_rhs) = match *self.shape() {
-            [m, k] => (1, m, k, false),
-            [b, m, k] => (b, m, k, other.ndim() == 3),
+        let (a_batch, b_batch) = match (self.shape(), other.shape()) {
+            ([a_batch @ .., _, _], [b_batch @ .., _, _]) => (a_batch, b_batch),
             _ => {
                 return Err(mismatch(format!(
-                    "the left operand has rank {}; expected 2 or 3",
-                    self.ndim()
-                )))
-            }
-        };
-        let (k2, n) = match (other.shape(), batched_rhs) {
-            (&[k2, n], false) => (k2, n),
-            (&[b2, k2, n], true) if b2 == batch => (k2, n),
-            (&[b2, _, _], true) => {
-                return Err(mismatch(format!("batch sizes differ ({batch} and {b2})")))
-            }
-            _ => {
-                return Err(mismatch(format!(
-                    "a rank-{} left operand needs a rank-2{} right operand, got rank {}",
+                    "operands need rank 2 or more, got ranks {} and {}",
                     self.ndim(),
-                    if self.ndim() == 3 { " or rank-3" } else { "" },
                     other.ndim()
                 )))
             }
         };
+        let [m, k] = self.shape()[a_batch.len()..] else {
+            unreachable!("rank checked")
+        };
+        let [k2, n] = other.shape()[b_batch.len()..] else {
+            unreachable!("rank checked")
+        };
         if k != k2 {
             return Err(mismatch(format!("inner dimensions differ ({k} and {k2})")));
         }
-        let out_shape: Vec<usize> = match self.ndim() {
-            2 => vec![m, n],
-            _ => vec![batch, m, n],
-        };
+        let batch = broadcast_shape("matmul", a_batch, b_batch).map_err(|_| {
+            mismatch(format!(
+                "batch axes {} and {} do not broadcast",
+                Shape::from(a_batch),
+                Shape::from(b_batch)
+            ))
+        })?;
+        let mut out_shape = batch.clone();
+        out_shape.extend([m, n]);
         let mut out = Tensor::try_rent_in(deeper(&self.scope, &other.scope), &out_shape)?;
         if out.is_empty() {
             return Ok(out);
         }
+        let count = |s: &[usize]| s.iter().product::<usize>();
         let (a, b, c) = (self.as_slice(), other.as_slice(), out.unique_slice_mut());
-        if batched_rhs {
-            work::visit(batch);
-            for i in 0..batch {
-                let (ai, bi) = (&a[i * m * k..][..m * k], &b[i * k * n..][..k * n]);
-                let ci = &mut c[i * m * n..][..m * n];
-                product(matrix(m, k, ai), matrix(k, n, bi), ci, m, n);
-            }
-        } else {
-            // `[b, m, k]` is one `[b * m, k]` matrix in row-major order.
+        if count(b_batch) == 1 && count(a_batch) == count(&batch) {
+            // One right matrix for every left one: `[.., m, k]` is one `[rows, k]` matrix.
             work::visit(1);
-            product(matrix(batch * m, k, a), matrix(k, n, b), c, batch * m, n);
+            let rows = count(&batch) * m;
+            product(matrix(rows, k, a), matrix(k, n, b), c, rows, n);
+            return Ok(out);
+        }
+        // The matrix of each operand for output matrix `i`: its index along each batch axis, or 0
+        // along an axis the operand broadcasts.
+        let (a_steps, b_steps) = (batch_steps(a_batch, &batch), batch_steps(b_batch, &batch));
+        work::visit(count(&batch));
+        for i in 0..count(&batch) {
+            let (mut ai, mut bi, mut rest) = (0, 0, i);
+            for axis in (0..batch.len()).rev() {
+                let pos = rest % batch[axis];
+                rest /= batch[axis];
+                ai += pos * a_steps[axis];
+                bi += pos * b_steps[axis];
+            }
+            let (am, bm) = (&a[ai * m * k..][..m * k], &b[bi * k * n..][..k * n]);
+            product(
+                matrix(m, k, am),
+                matrix(k, n, bm),
+                &mut c[i * m * n..][..m * n],
+                m,
+                n,
+            );
         }
         Ok(out)
     }
@@ -101,38 +115,19 @@ impl<'s, T: Element> Tensor<'s, T> {
     pub fn matmul(&self, other: &impl Operand<'s, T>) -> Tensor<'s, T> {
         or_panic(self.try_matmul(other))
     }
+}
 
-    /// A copy with the last two axes swapped (`[.., m, n] -> [.., n, m]`). Fails with
-    /// [`Error::InvalidShape`] for tensors of rank below 2.
-    pub fn try_transpose(&self) -> Result<Tensor<'s, T>> {
-        let nd = self.ndim();
-        if nd < 2 {
-            return Err(Error::InvalidShape {
-                op: "transpose",
-                shape: Shape::from(self.shape()),
-                reason: "needs at least two axes".into(),
-            });
-        }
-        let mut view = self.view();
-        view.swap_axes(nd - 2, nd - 1);
-        let mut out = Tensor::try_rent_in(&self.scope, view.shape())?;
-        if !out.is_empty() {
-            work::visit(1);
-            out.unique_view_mut().assign(&view);
-        }
-        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Transpose
-        }))
+/// For each axis of the broadcast batch shape `batch`, how many matrices of an operand with batch
+/// axes `own` (aligned from the right) one step along it moves: 0 where the operand broadcasts.
+fn batch_steps(own: &[usize], batch: &[usize]) -> Vec<usize> {
+    let lead = batch.len() - own.len();
+    let mut steps = vec![0; batch.len()];
+    let mut stride = 1;
+    for (j, &len) in own.iter().enumerate().rev() {
+        steps[lead + j] = if len == 1 { 0 } else { stride };
+        stride *= len;
     }
-
-    /// A copy with the last two axes swapped; see [`Tensor::try_transpose`].
-    ///
-    /// # Panics
-    /// For a rank below 2 or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn transpose(&self) -> Tensor<'s, T> {
-        or_panic(self.try_transpose())
-    }
+    steps
 }
 
 /// `c = a b` for an `[m, n]` output slice.

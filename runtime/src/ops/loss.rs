@@ -43,6 +43,43 @@ impl<'s, T: Element> Tensor<'s, T> {
         or_panic(self.try_cross_entropy(labels))
     }
 
+    /// Softmax cross-entropy with the labels as a 1-D integer tensor, one per row (next-token ids:
+    /// `ids.narrow(1, 1, t - 1).flatten()`); otherwise as [`Tensor::try_cross_entropy`]. A
+    /// negative label is [`Error::IndexOutOfRange`], labels that are not 1-D
+    /// [`Error::InvalidShape`].
+    pub fn try_cross_entropy_ids(&self, labels: &Tensor<'_, i64>) -> Result<Tensor<'s, T>> {
+        if labels.ndim() != 1 {
+            return Err(Error::InvalidShape {
+                op: "cross_entropy",
+                shape: Shape::from(labels.shape()),
+                reason: "the labels must be 1-D, one per row".into(),
+            });
+        }
+        let classes = self.shape().last().copied().unwrap_or(0);
+        let labels = labels
+            .as_slice()
+            .iter()
+            .map(|&l| {
+                usize::try_from(l).map_err(|_| Error::IndexOutOfRange {
+                    op: "cross_entropy",
+                    index: l,
+                    axis: 1,
+                    len: classes,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.try_cross_entropy(&labels)
+    }
+
+    /// Softmax cross-entropy with integer-tensor labels; see [`Tensor::try_cross_entropy_ids`].
+    ///
+    /// # Panics
+    /// For bad shapes or labels, with the error's message.
+    #[track_caller]
+    pub fn cross_entropy_ids(&self, labels: &Tensor<'_, i64>) -> Tensor<'s, T> {
+        or_panic(self.try_cross_entropy_ids(labels))
+    }
+
     /// Softmax cross-entropy of logits `[batch, classes]` against one class label per row, averaged
     /// over the batch: `-mean(log_softmax(self)[row, label])`, as a tensor of one value. Fails with
     /// [`Error::InvalidShape`] for logits that are not 2-D, [`Error::LengthMismatch`] if there is

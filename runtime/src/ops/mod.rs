@@ -14,17 +14,21 @@
 
 pub mod conv;
 pub mod elementwise;
+pub mod index;
 pub mod linalg;
 pub mod loss;
+pub mod mask;
+pub mod pool2d;
 pub mod reduce;
 pub mod shape;
 mod unary;
 
 pub(crate) use conv::{conv2d_backward, upsample_backward};
+pub use mask::Cmp;
 pub use unary::TensorOps;
-pub(crate) use unary::{gelu_grad, norm_backward_lane, scalar_op, unary_op};
+pub(crate) use unary::{gelu_erf_grad, gelu_grad, norm_backward_lane, scalar_op, unary_op};
 
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
 use crate::param::Param;
 use crate::tensor::Tensor;
@@ -93,7 +97,7 @@ pub(crate) fn dimension_overflow(
 
 /// Checks that ndarray can address an output of `shape` (see `pool::element_count`), else fails
 /// with `overflow()`, which names the operand to blame.
-pub(crate) fn check_addressable<T: Element>(
+pub(crate) fn check_addressable<T: DType>(
     shape: &[usize],
     overflow: impl FnOnce() -> Error,
 ) -> Result<()> {
@@ -209,21 +213,57 @@ pub(crate) fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Res
         .collect()
 }
 
-/// Checks that `axis` is an axis of `t`.
-pub(crate) fn check_axis<T: Element>(
+/// Whether `x` replaces `best` as the extreme so far (the max if `max`, else the min), as PyTorch's
+/// reductions and pooling choose: a NaN wins and stays (nothing beats it), and among equal values the
+/// first is kept.
+pub(crate) fn beats<T: PartialOrd>(x: T, best: T, max: bool) -> bool {
+    let is_nan = |v: &T| v.partial_cmp(v).is_none();
+    !is_nan(&best) && (is_nan(&x) || if max { x > best } else { x < best })
+}
+
+/// An axis argument: an index from the front (`0`, `1`, ...) or, negative, from the back (`-1` is
+/// the last axis), as in PyTorch. Implemented for `usize`, `isize`, `i32` and `i64`, so both
+/// `x.sum(1)` and `x.softmax(-1)` read as they do in Python.
+pub trait Dim: Copy {
+    /// The axis as a signed index.
+    fn index(self) -> isize;
+}
+
+macro_rules! dim {
+    ($($t:ty),*) => {$(
+        impl Dim for $t {
+            #[inline]
+            fn index(self) -> isize {
+                // Any real axis fits; an absurd one saturates and is then out of range.
+                isize::try_from(self).unwrap_or(isize::MAX)
+            }
+        }
+    )*};
+}
+dim!(usize, isize, i32, i64);
+
+/// `axis` resolved against a rank of `ndim` (negative counts from the back), or
+/// [`Error::AxisOutOfRange`].
+pub(crate) fn resolve_axis(op: &'static str, axis: impl Dim, ndim: usize) -> Result<usize> {
+    let i = axis.index();
+    let resolved = if i < 0 {
+        ndim.checked_sub(i.unsigned_abs())
+    } else {
+        Some(i as usize)
+    };
+    match resolved {
+        Some(a) if a < ndim => Ok(a),
+        _ => Err(Error::AxisOutOfRange { op, axis: i, ndim }),
+    }
+}
+
+/// `axis` resolved as an axis of `t`; see [`resolve_axis`].
+pub(crate) fn check_axis<T: DType>(
     op: &'static str,
     t: &Tensor<'_, T>,
-    axis: usize,
-) -> Result<()> {
-    if axis < t.ndim() {
-        Ok(())
-    } else {
-        Err(Error::AxisOutOfRange {
-            op,
-            axis,
-            ndim: t.ndim(),
-        })
-    }
+    axis: impl Dim,
+) -> Result<usize> {
+    resolve_axis(op, axis, t.ndim())
 }
 
 #[cfg(test)]

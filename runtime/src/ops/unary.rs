@@ -4,7 +4,7 @@ use std::rc::Rc;
 
 use ndarray::{ArrayView1, ArrayViewMut1, Axis, Zip};
 
-use super::{check_axis, work, Arg};
+use super::{check_axis, work, Arg, Dim};
 use crate::autograd::{self, Recorder, Rule, Scalar, Unary};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
@@ -147,10 +147,114 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
         or_panic(self.with_arg(|a| unary(a, Unary::Exp)))
     }
 
+    /// GELU, exact: `x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default
+    /// `F.gelu(x)`; [`TensorOps::gelu`] is the tanh approximation GPT-2 uses). Within 1 ulp of
+    /// the `f64` value before rounding to `T`. Panics only as [`TensorOps::map`] does.
+    #[track_caller]
+    fn gelu_erf(self) -> Tensor<'s, T> {
+        or_panic(self.with_arg(|a| unary(a, Unary::GeluErf)))
+    }
+
+    /// The natural logarithm (NaN below 0, `-inf` at 0). Panics only as [`TensorOps::map`] does.
+    #[track_caller]
+    fn log(self) -> Tensor<'s, T> {
+        or_panic(self.with_arg(|a| unary(a, Unary::Log)))
+    }
+
+    /// The square root (NaN below 0). Panics only as [`TensorOps::map`] does.
+    #[track_caller]
+    fn sqrt(self) -> Tensor<'s, T> {
+        or_panic(self.with_arg(|a| unary(a, Unary::Sqrt)))
+    }
+
+    /// The absolute value; its gradient is the sign (0 at 0, as PyTorch). Panics only as
+    /// [`TensorOps::map`] does.
+    #[track_caller]
+    fn abs(self) -> Tensor<'s, T> {
+        or_panic(self.with_arg(|a| unary(a, Unary::Abs)))
+    }
+
+    /// Every element to the power `p` (`powf`; a negative base with a fractional power is NaN).
+    /// Panics only as [`TensorOps::map`] does.
+    #[track_caller]
+    fn pow(self, p: T) -> Tensor<'s, T> {
+        or_panic(self.with_arg(|a| scalar(a, Scalar::Pow, p, move |v| v.powf(p))))
+    }
+
+    /// Every element limited to `[min, max]` (NaN stays NaN, as in PyTorch). The gradient passes
+    /// where `min <= x <= max` and is 0 elsewhere. Fails with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if `min > max` (or either is NaN).
+    fn try_clamp(self, min: T, max: T) -> Result<Tensor<'s, T>> {
+        if min.partial_cmp(&max).is_none_or(|o| o.is_gt()) {
+            return Err(crate::Error::InvalidArgument {
+                op: "clamp",
+                arg: "bounds",
+                reason: format!("min {min} is not at most max {max}"),
+            });
+        }
+        let f = move |x: T| {
+            if x < min {
+                min
+            } else if x > max {
+                max
+            } else {
+                x
+            }
+        };
+        let inside = move |x: T| {
+            if x >= min && x <= max {
+                T::one()
+            } else {
+                T::zero()
+            }
+        };
+        self.try_map_with_derivative(f, inside)
+    }
+
+    /// Every element limited to `[min, max]`; see [`TensorOps::try_clamp`].
+    ///
+    /// # Panics
+    /// If `min > max`, or the budget is exhausted, with the error's message.
+    #[track_caller]
+    fn clamp(self, min: T, max: T) -> Tensor<'s, T> {
+        or_panic(self.try_clamp(min, max))
+    }
+
+    /// RMS normalization over the last axis, without a scale: `x / sqrt(mean(x^2) + eps)`
+    /// (PyTorch's `F.rms_norm` without a weight; scale by broadcasting, `&y * &gamma`). Composed of
+    /// recorded ops, so it differentiates and replays as they do. Fails with
+    /// [`Error::InvalidShape`](crate::Error::InvalidShape) for a rank-0 tensor, or a budget error.
+    fn try_rms_norm(self, eps: T) -> Result<Tensor<'s, T>> {
+        let x = self.as_tensor();
+        if x.ndim() == 0 {
+            return Err(crate::Error::InvalidShape {
+                op: "rms_norm",
+                shape: x.shape().into(),
+                reason: "needs at least one axis to normalize over".into(),
+            });
+        }
+        let mean_square = x.try_mul(x)?.try_mean_keepdim(-1)?;
+        let inv = scalar_op(
+            &scalar_op(&mean_square, Scalar::Add, eps)?,
+            Scalar::Pow,
+            T::from_f64(-0.5),
+        )?;
+        x.try_mul(&inv)
+    }
+
+    /// RMS normalization over the last axis; see [`TensorOps::try_rms_norm`].
+    ///
+    /// # Panics
+    /// For a rank-0 tensor or an exhausted budget, with the error's message.
+    #[track_caller]
+    fn rms_norm(self, eps: T) -> Tensor<'s, T> {
+        or_panic(self.try_rms_norm(eps))
+    }
+
     /// Softmax along `axis` (max-subtracted, so large inputs do not overflow). Fails with
     /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
-    fn try_softmax(self, axis: usize) -> Result<Tensor<'s, T>> {
-        check_axis("softmax", self.as_tensor(), axis)?;
+    fn try_softmax(self, axis: impl Dim) -> Result<Tensor<'s, T>> {
+        let axis = check_axis("softmax", self.as_tensor(), axis)?;
         self.with_arg(|a| {
             let recorder = Recorder::of(&[a.tensor()]);
             let out = map_lanes(a, axis, |lane| softmax_lane(lane, false))?;
@@ -165,14 +269,14 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// # Panics
     /// For a bad axis or an exhausted budget, with the error's message.
     #[track_caller]
-    fn softmax(self, axis: usize) -> Tensor<'s, T> {
+    fn softmax(self, axis: impl Dim) -> Tensor<'s, T> {
         or_panic(self.try_softmax(axis))
     }
 
     /// Log-softmax along `axis`, computed as `x - max - ln(sum(exp(x - max)))`. Fails with
     /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
-    fn try_log_softmax(self, axis: usize) -> Result<Tensor<'s, T>> {
-        check_axis("log_softmax", self.as_tensor(), axis)?;
+    fn try_log_softmax(self, axis: impl Dim) -> Result<Tensor<'s, T>> {
+        let axis = check_axis("log_softmax", self.as_tensor(), axis)?;
         self.with_arg(|a| {
             let recorder = Recorder::of(&[a.tensor()]);
             let out = map_lanes(a, axis, |lane| softmax_lane(lane, true))?;
@@ -187,7 +291,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// # Panics
     /// For a bad axis or an exhausted budget, with the error's message.
     #[track_caller]
-    fn log_softmax(self, axis: usize) -> Tensor<'s, T> {
+    fn log_softmax(self, axis: impl Dim) -> Tensor<'s, T> {
         or_panic(self.try_log_softmax(axis))
     }
 
@@ -252,6 +356,21 @@ pub(crate) fn gelu_grad<T: Element>(x: T) -> T {
     let inner = c * (x + k * x * x * x);
     let t = inner.tanh();
     half * (T::one() + t) + half * x * (T::one() - t * t) * c * (T::one() + three * k * x * x)
+}
+
+/// GELU of one value, exact: `x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default), with
+/// `erf` computed in `f64` (libm's, within 1 ulp).
+pub(crate) fn gelu_erf<T: Element>(x: T) -> T {
+    let x = x.to_f64();
+    T::from_f64(0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)))
+}
+
+/// `d/dx` of the exact GELU: `Phi(x) + x phi(x)`.
+pub(crate) fn gelu_erf_grad<T: Element>(x: T) -> T {
+    let x = x.to_f64();
+    let cdf = 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
+    let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+    T::from_f64(cdf + x * pdf)
 }
 
 fn sigmoid<T: Element>(x: T) -> T {
@@ -333,6 +452,10 @@ pub(crate) fn unary<'s, T: Element>(src: Arg<'_, 's, T>, kind: Unary) -> Result<
         Unary::Tanh => T::tanh,
         Unary::Exp => T::exp,
         Unary::Neg => |x| -x,
+        Unary::Log => T::ln,
+        Unary::Sqrt => T::sqrt,
+        Unary::Abs => T::abs,
+        Unary::GeluErf => gelu_erf,
     };
     map_recorded(src, f, |y| {
         let saved = if kind.saves_output() {
@@ -363,6 +486,7 @@ pub(crate) fn scalar_op<'s, T: Element>(
         Scalar::Mul => scalar(x, kind, c, move |v| v * c),
         Scalar::Div => scalar(x, kind, c, move |v| v / c),
         Scalar::DivInto => scalar(x, kind, c, move |v| c / v),
+        Scalar::Pow => scalar(x, kind, c, move |v| v.powf(c)),
     }
 }
 
@@ -373,7 +497,7 @@ pub(crate) fn scalar<'s, T: Element>(
     c: T,
     f: impl Fn(T) -> T,
 ) -> Result<Tensor<'s, T>> {
-    let x = (kind == Scalar::DivInto && Recorder::of(&[src.tensor()]).is_some())
+    let x = (kind.saves_input() && Recorder::of(&[src.tensor()]).is_some())
         .then(|| src.tensor().saved());
     map_recorded(src, f, |_| Rule::Scalar(kind, c, x))
 }
@@ -402,7 +526,7 @@ fn map_lanes<'s, T: Element>(
     axis: usize,
     kernel: impl FnMut(ArrayViewMut1<'_, T>),
 ) -> Result<Tensor<'s, T>> {
-    check_axis("map_lanes", src.tensor(), axis)?;
+    let axis = check_axis("map_lanes", src.tensor(), axis)?;
     let mut out = src.into_writable_copy()?;
     if out.is_empty() {
         // No lane has an element: running the kernel on each of the (possibly 2^60) empty lanes

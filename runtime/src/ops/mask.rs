@@ -1,0 +1,287 @@
+//! Masks: comparisons giving `u8` masks (1 where true, 0 where false), selection by a mask
+//! (`where_cond`, `masked_fill`), and triangles (`tril`, `triu`), which make causal masks.
+//!
+//! ```
+//! use tensorscope_runtime::Pool;
+//! let pool = Pool::with_max_memory_mb(16);
+//! pool.scope(|s| {
+//!     // A causal attention mask: scores above the diagonal become -inf before the softmax.
+//!     let scores = s.zeros::<f32>(&[3, 3]);
+//!     let future = s.ones::<u8>(&[3, 3]).triu(1);
+//!     let masked = scores.masked_fill(&future, f32::NEG_INFINITY);
+//!     assert_eq!(masked.to_vec()[..3], [0.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
+//!     // Comparisons broadcast, and give masks.
+//!     let x = s.from_slice::<f32>(&[4], &[-1.0, 0.0, 2.0, f32::NAN]);
+//!     assert_eq!(x.gt(&s.zeros::<f32>(&[1])).to_vec(), vec![0, 0, 1, 0]);
+//! });
+//! ```
+
+use ndarray::Zip;
+
+use super::{broadcast_shape, rows, work};
+use crate::autograd::{self, Recorder, Rule};
+use crate::element::{DType, Element};
+use crate::error::{or_panic, Error, Result, Shape};
+use crate::scope::deeper;
+use crate::tensor::Tensor;
+
+/// A comparison, for [`Tensor::cmp`] and [`Tensor::cmp_scalar`]. As in IEEE 754 and PyTorch, every
+/// comparison with NaN is false except `Ne`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Cmp {
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+}
+
+impl Cmp {
+    fn holds<T: PartialOrd>(self, a: T, b: T) -> bool {
+        match self {
+            Cmp::Eq => a == b,
+            Cmp::Ne => a != b,
+            Cmp::Lt => a < b,
+            Cmp::Le => a <= b,
+            Cmp::Gt => a > b,
+            Cmp::Ge => a >= b,
+        }
+    }
+}
+
+macro_rules! comparisons {
+    ($($name:ident $cmp:ident $sym:literal),*) => {$(
+        #[doc = concat!("The mask of `self ", $sym, " other` with broadcasting; see [`Tensor::try_cmp`].")]
+        ///
+        /// # Panics
+        /// If the shapes do not broadcast or the budget is exhausted, with the error's message.
+        #[track_caller]
+        pub fn $name(&self, other: &Tensor<'s, T>) -> Tensor<'s, u8> {
+            or_panic(self.try_cmp(other, Cmp::$cmp))
+        }
+    )*};
+}
+
+impl<'s, T: DType> Tensor<'s, T> {
+    /// The mask of `self <cmp> other`, elementwise with NumPy broadcasting: a `u8` tensor holding 1
+    /// where the comparison holds and 0 elsewhere, in the deeper of the operands' scopes. Masks
+    /// carry no gradient. Fails with [`Error::ShapeMismatch`] if the shapes do not broadcast.
+    pub fn try_cmp(&self, other: &Tensor<'s, T>, cmp: Cmp) -> Result<Tensor<'s, u8>> {
+        let shape = broadcast_shape("cmp", self.shape(), other.shape())?;
+        let mut out = Tensor::<u8>::try_rent_in(deeper(&self.scope, &other.scope), &shape)?;
+        if !out.is_empty() {
+            work::visit(rows(&shape));
+            Zip::from(out.unique_view_mut())
+                .and_broadcast(&self.view())
+                .and_broadcast(&other.view())
+                .for_each(|o, &a, &b| *o = u8::from(cmp.holds(a, b)));
+        }
+        Ok(out)
+    }
+
+    /// The mask of `self <cmp> other`; see [`Tensor::try_cmp`].
+    ///
+    /// # Panics
+    /// If the shapes do not broadcast or the budget is exhausted, with the error's message.
+    #[track_caller]
+    pub fn cmp(&self, other: &Tensor<'s, T>, cmp: Cmp) -> Tensor<'s, u8> {
+        or_panic(self.try_cmp(other, cmp))
+    }
+
+    /// The mask of `self <cmp> value`. Fails only with a budget error.
+    pub fn try_cmp_scalar(&self, cmp: Cmp, value: T) -> Result<Tensor<'s, u8>> {
+        let mut out = Tensor::<u8>::try_rent_in(&self.scope, self.shape())?;
+        out.unique_slice_mut()
+            .iter_mut()
+            .zip(self.as_slice())
+            .for_each(|(o, &a)| *o = u8::from(cmp.holds(a, value)));
+        Ok(out)
+    }
+
+    /// The mask of `self <cmp> value`; see [`Tensor::try_cmp_scalar`].
+    ///
+    /// # Panics
+    /// If the budget is exhausted, with the error's message.
+    #[track_caller]
+    pub fn cmp_scalar(&self, cmp: Cmp, value: T) -> Tensor<'s, u8> {
+        or_panic(self.try_cmp_scalar(cmp, value))
+    }
+
+    comparisons!(eq Eq "==", ne Ne "!=", lt Lt "<", le Le "<=", gt Gt ">", ge Ge ">=");
+
+    /// The lower triangle of the last two axes (PyTorch's `tril`): element `(i, j)` is kept where
+    /// `j - i <= k` and zeroed elsewhere; `k = 0` keeps the diagonal, `k = -1` drops it. Fails with
+    /// [`Error::InvalidShape`] for a rank below 2.
+    pub fn try_tril(&self, k: i64) -> Result<Tensor<'s, T>> {
+        self.triangle(k, false)
+    }
+
+    /// The lower triangle; see [`Tensor::try_tril`].
+    ///
+    /// # Panics
+    /// For a rank below 2 or an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn tril(&self, k: i64) -> Tensor<'s, T> {
+        or_panic(self.try_tril(k))
+    }
+
+    /// The upper triangle of the last two axes (PyTorch's `triu`): element `(i, j)` is kept where
+    /// `j - i >= k`; `ones.triu(1)` marks the future positions of a causal mask. Fails with
+    /// [`Error::InvalidShape`] for a rank below 2.
+    pub fn try_triu(&self, k: i64) -> Result<Tensor<'s, T>> {
+        self.triangle(k, true)
+    }
+
+    /// The upper triangle; see [`Tensor::try_triu`].
+    ///
+    /// # Panics
+    /// For a rank below 2 or an exhausted budget, with the error's message.
+    #[track_caller]
+    pub fn triu(&self, k: i64) -> Tensor<'s, T> {
+        or_panic(self.try_triu(k))
+    }
+
+    pub(crate) fn triangle(&self, k: i64, upper: bool) -> Result<Tensor<'s, T>> {
+        let [.., m, n] = *self.shape() else {
+            return Err(Error::InvalidShape {
+                op: if upper { "triu" } else { "tril" },
+                shape: Shape::from(self.shape()),
+                reason: "needs at least two axes".into(),
+            });
+        };
+        let mut out = Tensor::try_rent_in(&self.scope, self.shape())?;
+        if !out.is_empty() {
+            work::visit(self.len() / (m * n));
+            let keep = |i: usize, j: usize| {
+                let d = j as i64 - i as i64;
+                if upper {
+                    d >= k
+                } else {
+                    d <= k
+                }
+            };
+            let src = self.as_slice().chunks_exact(n);
+            for (r, (o, x)) in out
+                .unique_slice_mut()
+                .chunks_exact_mut(n)
+                .zip(src)
+                .enumerate()
+            {
+                let i = r % m;
+                for (j, (o, &x)) in o.iter_mut().zip(x).enumerate() {
+                    *o = if keep(i, j) { x } else { T::zeroed() };
+                }
+            }
+        }
+        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
+            Rule::Triangle(k, upper)
+        }))
+    }
+}
+
+impl<'s> Tensor<'s, u8> {
+    /// `on_true` where this mask is non-zero and `on_false` elsewhere (PyTorch's
+    /// `torch.where(mask, a, b)`), all three broadcast together. The gradient goes to the operand
+    /// each element came from. Fails with [`Error::ShapeMismatch`] if the shapes do not broadcast.
+    pub fn try_where_cond<T: Element>(
+        &self,
+        on_true: &Tensor<'s, T>,
+        on_false: &Tensor<'s, T>,
+    ) -> Result<Tensor<'s, T>> {
+        let shape = broadcast_shape("where_cond", on_true.shape(), on_false.shape())?;
+        let shape = broadcast_shape("where_cond", self.shape(), &shape)?;
+        let scope = deeper(deeper(&self.scope, &on_true.scope), &on_false.scope);
+        let recorder = Recorder::of(&[on_true, on_false]);
+        let mut out = Tensor::try_rent_in(scope, &shape)?;
+        if !out.is_empty() {
+            work::visit(rows(&shape));
+            Zip::from(out.unique_view_mut())
+                .and_broadcast(&self.view())
+                .and_broadcast(&on_true.view())
+                .and_broadcast(&on_false.view())
+                .for_each(|o, &m, &a, &b| *o = if m != 0 { a } else { b });
+        }
+        Ok(autograd::finish(recorder, out, |_| {
+            Rule::Where(
+                self.saved(),
+                on_true.shape().to_vec(),
+                on_false.shape().to_vec(),
+            )
+        }))
+    }
+
+    /// `on_true` where this mask is non-zero and `on_false` elsewhere; see
+    /// [`Tensor::try_where_cond`].
+    ///
+    /// # Panics
+    /// If the shapes do not broadcast or the budget is exhausted, with the error's message.
+    #[track_caller]
+    pub fn where_cond<T: Element>(
+        &self,
+        on_true: &Tensor<'s, T>,
+        on_false: &Tensor<'s, T>,
+    ) -> Tensor<'s, T> {
+        or_panic(self.try_where_cond(on_true, on_false))
+    }
+}
+
+impl<'s, T: Element> Tensor<'s, T> {
+    /// A copy with `value` where `mask` is non-zero (PyTorch's `masked_fill`); the mask broadcasts
+    /// to this tensor's shape. The gradient flows to the elements kept. Fails with
+    /// [`Error::ShapeMismatch`] if the mask does not broadcast to this shape.
+    pub fn try_masked_fill(&self, mask: &Tensor<'_, u8>, value: T) -> Result<Tensor<'s, T>> {
+        let fits = broadcast_shape("masked_fill", self.shape(), mask.shape())?;
+        if fits != self.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "masked_fill",
+                lhs: Shape::from(self.shape()),
+                rhs: Shape::from(mask.shape()),
+                reason: "the mask must broadcast to the tensor's shape".into(),
+            });
+        }
+        let mut out = Tensor::try_rent_in(&self.scope, self.shape())?;
+        if !out.is_empty() {
+            work::visit(rows(self.shape()));
+            Zip::from(out.unique_view_mut())
+                .and(&self.view())
+                .and_broadcast(&mask.view())
+                .for_each(|o, &x, &m| *o = if m != 0 { value } else { x });
+        }
+        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
+            Rule::MaskedFill(mask.saved(), value)
+        }))
+    }
+
+    /// A copy with `value` where `mask` is non-zero; see [`Tensor::try_masked_fill`].
+    ///
+    /// # Panics
+    /// If the mask does not broadcast or the budget is exhausted, with the error's message.
+    #[track_caller]
+    pub fn masked_fill(&self, mask: &Tensor<'_, u8>, value: T) -> Tensor<'s, T> {
+        or_panic(self.try_masked_fill(mask, value))
+    }
+}
+
+/// `g` where `mask` (broadcast to `g`'s shape) is non-zero if `keep_set`, or zero if not; zero
+/// elsewhere: the gradient that reaches the operand an element was taken from.
+pub(crate) fn select_grad<T: Element>(
+    g: &Tensor<'static, T>,
+    mask: &Tensor<'static, u8>,
+    keep_set: bool,
+) -> Result<Tensor<'static, T>> {
+    let mut out = Tensor::try_rent_in(&g.scope, g.shape())?;
+    if !out.is_empty() {
+        Zip::from(out.unique_view_mut())
+            .and(&g.view())
+            .and_broadcast(&mask.view())
+            .for_each(|o, &g, &m| *o = if (m != 0) == keep_set { g } else { T::zero() });
+    }
+    Ok(out)
+}
