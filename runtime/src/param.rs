@@ -95,6 +95,18 @@ impl<T: DType> Param<T> {
         or_panic(self.try_duplicate())
     }
 
+    /// Gives this parameter the values in `buf` (of its shape). It stays the same parameter (same
+    /// gradient key, so an optimizer keeps its state); handles cloned before keep the old values, as
+    /// after a copy on write.
+    pub(crate) fn replace_buffer(&mut self, buf: PoolBuffer<T>) {
+        assert_eq!(
+            buf.len(),
+            self.len(),
+            "a replacement buffer holds the parameter's shape"
+        );
+        self.buf = Arc::new(buf);
+    }
+
     /// The shared buffer, for tensors bound to this parameter.
     pub(crate) fn buffer(&self) -> &Arc<PoolBuffer<T>> {
         &self.buf
