@@ -57,7 +57,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 
 use super::params::{close_names, suggest, NnError, ParamStore};
-use crate::element::{DType, Element};
+use crate::element::{is_integer, DType, Element};
 use crate::error::Shape;
 use crate::param::Param;
 use crate::pool::{Pool, PoolBuffer};
@@ -648,8 +648,7 @@ fn convert<S: DType, T: DType>(
             .for_each(|(o, s)| *o = bytemuck::cast(s));
         return Ok(());
     }
-    // A float type holds 0.5; an integer type truncates it.
-    let integer_target = T::from_f64(0.5).to_f64() != 0.5;
+    let integer_target = is_integer::<T>();
     for (index, (o, s)) in out.iter_mut().zip(src).enumerate() {
         let value = s.to_f64();
         let converted = T::from_f64(value);
