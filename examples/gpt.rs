@@ -30,7 +30,8 @@ struct Args {
 
 fn args() -> Args {
     let mut a = Args {
-        weights: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt_tiny.safetensors"),
+        weights: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/gpt_tiny.safetensors"),
         layers: 8,
         ctx: 64,
         steps: 20,
@@ -82,7 +83,9 @@ fn main() {
     );
 
     // The logits of the reference batch, against PyTorch's.
-    let ids = file.param::<i64>(&pool, "input_ids").unwrap_or_else(|e| fail(&e));
+    let ids = file
+        .param::<i64>(&pool, "input_ids")
+        .unwrap_or_else(|e| fail(&e));
     let reference = file.param::<f32>(&pool, "logits").ok();
     pool.scope(|s| {
         let ids = s.bind(&ids);
@@ -90,7 +93,10 @@ fn main() {
         let logits = model.forward(&ids);
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let loss = Gpt::loss(&logits, &ids).item();
-        println!("forward of {:?} ids: {ms:.2} ms, loss {loss:.6}", ids.shape());
+        println!(
+            "forward of {:?} ids: {ms:.2} ms, loss {loss:.6}",
+            ids.shape()
+        );
         if let Some(reference) = &reference {
             let worst = logits
                 .as_slice()
@@ -100,7 +106,12 @@ fn main() {
                 .fold(0.0f32, f32::max);
             println!("largest |logit - PyTorch's|: {worst:.2e}");
         }
-        println!("logits[0, 0, ..8]: {}", logits.narrow(1, 0, 1).narrow(2, 0, 8).squeeze(1));
+        let first = logits
+            .narrow(0, 0, 1)
+            .narrow(1, 0, 1)
+            .narrow(2, 0, 8)
+            .flatten();
+        println!("logits[0, 0, ..8]:\n{first}");
     });
 
     // Greedy generation from the first four ids.
@@ -114,7 +125,11 @@ fn main() {
     );
     if let Ok(expected) = file.param::<i64>(&pool, "generated") {
         let same = expected.as_slice() == tokens.as_slice();
-        println!("PyTorch's greedy tokens: {:?} ({})", &expected.as_slice()[4..], if same { "same" } else { "DIFFERENT" });
+        println!(
+            "PyTorch's greedy tokens: {:?} ({})",
+            &expected.as_slice()[4..],
+            if same { "same" } else { "DIFFERENT" }
+        );
     }
 
     train_table(&a);
@@ -138,7 +153,10 @@ fn batch(config: &Config, rows: usize, step: usize) -> Vec<i64> {
     let v = config.vocab as i64;
     (0..rows)
         .flat_map(|r| {
-            let (start, stride) = ((step * 7 + r * 13) as i64 % v, 1 + (r as i64 + step as i64) % 3);
+            let (start, stride) = (
+                (step * 7 + r * 13) as i64 % v,
+                1 + (r as i64 + step as i64) % 3,
+            );
             (0..config.n_ctx as i64).map(move |t| (start + stride * t) % v)
         })
         .collect()

@@ -32,7 +32,10 @@ const GRADIENTS: [&str; 8] = [
 /// The largest absolute difference between `got` and `want`.
 fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len());
-    got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max)
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -53,12 +56,19 @@ fn logits_loss_and_gradients_match_pytorch() {
 
             let loss = Gpt::loss(&logits, &ids);
             let loss_error = (loss.item() - want_loss.as_slice()[0]).abs();
-            assert!(loss_error <= 1e-5, "loss {} vs {:?}", loss.item(), want_loss.as_slice());
+            assert!(
+                loss_error <= 1e-5,
+                "loss {} vs {:?}",
+                loss.item(),
+                want_loss.as_slice()
+            );
 
             let grads = loss.backward().unwrap();
             for name in GRADIENTS {
                 let param = model.param(name).unwrap();
-                let got = grads.get(param).unwrap_or_else(|| panic!("no gradient for {name}"));
+                let got = grads
+                    .get(param)
+                    .unwrap_or_else(|| panic!("no gradient for {name}"));
                 let want = file.param::<f32>(&pool, &format!("grad.{name}")).unwrap();
                 // Linear weights are [out, in] in PyTorch, [in, out] here.
                 let want = if is_linear_weight(name) {
@@ -105,7 +115,7 @@ fn the_checkpointed_forward_gives_the_plain_logits_and_gradients_bit_for_bit() {
     };
     let plain = run(None);
     for policy in [Policy::Every(1), Policy::Sqrt] {
-        let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy));
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy.clone()));
         assert!(run(Some(&mut ckpt)) == plain, "{policy:?}");
     }
 }

@@ -340,7 +340,7 @@ fn matmul_overwrites_stale_pool_contents_even_with_an_empty_inner_dimension() {
         let a = s.from_slice::<f32>(&[2, 0], &[]);
         let b = s.from_slice::<f32>(&[0, 3], &[]);
         let want = matmul_ref(&a.to_array(), &b.to_array());
-        assert_eq!(want, ArrayD::zeros(IxDyn(&[2, 3])));
+        assert_eq!(want, ArrayD::<f32>::zeros(IxDyn(&[2, 3])));
         assert_close("[2,0] x [0,3]", &a.matmul(&b), &want);
     });
 }

@@ -101,15 +101,18 @@ impl Block {
         let (h, d) = (self.heads, c / self.heads);
         // [b, t, 3c] -> q, k, v, each [b, t, c] -> [b, h, t, d].
         let qkv = self.c_attn.forward(x);
-        let split = |p: &Tensor<'_>| p.reshape(&[b, t, h, d]).transpose(1, 2);
-        let [q, k, v] = &qkv.chunk(3, -1)[..] else {
+        let heads = qkv
+            .chunk(3, -1)
+            .iter()
+            .map(|p| p.reshape(&[b, t, h, d]).transpose(1, 2))
+            .collect::<Vec<_>>();
+        let [q, k, v] = &heads[..] else {
             unreachable!("3c splits in three")
         };
-        let (q, k, v) = (split(q), split(k), split(v));
         let mask = x.bind(future).narrow(0, 0, t).narrow(1, 0, t);
         let scores = q.matmul(&k.t()) * (1.0 / (d as f32).sqrt()); // [b, h, t, t]
         let weights = scores.masked_fill(&mask, f32::NEG_INFINITY).softmax(-1);
-        let y = weights.matmul(&v).transpose(1, 2).reshape(&[b, t, c]);
+        let y = weights.matmul(v).transpose(1, 2).reshape(&[b, t, c]);
         self.c_proj.forward(&y)
     }
 }
@@ -156,7 +159,10 @@ impl Gpt {
     /// Every parameter's name and shape (Linear weights as `[in, out]`), in GPT-2's order.
     pub(crate) fn shapes(c: &Config) -> Vec<(String, Vec<usize>)> {
         let (v, n, d) = (c.vocab, c.n_ctx, c.dim);
-        let mut all = vec![("wte".to_string(), vec![v, d]), ("wpe".to_string(), vec![n, d])];
+        let mut all = vec![
+            ("wte".to_string(), vec![v, d]),
+            ("wpe".to_string(), vec![n, d]),
+        ];
         for i in 0..c.layers {
             let p = |s: &str| format!("h.{i}.{s}");
             all.extend([
@@ -215,7 +221,9 @@ impl Gpt {
             .collect::<Result<Vec<_>, NnError>>()?;
         let ln_f = norm(&mut take, "ln_f")?;
         let n = config.n_ctx;
-        let future = store.pool().scope(|s| s.ones::<u8>(&[n, n]).triu(1).detach());
+        let future = store
+            .pool()
+            .scope(|s| s.ones::<u8>(&[n, n]).triu(1).detach());
         Ok(Gpt {
             config,
             wte,

@@ -39,6 +39,12 @@ mod sealed {
     pub trait Sealed {}
 }
 
+/// Whether `T` is an integer type (`i64`, `i32`, `u8`): a float type holds 0.5, an integer type
+/// truncates it.
+pub(crate) fn is_integer<T: DType>() -> bool {
+    T::from_f64(0.5).to_f64() != 0.5
+}
+
 macro_rules! dtype {
     ($t:ty, $name:literal, |$v:ident| $from:expr, |$s:ident| $to:expr) => {
         impl sealed::Sealed for $t {}

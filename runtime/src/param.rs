@@ -23,6 +23,7 @@ use crate::pool::{check_length, Pool, PoolBuffer};
 /// - Writes go through `&mut`: [`Param::try_view_mut`] writes in place when this handle is the only one
 ///   on the data, and copies first otherwise (copy on write), so a bound tensor or another clone never
 ///   sees the change. Ops on a bound tensor never write through to the parameter.
+/// - `Display` prints the values and `Param[shape; dtype]`, as a [tensor prints](crate::Tensor#printing).
 ///
 /// ```
 /// use tensorscope_runtime::{Param, Pool, TensorOps};
@@ -93,6 +94,18 @@ impl<T: DType> Param<T> {
     #[track_caller]
     pub fn duplicate(&self) -> Param<T> {
         or_panic(self.try_duplicate())
+    }
+
+    /// Gives this parameter the values in `buf` (of its shape). It stays the same parameter (same
+    /// gradient key, so an optimizer keeps its state); handles cloned before keep the old values, as
+    /// after a copy on write.
+    pub(crate) fn replace_buffer(&mut self, buf: PoolBuffer<T>) {
+        assert_eq!(
+            buf.len(),
+            self.len(),
+            "a replacement buffer holds the parameter's shape"
+        );
+        self.buf = Arc::new(buf);
     }
 
     /// The shared buffer, for tensors bound to this parameter.
@@ -266,6 +279,14 @@ impl<T: DType> Clone for Param<T> {
             dim: self.dim.clone(),
             key: self.key,
         }
+    }
+}
+
+impl<T: DType> fmt::Display for Param<T> {
+    /// The values nested in brackets by axis, then `Param[shape; dtype]`, as a
+    /// [`Tensor`](crate::Tensor#printing) prints.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        crate::display::fmt_values(f, "Param", self.shape(), self.as_slice())
     }
 }
 

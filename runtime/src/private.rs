@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::rc::Rc;
 
 pub use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};
-pub use crate::element::Element;
+pub use crate::element::{DType, Element};
 pub use crate::escape::{Escape, EscapeTarget};
 pub use crate::scope::Scope;
 pub use crate::tensor::Tensor;
@@ -31,7 +31,7 @@ impl<'p> Parent<'p> {
     }
 
     /// A tensor parameter: the child is a child of the scope its ops rent in.
-    pub fn of_tensor<T: Element>(tensor: &Tensor<'p, T>) -> Self {
+    pub fn of_tensor<T: DType>(tensor: &Tensor<'p, T>) -> Self {
         Parent {
             state: Rc::clone(&tensor.scope),
             _brand: PhantomData,

@@ -38,6 +38,37 @@ use crate::scope::ScopeState;
 /// assert_eq!(total, 10.0);
 /// ```
 ///
+/// # Printing
+///
+/// `Display` (`{}`) prints the values nested in brackets by axis, right-aligned to one width, then
+/// a line with the shape and element type, as PyTorch and candle do:
+///
+/// ```
+/// use tensorscope_runtime::Pool;
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// pool.scope(|s| {
+///     let t = s.from_slice::<f32>(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, -6.0]);
+///     assert_eq!(
+///         t.to_string(),
+///         "[[ 1.0000,  2.0000,  3.0000],\n [ 4.0000,  5.0000, -6.0000]]\nTensor[2, 3; f32]"
+///     );
+///     assert_eq!(format!("{:.1}", t.reshape(&[6])), "[ 1.0,  2.0,  3.0,  4.0,  5.0, -6.0]\nTensor[6; f32]");
+/// });
+/// ```
+///
+/// - Floats share one notation per tensor, as PyTorch chooses it from the nonzero finite values:
+///   fixed with 4 decimals, or scientific (`1.0000e+08`) when the largest magnitude passes 1e8, the
+///   smallest is below 1e-4, or the largest is over 1000 times the smallest. A precision (`{:.2}`)
+///   replaces the 4. NaN and infinities print as `NaN`, `inf` and `-inf`; integers as integers.
+/// - Blocks of a 3-D tensor are separated by a blank line (two for 4-D, ...); rows wrap at 80 columns.
+/// - Over 1000 elements, every axis longer than 6 shows its first and last 3 indices around `...`.
+/// - A rank-0 tensor prints its value alone (`2.5000` then `Tensor[; f32]`); one without elements
+///   prints `[]`.
+///
+/// [`Param`] prints the same way, its last line starting `Param[`. `Debug` (`{:?}`) prints
+/// ndarray's view of the data instead.
+///
 /// # Lifetimes
 ///
 /// `'s` is the brand of the scope that made the tensor: the `'s` of the `&Scope<'s, '_>` its
@@ -520,6 +551,14 @@ impl<T: DType> Clone for Tensor<'_, T> {
     /// A zero-copy alias on the same buffer.
     fn clone(&self) -> Self {
         self.alias_in(&self.scope)
+    }
+}
+
+impl<T: DType> fmt::Display for Tensor<'_, T> {
+    /// The values nested in brackets by axis, then `Tensor[shape; dtype]`; see
+    /// [Printing](Tensor#printing).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        crate::display::fmt_values(f, "Tensor", self.shape(), self.as_slice())
     }
 }
 

@@ -4,7 +4,9 @@
 //! [`Residual`], [`Sequential`]) are forward passes over the [`Param`](crate::Param)s they own; in
 //! a training scope their ops record a graph like any other ops, so [`Tensor::backward`](crate::Tensor::backward)
 //! differentiates a model written with them, with tensor ops, or with both. [`Optimizer`]s update
-//! any [`Parameters`](crate::Parameters) in place. A [`ParamStore`] keeps parameters by name.
+//! any [`Parameters`](crate::Parameters) in place. A [`ParamStore`] keeps parameters by name, and
+//! loads and saves them as safetensors files ([`ParamStore::load_safetensors`],
+//! [`ParamStore::save_safetensors`]; [`SafeTensorsFile`] reads any tensor of a file).
 //!
 //! A training step is the loop written out: forward, loss, backward, step.
 //!
@@ -34,7 +36,11 @@
 mod layers;
 mod optim;
 mod params;
+mod safetensors;
 
 pub use layers::{Activation, LayerNorm, Linear, Module, Residual, Sequential};
 pub use optim::{Adam, Optimizer, Sgd};
 pub use params::{NnError, ParamStore};
+pub use safetensors::{
+    FileDType, LoadOptions, LoadReport, SafeTensorsError, SafeTensorsFile, SaveOptions,
+};

@@ -38,12 +38,28 @@ pub enum NnError {
     /// An error of the checkpointer during a checkpointed forward.
     #[error(transparent)]
     Checkpoint(Box<crate::checkpoint::CheckpointError>),
+    /// An error reading or writing a safetensors file: see [`SafeTensorsError`](super::SafeTensorsError).
+    #[error(transparent)]
+    SafeTensors(#[from] super::SafeTensorsError),
     /// An error of a tensor op (shapes, budgets).
     #[error(transparent)]
     Tensor(#[from] Error),
 }
 
-fn suggest(close: &[String]) -> String {
+/// The names among `candidates` that look like `name` (a small edit distance, or containing it),
+/// closest first, at most three: the "did you mean" of an error about a name.
+pub(super) fn close_names(name: &str, candidates: &[String]) -> Vec<String> {
+    let mut close: Vec<(usize, &String)> = candidates
+        .iter()
+        .map(|n| (strsim::levenshtein(name, n), n))
+        .filter(|&(d, n)| d <= 3 || n.contains(name))
+        .collect();
+    close.sort();
+    close.into_iter().take(3).map(|(_, n)| n.clone()).collect()
+}
+
+/// `close` as the end of an error message: empty, or "; did you mean ...?".
+pub(super) fn suggest(close: &[String]) -> String {
     match close {
         [] => String::new(),
         names => format!(
@@ -166,16 +182,9 @@ impl<T: Element> ParamStore<T> {
     }
 
     fn unknown(&self, name: &str) -> NnError {
-        let mut close: Vec<(usize, &String)> = self
-            .names
-            .iter()
-            .map(|n| (strsim::levenshtein(name, n), n))
-            .filter(|&(d, n)| d <= 3 || n.contains(name))
-            .collect();
-        close.sort();
         NnError::UnknownParam {
             name: name.to_string(),
-            close: close.into_iter().take(3).map(|(_, n)| n.clone()).collect(),
+            close: close_names(name, &self.names),
         }
     }
 

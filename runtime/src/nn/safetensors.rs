@@ -1,0 +1,848 @@
+//! Weights in and out of [safetensors](https://github.com/huggingface/safetensors) files, the format
+//! of Hugging Face checkpoints and of PyTorch's `safetensors.torch.save_file`.
+//!
+//! A safetensors file is an 8-byte little-endian header length, a JSON header giving each tensor's
+//! name, dtype, shape and byte range (and optional string metadata), then the tensors' data,
+//! little-endian and row-major. Reading and writing go through the `safetensors` crate, so files are
+//! exactly those Python writes and reads.
+//!
+//! - [`ParamStore::save_safetensors`] writes every parameter, as `F32` or, by
+//!   [`SaveOptions::dtype`], as `F64`, `F16` or `BF16`.
+//! - [`ParamStore::load_safetensors`] fills every registered parameter from the tensor of its name,
+//!   converting the file's `F32`, `F64`, `F16` or `BF16` to the store's element type. It is all or
+//!   nothing: on any error the store is unchanged.
+//! - [`ParamStore::from_safetensors`] makes a store holding every tensor of a file.
+//! - [`SafeTensorsFile`] reads any tensor, integer ones too (token ids, labels, reference values), as a
+//!   [`Param`] of any [`DType`].
+//!
+//! PyTorch's `nn.Linear` keeps its weight as `[out, in]`; [`Linear`](super::Linear) keeps `[in, out]`
+//! (it computes `x @ w`). Name the tensors stored in PyTorch's layout with
+//! [`LoadOptions::pytorch_linear`] and [`SaveOptions::pytorch_linear`]: they are transposed on load
+//! and on save.
+//!
+//! ```
+//! use tensorscope_runtime::nn::{LoadOptions, ParamStore, SaveOptions};
+//! use tensorscope_runtime::{f16, Pool};
+//!
+//! let pool = Pool::with_max_memory_mb(16);
+//! let path = std::env::temp_dir().join(format!("tensorscope-doc-{}.safetensors", std::process::id()));
+//!
+//! let mut params = ParamStore::<f32>::new(&pool);
+//! params.randn("fc.weight", &[4, 2], 0.1, 1).unwrap();
+//! params.zeros("fc.bias", &[2]).unwrap();
+//! params.save_safetensors(&path, &SaveOptions::new()).unwrap();
+//!
+//! // Load into a store of the same names and shapes: every parameter is filled, bit for bit.
+//! let mut copy = ParamStore::<f32>::new(&pool);
+//! copy.zeros("fc.weight", &[4, 2]).unwrap();
+//! copy.zeros("fc.bias", &[2]).unwrap();
+//! let report = copy.load_safetensors(&path, &LoadOptions::new()).unwrap();
+//! assert!(report.unused.is_empty());
+//! assert_eq!(copy.get("fc.weight").unwrap().to_vec(), params.get("fc.weight").unwrap().to_vec());
+//!
+//! // Or make a store of the whole file, in another element type.
+//! let half = ParamStore::<f16>::from_safetensors(&pool, &path, &LoadOptions::new()).unwrap();
+//! let names: Vec<&str> = half.iter().map(|(name, _)| name).collect();
+//! assert_eq!(names, ["fc.bias", "fc.weight"]); // sorted by name
+//! std::fs::remove_file(&path).unwrap();
+//! ```
+
+use std::any::TypeId;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use ndarray::{ArrayView2, ArrayViewD, ArrayViewMut2};
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
+
+use super::params::{close_names, suggest, NnError, ParamStore};
+use crate::element::{is_integer, DType, Element};
+use crate::error::Shape;
+use crate::param::Param;
+use crate::pool::{Pool, PoolBuffer};
+
+/// The bytes of the header length that starts every safetensors file.
+const HEADER_LENGTH_BYTES: usize = 8;
+
+/// Errors of reading and writing safetensors files. Each names the file or the tensor at fault;
+/// they reach users as [`NnError::SafeTensors`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SafeTensorsError {
+    /// The file could not be read or written.
+    #[error("cannot {action} {}: {message}", path.display())]
+    Io {
+        /// `"read"` or `"write"`.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The kind of the I/O error.
+        kind: std::io::ErrorKind,
+        /// The I/O error's message.
+        message: String,
+    },
+    /// The bytes are not a safetensors file: truncated, a header that is not the format's JSON,
+    /// byte ranges that do not fit the data.
+    #[error("{} not a valid safetensors file: {reason}", describe_source(path))]
+    Corrupt {
+        /// The file, or `None` for bytes given to [`SafeTensorsFile::from_bytes`].
+        path: Option<PathBuf>,
+        /// What the `safetensors` crate found wrong.
+        reason: String,
+    },
+    /// The `safetensors` crate refused to write the tensors (a header beyond its 100 MB limit).
+    #[error("cannot write {} as safetensors: {reason}", path.display())]
+    Serialize {
+        /// The file.
+        path: PathBuf,
+        /// What the `safetensors` crate refused.
+        reason: String,
+    },
+    /// The file has no tensor of this name; `close` lists the file's names that look alike.
+    #[error("no tensor named \"{name}\" in the file{}", suggest(close))]
+    MissingTensor {
+        /// The name asked for.
+        name: String,
+        /// The file's names within a small edit distance, closest first.
+        close: Vec<String>,
+    },
+    /// The tensor's shape differs from the parameter's.
+    #[error("{}", describe_shape_mismatch(name, file, param, *pytorch_linear))]
+    ShapeMismatch {
+        /// The tensor (and parameter) name.
+        name: String,
+        /// The tensor's shape as stored in the file.
+        file: Shape,
+        /// The parameter's shape.
+        param: Shape,
+        /// Whether the tensor is in PyTorch's Linear layout, so was compared transposed.
+        pytorch_linear: bool,
+    },
+    /// The tensor's dtype cannot be read: a parameter takes `F32`, `F64`, `F16` or `BF16`, and
+    /// [`SafeTensorsFile::param`] also `I64`, `I32` and `U8`.
+    #[error(
+        "tensor \"{name}\" has dtype {dtype}; {}",
+        if *floats_only {
+            "parameters load from F32, F64, F16 or BF16 only"
+        } else {
+            "tensorscope reads F32, F64, F16, BF16, I64, I32 and U8 only"
+        }
+    )]
+    UnsupportedDType {
+        /// The tensor.
+        name: String,
+        /// Its dtype in the file.
+        dtype: FileDType,
+        /// Whether it was read for a parameter, which takes floats only.
+        floats_only: bool,
+    },
+    /// A tensor named as in PyTorch's Linear layout does not have two axes.
+    #[error(
+        "tensor \"{name}\" is marked as in PyTorch's Linear layout ([out, in]) but has shape \
+         {shape}; only a tensor of 2 axes can be transposed"
+    )]
+    NotAMatrix {
+        /// The tensor.
+        name: String,
+        /// Its shape (in the file on load, the parameter's on save).
+        shape: Shape,
+    },
+    /// A value the target element type cannot hold: not an integer, or out of range, for an
+    /// integer type; a finite value beyond the range of a float type.
+    #[error("tensor \"{name}\": element {index} is {value}, which {target} cannot hold")]
+    Unrepresentable {
+        /// The tensor.
+        name: String,
+        /// The element's index in the tensor's row-major order as stored in the file.
+        index: usize,
+        /// The value, printed as its type in the file prints it.
+        value: String,
+        /// The element type it was converted to, e.g. `"i64"`.
+        target: &'static str,
+    },
+}
+
+fn describe_source(path: &Option<PathBuf>) -> String {
+    match path {
+        Some(path) => format!("{} is", path.display()),
+        None => "the bytes are".to_string(),
+    }
+}
+
+fn describe_shape_mismatch(
+    name: &str,
+    file: &Shape,
+    param: &Shape,
+    pytorch_linear: bool,
+) -> String {
+    let layout = if pytorch_linear {
+        let transposed: Vec<usize> = file.0.iter().rev().copied().collect();
+        format!(
+            " (PyTorch's Linear layout [out, in], so transposed to {})",
+            Shape(transposed)
+        )
+    } else {
+        String::new()
+    };
+    format!("tensor \"{name}\" has shape {file} in the file{layout}, but the parameter has shape {param}")
+}
+
+impl SafeTensorsError {
+    fn io(action: &'static str, path: &Path, error: &std::io::Error) -> Self {
+        SafeTensorsError::Io {
+            action,
+            path: path.to_path_buf(),
+            kind: error.kind(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// The element type of a tensor in a safetensors file, printed as the format spells it (`"F32"`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FileDType {
+    /// 32-bit float.
+    F32,
+    /// 64-bit float.
+    F64,
+    /// IEEE half-precision float.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 64-bit signed integer.
+    I64,
+    /// 32-bit signed integer.
+    I32,
+    /// 8-bit unsigned integer.
+    U8,
+    /// A dtype tensorscope does not read (`"BOOL"`, `"I8"`, `"F8_E4M3"`, ...), as the file spells it.
+    Other(String),
+}
+
+impl FileDType {
+    fn of(dtype: Dtype) -> Self {
+        match dtype {
+            Dtype::F32 => FileDType::F32,
+            Dtype::F64 => FileDType::F64,
+            Dtype::F16 => FileDType::F16,
+            Dtype::BF16 => FileDType::BF16,
+            Dtype::I64 => FileDType::I64,
+            Dtype::I32 => FileDType::I32,
+            Dtype::U8 => FileDType::U8,
+            other => FileDType::Other(other.to_string()),
+        }
+    }
+
+    /// The file's dtype for element type `T`.
+    fn of_element<T: Element>() -> Dtype {
+        match T::NAME {
+            "f32" => Dtype::F32,
+            "f64" => Dtype::F64,
+            "f16" => Dtype::F16,
+            "bf16" => Dtype::BF16,
+            other => unreachable!("Element is sealed to the four floats, not {other}"),
+        }
+    }
+
+    /// Whether this is a float type a parameter loads from: `F32`, `F64`, `F16` or `BF16`.
+    pub fn is_float(&self) -> bool {
+        matches!(
+            self,
+            FileDType::F32 | FileDType::F64 | FileDType::F16 | FileDType::BF16
+        )
+    }
+}
+
+impl fmt::Display for FileDType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FileDType::F32 => "F32",
+            FileDType::F64 => "F64",
+            FileDType::F16 => "F16",
+            FileDType::BF16 => "BF16",
+            FileDType::I64 => "I64",
+            FileDType::I32 => "I32",
+            FileDType::U8 => "U8",
+            FileDType::Other(name) => name,
+        })
+    }
+}
+
+/// A predicate on tensor names.
+type NamePredicate = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// Which tensors are stored in PyTorch's Linear layout.
+#[derive(Default)]
+struct Layout {
+    pytorch_linear: Option<NamePredicate>,
+}
+
+impl Layout {
+    fn is_pytorch_linear(&self, name: &str) -> bool {
+        self.pytorch_linear.as_ref().is_some_and(|p| p(name))
+    }
+}
+
+impl fmt::Debug for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let set = if self.pytorch_linear.is_some() {
+            "Some(<predicate>)"
+        } else {
+            "None"
+        };
+        f.write_str(set)
+    }
+}
+
+/// How [`ParamStore::load_safetensors`] and [`ParamStore::from_safetensors`] read a file.
+#[derive(Debug, Default)]
+pub struct LoadOptions {
+    pytorch_linear: Layout,
+}
+
+impl LoadOptions {
+    /// Loads every tensor as stored.
+    pub fn new() -> Self {
+        LoadOptions::default()
+    }
+
+    /// Names the tensors stored in PyTorch's Linear layout (`[out, in]`), e.g.
+    /// `|name| name.ends_with(".weight") && !name.contains("norm")`: each is transposed to
+    /// tensorscope's `[in, out]` on load. A tensor it names must have 2 axes, else the load fails
+    /// with [`SafeTensorsError::NotAMatrix`].
+    pub fn pytorch_linear(
+        mut self,
+        is_linear: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.pytorch_linear.pytorch_linear = Some(Box::new(is_linear));
+        self
+    }
+}
+
+/// How [`ParamStore::save_safetensors`] writes a file.
+#[derive(Debug)]
+pub struct SaveOptions {
+    dtype: Dtype,
+    metadata: HashMap<String, String>,
+    pytorch_linear: Layout,
+}
+
+impl Default for SaveOptions {
+    fn default() -> Self {
+        SaveOptions {
+            dtype: Dtype::F32,
+            metadata: HashMap::new(),
+            pytorch_linear: Layout::default(),
+        }
+    }
+}
+
+impl SaveOptions {
+    /// Writes `F32`, no metadata, every tensor as the parameter is laid out.
+    pub fn new() -> Self {
+        SaveOptions::default()
+    }
+
+    /// Writes the tensors as `U` (`f32`, `f64`, `f16` or `bf16`), rounding to nearest. A finite value
+    /// beyond `U`'s range fails the save with [`SafeTensorsError::Unrepresentable`].
+    pub fn dtype<U: Element>(mut self) -> Self {
+        self.dtype = FileDType::of_element::<U>();
+        self
+    }
+
+    /// Adds a `key: value` entry to the file's string metadata (the header's `__metadata__`), replacing
+    /// an earlier value of `key`.
+    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// Names the parameters to store in PyTorch's Linear layout (`[out, in]`): each is transposed
+    /// from tensorscope's `[in, out]` on save. A parameter it names must have 2 axes, else the save
+    /// fails with [`SafeTensorsError::NotAMatrix`].
+    pub fn pytorch_linear(
+        mut self,
+        is_linear: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.pytorch_linear.pytorch_linear = Some(Box::new(is_linear));
+        self
+    }
+}
+
+/// What [`ParamStore::load_safetensors`] did not use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LoadReport {
+    /// The file's tensors that no parameter took, sorted by name (an optimizer's state, a buffer, a
+    /// head the model does not have, or a name misspelled on one side).
+    pub unused: Vec<String>,
+}
+
+/// A safetensors file read into memory, for tensors that are not parameters (token ids, labels,
+/// reference values) or to look inside a checkpoint.
+///
+/// ```
+/// use tensorscope_runtime::nn::{FileDType, LoadOptions, ParamStore, SafeTensorsFile, SaveOptions};
+/// use tensorscope_runtime::{Param, Pool};
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// let path = std::env::temp_dir().join(format!("tensorscope-file-{}.safetensors", std::process::id()));
+/// let mut params = ParamStore::<f32>::new(&pool);
+/// params.add("ids", Param::from_slice(&pool, &[3], &[7.0f32, 0.0, 2.0])).unwrap();
+/// params.save_safetensors(&path, &SaveOptions::new().metadata("format", "pt")).unwrap();
+///
+/// let file = SafeTensorsFile::open(&path).unwrap();
+/// assert_eq!(file.names(), ["ids"]);
+/// assert_eq!((file.shape("ids").unwrap(), file.dtype("ids").unwrap()), (&[3][..], FileDType::F32));
+/// assert_eq!(file.metadata()["format"], "pt");
+/// let ids: Param<i64> = file.param(&pool, "ids").unwrap(); // integral floats convert exactly
+/// assert_eq!(ids.to_vec(), vec![7, 0, 2]);
+/// std::fs::remove_file(&path).unwrap();
+/// ```
+pub struct SafeTensorsFile {
+    bytes: Vec<u8>,
+    /// Where the data (after the header) starts in `bytes`.
+    data_start: usize,
+    header: Metadata,
+    names: Vec<String>,
+    metadata: HashMap<String, String>,
+}
+
+/// A tensor of the file checked for a read: its dtype is readable and, for PyTorch's Linear layout,
+/// it has 2 axes.
+struct StoredTensor<'a> {
+    name: &'a str,
+    dtype: Dtype,
+    /// The shape as stored in the file.
+    file_shape: &'a [usize],
+    /// The shape it is read as (transposed for PyTorch's Linear layout).
+    shape: Vec<usize>,
+    transposed: bool,
+    data: &'a [u8],
+}
+
+impl SafeTensorsFile {
+    /// Reads the file at `path` into memory and parses its header. Fails with
+    /// [`SafeTensorsError::Io`] if it cannot be read, and [`SafeTensorsError::Corrupt`] if it is not
+    /// a safetensors file (truncated, a bad header, byte ranges that do not fit).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, NnError> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| SafeTensorsError::io("read", path, &e))?;
+        Self::parse(bytes, Some(path))
+    }
+
+    /// Parses `bytes` as a safetensors file (e.g. from `include_bytes!`). Fails with
+    /// [`SafeTensorsError::Corrupt`] as [`SafeTensorsFile::open`] does.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, NnError> {
+        Self::parse(bytes, None)
+    }
+
+    fn parse(bytes: Vec<u8>, path: Option<&Path>) -> Result<Self, NnError> {
+        let (header_len, header) =
+            SafeTensors::read_metadata(&bytes).map_err(|e| SafeTensorsError::Corrupt {
+                path: path.map(Path::to_path_buf),
+                reason: e.to_string(),
+            })?;
+        let mut names = header.offset_keys();
+        names.sort();
+        let metadata = header.metadata().clone().unwrap_or_default();
+        Ok(SafeTensorsFile {
+            data_start: HEADER_LENGTH_BYTES + header_len,
+            bytes,
+            header,
+            names,
+            metadata,
+        })
+    }
+
+    /// The tensors' names, sorted (byte-wise, so `"layer.10"` comes before `"layer.2"`).
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The number of tensors.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether the file holds no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// Whether the file has a tensor named `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.header.info(name).is_some()
+    }
+
+    /// The file's string metadata (the header's `__metadata__`; empty if it has none).
+    pub fn metadata(&self) -> &HashMap<String, String> {
+        &self.metadata
+    }
+
+    fn info(&self, name: &str) -> Result<&TensorInfo, SafeTensorsError> {
+        self.header
+            .info(name)
+            .ok_or_else(|| SafeTensorsError::MissingTensor {
+                name: name.to_string(),
+                close: close_names(name, &self.names),
+            })
+    }
+
+    /// The shape of the tensor `name` as stored. Fails with [`SafeTensorsError::MissingTensor`],
+    /// listing the file's names that look alike.
+    pub fn shape(&self, name: &str) -> Result<&[usize], NnError> {
+        Ok(&self.info(name)?.shape)
+    }
+
+    /// The dtype of the tensor `name`. Fails as [`SafeTensorsFile::shape`] does.
+    pub fn dtype(&self, name: &str) -> Result<FileDType, NnError> {
+        Ok(FileDType::of(self.info(name)?.dtype))
+    }
+
+    /// The tensor `name` as a parameter of element type `T`, in a buffer rented from `pool`. Any of
+    /// the file's `F32`, `F64`, `F16`, `BF16`, `I64`, `I32` and `U8` converts to any [`DType`]:
+    ///
+    /// - to the same type, bit for bit;
+    /// - to a float type, rounding to nearest (an `I64` beyond 2^53 may round twice, through `f64`);
+    /// - to an integer type, exactly: a value that is not an integer, or out of the type's range
+    ///   (NaN and infinities included), fails with [`SafeTensorsError::Unrepresentable`] naming the
+    ///   tensor, the element and its value.
+    ///
+    /// A finite value beyond a float type's range (`1e5` into `f16`) also fails with
+    /// [`SafeTensorsError::Unrepresentable`]. Fails with [`SafeTensorsError::MissingTensor`] for a name
+    /// the file does not have, [`SafeTensorsError::UnsupportedDType`] for another dtype, and with a
+    /// budget error if the pool cannot hold it.
+    pub fn param<T: DType>(&self, pool: &Pool, name: &str) -> Result<Param<T>, NnError> {
+        let tensor = self.tensor(name, false, false)?;
+        Ok(Param::from_buffer(tensor.to_buffer(pool)?, &tensor.shape))
+    }
+
+    /// The tensor `name` checked for a read as a parameter (`floats_only`) or any tensor, in
+    /// PyTorch's Linear layout or not.
+    fn tensor<'a>(
+        &'a self,
+        name: &'a str,
+        floats_only: bool,
+        pytorch_linear: bool,
+    ) -> Result<StoredTensor<'a>, SafeTensorsError> {
+        let info = self.info(name)?;
+        let readable = match info.dtype {
+            Dtype::F32 | Dtype::F64 | Dtype::F16 | Dtype::BF16 => true,
+            Dtype::I64 | Dtype::I32 | Dtype::U8 => !floats_only,
+            _ => false,
+        };
+        if !readable {
+            return Err(SafeTensorsError::UnsupportedDType {
+                name: name.to_string(),
+                dtype: FileDType::of(info.dtype),
+                floats_only,
+            });
+        }
+        let shape = match (pytorch_linear, &info.shape[..]) {
+            (false, shape) => shape.to_vec(),
+            (true, &[out, inp]) => vec![inp, out],
+            (true, shape) => {
+                return Err(SafeTensorsError::NotAMatrix {
+                    name: name.to_string(),
+                    shape: Shape::from(shape),
+                })
+            }
+        };
+        let (start, end) = info.data_offsets;
+        Ok(StoredTensor {
+            name,
+            dtype: info.dtype,
+            file_shape: &info.shape,
+            shape,
+            transposed: pytorch_linear,
+            data: &self.bytes[self.data_start + start..self.data_start + end],
+        })
+    }
+}
+
+impl fmt::Debug for SafeTensorsFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut map = f.debug_map();
+        for name in &self.names {
+            let info = self.header.info(name).expect("names come from the header");
+            map.entry(name, &format_args!("{}{:?}", info.dtype, info.shape));
+        }
+        map.finish()
+    }
+}
+
+impl StoredTensor<'_> {
+    /// The values converted to `T`, in a buffer of `pool` laid out as `self.shape`.
+    fn to_buffer<T: DType>(&self, pool: &Pool) -> Result<PoolBuffer<T>, NnError> {
+        let mut buf = pool.try_rent::<T>(&self.shape)?;
+        match (self.transposed, self.file_shape) {
+            (true, &[out, inp]) if !buf.is_empty() => {
+                let mut stored = vec![T::default(); buf.len()];
+                self.decode(&mut stored)?;
+                let stored = ArrayView2::from_shape((out, inp), &stored)
+                    .expect("the file's shape holds the tensor");
+                ArrayViewMut2::from_shape((inp, out), &mut buf)
+                    .expect("the buffer was rented for the transposed shape")
+                    .assign(&stored.t());
+            }
+            _ => self.decode(&mut buf)?,
+        }
+        Ok(buf)
+    }
+
+    /// Converts the file's values, in their stored order, into `out`.
+    fn decode<T: DType>(&self, out: &mut [T]) -> Result<(), SafeTensorsError> {
+        let name = self.name;
+        match self.dtype {
+            Dtype::F32 => convert(name, le_values::<f32>(self.data), out),
+            Dtype::F64 => convert(name, le_values::<f64>(self.data), out),
+            Dtype::F16 => convert(name, le_values::<half::f16>(self.data), out),
+            Dtype::BF16 => convert(name, le_values::<half::bf16>(self.data), out),
+            Dtype::I64 => convert(name, le_values::<i64>(self.data), out),
+            Dtype::I32 => convert(name, le_values::<i32>(self.data), out),
+            Dtype::U8 => convert(name, le_values::<u8>(self.data), out),
+            other => unreachable!("StoredTensor is made for readable dtypes only, not {other}"),
+        }
+    }
+}
+
+/// The values of little-endian `bytes` (the file's byte order, whatever the machine's), read
+/// unaligned.
+fn le_values<S: DType>(bytes: &[u8]) -> impl Iterator<Item = S> + '_ {
+    bytes.chunks_exact(size_of::<S>()).map(|chunk| {
+        let mut scratch = [0u8; 8];
+        let scratch = &mut scratch[..chunk.len()];
+        scratch.copy_from_slice(chunk);
+        if cfg!(target_endian = "big") {
+            scratch.reverse();
+        }
+        bytemuck::pod_read_unaligned(scratch)
+    })
+}
+
+/// The little-endian bytes of `values`.
+fn le_bytes<U: DType>(values: &[U]) -> Vec<u8> {
+    let mut bytes = bytemuck::cast_slice::<U, u8>(values).to_vec();
+    if cfg!(target_endian = "big") {
+        bytes
+            .chunks_exact_mut(size_of::<U>())
+            .for_each(<[u8]>::reverse);
+    }
+    bytes
+}
+
+/// Converts `src` into `out` element by element (see [`SafeTensorsFile::param`] for the rules), the
+/// one conversion of both loads and saves. `name` is the tensor's, for errors.
+fn convert<S: DType, T: DType>(
+    name: &str,
+    src: impl Iterator<Item = S>,
+    out: &mut [T],
+) -> Result<(), SafeTensorsError> {
+    if TypeId::of::<S>() == TypeId::of::<T>() {
+        // Bit for bit: an i64 beyond 2^53 would not survive a trip through f64, nor a NaN's payload.
+        out.iter_mut()
+            .zip(src)
+            .for_each(|(o, s)| *o = bytemuck::cast(s));
+        return Ok(());
+    }
+    let integer_target = is_integer::<T>();
+    for (index, (o, s)) in out.iter_mut().zip(src).enumerate() {
+        let value = s.to_f64();
+        let converted = T::from_f64(value);
+        let back = converted.to_f64();
+        let held = if integer_target {
+            // Conversion saturates, and i64::MAX reads back as 2^63: so 2^63 itself would pass.
+            back == value && value != 2f64.powi(63)
+        } else {
+            back.is_finite() || !value.is_finite()
+        };
+        if !held {
+            return Err(SafeTensorsError::Unrepresentable {
+                name: name.to_string(),
+                index,
+                value: s.to_string(),
+                target: T::NAME,
+            });
+        }
+        *o = converted;
+    }
+    Ok(())
+}
+
+/// A tensor ready to write: the `safetensors` crate's view of it.
+struct Encoded {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for Encoded {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.data)
+    }
+
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// `param` as the file stores it: in `dtype`, transposed if `pytorch_linear`.
+fn encode<T: Element>(
+    name: &str,
+    param: &Param<T>,
+    dtype: Dtype,
+    pytorch_linear: bool,
+) -> Result<Encoded, SafeTensorsError> {
+    let view = match (pytorch_linear, param.ndim()) {
+        (false, _) => param.view(),
+        (true, 2) => param.view().reversed_axes(),
+        (true, _) => {
+            return Err(SafeTensorsError::NotAMatrix {
+                name: name.to_string(),
+                shape: Shape::from(param.shape()),
+            })
+        }
+    };
+    let data = match dtype {
+        Dtype::F32 => encode_as::<T, f32>(name, &view),
+        Dtype::F64 => encode_as::<T, f64>(name, &view),
+        Dtype::F16 => encode_as::<T, half::f16>(name, &view),
+        Dtype::BF16 => encode_as::<T, half::bf16>(name, &view),
+        other => unreachable!("SaveOptions holds a float dtype only, not {other}"),
+    }?;
+    Ok(Encoded {
+        dtype,
+        shape: view.shape().to_vec(),
+        data,
+    })
+}
+
+/// The little-endian bytes of `view`'s values converted to `U`, in its (logical) row-major order.
+fn encode_as<T: DType, U: DType>(
+    name: &str,
+    view: &ArrayViewD<'_, T>,
+) -> Result<Vec<u8>, SafeTensorsError> {
+    let mut out = vec![U::default(); view.len()];
+    convert(name, view.iter().copied(), &mut out)?;
+    Ok(le_bytes(&out))
+}
+
+impl<T: Element> ParamStore<T> {
+    /// Fills every registered parameter from the tensor of its name in the safetensors file at
+    /// `path`, converting the file's `F32`, `F64`, `F16` or `BF16` to `T` (rounding to nearest), and
+    /// transposing the tensors [`LoadOptions::pytorch_linear`] names. Returns the file's tensors no
+    /// parameter took.
+    ///
+    /// All or nothing: every tensor is converted into a new buffer first, and the store changes only
+    /// once all succeeded. A loaded parameter stays the same parameter (an optimizer keeps its
+    /// state); handles cloned from it before keep the old values.
+    ///
+    /// Fails, checking the parameters in registration order, with the first of:
+    /// [`SafeTensorsError::Io`] or [`SafeTensorsError::Corrupt`] for the file;
+    /// [`SafeTensorsError::MissingTensor`] for a parameter the file lacks (with the file's names
+    /// that look alike); [`SafeTensorsError::UnsupportedDType`] for a tensor that is not a float;
+    /// [`SafeTensorsError::NotAMatrix`] for a tensor named as in PyTorch's layout without 2 axes;
+    /// [`SafeTensorsError::ShapeMismatch`] naming both shapes; [`SafeTensorsError::Unrepresentable`]
+    /// for a finite value beyond `T`'s range; a budget error if the pool cannot hold the new values.
+    pub fn load_safetensors(
+        &mut self,
+        path: impl AsRef<Path>,
+        options: &LoadOptions,
+    ) -> Result<LoadReport, NnError> {
+        let file = SafeTensorsFile::open(path)?;
+        let mut loaded = Vec::with_capacity(self.len());
+        for (name, param) in self.iter() {
+            let tensor = file.tensor(name, true, options.pytorch_linear.is_pytorch_linear(name))?;
+            if tensor.shape != param.shape() {
+                return Err(SafeTensorsError::ShapeMismatch {
+                    name: name.to_string(),
+                    file: Shape::from(tensor.file_shape),
+                    param: Shape::from(param.shape()),
+                    pytorch_linear: tensor.transposed,
+                }
+                .into());
+            }
+            loaded.push(tensor.to_buffer::<T>(self.pool())?);
+        }
+        for ((_, param), buf) in self.iter_mut().zip(loaded) {
+            param.replace_buffer(buf);
+        }
+        let taken: HashSet<&str> = self.iter().map(|(name, _)| name).collect();
+        let unused = file
+            .names()
+            .iter()
+            .filter(|name| !taken.contains(name.as_str()))
+            .cloned()
+            .collect();
+        Ok(LoadReport { unused })
+    }
+
+    /// A store holding every tensor of the safetensors file at `path`, converted to `T` as
+    /// [`ParamStore::load_safetensors`] converts, in buffers of `pool`. Parameters are registered in
+    /// the order of their names, sorted byte-wise (the order of Python's `safe_open(..).keys()`;
+    /// `"layer.10"` comes before `"layer.2"`).
+    ///
+    /// Every tensor must be a float: an integer one (a PyTorch BatchNorm's `num_batches_tracked`,
+    /// say) fails with [`SafeTensorsError::UnsupportedDType`] naming it. To load a file that holds
+    /// other tensors too, register the parameters and use [`ParamStore::load_safetensors`], which
+    /// lists the rest, or read any tensor with [`SafeTensorsFile::param`]. Fails otherwise as
+    /// [`ParamStore::load_safetensors`] does.
+    pub fn from_safetensors(
+        pool: &Pool,
+        path: impl AsRef<Path>,
+        options: &LoadOptions,
+    ) -> Result<ParamStore<T>, NnError> {
+        let file = SafeTensorsFile::open(path)?;
+        let mut store = ParamStore::new(pool);
+        for name in file.names() {
+            let tensor = file.tensor(name, true, options.pytorch_linear.is_pytorch_linear(name))?;
+            let param = Param::from_buffer(tensor.to_buffer::<T>(pool)?, &tensor.shape);
+            store.add(name, param)?;
+        }
+        Ok(store)
+    }
+
+    /// Writes every parameter to a safetensors file at `path` (replacing it; the file is written
+    /// beside it and renamed, so a failed save leaves an existing file whole), in
+    /// [`SaveOptions::dtype`] (`F32` by default), with the options' metadata, and transposing the
+    /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`.
+    ///
+    /// Fails with [`SafeTensorsError::NotAMatrix`] for a parameter named as in PyTorch's layout
+    /// without 2 axes, [`SafeTensorsError::Unrepresentable`] for a finite value beyond the dtype's
+    /// range (`1e5` as `F16`), [`SafeTensorsError::Io`] if the file cannot be written, and
+    /// [`SafeTensorsError::Serialize`] if the `safetensors` crate refuses the header.
+    pub fn save_safetensors(
+        &self,
+        path: impl AsRef<Path>,
+        options: &SaveOptions,
+    ) -> Result<(), NnError> {
+        let path = path.as_ref();
+        let tensors = self
+            .iter()
+            .map(|(name, param)| {
+                let linear = options.pytorch_linear.is_pytorch_linear(name);
+                Ok((name, encode(name, param, options.dtype, linear)?))
+            })
+            .collect::<Result<Vec<_>, SafeTensorsError>>()?;
+        let metadata = (!options.metadata.is_empty()).then(|| options.metadata.clone());
+        safetensors::serialize_to_file(tensors, metadata, path).map_err(|e| match e {
+            SafeTensorError::IoError(io) => SafeTensorsError::io("write", path, &io),
+            other => SafeTensorsError::Serialize {
+                path: path.to_path_buf(),
+                reason: other.to_string(),
+            },
+        })?;
+        Ok(())
+    }
+}

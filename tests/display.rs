@@ -1,0 +1,192 @@
+//! `Display` of tensors and parameters: values nested in brackets by axis, one width and notation
+//! per tensor, elision of large tensors, then `Tensor[shape; dtype]`.
+
+use tensorscope::prelude::*;
+use tensorscope::{bf16, f16};
+
+#[test]
+fn a_matrix_prints_one_row_per_line_then_shape_and_dtype() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let t = s.from_slice::<f32>(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(
+            t.to_string(),
+            "[[1.0000, 2.0000, 3.0000],\n [4.0000, 5.0000, 6.0000]]\nTensor[2, 3; f32]"
+        );
+    });
+}
+
+#[test]
+fn integers_print_as_integers_right_aligned() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let ids = s.from_slice::<i64>(&[5], &[3, -1, 200, 0, 7]);
+        assert_eq!(ids.to_string(), "[  3,  -1, 200,   0,   7]\nTensor[5; i64]");
+        // A precision applies to floats only.
+        assert_eq!(format!("{ids:.2}"), ids.to_string());
+        let mask = s.from_slice::<u8>(&[2, 2], &[1, 0, 0, 1]);
+        assert_eq!(mask.to_string(), "[[1, 0],\n [0, 1]]\nTensor[2, 2; u8]");
+    });
+}
+
+#[test]
+fn rank_0_prints_its_value_alone() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        assert_eq!(
+            s.from_slice::<f32>(&[], &[2.5]).to_string(),
+            "2.5000\nTensor[; f32]"
+        );
+        assert_eq!(
+            s.from_slice::<i32>(&[], &[-7]).to_string(),
+            "-7\nTensor[; i32]"
+        );
+    });
+}
+
+#[test]
+fn an_empty_tensor_prints_empty_brackets_and_its_shape() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        assert_eq!(s.zeros::<f32>(&[0, 3]).to_string(), "[]\nTensor[0, 3; f32]");
+        assert_eq!(s.zeros::<i64>(&[2, 0]).to_string(), "[]\nTensor[2, 0; i64]");
+    });
+}
+
+#[test]
+fn blocks_of_a_3d_tensor_are_separated_by_a_blank_line() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let values: Vec<i32> = (0..24).collect();
+        let t = s.from_slice::<i32>(&[2, 3, 4], &values);
+        let want = "\
+[[[ 0,  1,  2,  3],
+  [ 4,  5,  6,  7],
+  [ 8,  9, 10, 11]],
+
+ [[12, 13, 14, 15],
+  [16, 17, 18, 19],
+  [20, 21, 22, 23]]]
+Tensor[2, 3, 4; i32]";
+        assert_eq!(t.to_string(), want);
+    });
+}
+
+#[test]
+fn a_large_tensor_shows_three_indices_at_each_end_of_every_axis() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let values: Vec<f32> = (0..10_000).map(|i| 1.0 + i as f32 / 100.0).collect();
+        let t = s.from_slice::<f32>(&[100, 100], &values);
+        let want = "\
+[[  1.0000,   1.0100,   1.0200,      ...,   1.9700,   1.9800,   1.9900],
+ [  2.0000,   2.0100,   2.0200,      ...,   2.9700,   2.9800,   2.9900],
+ [  3.0000,   3.0100,   3.0200,      ...,   3.9700,   3.9800,   3.9900],
+ ...,
+ [ 98.0000,  98.0100,  98.0200,      ...,  98.9700,  98.9800,  98.9900],
+ [ 99.0000,  99.0100,  99.0200,      ...,  99.9700,  99.9800,  99.9900],
+ [100.0000, 100.0100, 100.0200,      ..., 100.9700, 100.9800, 100.9900]]
+Tensor[100, 100; f32]";
+        assert_eq!(t.to_string(), want);
+
+        // Only axes longer than 6 are elided, and only past 1000 elements.
+        let values: Vec<i64> = (0..1200).collect();
+        let t = s.from_slice::<i64>(&[2, 600], &values);
+        let want = "\
+[[   0,    1,    2,  ...,  597,  598,  599],
+ [ 600,  601,  602,  ..., 1197, 1198, 1199]]
+Tensor[2, 600; i64]";
+        assert_eq!(t.to_string(), want);
+        let values: Vec<i64> = (0..1000).collect();
+        assert!(!s
+            .from_slice::<i64>(&[1000], &values)
+            .to_string()
+            .contains("..."));
+    });
+}
+
+#[test]
+fn long_rows_wrap_at_80_columns() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let values: Vec<f32> = (0..20).map(|i| i as f32).collect();
+        let want = "\
+[ 0.0000,  1.0000,  2.0000,  3.0000,  4.0000,  5.0000,  6.0000,  7.0000,
+  8.0000,  9.0000, 10.0000, 11.0000, 12.0000, 13.0000, 14.0000, 15.0000,
+ 16.0000, 17.0000, 18.0000, 19.0000]
+Tensor[20; f32]";
+        assert_eq!(s.from_slice::<f32>(&[20], &values).to_string(), want);
+    });
+}
+
+#[test]
+fn half_precision_floats_print_their_rounded_values() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let h: Vec<f16> = [0.1f32, -2.0, 3.0].map(f16::from_f32).to_vec();
+        assert_eq!(
+            s.from_slice::<f16>(&[3], &h).to_string(),
+            "[ 0.1000, -2.0000,  3.0000]\nTensor[3; f16]"
+        );
+        // f16's 0.1 is 0.0999755859375: eight decimals show it.
+        assert_eq!(
+            format!("{:.8}", s.from_slice::<f16>(&[1], &h[..1])),
+            "[0.09997559]\nTensor[1; f16]"
+        );
+        let b: Vec<bf16> = [1.0f32, 100.0, 0.5].map(bf16::from_f32).to_vec();
+        assert_eq!(
+            s.from_slice::<bf16>(&[3], &b).to_string(),
+            "[  1.0000, 100.0000,   0.5000]\nTensor[3; bf16]"
+        );
+    });
+}
+
+#[test]
+fn wide_ranges_switch_to_scientific_notation() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let t = s.from_slice::<f64>(&[3], &[1e-5, 1.0, 1e9]);
+        assert_eq!(
+            t.to_string(),
+            "[1.0000e-05, 1.0000e+00, 1.0000e+09]\nTensor[3; f64]"
+        );
+        let t = s.from_slice::<f32>(&[2], &[0.001, 10.0]);
+        assert_eq!(t.to_string(), "[1.0000e-03, 1.0000e+01]\nTensor[2; f32]");
+        assert_eq!(format!("{t:.1}"), "[1.0e-03, 1.0e+01]\nTensor[2; f32]");
+        let t = s.from_slice::<f64>(&[3], &[1.23456, 100.0, -0.5]);
+        assert_eq!(
+            format!("{t:.2}"),
+            "[  1.23, 100.00,  -0.50]\nTensor[3; f64]"
+        );
+    });
+}
+
+#[test]
+fn nan_and_infinities_print_by_name() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let t = s.from_slice::<f64>(&[4], &[f64::NAN, f64::INFINITY, -f64::INFINITY, 1.5]);
+        assert_eq!(
+            t.to_string(),
+            "[   NaN,    inf,   -inf, 1.5000]\nTensor[4; f64]"
+        );
+        // They do not count in the choice of notation.
+        let t = s.from_slice::<f32>(&[3], &[f32::NAN, 0.0, 2.0]);
+        assert_eq!(t.to_string(), "[   NaN, 0.0000, 2.0000]\nTensor[3; f32]");
+    });
+}
+
+#[test]
+fn a_param_prints_as_a_tensor_does() {
+    let pool = Pool::with_max_memory_mb(16);
+    let w = Param::from_slice(&pool, &[2, 2], &[0.5f32, -1.0, 2.0, 0.25]);
+    assert_eq!(
+        w.to_string(),
+        "[[ 0.5000, -1.0000],\n [ 2.0000,  0.2500]]\nParam[2, 2; f32]"
+    );
+    let bound = pool.scope(|s| s.bind(&w).to_string());
+    assert_eq!(
+        bound,
+        "[[ 0.5000, -1.0000],\n [ 2.0000,  0.2500]]\nTensor[2, 2; f32]"
+    );
+}

@@ -1,0 +1,652 @@
+//! Safetensors files: parameters saved and loaded in every float dtype, PyTorch's Linear layout, the
+//! generic reader, and every error with its message. Files written by hand follow the format (an
+//! 8-byte little-endian header length, a JSON header padded with spaces to 8 bytes, little-endian
+//! data) as Python's safetensors writes it.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tensorscope::nn::{
+    FileDType, LoadOptions, NnError, ParamStore, SafeTensorsError, SafeTensorsFile, SaveOptions,
+};
+use tensorscope::prelude::*;
+use tensorscope::{bf16, f16, Element};
+
+/// A path in the temp directory unique to this process and call, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(test: &str) -> Self {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("tensorscope-{test}-{}-{n}.safetensors", std::process::id());
+        TempFile(std::env::temp_dir().join(name))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// The path as error messages print it.
+    fn shown(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A safetensors file's bytes: `header` (JSON) padded with spaces to a multiple of 8, then `data`.
+fn safetensors_bytes(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut header = header.as_bytes().to_vec();
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header);
+    bytes.extend(data);
+    bytes
+}
+
+fn le_bytes<const N: usize, T>(values: &[T], to_le: impl Fn(&T) -> [u8; N]) -> Vec<u8> {
+    values.iter().flat_map(to_le).collect()
+}
+
+/// A store of `w` = [[1, 2, 3], [4, 5, 6]] (in 2, out 3), `b` = [0.5, -0.25, 0.1] and a 2x2x2 `t`.
+fn sample_store(pool: &Pool) -> ParamStore<f32> {
+    let mut params = ParamStore::<f32>::new(pool);
+    let w = Param::from_slice(pool, &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    params.add("fc.weight", w).unwrap();
+    let b = Param::from_slice(pool, &[3], &[0.5, -0.25, 0.1]);
+    params.add("fc.bias", b).unwrap();
+    let t = Param::from_slice(
+        pool,
+        &[2, 2, 2],
+        &[1e-3, 1e3, -7.0, 0.3, 60000.0, 0.0, -0.0, 1.5],
+    );
+    params.add("t", t).unwrap();
+    params
+}
+
+/// A store of zeros with the shapes of `sample_store`, in `T`.
+fn zeros_like_sample<T: Element>(pool: &Pool) -> ParamStore<T> {
+    let mut params = ParamStore::<T>::new(pool);
+    params.zeros("fc.weight", &[2, 3]).unwrap();
+    params.zeros("fc.bias", &[3]).unwrap();
+    params.zeros("t", &[2, 2, 2]).unwrap();
+    params
+}
+
+fn values<T: Element>(params: &ParamStore<T>, name: &str) -> Vec<T> {
+    params.get(name).unwrap().to_vec()
+}
+
+fn safetensors_err(err: NnError) -> SafeTensorsError {
+    match err {
+        NnError::SafeTensors(e) => e,
+        other => panic!("expected a safetensors error, got {other:?}"),
+    }
+}
+
+#[test]
+fn f32_round_trips_bit_for_bit() {
+    let pool = Pool::with_max_memory_mb(16);
+    let params = sample_store(&pool);
+    let file = TempFile::new("f32");
+    params
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap();
+    let mut loaded = zeros_like_sample::<f32>(&pool);
+    let report = loaded
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap();
+    assert!(report.unused.is_empty());
+    for (name, p) in params.iter() {
+        let got: Vec<u32> = values(&loaded, name).iter().map(|x| x.to_bits()).collect();
+        let want: Vec<u32> = p.to_vec().iter().map(|x| x.to_bits()).collect();
+        assert_eq!(got, want, "{name}");
+        assert_eq!(loaded.get(name).unwrap().shape(), p.shape());
+    }
+    let read = SafeTensorsFile::open(file.path()).unwrap();
+    assert_eq!(read.names(), ["fc.bias", "fc.weight", "t"]);
+    assert_eq!(read.dtype("t").unwrap(), FileDType::F32);
+    assert_eq!(read.shape("fc.weight").unwrap(), &[2, 3]);
+}
+
+/// Saves the sample store as `U`, loads it into stores of each float type and checks every value
+/// is the f32 value rounded to `U`, then to the store's type.
+fn check_saved_as<U: Element>(dtype: FileDType) {
+    let pool = Pool::with_max_memory_mb(16);
+    let params = sample_store(&pool);
+    let file = TempFile::new(U::NAME);
+    params
+        .save_safetensors(file.path(), &SaveOptions::new().dtype::<U>())
+        .unwrap();
+    assert_eq!(
+        SafeTensorsFile::open(file.path())
+            .unwrap()
+            .dtype("t")
+            .unwrap(),
+        dtype
+    );
+    fn load_as<T: Element, U: Element>(pool: &Pool, path: &Path, params: &ParamStore<f32>) {
+        let mut loaded = zeros_like_sample::<T>(pool);
+        loaded.load_safetensors(path, &LoadOptions::new()).unwrap();
+        for (name, p) in params.iter() {
+            let want: Vec<T> = p
+                .to_vec()
+                .iter()
+                .map(|&x| T::from_f64(U::from_f64(f64::from(x)).to_f64()))
+                .collect();
+            assert_eq!(
+                values(&loaded, name),
+                want,
+                "{name} saved as {} loaded as {}",
+                U::NAME,
+                T::NAME
+            );
+        }
+    }
+    load_as::<f32, U>(&pool, file.path(), &params);
+    load_as::<f64, U>(&pool, file.path(), &params);
+    load_as::<f16, U>(&pool, file.path(), &params);
+    load_as::<bf16, U>(&pool, file.path(), &params);
+}
+
+#[test]
+fn every_float_dtype_round_trips_with_its_rounding() {
+    check_saved_as::<f32>(FileDType::F32);
+    check_saved_as::<f64>(FileDType::F64);
+    check_saved_as::<f16>(FileDType::F16);
+    check_saved_as::<bf16>(FileDType::BF16);
+}
+
+#[test]
+fn f32_saved_as_f16_loads_back_rounded_to_f16() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut params = ParamStore::<f32>::new(&pool);
+    params
+        .add(
+            "x",
+            Param::from_slice(&pool, &[3], &[0.1f32, 1.0 / 3.0, 2049.0]),
+        )
+        .unwrap();
+    let file = TempFile::new("f16");
+    params
+        .save_safetensors(file.path(), &SaveOptions::new().dtype::<f16>())
+        .unwrap();
+    let loaded =
+        ParamStore::<f32>::from_safetensors(&pool, file.path(), &LoadOptions::new()).unwrap();
+    // f16 has 11 significant bits: 0.1 and 1/3 round, 2049 rounds to even (2048).
+    assert_eq!(values(&loaded, "x"), vec![0.099975586, 0.33325195, 2048.0]);
+}
+
+#[test]
+fn metadata_is_written_and_read() {
+    let pool = Pool::with_max_memory_mb(16);
+    let params = sample_store(&pool);
+    let file = TempFile::new("metadata");
+    let options = SaveOptions::new()
+        .metadata("format", "pt")
+        .metadata("step", "1200");
+    params.save_safetensors(file.path(), &options).unwrap();
+    let read = SafeTensorsFile::open(file.path()).unwrap();
+    let mut metadata: Vec<(&str, &str)> = read
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    metadata.sort();
+    assert_eq!(metadata, [("format", "pt"), ("step", "1200")]);
+    let plain = TempFile::new("no-metadata");
+    params
+        .save_safetensors(plain.path(), &SaveOptions::new())
+        .unwrap();
+    assert!(SafeTensorsFile::open(plain.path())
+        .unwrap()
+        .metadata()
+        .is_empty());
+}
+
+#[test]
+fn pytorch_linear_weights_are_transposed_on_save_and_load() {
+    let pool = Pool::with_max_memory_mb(16);
+    let params = sample_store(&pool);
+    let file = TempFile::new("pytorch");
+    let is_linear = |name: &str| name.ends_with(".weight");
+    params
+        .save_safetensors(file.path(), &SaveOptions::new().pytorch_linear(is_linear))
+        .unwrap();
+
+    // Stored as PyTorch's [out, in]: element [o][i] of the file is w[i][o].
+    let read = SafeTensorsFile::open(file.path()).unwrap();
+    assert_eq!(read.shape("fc.weight").unwrap(), &[3, 2]);
+    let stored: Param<f32> = read.param(&pool, "fc.weight").unwrap();
+    assert_eq!(stored.to_vec(), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    let w = params.get("fc.weight").unwrap().view();
+    let s = stored.view();
+    for i in 0..2 {
+        for o in 0..3 {
+            assert_eq!(
+                s[[o, i]],
+                w[[i, o]],
+                "file [{o}, {i}] against parameter [{i}, {o}]"
+            );
+        }
+    }
+    assert_eq!(
+        read.shape("fc.bias").unwrap(),
+        &[3],
+        "not named: stored as is"
+    );
+
+    // Loaded back transposed to [in, out], into a store or a new one.
+    let mut loaded = zeros_like_sample::<f32>(&pool);
+    loaded
+        .load_safetensors(file.path(), &LoadOptions::new().pytorch_linear(is_linear))
+        .unwrap();
+    let made = ParamStore::<f32>::from_safetensors(
+        &pool,
+        file.path(),
+        &LoadOptions::new().pytorch_linear(is_linear),
+    )
+    .unwrap();
+    for store in [&loaded, &made] {
+        assert_eq!(store.get("fc.weight").unwrap().shape(), &[2, 3]);
+        for (name, p) in params.iter() {
+            assert_eq!(values(store, name), p.to_vec(), "{name}");
+        }
+    }
+}
+
+#[test]
+fn load_lists_the_tensors_no_parameter_took() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("unused");
+    sample_store(&pool)
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap();
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.zeros("fc.bias", &[3]).unwrap();
+    let report = params
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap();
+    assert_eq!(report.unused, ["fc.weight", "t"]);
+    assert_eq!(values(&params, "fc.bias"), vec![0.5, -0.25, 0.1]);
+}
+
+#[test]
+fn from_safetensors_registers_every_tensor_in_name_order() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("from");
+    let mut params = ParamStore::<f32>::new(&pool);
+    for (name, v) in [("layer.2", 2.0f32), ("layer.10", 10.0), ("a", 1.0)] {
+        params
+            .add(name, Param::from_slice(&pool, &[1], &[v]))
+            .unwrap();
+    }
+    params
+        .save_safetensors(file.path(), &SaveOptions::new().dtype::<f64>())
+        .unwrap();
+    let loaded =
+        ParamStore::<f64>::from_safetensors(&pool, file.path(), &LoadOptions::new()).unwrap();
+    let got: Vec<(&str, Vec<f64>)> = loaded.iter().map(|(n, p)| (n, p.to_vec())).collect();
+    assert_eq!(
+        got,
+        [
+            ("a", vec![1.0]),
+            ("layer.10", vec![10.0]),
+            ("layer.2", vec![2.0])
+        ]
+    );
+}
+
+#[test]
+fn a_failed_load_leaves_every_parameter_unchanged() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("atomic");
+    sample_store(&pool)
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap();
+    // fc.weight and fc.bias would load; t has the wrong shape and comes last.
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.ones("fc.weight", &[2, 3]).unwrap();
+    params.ones("fc.bias", &[3]).unwrap();
+    params.ones("t", &[2, 4]).unwrap();
+    let kept = params.get("fc.weight").unwrap().clone();
+    let err = params
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"t\" has shape [2, 2, 2] in the file, but the parameter has shape [2, 4]"
+    );
+    assert_eq!(values(&params, "fc.weight"), vec![1.0; 6]);
+    assert_eq!(values(&params, "fc.bias"), vec![1.0; 3]);
+    assert_eq!(values(&params, "t"), vec![1.0; 8]);
+    assert!(params.get("fc.weight").unwrap().shares_buffer_with(&kept));
+
+    // A load that succeeds gives the store new values; a handle cloned before keeps the old ones.
+    params.take("t").unwrap();
+    params.zeros("t", &[2, 2, 2]).unwrap();
+    params
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap();
+    assert_eq!(
+        values(&params, "fc.weight"),
+        vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    );
+    assert_eq!(kept.to_vec(), vec![1.0; 6]);
+    drop((params, kept));
+    assert_eq!(
+        pool.stats().bytes_in_use,
+        0,
+        "every buffer went back to the pool"
+    );
+}
+
+#[test]
+fn a_missing_tensor_names_the_file_names_that_look_alike() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("missing");
+    sample_store(&pool)
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap();
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.zeros("fc.weights", &[2, 3]).unwrap();
+    let err = params
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "no tensor named \"fc.weights\" in the file; did you mean \"fc.weight\"?"
+    );
+    assert_eq!(
+        safetensors_err(err),
+        SafeTensorsError::MissingTensor {
+            name: "fc.weights".into(),
+            close: vec!["fc.weight".into()]
+        }
+    );
+    let read = SafeTensorsFile::open(file.path()).unwrap();
+    assert_eq!(
+        read.shape("decoder").unwrap_err().to_string(),
+        "no tensor named \"decoder\" in the file"
+    );
+}
+
+#[test]
+fn a_shape_mismatch_in_pytorch_layout_shows_the_stored_shape() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("shape");
+    sample_store(&pool)
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap();
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.zeros("fc.weight", &[2, 3]).unwrap();
+    let options = LoadOptions::new().pytorch_linear(|name| name == "fc.weight");
+    let err = params.load_safetensors(file.path(), &options).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"fc.weight\" has shape [2, 3] in the file (PyTorch's Linear layout [out, in], so \
+         transposed to [3, 2]), but the parameter has shape [2, 3]"
+    );
+}
+
+#[test]
+fn a_non_matrix_in_pytorch_layout_is_refused_on_load_and_save() {
+    let pool = Pool::with_max_memory_mb(16);
+    let params = sample_store(&pool);
+    let file = TempFile::new("matrix");
+    let err = params
+        .save_safetensors(
+            file.path(),
+            &SaveOptions::new().pytorch_linear(|n| n.starts_with("fc.")),
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"fc.bias\" is marked as in PyTorch's Linear layout ([out, in]) but has shape [3]; \
+         only a tensor of 2 axes can be transposed"
+    );
+    assert!(!file.path().exists(), "a failed save writes nothing");
+
+    params
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap();
+    let mut loaded = zeros_like_sample::<f32>(&pool);
+    let err = loaded
+        .load_safetensors(
+            file.path(),
+            &LoadOptions::new().pytorch_linear(|n| n == "t"),
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"t\" is marked as in PyTorch's Linear layout ([out, in]) but has shape [2, 2, 2]; \
+         only a tensor of 2 axes can be transposed"
+    );
+}
+
+/// A file of `ids` (I64 [2, 3]), `mask` (U8 [3]), `pos` (I32 [2]) and `q` (F8_E4M3 [2]).
+fn mixed_file() -> Vec<u8> {
+    let ids: [i64; 6] = [0, 5, 1 << 60, -3, 255, 256];
+    let mut data = le_bytes(&ids, |x| x.to_le_bytes());
+    data.extend([1u8, 0, 1]);
+    data.extend(le_bytes(&[7i32, -1], |x| x.to_le_bytes()));
+    data.extend([0x38u8, 0x40]);
+    let header = r#"{"__metadata__":{"source":"hand"},"ids":{"dtype":"I64","shape":[2,3],"data_offsets":[0,48]},"mask":{"dtype":"U8","shape":[3],"data_offsets":[48,51]},"pos":{"dtype":"I32","shape":[2],"data_offsets":[51,59]},"q":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[59,61]}}"#;
+    safetensors_bytes(header, &data)
+}
+
+#[test]
+fn the_reader_converts_integer_tensors_exactly() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = SafeTensorsFile::from_bytes(mixed_file()).unwrap();
+    assert_eq!(file.names(), ["ids", "mask", "pos", "q"]);
+    assert_eq!(file.dtype("ids").unwrap(), FileDType::I64);
+    assert_eq!(file.dtype("q").unwrap(), FileDType::Other("F8_E4M3".into()));
+    assert_eq!(file.metadata()["source"], "hand");
+
+    let ids: Param<i64> = file.param(&pool, "ids").unwrap();
+    assert_eq!(ids.shape(), &[2, 3]);
+    assert_eq!(
+        ids.to_vec(),
+        vec![0, 5, 1 << 60, -3, 255, 256],
+        "2^60 kept exactly"
+    );
+    let pos: Param<i64> = file.param(&pool, "pos").unwrap();
+    assert_eq!(pos.to_vec(), vec![7, -1]);
+    let mask: Param<f32> = file.param(&pool, "mask").unwrap();
+    assert_eq!(mask.to_vec(), vec![1.0, 0.0, 1.0]);
+    let as_float: Param<f64> = file.param(&pool, "ids").unwrap();
+    assert_eq!(
+        as_float.to_vec(),
+        vec![0.0, 5.0, 2f64.powi(60), -3.0, 255.0, 256.0]
+    );
+
+    let err = file.param::<u8>(&pool, "ids").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"ids\": element 2 is 1152921504606846976, which u8 cannot hold"
+    );
+    let err = file.param::<f32>(&pool, "q").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"q\" has dtype F8_E4M3; tensorscope reads F32, F64, F16, BF16, I64, I32 and U8 only"
+    );
+    assert_eq!(
+        file.param::<i64>(&pool, "ids.0").unwrap_err().to_string(),
+        "no tensor named \"ids.0\" in the file; did you mean \"ids\"?"
+    );
+}
+
+#[test]
+fn floats_convert_to_integers_only_when_integral_and_in_range() {
+    let pool = Pool::with_max_memory_mb(16);
+    let data = le_bytes(&[3.0f32, -2.0, 2.5], |x| x.to_le_bytes());
+    let header = r#"{"x":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}"#;
+    let file = SafeTensorsFile::from_bytes(safetensors_bytes(header, &data)).unwrap();
+    let err = file.param::<i64>(&pool, "x").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"x\": element 2 is 2.5, which i64 cannot hold"
+    );
+    assert_eq!(
+        safetensors_err(err),
+        SafeTensorsError::Unrepresentable {
+            name: "x".into(),
+            index: 2,
+            value: "2.5".into(),
+            target: "i64"
+        }
+    );
+    let err = file.param::<u8>(&pool, "x").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"x\": element 1 is -2, which u8 cannot hold"
+    );
+}
+
+#[test]
+fn a_parameter_refuses_integer_and_unknown_dtypes() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("dtype");
+    std::fs::write(file.path(), mixed_file()).unwrap();
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.zeros("ids", &[2, 3]).unwrap();
+    let err = params
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"ids\" has dtype I64; parameters load from F32, F64, F16 or BF16 only"
+    );
+    let err = ParamStore::<f32>::from_safetensors(&pool, file.path(), &LoadOptions::new())
+        .err()
+        .unwrap();
+    assert_eq!(
+        safetensors_err(err),
+        SafeTensorsError::UnsupportedDType {
+            name: "ids".into(),
+            dtype: FileDType::I64,
+            floats_only: true
+        }
+    );
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.zeros("q", &[2]).unwrap();
+    let err = params
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"q\" has dtype F8_E4M3; parameters load from F32, F64, F16 or BF16 only"
+    );
+}
+
+#[test]
+fn a_value_beyond_the_saved_dtype_fails_the_save() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut params = ParamStore::<f32>::new(&pool);
+    params
+        .add("big", Param::from_slice(&pool, &[2], &[1.0f32, 1e5]))
+        .unwrap();
+    let file = TempFile::new("range");
+    let err = params
+        .save_safetensors(file.path(), &SaveOptions::new().dtype::<f16>())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"big\": element 1 is 100000, which f16 cannot hold"
+    );
+    // bf16 has f32's range.
+    params
+        .save_safetensors(file.path(), &SaveOptions::new().dtype::<bf16>())
+        .unwrap();
+    let loaded =
+        ParamStore::<f32>::from_safetensors(&pool, file.path(), &LoadOptions::new()).unwrap();
+    assert_eq!(values(&loaded, "big"), vec![1.0, 99840.0]);
+}
+
+#[test]
+fn a_truncated_file_is_corrupt_and_names_the_path() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("truncated");
+    sample_store(&pool)
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap();
+    let bytes = std::fs::read(file.path()).unwrap();
+
+    std::fs::write(file.path(), &bytes[..bytes.len() - 4]).unwrap();
+    let mut params = zeros_like_sample::<f32>(&pool);
+    let err = params
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{} is not a valid safetensors file: incomplete metadata, file not fully covered",
+            file.shown()
+        )
+    );
+    assert_eq!(values(&params, "fc.weight"), vec![0.0; 6]);
+
+    std::fs::write(file.path(), &bytes[..20]).unwrap();
+    let err = SafeTensorsFile::open(file.path()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{} is not a valid safetensors file: invalid header length",
+            file.shown()
+        )
+    );
+    let err = SafeTensorsFile::from_bytes(bytes[..5].to_vec()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the bytes are not a valid safetensors file: header too small"
+    );
+}
+
+#[test]
+fn io_errors_name_the_path() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("absent");
+    let os_message = std::fs::read(file.path()).unwrap_err().to_string();
+    let err = ParamStore::<f32>::from_safetensors(&pool, file.path(), &LoadOptions::new())
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        format!("cannot read {}: {os_message}", file.shown())
+    );
+    assert!(matches!(
+        safetensors_err(err),
+        SafeTensorsError::Io {
+            action: "read",
+            kind: std::io::ErrorKind::NotFound,
+            ..
+        }
+    ));
+
+    let dir = TempFile::new("no-such-dir");
+    let path = dir.path().join("model.safetensors");
+    let err = sample_store(&pool)
+        .save_safetensors(&path, &SaveOptions::new())
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with(&format!("cannot write {}: ", path.display())),
+        "{err}"
+    );
+    assert!(matches!(
+        safetensors_err(err),
+        SafeTensorsError::Io {
+            action: "write",
+            kind: std::io::ErrorKind::NotFound,
+            ..
+        }
+    ));
+}
