@@ -89,7 +89,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// The kernel has no known derivative: a backward through the result fails.
     fn try_map_lanes(
         self,
-        axis: usize,
+        axis: impl Dim,
         kernel: impl FnMut(ArrayViewMut1<'_, T>),
     ) -> Result<Tensor<'s, T>> {
         self.with_arg(|a| {
@@ -106,7 +106,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// # Panics
     /// For a bad axis or an exhausted budget, with the error's message.
     #[track_caller]
-    fn map_lanes(self, axis: usize, kernel: impl FnMut(ArrayViewMut1<'_, T>)) -> Tensor<'s, T> {
+    fn map_lanes(self, axis: impl Dim, kernel: impl FnMut(ArrayViewMut1<'_, T>)) -> Tensor<'s, T> {
         or_panic(self.try_map_lanes(axis, kernel))
     }
 
@@ -523,7 +523,7 @@ fn map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T) -> Result<Tensor
 
 fn map_lanes<'s, T: Element>(
     src: Arg<'_, 's, T>,
-    axis: usize,
+    axis: impl Dim,
     kernel: impl FnMut(ArrayViewMut1<'_, T>),
 ) -> Result<Tensor<'s, T>> {
     let axis = check_axis("map_lanes", src.tensor(), axis)?;
