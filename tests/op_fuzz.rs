@@ -17,7 +17,7 @@
 
 mod common;
 
-use ndarray::{ArrayD, Axis, Dimension, IxDyn};
+use ndarray::{ArrayD, Axis, Dimension, IxDyn, Slice};
 use proptest::prelude::*;
 use tensorscope::__private::{kernel_visits, limit_kernel_visits};
 use tensorscope::{Error, Scope, Tensor, TensorOps};
@@ -65,6 +65,20 @@ enum Step {
     Upsample(usize),
     MapLanes(usize, bool),
     Cast,
+    /// `narrow(axis, start, len)`, the numbers fitted to the shape.
+    Narrow(usize, usize, usize),
+    /// A permutation of the axes drawn from the seed.
+    Permute(u64),
+    /// `max`, `min`, `argmax` or `argmin` along an axis (negative: counted from the back).
+    Extreme(u8, isize, bool),
+    /// `index_select` along an axis of this many ids drawn from the seed.
+    IndexSelect(usize, usize, u64),
+    /// `tril(k)` or `triu(k)`.
+    Triangle(i64, bool),
+    /// `max_pool2d` or `avg_pool2d` with this kernel and stride.
+    Pool(bool, usize, usize),
+    /// `masked_fill` with a mask of the last axis drawn from the seed.
+    MaskedFill(u64),
 }
 
 fn shape_strategy() -> impl Strategy<Value = Vec<usize>> {
@@ -129,6 +143,13 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         1 => (1usize..4).prop_map(Step::Upsample),
         1 => (0usize..4, any::<bool>()).prop_map(|(a, o)| Step::MapLanes(a, o)),
         1 => Just(Step::Cast),
+        2 => (0usize..4, any::<usize>(), any::<usize>()).prop_map(|(a, st, l)| Step::Narrow(a, st, l)),
+        1 => any::<u64>().prop_map(Step::Permute),
+        2 => (0u8..4, -4isize..4, any::<bool>()).prop_map(|(w, a, k)| Step::Extreme(w, a, k)),
+        2 => (0usize..4, 0usize..5, any::<u64>()).prop_map(|(a, n, s)| Step::IndexSelect(a, n, s)),
+        1 => (-3i64..4, any::<bool>()).prop_map(|(k, u)| Step::Triangle(k, u)),
+        1 => (any::<bool>(), 1usize..4, 1usize..3).prop_map(|(m, k, st)| Step::Pool(m, k, st)),
+        1 => any::<u64>().prop_map(Step::MaskedFill),
     ]
 }
 
@@ -421,6 +442,7 @@ fn check<'s>(
             Err(
                 Error::ShapeMismatch { .. }
                 | Error::InvalidShape { .. }
+                | Error::InvalidArgument { .. }
                 | Error::AxisOutOfRange { .. },
             ),
             Want::Invalid,
@@ -774,6 +796,202 @@ fn run_program(steps: &[Step]) -> Result<(), TestCaseError> {
                     let got = x.try_cast::<f64>().and_then(|d| d.try_cast::<f32>());
                     let want = output(x.shape().to_vec(), |_| xv.clone());
                     ("cast".into(), got, want, 0.0)
+                }
+                &Step::Narrow(axis, start, len) => {
+                    let axis = axis % rank.max(1);
+                    let full = x.shape().get(axis).copied().unwrap_or(0);
+                    let start = start % (full + 1);
+                    let len = len % (full - start + 1);
+                    let want = if axis >= rank {
+                        Want::Invalid
+                    } else {
+                        let mut shape = x.shape().to_vec();
+                        shape[axis] = len;
+                        output(shape, |_| {
+                            xv.slice_axis(Axis(axis), Slice::from(start..start + len))
+                                .to_owned()
+                        })
+                    };
+                    let got = x.try_narrow(axis, start, len);
+                    (format!("narrow({axis}, {start}, {len})"), got, want, 0.0)
+                }
+                &Step::Permute(seed) => {
+                    let mut axes: Vec<usize> = (0..rank).collect();
+                    for i in (1..rank).rev() {
+                        axes.swap(i, (seed >> (4 * i)) as usize % (i + 1));
+                    }
+                    let v = xv.clone().permuted_axes(IxDyn(&axes));
+                    let want = output(v.shape().to_vec(), |_| v.as_standard_layout().into_owned());
+                    (
+                        format!("permute({axes:?})"),
+                        x.try_permute(&axes),
+                        want,
+                        0.0,
+                    )
+                }
+                &Step::Extreme(which, axis, keepdim) => {
+                    let name = ["max", "min", "argmax", "argmin"][which as usize];
+                    let resolved = if axis < 0 { rank as isize + axis } else { axis };
+                    let want = match usize::try_from(resolved).ok().filter(|&a| a < rank) {
+                        Some(a) if x.shape()[a] > 0 => {
+                            let mut shape = x.shape().to_vec();
+                            if keepdim {
+                                shape[a] = 1;
+                            } else {
+                                shape.remove(a);
+                            }
+                            output(shape, |sh| {
+                                from_fn(sh, |i| {
+                                    let mut at = i.to_vec();
+                                    if !keepdim {
+                                        at.insert(a, 0);
+                                    }
+                                    let lane = lane(&xv, &at, a);
+                                    let best = (0..lane.len()).fold(0, |b, k| {
+                                        let better = if which % 2 == 0 {
+                                            lane[k] > lane[b]
+                                        } else {
+                                            lane[k] < lane[b]
+                                        };
+                                        if better {
+                                            k
+                                        } else {
+                                            b
+                                        }
+                                    });
+                                    if which < 2 {
+                                        lane[best]
+                                    } else {
+                                        best as f64
+                                    }
+                                })
+                            })
+                        }
+                        _ => Want::Invalid,
+                    };
+                    let got = match (which, keepdim) {
+                        (0, false) => x.try_max(axis),
+                        (0, true) => x.try_max_keepdim(axis),
+                        (1, false) => x.try_min(axis),
+                        (1, true) => x.try_min_keepdim(axis),
+                        (2, _) => x.try_argmax(axis).and_then(|p| p.try_cast::<f32>()),
+                        _ => x.try_argmin(axis).and_then(|p| p.try_cast::<f32>()),
+                    };
+                    // The positions have no kept axis: compare their shape without it.
+                    let got = match (which, keepdim) {
+                        (2.., true) => got.and_then(|p| {
+                            let a = (if axis < 0 { rank as isize + axis } else { axis }) as usize;
+                            p.try_unsqueeze(a)
+                        }),
+                        _ => got,
+                    };
+                    (format!("{name}({axis}, keepdim {keepdim})"), got, want, 0.0)
+                }
+                &Step::IndexSelect(axis, n, seed) => {
+                    let axis = axis % rank.max(1);
+                    let len = x.shape().get(axis).copied().unwrap_or(0);
+                    let n = if len == 0 || has_long_axis(x.shape()) {
+                        0
+                    } else {
+                        n
+                    };
+                    let ids: Vec<i64> = (0..n)
+                        .map(|k| ((seed >> (8 * k)) as usize % len.max(1)) as i64)
+                        .collect();
+                    let want = if axis >= rank {
+                        Want::Invalid
+                    } else {
+                        let mut shape = x.shape().to_vec();
+                        shape[axis] = n;
+                        output(shape, |sh| {
+                            from_fn(sh, |i| {
+                                let mut at = i.to_vec();
+                                at[axis] = ids[i[axis]] as usize;
+                                xv[IxDyn(&at)]
+                            })
+                        })
+                    };
+                    let id_tensor = s.from_slice::<i64>(&[n], &ids);
+                    let got = x.try_index_select(axis, &id_tensor);
+                    (format!("index_select({axis}, {ids:?})"), got, want, 0.0)
+                }
+                &Step::Triangle(k, upper) => {
+                    let want = if rank < 2 {
+                        Want::Invalid
+                    } else {
+                        output(x.shape().to_vec(), |sh| {
+                            from_fn(sh, |i| {
+                                let d = i[rank - 1] as i64 - i[rank - 2] as i64;
+                                let keep = if upper { d >= k } else { d <= k };
+                                if keep {
+                                    xv[IxDyn(i)]
+                                } else {
+                                    0.0
+                                }
+                            })
+                        })
+                    };
+                    let got = if upper { x.try_triu(k) } else { x.try_tril(k) };
+                    (format!("tri(k {k}, upper {upper})"), got, want, 0.0)
+                }
+                &Step::Pool(max, kernel, stride) => {
+                    let want = match *xv.shape() {
+                        [n, c, h, w] if kernel <= h && kernel <= w => {
+                            let (ho, wo) = ((h - kernel) / stride + 1, (w - kernel) / stride + 1);
+                            output(vec![n, c, ho, wo], |sh| {
+                                from_fn(sh, |i| {
+                                    let window = (0..kernel)
+                                        .flat_map(|dy| (0..kernel).map(move |dx| (dy, dx)));
+                                    let vals = window.map(|(dy, dx)| {
+                                        xv[[i[0], i[1], i[2] * stride + dy, i[3] * stride + dx]]
+                                    });
+                                    if max {
+                                        vals.fold(f64::NEG_INFINITY, f64::max)
+                                    } else {
+                                        vals.sum::<f64>() / (kernel * kernel) as f64
+                                    }
+                                })
+                            })
+                        }
+                        _ => Want::Invalid,
+                    };
+                    let got = if max {
+                        x.try_max_pool2d(kernel, stride)
+                    } else {
+                        x.try_avg_pool2d(kernel, stride)
+                    };
+                    (
+                        format!("pool(max {max}, {kernel}, {stride})"),
+                        got,
+                        want,
+                        1e-5,
+                    )
+                }
+                &Step::MaskedFill(seed) => {
+                    // One bit per position of the last axis (one for all on a long axis).
+                    let last = x.shape().last().copied().filter(|&l| l <= 64).unwrap_or(1);
+                    let bits: Vec<u8> = (0..last).map(|k| ((seed >> k) & 1) as u8).collect();
+                    let mask_shape = if rank == 0 { vec![] } else { vec![last] };
+                    let mask = s.from_slice::<u8>(
+                        &mask_shape,
+                        &bits[..mask_shape.iter().product::<usize>()],
+                    );
+                    let want = output(x.shape().to_vec(), |sh| {
+                        from_fn(sh, |i| {
+                            let k = i.last().copied().unwrap_or(0) % last;
+                            if bits[k] != 0 {
+                                0.5
+                            } else {
+                                xv[IxDyn(i)]
+                            }
+                        })
+                    });
+                    (
+                        "masked_fill".into(),
+                        x.try_masked_fill(&mask, 0.5),
+                        want,
+                        0.0,
+                    )
                 }
             };
             limit_kernel_visits(None);
