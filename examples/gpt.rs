@@ -1,6 +1,7 @@
 //! A GPT-2-style decoder (`examples/common/gpt.rs`) loaded from safetensors weights: its logits
-//! against PyTorch's, greedy generation, then training steps with `#[checkpoint]` on the block loop
-//! under each policy, printing loss, peak activation memory and step time.
+//! against PyTorch's, greedy generation, then training steps with `#[checkpoint]` on the block loop,
+//! without checkpointing and under `Every(2)`, `Sqrt` and a byte `Budget`, printing loss, peak
+//! activation memory and step time.
 //!
 //! `cargo run --release --example gpt [-- --weights FILE --layers 8 --ctx 64 --steps 20]`
 //!
@@ -175,6 +176,11 @@ fn train_table(a: &Args) {
         ("none", None),
         ("every 2", policy(Policy::Every(2))),
         ("sqrt", policy(Policy::Sqrt)),
+        // Room for three block inputs: the binomial schedule.
+        (
+            "budget 3",
+            policy(Policy::Budget(3 * rows * config.n_ctx * config.dim * 4)),
+        ),
     ]
     .into_iter()
     .map(|(name, ckpt)| {

@@ -33,8 +33,12 @@ GRAD_NAMES = ["wte", "wpe", "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias",
 
 def init_params():
     """Parameters in a fixed order (the order of the random draws)."""
-    def normal(*shape):  # linear weights, embeddings and linear biases
-        return torch.randn(*shape) * 0.02
+    # Linear weights, embeddings and linear biases. GPT-2 draws them with std 0.02, but a model that
+    # small gives nearly uniform logits, and greedy decoding then repeats one token (the tied head
+    # favours the last input): std 0.2 makes the greedy tokens vary, each chosen by a margin of at
+    # least 0.019, far above float32 rounding.
+    def normal(*shape):
+        return torch.randn(*shape) * 0.2
 
     def ln(prefix):  # LayerNorm: weight ~ 1 + 0.1*randn, bias ~ 0.1*randn
         return {f"{prefix}.weight": 1 + 0.1 * torch.randn(C), f"{prefix}.bias": 0.1 * torch.randn(C)}

@@ -274,6 +274,15 @@ fn elementwise_functions_of_real_models() {
     check("sqrt", &[&[3, 4]], |x| Ok(positive(&x[0]).sqrt()));
     check("pow 3", &[&[3, 4]], |x| Ok((&x[0]).pow(3.0)));
     check("pow -0.5", &[&[3, 4]], |x| Ok(positive(&x[0]).pow(-0.5)));
+    // `x^0` is constant: its gradient is 0 everywhere, x = 0 included (as PyTorch), not NaN.
+    let pool = Pool::with_max_memory_mb(8);
+    pool.scope(|s| {
+        s.train(|t| {
+            let x = t.zeros::<f64>(&[3]).requires_grad();
+            let grads = (&x).pow(0.0).sum(0).backward().unwrap();
+            assert_eq!(grads.of(&x).unwrap().to_vec(), vec![0.0; 3]);
+        })
+    });
     check("abs", &[&[3, 4]], |x| Ok((&x[0]).abs()));
     check("clamp", &[&[3, 4]], |x| Ok((&x[0]).clamp(-0.5, 0.7)));
     check("gelu_erf", &[&[3, 4]], |x| Ok((&x[0]).gelu_erf()));
@@ -298,6 +307,13 @@ fn matmul_broadcasts_over_leading_axes() {
         x[0].try_matmul(&x[1])
     });
     check("[b,t,c] x [c,d]", &[&[2, 3, 4], &[4, 5]], |x| {
+        x[0].try_matmul(&x[1])
+    });
+    // An empty inner dimension: the gradients are empty and zero, not a reshape error.
+    check("matmul k = 0", &[&[3, 0], &[0, 4]], |x| {
+        x[0].try_matmul(&x[1])
+    });
+    check("matmul batched k = 0", &[&[2, 3, 0], &[0, 4]], |x| {
         x[0].try_matmul(&x[1])
     });
 }

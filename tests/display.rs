@@ -51,6 +51,15 @@ fn an_empty_tensor_prints_empty_brackets_and_its_shape() {
         assert_eq!(s.zeros::<f32>(&[0, 3]).to_string(), "[]\nTensor[0, 3; f32]");
         assert_eq!(s.zeros::<i64>(&[2, 0]).to_string(), "[]\nTensor[2, 0; i64]");
     });
+    // Empty tensors are not walked, however long their other axes (this used to try to allocate
+    // 2^40 indices).
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let wide = s.zeros::<f32>(&[0, 1 << 40]);
+        assert_eq!(wide.to_string(), "[]\nTensor[0, 1099511627776; f32]");
+        let tall = s.zeros::<f32>(&[1 << 40, 0]);
+        assert_eq!(tall.to_string(), "[]\nTensor[1099511627776, 0; f32]");
+    });
 }
 
 #[test]

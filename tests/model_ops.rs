@@ -38,8 +38,19 @@ fn slicing_splitting_stacking() {
         let qkv = x.chunk(3, 1);
         assert_eq!(qkv.len(), 3);
         assert_eq!(qkv[2].to_vec(), parts[1].to_vec());
-        // Fewer chunks than asked when the axis is short, as in PyTorch.
+        // Fewer chunks than asked when the axis is short, as in PyTorch; an empty axis gives as
+        // many empty chunks as asked, and one empty split.
         assert_eq!(iota(s, &[2]).chunk(3, 0).len(), 2);
+        let empty = s.zeros::<f32>(&[0, 2]);
+        let pieces = empty.chunk(3, 0);
+        assert_eq!(
+            pieces
+                .iter()
+                .map(|p| p.shape().to_vec())
+                .collect::<Vec<_>>(),
+            vec![vec![0, 2]; 3]
+        );
+        assert_eq!(empty.split(2, 0).len(), 1);
 
         let a = iota(s, &[2, 2]);
         let b = &a + 10.0;
@@ -97,6 +108,18 @@ fn integer_tensors_share_the_pool_and_budget() {
         assert_eq!(ids.len(), 6);
         assert_eq!(s.arange(0i64, 5, 1).to_vec(), vec![0, 1, 2, 3, 4]);
         assert_eq!(s.arange(5i32, 0, -2).to_vec(), vec![5, 3, 1]);
+        assert_eq!(s.arange(0i64, 0, 1).len(), 0);
+        assert_eq!(s.arange(3u8, 1, 1).len(), 0);
+        // Integers count and step exactly, past f64's 2^53 and up to the type's end.
+        let big = 1i64 << 53;
+        assert_eq!(
+            s.arange(big, big + 4, 1).to_vec(),
+            vec![big, big + 1, big + 2, big + 3]
+        );
+        assert_eq!(
+            s.arange(i64::MAX - 3, i64::MAX, 1).to_vec(),
+            vec![i64::MAX - 3, i64::MAX - 2, i64::MAX - 1]
+        );
         assert_eq!(
             s.arange(0.0f32, 1.0, 0.25).to_vec(),
             vec![0.0, 0.25, 0.5, 0.75]
@@ -151,7 +174,14 @@ fn embedding_index_select_and_gather_pick_by_id() {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "index_select: index 5 is out of range for axis 0 of length 5"
+            "embedding: index 5 is out of range for axis 0 of length 5"
+        );
+        let err = table
+            .try_index_select(0, &s.from_slice::<i64>(&[1], &[9]))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "index_select: index 9 is out of range for axis 0 of length 5"
         );
         let err = table
             .try_gather(1, &s.from_slice::<i64>(&[1, 1], &[-1]))
@@ -200,6 +230,11 @@ fn max_min_and_their_positions() {
             "argmax: invalid shape [3, 0]: axis 1 is empty: it has no max position"
         );
         assert_eq!(s.zeros::<f32>(&[0, 3]).argmax(1).shape(), &[0]);
+        let err = s.zeros::<f32>(&[3, 0]).try_max(-1).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "max: invalid shape [3, 0]: axis 1 is empty: it has no max position"
+        );
     });
 }
 
@@ -344,6 +379,15 @@ fn elementwise_functions_match_f64() {
             .clamp(0.0, 1.0)
             .item();
         assert!(nan.is_nan(), "clamp keeps NaN");
+        // Every elementwise function has a `try_` form that reports an exhausted budget.
+        let tight = Pool::with_max_memory_mb(1);
+        tight.scope(|t| {
+            let big = t.zeros::<f32>(&[200_000]);
+            let err = (&big).try_sqrt().unwrap_err();
+            assert!(matches!(err, Error::BudgetExceeded { .. }), "{err}");
+            assert!((&big).try_gelu_erf().is_err() && (&big).try_pow(2.0).is_err());
+            assert!(big.try_log().is_ok(), "in place: nothing to rent");
+        });
         assert_eq!(
             panic_message(|| drop((&x).clamp(1.0, 0.0))),
             "clamp: invalid bounds: min 1 is not at most max 0"

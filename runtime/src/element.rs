@@ -29,6 +29,22 @@ pub trait DType:
     fn from_f64(v: f64) -> Self;
     /// Converts to `f64` (exactly, except for integers beyond 2^53).
     fn to_f64(self) -> f64;
+
+    /// The count of the values `start + i step` below `end` (above it for a negative step), for
+    /// `arange`; `None` for a zero or non-finite step or bound. Floats compute in `f64`, integers
+    /// exactly in `i128`.
+    #[doc(hidden)]
+    fn arange_len(start: Self, end: Self, step: Self) -> Option<usize> {
+        let (a, b, d) = (start.to_f64(), end.to_f64(), step.to_f64());
+        let finite = d != 0.0 && d.is_finite() && a.is_finite() && b.is_finite();
+        finite.then(|| ((b - a) / d).ceil().max(0.0) as usize)
+    }
+
+    /// The `i`-th value of `arange(start, _, step)`; see [`DType::arange_len`].
+    #[doc(hidden)]
+    fn arange_at(start: Self, step: Self, i: usize) -> Self {
+        Self::from_f64(start.to_f64() + i as f64 * step.to_f64())
+    }
 }
 
 /// A floating-point element type: `f32`, `f64`, [`half::f16`] and [`half::bf16`]. Every op with
@@ -46,7 +62,7 @@ pub(crate) fn is_integer<T: DType>() -> bool {
 }
 
 macro_rules! dtype {
-    ($t:ty, $name:literal, |$v:ident| $from:expr, |$s:ident| $to:expr) => {
+    ($t:ty, $name:literal, |$v:ident| $from:expr, |$s:ident| $to:expr $(, $integer:ident)?) => {
         impl sealed::Sealed for $t {}
         impl DType for $t {
             const NAME: &'static str = $name;
@@ -59,6 +75,19 @@ macro_rules! dtype {
                 let $s = self;
                 $to
             }
+            $(dtype!(@$integer);)?
+        }
+    };
+    // Integers count and step exactly, in `i128` (in `f64`, `2^53 + 1` is lost).
+    (@integer) => {
+        fn arange_len(start: Self, end: Self, step: Self) -> Option<usize> {
+            let (a, b, d) = (i128::from(start), i128::from(end), i128::from(step));
+            // The count rounded up, and 0 when `end` is not past `start` in the step's direction.
+            (d != 0).then(|| usize::try_from((b - a + d - d.signum()) / d).unwrap_or(0))
+        }
+        fn arange_at(start: Self, step: Self, i: usize) -> Self {
+            // In range: `i` is below the count `arange_len` gave.
+            (i128::from(start) + i as i128 * i128::from(step)) as Self
         }
     };
 }
@@ -68,9 +97,9 @@ dtype!(f64, "f64", |v| v, |s| s);
 dtype!(half::f16, "f16", |v| half::f16::from_f64(v), |s| s.to_f64());
 dtype!(half::bf16, "bf16", |v| half::bf16::from_f64(v), |s| s
     .to_f64());
-dtype!(i64, "i64", |v| v as i64, |s| s as f64);
-dtype!(i32, "i32", |v| v as i32, |s| f64::from(s));
-dtype!(u8, "u8", |v| v as u8, |s| f64::from(s));
+dtype!(i64, "i64", |v| v as i64, |s| s as f64, integer);
+dtype!(i32, "i32", |v| v as i32, |s| f64::from(s), integer);
+dtype!(u8, "u8", |v| v as u8, |s| f64::from(s), integer);
 
 impl Element for f32 {}
 impl Element for f64 {}

@@ -233,9 +233,10 @@ impl<T: DType> Param<T> {
         or_panic(self.try_view_mut())
     }
 
-    /// A copy converted to element type `U` (rounding to nearest; beyond `f16`'s range is infinity),
-    /// in a buffer of the same pool. Fails only with a budget error.
-    pub fn try_cast<U: Element>(&self) -> Result<Param<U>> {
+    /// A copy converted to element type `U`, by the rules of [`Tensor::try_cast`](crate::Tensor::try_cast)
+    /// (between floats rounding to nearest, beyond `f16`'s range infinity; to integers truncating
+    /// and saturating), in a buffer of the same pool. Fails only with a budget error.
+    pub fn try_cast<U: DType>(&self) -> Result<Param<U>> {
         let mut buf = self.buf.pool().try_rent::<U>(self.shape())?;
         buf.iter_mut()
             .zip(self.as_slice())

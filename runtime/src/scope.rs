@@ -557,19 +557,15 @@ impl<'s, 'p> Scope<'s, 'p> {
     /// `s.arange(0.0f32, 1.0, 0.25)` is `[0, 0.25, 0.5, 0.75]`. Fails with
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a zero or non-finite step.
     pub fn try_arange<T: DType>(&self, start: T, end: T, step: T) -> Result<Tensor<'s, T>> {
-        let (a, b, d) = (start.to_f64(), end.to_f64(), step.to_f64());
-        if d == 0.0 || !d.is_finite() || !a.is_finite() || !b.is_finite() {
-            return Err(crate::Error::InvalidArgument {
-                op: "arange",
-                arg: "step",
-                reason: format!("from {start} to {end} by {step} is not a finite range"),
-            });
-        }
-        let len = ((b - a) / d).ceil().max(0.0) as usize;
+        let len = T::arange_len(start, end, step).ok_or_else(|| crate::Error::InvalidArgument {
+            op: "arange",
+            arg: "step",
+            reason: format!("from {start} to {end} by {step} is not a finite range"),
+        })?;
         self.try_rent_with(&[len], |mut v| {
             v.iter_mut()
                 .enumerate()
-                .for_each(|(i, x)| *x = T::from_f64(a + i as f64 * d));
+                .for_each(|(i, x)| *x = T::arange_at(start, step, i));
         })
     }
 

@@ -261,6 +261,8 @@ impl<T: Element> Rule<T> {
                     let x = here(x.as_ref().expect("c / x saves x"));
                     g.try_zip_map(&x, |g, x| -g * c / (x * x))?
                 }
+                // `x^0` is constant: its gradient is 0, also at x = 0 (where `0 * 0^-1` is NaN).
+                Scalar::Pow if c == T::zero() => g.try_map(|_| T::zero())?,
                 Scalar::Pow => {
                     let x = here(x.as_ref().expect("x ^ c saves x"));
                     g.try_zip_map(&x, |g, x| g * c * x.powf(c - T::one()))?
@@ -405,9 +407,10 @@ impl<T: Element> Rule<T> {
                     grad_if(0, &|| reduce_to(g.try_matmul(&b.try_t()?)?, a.shape()))?,
                     grad_if(1, &|| {
                         let (k, n) = (a.shape()[a.ndim() - 1], g.shape()[g.ndim() - 1]);
-                        if b.len() == k * n {
+                        let one_matrix = b.shape()[..b.ndim() - 2].iter().all(|&l| l == 1);
+                        if one_matrix {
                             // One right matrix for every left one: the batch sums in one product.
-                            let rows = a.len() / k.max(1);
+                            let rows = a.shape()[..a.ndim() - 1].iter().product();
                             let a2 = a.try_reshape(&[rows, k])?;
                             let g2 = g.try_reshape(&[rows, n])?;
                             a2.try_t()?.try_matmul(&g2)?.try_reshape(b.shape())

@@ -33,17 +33,27 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// the result has `ids.len()` positions along `axis`. Gradients of repeated ids add up. Fails
     /// with [`Error::AxisOutOfRange`], [`Error::InvalidShape`] for ids that are not 1-D, or
     /// [`Error::IndexOutOfRange`] naming the first id past the axis.
-    pub fn try_index_select(&self, axis: impl Dim, ids: &Tensor<'_, i64>) -> Result<Tensor<'s, T>> {
-        let axis = check_axis("index_select", self, axis)?;
+    pub fn try_index_select(&self, axis: impl Dim, ids: &Tensor<'s, i64>) -> Result<Tensor<'s, T>> {
+        self.select_rows("index_select", axis, ids)
+    }
+
+    /// `index_select`, its errors naming `op`.
+    fn select_rows(
+        &self,
+        op: &'static str,
+        axis: impl Dim,
+        ids: &Tensor<'s, i64>,
+    ) -> Result<Tensor<'s, T>> {
+        let axis = check_axis(op, self, axis)?;
         if ids.ndim() != 1 {
             return Err(Error::InvalidShape {
-                op: "index_select",
+                op,
                 shape: Shape::from(ids.shape()),
                 reason: "the ids must be 1-D".into(),
             });
         }
         let len = self.shape()[axis];
-        check_indices("index_select", ids, axis, len)?;
+        check_indices(op, ids, axis, len)?;
         let mut shape = self.shape().to_vec();
         shape[axis] = ids.len();
         let mut out = Tensor::try_rent_in(deeper(&self.scope, &ids.scope), &shape)?;
@@ -65,7 +75,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// # Panics
     /// For a bad axis or id, or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn index_select(&self, axis: impl Dim, ids: &Tensor<'_, i64>) -> Tensor<'s, T> {
+    pub fn index_select(&self, axis: impl Dim, ids: &Tensor<'s, i64>) -> Tensor<'s, T> {
         or_panic(self.try_index_select(axis, ids))
     }
 
@@ -84,7 +94,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     ///     assert_eq!(x.to_vec(), vec![2.0, 2.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5]);
     /// });
     /// ```
-    pub fn try_embedding(&self, ids: &Tensor<'_, i64>) -> Result<Tensor<'s, T>> {
+    pub fn try_embedding(&self, ids: &Tensor<'s, i64>) -> Result<Tensor<'s, T>> {
         let [_, dim] = *self.shape() else {
             return Err(Error::InvalidShape {
                 op: "embedding",
@@ -95,7 +105,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         let mut shape = ids.shape().to_vec();
         shape.push(dim);
         let rows = ids.try_reshape(&[ids.len()])?;
-        self.try_index_select(0, &rows)?.try_reshape(&shape)
+        self.select_rows("embedding", 0, &rows)?.try_reshape(&shape)
     }
 
     /// The rows of this table for `ids`; see [`Tensor::try_embedding`].
@@ -104,7 +114,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// For a table that is not 2-D, an id past the vocabulary, or an exhausted budget, with the
     /// error's message.
     #[track_caller]
-    pub fn embedding(&self, ids: &Tensor<'_, i64>) -> Tensor<'s, T> {
+    pub fn embedding(&self, ids: &Tensor<'s, i64>) -> Tensor<'s, T> {
         or_panic(self.try_embedding(ids))
     }
 
@@ -113,7 +123,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// its length; the result has `index`'s shape. Picking each row's label from `[n, classes]`
     /// scores is `gather(1, &labels.unsqueeze(1))`. Fails with [`Error::AxisOutOfRange`],
     /// [`Error::ShapeMismatch`] naming both shapes, or [`Error::IndexOutOfRange`].
-    pub fn try_gather(&self, axis: impl Dim, index: &Tensor<'_, i64>) -> Result<Tensor<'s, T>> {
+    pub fn try_gather(&self, axis: impl Dim, index: &Tensor<'s, i64>) -> Result<Tensor<'s, T>> {
         let axis = check_axis("gather", self, axis)?;
         let fits = index.ndim() == self.ndim()
             && (0..self.ndim()).all(|d| d == axis || index.shape()[d] <= self.shape()[d]);
@@ -154,7 +164,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// # Panics
     /// For a bad axis, shape or index, or an exhausted budget, with the error's message.
     #[track_caller]
-    pub fn gather(&self, axis: impl Dim, index: &Tensor<'_, i64>) -> Tensor<'s, T> {
+    pub fn gather(&self, axis: impl Dim, index: &Tensor<'s, i64>) -> Tensor<'s, T> {
         or_panic(self.try_gather(axis, index))
     }
 }

@@ -236,7 +236,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// A copy with `value` where `mask` is non-zero (PyTorch's `masked_fill`); the mask broadcasts
     /// to this tensor's shape. The gradient flows to the elements kept. Fails with
     /// [`Error::ShapeMismatch`] if the mask does not broadcast to this shape.
-    pub fn try_masked_fill(&self, mask: &Tensor<'_, u8>, value: T) -> Result<Tensor<'s, T>> {
+    pub fn try_masked_fill(&self, mask: &Tensor<'s, u8>, value: T) -> Result<Tensor<'s, T>> {
         let fits = broadcast_shape("masked_fill", self.shape(), mask.shape())?;
         if fits != self.shape() {
             return Err(Error::ShapeMismatch {
@@ -264,7 +264,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// # Panics
     /// If the mask does not broadcast or the budget is exhausted, with the error's message.
     #[track_caller]
-    pub fn masked_fill(&self, mask: &Tensor<'_, u8>, value: T) -> Tensor<'s, T> {
+    pub fn masked_fill(&self, mask: &Tensor<'s, u8>, value: T) -> Tensor<'s, T> {
         or_panic(self.try_masked_fill(mask, value))
     }
 }

@@ -4,13 +4,23 @@
 //! both shapes; the panicking forms (operators, methods without `try_`) panic with that message.
 //! Outputs are rented from the pool in the deeper of the operands' scopes.
 //!
+//! An axis argument may be negative, counting from the back ([`Dim`]).
+//!
 //! - [`elementwise`][]: `+ - * /` with NumPy broadcasting, scalar forms, negation, `zip_map`.
-//! - [`TensorOps`][]: ops that can write in place: activations, `map`, softmax, layer norm. They are
-//!   implemented for both `Tensor` (in place when the handle is unique) and `&Tensor` (new output).
-//! - [`linalg`][]: matmul (2-D, batched 3-D) and transpose of the last two axes.
-//! - [`reduce`][]: sum and mean along an axis.
-//! - [`shape`][]: concatenation.
+//! - [`TensorOps`][]: ops that can write in place: activations (`relu`, `gelu`, `gelu_erf`, `silu`,
+//!   `sigmoid`, `tanh`), `exp`, `log`, `sqrt`, `abs`, `pow`, `clamp`, `map`, softmax and
+//!   log-softmax, layer and RMS norm. They are implemented for both `Tensor` (in place when the
+//!   handle is unique) and `&Tensor` (new output).
+//! - [`linalg`][]: matmul of ranks 2 and up, the leading axes broadcast.
+//! - [`reduce`][]: sum and mean along an axis or of everything, with or without the axis kept;
+//!   max, min, argmax, argmin along an axis.
+//! - [`shape`][]: concat, stack, narrow, split, chunk, permute, transpose, `t`, squeeze, unsqueeze,
+//!   flatten.
+//! - [`index`][]: embedding and index_select by `i64` ids, gather.
+//! - [`mask`][]: comparisons giving `u8` masks, where_cond, masked_fill, tril, triu.
 //! - [`conv`][]: 2-D convolution (im2col), group normalization, nearest upsampling.
+//! - [`pool2d`][]: max and average pooling.
+//! - [`loss`][]: mean squared error, softmax cross-entropy.
 
 pub mod conv;
 pub mod elementwise;

@@ -168,7 +168,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange), or
     /// [`Error::InvalidShape`](crate::Error::InvalidShape) for an empty axis (no position to give).
     pub fn try_argmax(&self, axis: impl Dim) -> Result<Tensor<'s, i64>> {
-        self.arg_extreme(Extreme::Max, axis, false)
+        self.arg_extreme(Extreme::Max, axis, false, true)
     }
 
     /// The position of the largest value along `axis`; see [`Tensor::try_argmax`].
@@ -183,7 +183,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// The position of the smallest value along `axis`, with that axis removed; as
     /// [`Tensor::try_argmax`] otherwise.
     pub fn try_argmin(&self, axis: impl Dim) -> Result<Tensor<'s, i64>> {
-        self.arg_extreme(Extreme::Min, axis, false)
+        self.arg_extreme(Extreme::Min, axis, false, true)
     }
 
     /// The position of the smallest value along `axis`; see [`Tensor::try_argmin`].
@@ -257,7 +257,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// the gather's rule to exactly those positions.
     fn extreme(&self, which: Extreme, axis: impl Dim, keepdim: bool) -> Result<Tensor<'s, T>> {
         let axis = check_axis(which.op(false), self, axis)?;
-        let at = self.arg_extreme(which, axis, true)?;
+        let at = self.arg_extreme(which, axis, true, false)?;
         let values = self.try_gather(axis, &at)?;
         if keepdim {
             Ok(values)
@@ -267,14 +267,15 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     /// The positions of the extremes along `axis`, as `i64`, keeping the axis with length 1 if
-    /// `keepdim`.
+    /// `keepdim`; errors name the positions' op (`arg`) or the values' op.
     fn arg_extreme(
         &self,
         which: Extreme,
         axis: impl Dim,
         keepdim: bool,
+        arg: bool,
     ) -> Result<Tensor<'s, i64>> {
-        let op = which.op(true);
+        let op = which.op(arg);
         let axis = check_axis(op, self, axis)?;
         let mut shape = self.shape().to_vec();
         if shape[axis] == 0 {

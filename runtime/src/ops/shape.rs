@@ -161,8 +161,8 @@ impl<'s, T: DType> Tensor<'s, T> {
         Ok(out)
     }
 
-    /// Splits `axis` into pieces of `size` positions (the last may be shorter), as PyTorch's
-    /// `split`. Fails with [`Error::AxisOutOfRange`], or [`Error::InvalidShape`] for a size of 0.
+    /// Splits `axis` into pieces of `size` positions (the last may be shorter; one empty piece for
+    /// an empty axis), as PyTorch's `split`. Fails with [`Error::AxisOutOfRange`], or [`Error::InvalidShape`] for a size of 0.
     pub fn try_split(&self, size: usize, axis: impl Dim) -> Result<Vec<Tensor<'s, T>>> {
         let axis = check_axis("split", self, axis)?;
         if size == 0 {
@@ -173,6 +173,10 @@ impl<'s, T: DType> Tensor<'s, T> {
             });
         }
         let full = self.shape()[axis];
+        if full == 0 {
+            // One empty piece, as PyTorch's `split`.
+            return Ok(vec![self.try_narrow(axis, 0, 0)?]);
+        }
         (0..full)
             .step_by(size)
             .map(|start| self.try_narrow(axis, start, size.min(full - start)))
@@ -189,7 +193,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     /// Splits `axis` into `chunks` pieces of equal size (the last may be shorter, and there may be
-    /// fewer when the axis is short), as PyTorch's `chunk`: a fused `[b, t, 3c]` projection gives
+    /// fewer when the axis is short; `chunks` empty pieces for an empty axis), as PyTorch's `chunk`: a fused `[b, t, 3c]` projection gives
     /// q, k and v with `chunk(3, -1)`. Fails with [`Error::AxisOutOfRange`], or
     /// [`Error::InvalidShape`] for 0 chunks.
     pub fn try_chunk(&self, chunks: usize, axis: impl Dim) -> Result<Vec<Tensor<'s, T>>> {
@@ -201,7 +205,11 @@ impl<'s, T: DType> Tensor<'s, T> {
                 reason: "0 chunks".into(),
             });
         }
-        self.try_split(self.shape()[axis].div_ceil(chunks).max(1), axis)
+        match self.shape()[axis] {
+            // `chunks` empty pieces, as PyTorch's `chunk`.
+            0 => (0..chunks).map(|_| self.try_narrow(axis, 0, 0)).collect(),
+            full => self.try_split(full.div_ceil(chunks), axis),
+        }
     }
 
     /// Splits `axis` into `chunks` pieces; see [`Tensor::try_chunk`].

@@ -10,6 +10,29 @@ use crate::element::Element;
 use crate::error::{or_panic, Result};
 use crate::tensor::Tensor;
 
+/// An elementwise function with its rule, as a `try_` method and a panicking one.
+macro_rules! elementwise {
+    ($(#[doc = $doc:literal])* $name:ident $try_name:ident $kind:ident; $($rest:tt)*) => {
+        $(#[doc = $doc])*
+        /// Fails only if an output cannot be rented.
+        fn $try_name(self) -> Result<Tensor<'s, T>> {
+            self.with_arg(|a| unary(a, Unary::$kind))
+        }
+
+        $(#[doc = $doc])*
+        ///
+        /// # Panics
+        /// If the budget is exhausted, with the error's message.
+        #[track_caller]
+        fn $name(self) -> Tensor<'s, T> {
+            or_panic(self.$try_name())
+        }
+
+        elementwise! { $($rest)* }
+    };
+    () => {};
+}
+
 /// Ops that write in place when they can, implemented for both `Tensor` and `&Tensor`.
 ///
 /// On an owned `Tensor` that is the only handle on its buffer, the result overwrites the input and
@@ -110,75 +133,44 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
         or_panic(self.try_map_lanes(axis, kernel))
     }
 
-    /// `max(x, 0)`, with NaN passed through (as in PyTorch). Panics only as [`TensorOps::map`] does.
-    #[track_caller]
-    fn relu(self) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| unary(a, Unary::Relu)))
-    }
-
-    /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (PyTorch's
-    /// `approximate="tanh"`). Panics only as [`TensorOps::map`] does.
-    #[track_caller]
-    fn gelu(self) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| unary(a, Unary::Gelu)))
-    }
-
-    /// SiLU (swish), `x * sigmoid(x)`. Panics only as [`TensorOps::map`] does.
-    #[track_caller]
-    fn silu(self) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| unary(a, Unary::Silu)))
-    }
-
-    /// The logistic sigmoid `1 / (1 + exp(-x))`. Panics only as [`TensorOps::map`] does.
-    #[track_caller]
-    fn sigmoid(self) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| unary(a, Unary::Sigmoid)))
-    }
-
-    /// Hyperbolic tangent. Panics only as [`TensorOps::map`] does.
-    #[track_caller]
-    fn tanh(self) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| unary(a, Unary::Tanh)))
-    }
-
-    /// `e^x`. Panics only as [`TensorOps::map`] does.
-    #[track_caller]
-    fn exp(self) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| unary(a, Unary::Exp)))
-    }
-
-    /// GELU, exact: `x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default
-    /// `F.gelu(x)`; [`TensorOps::gelu`] is the tanh approximation GPT-2 uses). Within 1 ulp of
-    /// the `f64` value before rounding to `T`. Panics only as [`TensorOps::map`] does.
-    #[track_caller]
-    fn gelu_erf(self) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| unary(a, Unary::GeluErf)))
-    }
-
-    /// The natural logarithm (NaN below 0, `-inf` at 0). Panics only as [`TensorOps::map`] does.
-    #[track_caller]
-    fn log(self) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| unary(a, Unary::Log)))
-    }
-
-    /// The square root (NaN below 0). Panics only as [`TensorOps::map`] does.
-    #[track_caller]
-    fn sqrt(self) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| unary(a, Unary::Sqrt)))
-    }
-
-    /// The absolute value; its gradient is the sign (0 at 0, as PyTorch). Panics only as
-    /// [`TensorOps::map`] does.
-    #[track_caller]
-    fn abs(self) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| unary(a, Unary::Abs)))
+    elementwise! {
+        /// `max(x, 0)`, with NaN passed through (as in PyTorch).
+        relu try_relu Relu;
+        /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (PyTorch's
+        /// `approximate="tanh"`, GPT-2's).
+        gelu try_gelu Gelu;
+        /// SiLU (swish), `x * sigmoid(x)`.
+        silu try_silu Silu;
+        /// The logistic sigmoid `1 / (1 + exp(-x))`.
+        sigmoid try_sigmoid Sigmoid;
+        /// Hyperbolic tangent.
+        tanh try_tanh Tanh;
+        /// `e^x`.
+        exp try_exp Exp;
+        /// GELU, exact: `x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default `F.gelu(x)`),
+        /// within 1 ulp of the `f64` value before rounding to `T`.
+        gelu_erf try_gelu_erf GeluErf;
+        /// The natural logarithm (NaN below 0, `-inf` at 0).
+        log try_log Log;
+        /// The square root (NaN below 0).
+        sqrt try_sqrt Sqrt;
+        /// The absolute value; its gradient is the sign (0 at 0, as PyTorch).
+        abs try_abs Abs;
     }
 
     /// Every element to the power `p` (`powf`; a negative base with a fractional power is NaN).
-    /// Panics only as [`TensorOps::map`] does.
+    /// Fails only if an output cannot be rented.
+    fn try_pow(self, p: T) -> Result<Tensor<'s, T>> {
+        self.with_arg(|a| scalar(a, Scalar::Pow, p, move |v| v.powf(p)))
+    }
+
+    /// Every element to the power `p`; see [`TensorOps::try_pow`].
+    ///
+    /// # Panics
+    /// If the budget is exhausted, with the error's message.
     #[track_caller]
     fn pow(self, p: T) -> Tensor<'s, T> {
-        or_panic(self.with_arg(|a| scalar(a, Scalar::Pow, p, move |v| v.powf(p))))
+        or_panic(self.try_pow(p))
     }
 
     /// Every element limited to `[min, max]` (NaN stays NaN, as in PyTorch). The gradient passes

@@ -132,4 +132,14 @@ fn main() {
     // Parameters alone compute inside a scope, bound to it.
     let squared = pool.scope(|s| s.bind(&w).matmul(&w).detach());
     assert_eq!(squared.to_vec(), vec![2.0; 4]);
+    // Ids and masks of an inner scope: the result belongs to that scope and leaves it by escape.
+    pool.scope(|outer| {
+        let table = outer.ones::<f32>(&[4, 3]);
+        let rows = outer.scope(|inner| {
+            let ids = inner.from_slice::<i64>(&[2], &[1, 2]);
+            let mask = inner.ones::<u8>(&[3]);
+            inner.escape(table.index_select(0, &ids).masked_fill(&mask, 0.0))
+        });
+        assert_eq!(rows.to_vec(), vec![0.0; 6]);
+    });
 }
