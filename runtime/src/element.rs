@@ -49,7 +49,22 @@ pub trait DType:
 
 /// A floating-point element type: `f32`, `f64`, [`half::f16`] and [`half::bf16`]. Every op with
 /// arithmetic, and every gradient, is over these.
-pub trait Element: DType + num_traits::Float + std::iter::Sum {}
+pub trait Element: DType + num_traits::Float + std::iter::Sum {
+    /// `tanh` as the ops compute it: for `f32`, `f16` and `bf16` a branch-free kernel that loops
+    /// vectorise (see `ops::kernels`); for `f64`, libm's.
+    #[doc(hidden)]
+    #[inline(always)]
+    fn tanh_kernel(self) -> Self {
+        self.tanh()
+    }
+
+    /// `e^x` as the ops compute it; see [`Element::tanh_kernel`].
+    #[doc(hidden)]
+    #[inline(always)]
+    fn exp_kernel(self) -> Self {
+        self.exp()
+    }
+}
 
 mod sealed {
     pub trait Sealed {}
@@ -101,7 +116,34 @@ dtype!(i64, "i64", |v| v as i64, |s| s as f64, integer);
 dtype!(i32, "i32", |v| v as i32, |s| f64::from(s), integer);
 dtype!(u8, "u8", |v| v as u8, |s| f64::from(s), integer);
 
-impl Element for f32 {}
+impl Element for f32 {
+    #[inline(always)]
+    fn tanh_kernel(self) -> Self {
+        crate::ops::kernels::tanh_f32(self)
+    }
+
+    #[inline(always)]
+    fn exp_kernel(self) -> Self {
+        crate::ops::kernels::exp_f32(self)
+    }
+}
+
 impl Element for f64 {}
-impl Element for half::f16 {}
-impl Element for half::bf16 {}
+
+/// The half types compute through `f32`'s kernels (as `half`'s own `tanh` goes through `f32`).
+macro_rules! half_kernels {
+    ($($t:ty),*) => {$(
+        impl Element for $t {
+            #[inline(always)]
+            fn tanh_kernel(self) -> Self {
+                <$t>::from_f32(crate::ops::kernels::tanh_f32(self.to_f32()))
+            }
+
+            #[inline(always)]
+            fn exp_kernel(self) -> Self {
+                <$t>::from_f32(crate::ops::kernels::exp_f32(self.to_f32()))
+            }
+        }
+    )*};
+}
+half_kernels!(half::f16, half::bf16);

@@ -279,7 +279,7 @@ impl<T: Element> Rule<T> {
                     })?,
                     Unary::Gelu => g.try_zip_map(s(), |g, x| g * ops::gelu_grad(x))?,
                     Unary::Silu => g.try_zip_map(s(), |g, x| {
-                        let sig = T::one() / (T::one() + (-x).exp());
+                        let sig = T::one() / (T::one() + (-x).exp_kernel());
                         g * sig * (T::one() + x * (T::one() - sig))
                     })?,
                     Unary::Sigmoid => g.try_zip_map(s(), |g, y| g * y * (T::one() - y))?,
@@ -464,7 +464,7 @@ impl<T: Element> Rule<T> {
             Rule::CrossEntropy(log_probs, labels) => {
                 let upstream = g.as_slice()[0];
                 let n = T::from_f64(labels.len().max(1) as f64);
-                let mut grad = here(&log_probs).try_map(|lp| lp.exp() / n)?;
+                let mut grad = here(&log_probs).try_map(|lp| lp.exp_kernel() / n)?;
                 let classes = grad.shape().get(1).copied().unwrap_or(1);
                 let rows = grad.unique_slice_mut();
                 for (row, &label) in labels.iter().enumerate() {
@@ -551,5 +551,5 @@ fn log_softmax_lane<T: Element>(
     Zip::from(&mut out)
         .and(&g)
         .and(&y)
-        .for_each(|o, &g, &y| *o = g - y.exp() * total);
+        .for_each(|o, &g, &y| *o = g - y.exp_kernel() * total);
 }

@@ -23,7 +23,7 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 use ndarray::Zip;
 
 use super::unary::{scalar, unary};
-use super::{broadcast_shape, rows, work, Arg, Operand};
+use super::{broadcast_shape, rows, simd, work, Arg, Operand};
 use crate::autograd::{self, Recorder, Rule, Scalar, Unary};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
@@ -161,22 +161,10 @@ fn is_trailing_block(big: &[usize], small: &[usize]) -> bool {
 /// `dst = f(dst, other)` elementwise, `other` broadcast to `dst`'s shape (already checked, and not
 /// empty).
 fn write_over<T: Element>(dst: &mut Tensor<'_, T>, other: &Tensor<'_, T>, f: impl Fn(T, T) -> T) {
-    if dst.shape() == other.shape() {
-        dst.unique_slice_mut()
-            .iter_mut()
-            .zip(other.as_slice())
-            .for_each(|(d, &o)| *d = f(*d, o));
-    } else if is_trailing_block(dst.shape(), other.shape()) {
-        // A row vector (or trailing block) added to every row: contiguous chunks, no index math.
-        let block = other.as_slice();
-        dst.unique_slice_mut()
-            .chunks_exact_mut(block.len())
-            .for_each(|chunk| {
-                chunk
-                    .iter_mut()
-                    .zip(block)
-                    .for_each(|(d, &o)| *d = f(*d, o))
-            });
+    if dst.shape() == other.shape() || is_trailing_block(dst.shape(), other.shape()) {
+        // The same shape, or a row vector (or trailing block) added to every row: contiguous
+        // chunks, no index math.
+        simd::zip_in_place(dst.unique_slice_mut(), other.as_slice(), f);
     } else {
         work::visit(rows(dst.shape()));
         Zip::from(dst.unique_view_mut())

@@ -25,12 +25,14 @@
 pub mod conv;
 pub mod elementwise;
 pub mod index;
+pub(crate) mod kernels;
 pub mod linalg;
 pub mod loss;
 pub mod mask;
 pub mod pool2d;
 pub mod reduce;
 pub mod shape;
+pub(crate) mod simd;
 mod unary;
 
 pub(crate) use conv::{conv2d_backward, upsample_backward};
