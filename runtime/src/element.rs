@@ -58,6 +58,12 @@ pub trait Element: DType + num_traits::Float + std::iter::Sum {
         self.tanh()
     }
 
+    /// Whether large matrix products run on the `gemm` crate (`f32`, `f64`); the others run on
+    /// ndarray's `general_mat_mul` (`matrixmultiply` for `f32`/`f64`, a generic loop for `f16`,
+    /// `bf16`).
+    #[doc(hidden)]
+    const GEMM: bool = false;
+
     /// `e^x` as the ops compute it; see [`Element::tanh_kernel`].
     #[doc(hidden)]
     #[inline(always)]
@@ -117,6 +123,8 @@ dtype!(i32, "i32", |v| v as i32, |s| f64::from(s), integer);
 dtype!(u8, "u8", |v| v as u8, |s| f64::from(s), integer);
 
 impl Element for f32 {
+    const GEMM: bool = true;
+
     #[inline(always)]
     fn tanh_kernel(self) -> Self {
         crate::ops::kernels::tanh_f32(self)
@@ -128,7 +136,9 @@ impl Element for f32 {
     }
 }
 
-impl Element for f64 {}
+impl Element for f64 {
+    const GEMM: bool = true;
+}
 
 /// The half types compute through `f32`'s kernels (as `half`'s own `tanh` goes through `f32`).
 macro_rules! half_kernels {

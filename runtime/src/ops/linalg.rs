@@ -80,7 +80,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             // One right matrix for every left one: `[.., m, k]` is one `[rows, k]` matrix.
             work::visit(1);
             let rows = count(&batch) * m;
-            product(matrix(rows, k, a), matrix(k, n, b), c, rows, n);
+            product(&a[..rows * k], b, c, rows, k, n);
             return Ok(out);
         }
         // The matrix of each operand for output matrix `i`: its index along each batch axis, or 0
@@ -96,13 +96,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                 bi += pos * b_steps[axis];
             }
             let (am, bm) = (&a[ai * m * k..][..m * k], &b[bi * k * n..][..k * n]);
-            product(
-                matrix(m, k, am),
-                matrix(k, n, bm),
-                &mut c[i * m * n..][..m * n],
-                m,
-                n,
-            );
+            product(am, bm, &mut c[i * m * n..][..m * n], m, k, n);
         }
         Ok(out)
     }
@@ -131,13 +125,11 @@ fn batch_steps(own: &[usize], batch: &[usize]) -> Vec<usize> {
 }
 
 /// `c = a b` for an `[m, n]` output slice.
-fn product<T: Element>(
-    a: ArrayView2<'_, T>,
-    b: ArrayView2<'_, T>,
-    c: &mut [T],
-    m: usize,
-    n: usize,
-) {
+fn product<T: Element>(a: &[T], b: &[T], c: &mut [T], m: usize, k: usize, n: usize) {
+    if T::GEMM && m.saturating_mul(k).saturating_mul(n) >= super::gemm::LARGE {
+        return super::gemm::product(a, b, c, (m, k, n), (T::zero(), T::one()));
+    }
+    let (a, b) = (matrix(m, k, a), matrix(k, n, b));
     let mut c = ArrayViewMut2::from_shape((m, n), c).expect("matmul rented an [m, n] output");
     general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
 }

@@ -24,6 +24,7 @@
 
 pub mod conv;
 pub mod elementwise;
+mod gemm;
 pub mod index;
 pub(crate) mod kernels;
 pub mod linalg;

@@ -1,0 +1,48 @@
+//! Matrix products of the reference forwards' shapes: tensorscope's `matmul` (the `gemm` crate)
+//! against ndarray's `general_mat_mul` (`matrixmultiply`, with its threading feature), both on 2
+//! cores, into a preallocated output.
+//!
+//! `cargo bench --bench matmul`
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ndarray::linalg::general_mat_mul;
+use ndarray::Array2;
+use tensorscope::prelude::*;
+
+fn products(c: &mut Criterion) {
+    let mut g = c.benchmark_group("matmul");
+    g.sample_size(20);
+    g.warm_up_time(Duration::from_secs(1));
+    g.measurement_time(Duration::from_secs(4));
+    for (name, m, k, n) in [("M", 256, 1024, 1024), ("E", 16384, 64, 64)] {
+        g.throughput(Throughput::Elements((2 * m * k * n) as u64));
+        let pool = Pool::with_max_memory_mb(512);
+        let (a, b) = pool.scope(|s| {
+            (
+                s.randn::<f32>(&[m, k], 1).detach(),
+                s.randn::<f32>(&[k, n], 2).detach(),
+            )
+        });
+        g.bench_function(BenchmarkId::new("tensorscope_gemm", name), |bench| {
+            bench.iter(|| pool.scope(|s| black_box(s.bind(&a).matmul(&b).as_slice()[0])))
+        });
+        let (a, b) = (
+            a.view().into_dimensionality().unwrap().to_owned(),
+            b.view().into_dimensionality().unwrap().to_owned(),
+        );
+        let mut out = Array2::<f32>::zeros((m, n));
+        g.bench_function(BenchmarkId::new("ndarray_matrixmultiply", name), |bench| {
+            bench.iter(|| {
+                general_mat_mul(1.0, &a, &b, 0.0, &mut out);
+                black_box(out[[0, 0]])
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, products);
+criterion_main!(benches);
