@@ -419,10 +419,11 @@ impl<'s, T: DType> Tensor<'s, T> {
             });
         }
         let recorder = Recorder::of(&[self]);
-        let from = self.shape().to_vec();
         let mut alias = self.alias_in(&self.scope);
         alias.dim = IxDyn(shape);
-        Ok(autograd::finish(recorder, alias, |_| Rule::Reshape(from)))
+        Ok(autograd::finish(recorder, alias, |_| {
+            Rule::Reshape(self.shape().to_vec())
+        }))
     }
 
     /// A zero-copy alias with a new shape; see [`Tensor::try_reshape`].

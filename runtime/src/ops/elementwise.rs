@@ -20,7 +20,7 @@
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
-use ndarray::Zip;
+use ndarray::{Dimension, Zip};
 
 use super::unary::{scalar, unary};
 use super::{broadcast_shape, rows, simd, work, Arg, Operand};
@@ -75,9 +75,10 @@ pub(crate) fn zip_with<'s, T: Element>(
     f: impl Fn(T, T) -> T,
 ) -> Result<Tensor<'s, T>> {
     let shape = broadcast_shape(op.name(), a.tensor().shape(), b.tensor().shape())?;
+    let shape = shape.slice();
     let recorder = Recorder::of(&[a.tensor(), b.tensor()]);
     let rule = recorder.as_ref().map(|_| op.rule(a.tensor(), b.tensor()));
-    let out = zip_kernel(&shape, a, b, f)?;
+    let out = zip_kernel(shape, a, b, f)?;
     Ok(autograd::finish(recorder, out, |_| {
         rule.expect("made when recording")
     }))
@@ -141,9 +142,9 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// buffer. Not recorded: for backward rules.
     pub(crate) fn try_broadcast_to(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
         let out_shape = broadcast_shape("broadcast_to", self.shape(), shape)?;
-        let mut out = Tensor::try_rent_in(&self.scope, &out_shape)?;
+        let mut out = Tensor::try_rent_in(&self.scope, out_shape.slice())?;
         if !out.is_empty() {
-            work::visit(rows(&out_shape));
+            work::visit(rows(out_shape.slice()));
             Zip::from(out.unique_view_mut())
                 .and_broadcast(&self.view())
                 .for_each(|o, &x| *o = x);

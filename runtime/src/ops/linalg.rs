@@ -4,7 +4,7 @@
 //! generic loop for `f16`/`bf16`), writing straight into the rented output.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2};
+use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn};
 
 use super::{broadcast_shape, work, Operand};
 use crate::autograd::{self, Recorder, Rule};
@@ -68,26 +68,29 @@ impl<'s, T: Element> Tensor<'s, T> {
                 Shape::from(b_batch)
             ))
         })?;
-        let mut out_shape = batch.clone();
-        out_shape.extend([m, n]);
-        let mut out = Tensor::try_rent_in(deeper(&self.scope, &other.scope), &out_shape)?;
+        let batch = batch.slice();
+        // Up to 4 axes held inline: no heap allocation.
+        let mut out_shape = IxDyn::zeros(batch.len() + 2);
+        out_shape.slice_mut()[..batch.len()].copy_from_slice(batch);
+        out_shape.slice_mut()[batch.len()..].copy_from_slice(&[m, n]);
+        let mut out = Tensor::try_rent_in(deeper(&self.scope, &other.scope), out_shape.slice())?;
         if out.is_empty() {
             return Ok(out);
         }
         let count = |s: &[usize]| s.iter().product::<usize>();
         let (a, b, c) = (self.as_slice(), other.as_slice(), out.unique_slice_mut());
-        if count(b_batch) == 1 && count(a_batch) == count(&batch) {
+        if count(b_batch) == 1 && count(a_batch) == count(batch) {
             // One right matrix for every left one: `[.., m, k]` is one `[rows, k]` matrix.
             work::visit(1);
-            let rows = count(&batch) * m;
+            let rows = count(batch) * m;
             product(&a[..rows * k], b, c, rows, k, n);
             return Ok(out);
         }
         // The matrix of each operand for output matrix `i`: its index along each batch axis, or 0
         // along an axis the operand broadcasts.
-        let (a_steps, b_steps) = (batch_steps(a_batch, &batch), batch_steps(b_batch, &batch));
-        work::visit(count(&batch));
-        for i in 0..count(&batch) {
+        let (a_steps, b_steps) = (batch_steps(a_batch, batch), batch_steps(b_batch, batch));
+        work::visit(count(batch));
+        for i in 0..count(batch) {
             let (mut ai, mut bi, mut rest) = (0, 0, i);
             for axis in (0..batch.len()).rev() {
                 let pos = rest % batch[axis];

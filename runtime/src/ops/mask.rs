@@ -16,7 +16,7 @@
 //! });
 //! ```
 
-use ndarray::Zip;
+use ndarray::{Dimension, Zip};
 
 use super::{broadcast_shape, rows, work};
 use crate::autograd::{self, Recorder, Rule};
@@ -75,9 +75,10 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// carry no gradient. Fails with [`Error::ShapeMismatch`] if the shapes do not broadcast.
     pub fn try_cmp(&self, other: &Tensor<'s, T>, cmp: Cmp) -> Result<Tensor<'s, u8>> {
         let shape = broadcast_shape("cmp", self.shape(), other.shape())?;
-        let mut out = Tensor::<u8>::try_rent_in(deeper(&self.scope, &other.scope), &shape)?;
+        let shape = shape.slice();
+        let mut out = Tensor::<u8>::try_rent_in(deeper(&self.scope, &other.scope), shape)?;
         if !out.is_empty() {
-            work::visit(rows(&shape));
+            work::visit(rows(shape));
             Zip::from(out.unique_view_mut())
                 .and_broadcast(&self.view())
                 .and_broadcast(&other.view())
@@ -196,12 +197,13 @@ impl<'s> Tensor<'s, u8> {
         on_false: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
         let shape = broadcast_shape("where_cond", on_true.shape(), on_false.shape())?;
-        let shape = broadcast_shape("where_cond", self.shape(), &shape)?;
+        let shape = broadcast_shape("where_cond", self.shape(), shape.slice())?;
+        let shape = shape.slice();
         let scope = deeper(deeper(&self.scope, &on_true.scope), &on_false.scope);
         let recorder = Recorder::of(&[on_true, on_false]);
-        let mut out = Tensor::try_rent_in(scope, &shape)?;
+        let mut out = Tensor::try_rent_in(scope, shape)?;
         if !out.is_empty() {
-            work::visit(rows(&shape));
+            work::visit(rows(shape));
             Zip::from(out.unique_view_mut())
                 .and_broadcast(&self.view())
                 .and_broadcast(&on_true.view())
@@ -238,7 +240,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// [`Error::ShapeMismatch`] if the mask does not broadcast to this shape.
     pub fn try_masked_fill(&self, mask: &Tensor<'s, u8>, value: T) -> Result<Tensor<'s, T>> {
         let fits = broadcast_shape("masked_fill", self.shape(), mask.shape())?;
-        if fits != self.shape() {
+        if fits.slice() != self.shape() {
             return Err(Error::ShapeMismatch {
                 op: "masked_fill",
                 lhs: Shape::from(self.shape()),

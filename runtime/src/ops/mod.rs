@@ -41,6 +41,8 @@ pub use mask::Cmp;
 pub use unary::TensorOps;
 pub(crate) use unary::{gelu_erf_grad, gelu_grad, norm_backward_lane, scalar_op, unary_op};
 
+use ndarray::{Dimension, IxDyn};
+
 use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
 use crate::param::Param;
@@ -193,12 +195,13 @@ impl<'s, T: Element> Arg<'_, 's, T> {
     /// A tensor to write the result into: the operand itself if it can be written in place, else a
     /// fresh rent of the same shape holding a copy.
     pub(crate) fn into_writable_copy(self) -> Result<Tensor<'s, T>> {
-        let shape = self.tensor().shape().to_vec();
-        match self.into_writable(&shape) {
+        let shape = IxDyn(self.tensor().shape());
+        let shape = shape.slice();
+        match self.into_writable(shape) {
             Ok(t) => Ok(t),
             Err(src) => {
                 let src = src.tensor();
-                let mut out = Tensor::try_rent_in(&src.scope, &shape)?;
+                let mut out = Tensor::try_rent_in(&src.scope, shape)?;
                 out.unique_slice_mut().copy_from_slice(src.as_slice());
                 Ok(out)
             }
@@ -207,23 +210,29 @@ impl<'s, T: Element> Arg<'_, 's, T> {
 }
 
 /// The NumPy broadcast of two shapes: axes aligned from the right, each pair equal or one of them 1.
-pub(crate) fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+/// An `IxDyn`, which holds up to 4 axes without a heap allocation (`.slice()` for the lengths).
+pub(crate) fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<IxDyn> {
     let n = a.len().max(b.len());
     let at = |s: &[usize], i: usize| (i + s.len()).checked_sub(n).map_or(1, |j| s[j]);
-    (0..n)
-        .map(|i| match (at(a, i), at(b, i)) {
-            (x, y) if x == y || y == 1 => Ok(x),
-            (1, y) => Ok(y),
-            (x, y) => Err(Error::ShapeMismatch {
-                op,
-                lhs: Shape::from(a),
-                rhs: Shape::from(b),
-                reason: format!(
-                    "cannot broadcast: axis {i} of the result has lengths {x} and {y}, neither is 1"
-                ),
-            }),
-        })
-        .collect()
+    let mut shape = IxDyn::zeros(n);
+    for i in 0..n {
+        shape[i] = match (at(a, i), at(b, i)) {
+            (x, y) if x == y || y == 1 => x,
+            (1, y) => y,
+            (x, y) => {
+                return Err(Error::ShapeMismatch {
+                    op,
+                    lhs: Shape::from(a),
+                    rhs: Shape::from(b),
+                    reason: format!(
+                        "cannot broadcast: axis {i} of the result has lengths {x} and {y}, neither \
+                         is 1"
+                    ),
+                })
+            }
+        };
+    }
+    Ok(shape)
 }
 
 /// Whether `x` replaces `best` as the extreme so far (the max if `max`, else the min), as PyTorch's
@@ -285,13 +294,11 @@ mod tests {
 
     #[test]
     fn broadcast_follows_numpy() {
-        assert_eq!(broadcast_shape("t", &[2, 3], &[3]).unwrap(), vec![2, 3]);
-        assert_eq!(
-            broadcast_shape("t", &[4, 1, 3], &[5, 1]).unwrap(),
-            vec![4, 5, 3]
-        );
-        assert_eq!(broadcast_shape("t", &[], &[2]).unwrap(), vec![2]);
-        assert_eq!(broadcast_shape("t", &[0, 3], &[1, 3]).unwrap(), vec![0, 3]);
+        let b = |a: &[usize], b: &[usize]| broadcast_shape("t", a, b).unwrap().slice().to_vec();
+        assert_eq!(b(&[2, 3], &[3]), vec![2, 3]);
+        assert_eq!(b(&[4, 1, 3], &[5, 1]), vec![4, 5, 3]);
+        assert_eq!(b(&[], &[2]), vec![2]);
+        assert_eq!(b(&[0, 3], &[1, 3]), vec![0, 3]);
         let err = broadcast_shape("add", &[2, 3], &[2]).unwrap_err();
         assert_eq!(
             err.to_string(),

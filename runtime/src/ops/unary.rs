@@ -565,15 +565,16 @@ pub(crate) fn scalar<'s, T: Element>(
 }
 
 fn map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
-    let shape = src.tensor().shape().to_vec();
-    match src.into_writable(&shape) {
+    let shape = ndarray::IxDyn(src.tensor().shape());
+    let shape = ndarray::Dimension::slice(&shape);
+    match src.into_writable(shape) {
         Ok(mut t) => {
             simd::map_in_place(t.unique_slice_mut(), f);
             Ok(t)
         }
         Err(src) => {
             let src = src.tensor();
-            let mut out = Tensor::try_rent_in(&src.scope, &shape)?;
+            let mut out = Tensor::try_rent_in(&src.scope, shape)?;
             simd::map_into(out.unique_slice_mut(), src.as_slice(), f);
             Ok(out)
         }
