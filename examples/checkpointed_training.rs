@@ -12,16 +12,17 @@
 //! peak is its own; the rows take turns, five steps at a time, so their times are comparable on a
 //! machine whose speed drifts.
 
-use std::time::Instant;
-
 use indicatif::{ProgressBar, ProgressStyle};
-use tensorscope::nn::{Adam, Optimizer};
+use tensorscope::nn::Adam;
 use tensorscope::prelude::*;
-use tensorscope::{CheckpointConfig, Checkpointer, Gradients, Policy, Precision};
+use tensorscope::{CheckpointConfig, Checkpointer, Policy, Precision};
 
+#[path = "common/measured_training.rs"]
+mod measured_training;
 #[path = "common/pre_norm_mlp.rs"]
 mod pre_norm_mlp;
 
+use measured_training::{Measured, CHUNK};
 use pre_norm_mlp::Model;
 
 struct Args {
@@ -69,13 +70,8 @@ struct Trainer {
     adam: Adam,
     ckpt: Option<Checkpointer>,
     teacher: Param,
-    times: Vec<f64>,
-    losses: Vec<f32>,
-    peak: usize,
+    measured: Measured,
 }
-
-/// Steps a row runs before the next row takes its turn.
-const CHUNK: usize = 5;
 
 impl Trainer {
     fn new(a: &Args, name: &'static str, config: Option<CheckpointConfig>) -> Self {
@@ -87,61 +83,38 @@ impl Trainer {
             ckpt: config.map(Checkpointer::new),
             teacher: pool.scope(|s| (s.randn::<f32>(&[a.width, a.width], 7) * 0.2).detach()),
             pool,
-            times: Vec::new(),
-            losses: Vec::new(),
-            peak: 0,
+            measured: Measured::default(),
         }
     }
 
-    /// Steps `steps` (Adam on batch `step` each). The gradients live in a scope around them and
-    /// are zeroed after each update, so after the first step they hold their memory as the
-    /// parameters and Adam's moments do: from the second step on, what a step rents beyond them
-    /// is activations, and that step is measured.
+    /// Adam steps on batches `steps`, measured (see [`Measured::run`]).
     fn run(&mut self, a: &Args, steps: std::ops::Range<usize>) {
-        let first = steps.start;
-        let pool = self.pool.clone();
-        pool.scope(|outer| {
-            let mut grads = Gradients::new(outer);
-            for step in steps {
-                let baseline = pool.stats().bytes_in_use;
-                pool.reset_peak();
-                let started = Instant::now();
-                let loss = outer.scope(|s| {
-                    // The batch and its target are made outside the training scope: the teacher
-                    // is not trained, so it must not be a leaf of the graph.
-                    let x = s.randn::<f32>(&[a.batch, a.width], 1000 + step as u64);
-                    let target = x.matmul(&self.teacher).tanh();
-                    s.train(|t| {
-                        let x = t.rebind(&x);
-                        let y = match self.ckpt.as_mut() {
-                            Some(ckpt) => self.model.forward(ckpt, x),
-                            None => self.model.forward_plain(x),
-                        };
-                        let loss = y.mse(&target);
-                        loss.backward_into(&mut grads)
-                            .unwrap_or_else(|e| panic!("{}: {e}", self.name));
-                        loss.item()
-                    })
-                });
-                self.adam
-                    .step(&mut self.model, &grads)
-                    .unwrap_or_else(|e| panic!("{}: {e}", self.name));
-                grads
-                    .zero()
-                    .unwrap_or_else(|e| panic!("{}: {e}", self.name));
-                if step > first && step > 1 {
-                    self.times.push(started.elapsed().as_secs_f64() * 1e3);
-                    self.peak = self.peak.max(pool.stats().peak_bytes_in_use - baseline);
-                }
-                self.losses.push(loss);
-            }
+        let Trainer {
+            name,
+            pool,
+            model,
+            adam,
+            ckpt,
+            teacher,
+            measured,
+        } = self;
+        measured.run(name, pool, model, adam, steps, |model, s, step, grads| {
+            // The batch and its target are made outside the training scope: the teacher is not
+            // trained, so it must not be a leaf of the graph.
+            let x = s.randn::<f32>(&[a.batch, a.width], 1000 + step as u64);
+            let target = x.matmul(teacher).tanh();
+            s.train(|t| {
+                let x = t.rebind(&x);
+                let y = match ckpt.as_mut() {
+                    Some(ckpt) => model.forward(ckpt, x),
+                    None => model.forward_plain(x),
+                };
+                let loss = y.mse(&target);
+                loss.backward_into(grads)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                loss.item()
+            })
         });
-    }
-
-    fn median_ms(&self) -> f64 {
-        let mut times = self.times.clone();
-        times.sort_by(f64::total_cmp);
-        times[times.len() / 2]
     }
 
     fn stored(&self) -> usize {
@@ -193,7 +166,7 @@ fn main() {
     }
     bar.finish();
 
-    let base = &rows[0];
+    let base = &rows[0].measured;
     println!(
         "\n{:<10} {:>14} {:>9} {:>14} {:>12} {:>8} {:>11} {:>11}",
         "policy",
@@ -206,16 +179,17 @@ fn main() {
         "final loss"
     );
     for r in &rows {
+        let m = &r.measured;
         println!(
             "{:<10} {:>14} {:>8.2}x {:>14} {:>9.1} ms {:>7.2}x {:>11.5} {:>11.5}",
             r.name,
-            r.peak,
-            r.peak as f64 / base.peak as f64,
+            m.peak,
+            m.peak as f64 / base.peak as f64,
             r.stored(),
-            r.median_ms(),
-            r.median_ms() / base.median_ms(),
-            r.losses[0],
-            r.losses[r.losses.len() - 1]
+            m.median_ms(),
+            m.median_ms() / base.median_ms(),
+            m.losses[0],
+            m.losses[m.losses.len() - 1]
         );
     }
     println!(
@@ -223,8 +197,9 @@ fn main() {
          beyond the parameters, gradients and optimizer state."
     );
     for r in &rows {
+        let losses = &r.measured.losses;
         assert!(
-            r.losses[r.losses.len() - 1] < r.losses[0],
+            losses[losses.len() - 1] < losses[0],
             "{}: the loss must decrease",
             r.name
         );

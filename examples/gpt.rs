@@ -13,14 +13,18 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use tensorscope::nn::{Adam, Optimizer, SafeTensorsFile};
+use tensorscope::nn::{Adam, SafeTensorsFile};
 use tensorscope::prelude::*;
-use tensorscope::{CheckpointConfig, Checkpointer, Gradients, Policy};
+use tensorscope::{CheckpointConfig, Checkpointer, Policy};
 
 #[path = "common/gpt.rs"]
 mod gpt;
 
+#[path = "common/measured_training.rs"]
+mod measured_training;
+
 use gpt::{Config, Gpt};
+use measured_training::{Measured, CHUNK};
 
 struct Args {
     weights: PathBuf,
@@ -143,9 +147,7 @@ struct Row {
     model: Gpt,
     ckpt: Option<Checkpointer>,
     adam: Adam,
-    losses: Vec<f32>,
-    times: Vec<f64>,
-    peak: usize,
+    measured: Measured,
 }
 
 /// A batch of the synthetic task: sequences counting up by a stride (mod the vocabulary), so the
@@ -191,9 +193,7 @@ fn train_table(a: &Args) {
             pool,
             ckpt,
             adam: Adam::new(3e-3),
-            losses: Vec::new(),
-            times: Vec::new(),
-            peak: 0,
+            measured: Measured::default(),
         }
     })
     .collect();
@@ -207,75 +207,51 @@ fn train_table(a: &Args) {
             row.run(&config, rows, start..(start + CHUNK).min(a.steps));
         }
     }
-    let base_peak = runs[0].peak as f64;
-    let base_ms = runs[0].median_ms();
+    let base_peak = runs[0].measured.peak as f64;
+    let base_ms = runs[0].measured.median_ms();
     println!(
         "\n{:<8} {:>14} {:>8} {:>12} {:>8} {:>11} {:>11}",
         "policy", "peak act. B", "vs none", "median step", "vs none", "first loss", "final loss"
     );
     for r in &runs {
+        let m = &r.measured;
         println!(
             "{:<8} {:>14} {:>7.2}x {:>9.2} ms {:>7.2}x {:>11.4} {:>11.4}",
             r.name,
-            r.peak,
-            r.peak as f64 / base_peak,
-            r.median_ms(),
-            r.median_ms() / base_ms,
-            r.losses[0],
-            r.losses[r.losses.len() - 1]
+            m.peak,
+            m.peak as f64 / base_peak,
+            m.median_ms(),
+            m.median_ms() / base_ms,
+            m.losses[0],
+            m.losses[m.losses.len() - 1]
         );
     }
 }
 
-/// Steps a row runs before the next row takes its turn.
-const CHUNK: usize = 5;
-
 impl Row {
-    /// Adam steps on batches `steps`. The gradients live in a scope around them and are zeroed
-    /// after each update, so after a chunk's first step what a step rents beyond them, the
-    /// parameters and Adam's moments is activations: those steps are measured.
+    /// Adam steps on batches `steps`, measured (see [`Measured::run`]).
     fn run(&mut self, config: &Config, rows: usize, steps: std::ops::Range<usize>) {
-        let pool = self.pool.clone();
-        let first = steps.start;
-        pool.scope(|outer| {
-            let mut grads = Gradients::new(outer);
-            for step in steps {
-                let ids = batch(config, rows, step);
-                let baseline = pool.stats().bytes_in_use;
-                pool.reset_peak();
-                let started = Instant::now();
-                let loss = outer.scope(|s| {
-                    let ids = s.from_slice::<i64>(&[rows, config.n_ctx], &ids);
-                    s.train(|t| {
-                        let ids = t.rebind(&ids);
-                        let logits = match self.ckpt.as_mut() {
-                            Some(ckpt) => self.model.forward_checkpointed(ckpt, &ids),
-                            None => self.model.forward(&ids),
-                        };
-                        let loss = Gpt::loss(&logits, &ids);
-                        loss.backward_into(&mut grads)
-                            .unwrap_or_else(|e| panic!("{}: {e}", self.name));
-                        loss.item()
-                    })
-                });
-                self.adam
-                    .step(&mut self.model, &grads)
-                    .unwrap_or_else(|e| panic!("{}: {e}", self.name));
-                grads
-                    .zero()
-                    .unwrap_or_else(|e| panic!("{}: {e}", self.name));
-                if step > first && step > 1 {
-                    self.times.push(started.elapsed().as_secs_f64() * 1e3);
-                    self.peak = self.peak.max(pool.stats().peak_bytes_in_use - baseline);
-                }
-                self.losses.push(loss);
-            }
+        let Row {
+            name,
+            pool,
+            model,
+            ckpt,
+            adam,
+            measured,
+        } = self;
+        measured.run(name, pool, model, adam, steps, |model, s, step, grads| {
+            let ids = s.from_slice::<i64>(&[rows, config.n_ctx], &batch(config, rows, step));
+            s.train(|t| {
+                let ids = t.rebind(&ids);
+                let logits = match ckpt.as_mut() {
+                    Some(ckpt) => model.forward_checkpointed(ckpt, &ids),
+                    None => model.forward(&ids),
+                };
+                let loss = Gpt::loss(&logits, &ids);
+                loss.backward_into(grads)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                loss.item()
+            })
         });
-    }
-
-    fn median_ms(&self) -> f64 {
-        let mut times = self.times.clone();
-        times.sort_by(f64::total_cmp);
-        times[times.len() / 2]
     }
 }
