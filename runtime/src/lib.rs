@@ -45,6 +45,7 @@ pub mod ops;
 mod param;
 mod pool;
 mod scope;
+mod storage;
 mod tensor;
 
 pub use autograd::Gradients;

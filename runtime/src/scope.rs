@@ -52,7 +52,8 @@ impl ScopeStats {
 
 /// The shared state behind a [`Scope`]; tensors keep it alive for their accounting.
 pub(crate) struct ScopeState {
-    pool: Pool,
+    /// `None` only while the state waits in this thread's spares (see [`recycle`]).
+    pool: Option<Pool>,
     parent: Option<Rc<ScopeState>>,
     depth: usize,
     /// When the scope was made, in this thread's order of making scopes. Scopes on a thread nest
@@ -81,7 +82,7 @@ impl ScopeState {
 
     /// The state of a new child of `parent`, with an extra byte limit if `budget` is given.
     pub(crate) fn child(parent: &Rc<ScopeState>, budget: Option<usize>) -> Rc<ScopeState> {
-        ScopeState::new(&parent.pool, Some(parent), budget)
+        ScopeState::new(parent.pool(), Some(parent), budget)
     }
 
     fn new(pool: &Pool, parent: Option<&Rc<ScopeState>>, budget: Option<usize>) -> Rc<ScopeState> {
@@ -92,8 +93,8 @@ impl ScopeState {
                 used: Cell::new(0),
             })
         }));
-        Rc::new(ScopeState {
-            pool: pool.clone(),
+        let state = ScopeState {
+            pool: Some(pool.clone()),
             parent: parent.cloned(),
             depth: parent.map_or(1, |p| p.depth + 1),
             opened: NEXT_OPENED.replace(NEXT_OPENED.get() + 1),
@@ -101,7 +102,17 @@ impl ScopeState {
             stats: Cell::default(),
             last_child: Cell::new(None),
             budgets,
-        })
+        };
+        match SPARE_STATES.try_with(|spares| spares.borrow_mut().pop()) {
+            Ok(Some(mut spare)) => match Rc::get_mut(&mut spare) {
+                Some(slot) => {
+                    *slot = state;
+                    spare
+                }
+                None => Rc::new(state),
+            },
+            _ => Rc::new(state),
+        }
     }
 
     /// Fails with [`Error::ScopeBudgetExceeded`] if renting `shape` of `T` here would pass a budget.
@@ -137,7 +148,9 @@ impl ScopeState {
     }
 
     pub(crate) fn pool(&self) -> &Pool {
-        &self.pool
+        self.pool
+            .as_ref()
+            .expect("only a spare state, which no scope or tensor holds, has no pool")
     }
 
     /// Whether a buffer this scope owns should be counted in `target` when one of its handles is
@@ -316,6 +329,29 @@ thread_local! {
     static OPEN: RefCell<Vec<Rc<ScopeState>>> = const { RefCell::new(Vec::new()) };
     /// The `opened` number of the next scope made on this thread.
     static NEXT_OPENED: Cell<u64> = const { Cell::new(1) };
+    /// States of ended scopes that nothing held any more, reused by the next scopes made here so
+    /// that a steady-state forward allocates none (see [`recycle`]).
+    static SPARE_STATES: RefCell<Vec<Rc<ScopeState>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Spare scope states kept per thread: as many as scopes nest deep in a forward is plenty.
+const SPARE_STATES_KEPT: usize = 64;
+
+/// Keeps the allocation of an ended scope's state for a later scope, if nothing else holds it (a
+/// tensor that outlived its scope through `mem::forget` still does, and keeps it).
+fn recycle(mut state: Rc<ScopeState>) {
+    if let Some(spare) = Rc::get_mut(&mut state) {
+        // Holding nothing: neither a pool (whose idle buffers it would keep) nor a parent.
+        spare.pool = None;
+        spare.parent = None;
+        spare.budgets.clear();
+        let _ = SPARE_STATES.try_with(|spares| {
+            let mut spares = spares.borrow_mut();
+            if spares.len() < SPARE_STATES_KEPT {
+                spares.push(state);
+            }
+        });
+    }
 }
 
 /// Closes this thread's innermost open scope when `run` ends, by return or by unwinding.
@@ -325,6 +361,7 @@ impl Drop for Opened {
     fn drop(&mut self) {
         if let Some(state) = OPEN.with_borrow_mut(Vec::pop) {
             state.closed.set(true);
+            recycle(state);
         }
     }
 }
@@ -352,7 +389,7 @@ pub(crate) fn run<'p, R>(
 
 /// The pool of the innermost scope open on this thread, or [`Pool::global`] if none is.
 pub fn current_pool() -> Pool {
-    OPEN.with_borrow(|open| open.last().map(|s| s.pool.clone()))
+    OPEN.with_borrow(|open| open.last().map(|s| s.pool().clone()))
         .unwrap_or_else(|| Pool::global().clone())
 }
 
@@ -488,7 +525,7 @@ impl<'s, 'p> Scope<'s, 'p> {
 
     /// The pool this scope rents from.
     pub fn pool(&self) -> &Pool {
-        &self.state.pool
+        self.state.pool()
     }
 
     /// Nesting depth: 1 for an outermost scope.

@@ -14,6 +14,7 @@ use crate::error::{or_panic, Error, Result, Shape};
 use crate::param::Param;
 use crate::pool::{element_count, PoolBuffer};
 use crate::scope::ScopeState;
+use crate::storage::{Rented, Storage};
 
 /// An n-dimensional array of `T` in a pooled buffer, usable while the scope with brand `'s` is open.
 ///
@@ -112,37 +113,12 @@ pub struct Tensor<'s, T: DType = f32> {
 }
 
 /// Where a tensor's elements are.
+#[derive(Clone)]
 enum Data<T: DType> {
     /// A buffer rented in a scope, which accounts for it.
-    Rented(Rc<Storage<T>>),
+    Rented(Rented<T>),
     /// A parameter's buffer, bound into a scope: shared, read-only, accounted to no scope.
     Bound(Arc<PoolBuffer<T>>),
-}
-
-impl<T: DType> Clone for Data<T> {
-    fn clone(&self) -> Self {
-        match self {
-            Data::Rented(s) => Data::Rented(Rc::clone(s)),
-            Data::Bound(b) => Data::Bound(Arc::clone(b)),
-        }
-    }
-}
-
-/// A rented buffer and the scope whose accounting it belongs to.
-struct Storage<T: DType> {
-    buf: PoolBuffer<T>,
-    owner: RefCell<Rc<ScopeState>>,
-    /// The buffer was moved into a [`Param`] ([`Tensor::detach`]): its owner counted the escape.
-    detached: bool,
-}
-
-impl<T: DType> Drop for Storage<T> {
-    fn drop(&mut self) {
-        if !self.detached {
-            self.owner.borrow().on_release(self.buf.allocated_bytes());
-        }
-        // `buf` drops next and returns to its pool.
-    }
 }
 
 impl<'s, T: DType> Tensor<'s, T> {
@@ -167,9 +143,9 @@ impl<'s, T: DType> Tensor<'s, T> {
     fn of_buffer(scope: &Rc<ScopeState>, buf: PoolBuffer<T>, shape: &[usize]) -> Self {
         scope.on_rent(buf.allocated_bytes());
         Tensor {
-            data: Data::Rented(Rc::new(Storage {
+            data: Data::Rented(Rented::new(Storage {
                 buf,
-                owner: RefCell::new(Rc::clone(scope)),
+                charged_to: RefCell::new(Rc::clone(scope)),
                 detached: false,
             })),
             scope: Rc::clone(scope),
@@ -244,7 +220,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     pub(crate) fn move_accounting(&self, target: &Rc<ScopeState>) {
         if let Data::Rented(storage) = &self.data {
             let bytes = storage.buf.allocated_bytes();
-            let mut owner = storage.owner.borrow_mut();
+            let mut owner = storage.charged_to.borrow_mut();
             if owner.hands_over_to(target) {
                 owner.on_escape(bytes);
                 target.on_adopt(bytes);
@@ -303,7 +279,8 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// The buffer of a tensor that was just rented (or checked unique) and so has no alias.
     pub(crate) fn unique_slice_mut(&mut self) -> &mut [T] {
         match &mut self.data {
-            Data::Rented(storage) => Rc::get_mut(storage)
+            Data::Rented(storage) => storage
+                .get_mut()
                 .map(|s| &mut *s.buf)
                 .expect("a freshly rented tensor has no alias"),
             Data::Bound(_) => unreachable!("a bound parameter is never unique, so never written"),
@@ -375,7 +352,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         if !self.is_unique() {
             // The copy is the same value, so it is owned where the original is.
             let owner = match &self.data {
-                Data::Rented(storage) => Rc::clone(&storage.owner.borrow()),
+                Data::Rented(storage) => Rc::clone(&storage.charged_to.borrow()),
                 Data::Bound(_) => Rc::clone(&self.scope),
             };
             let mut copy = Tensor::<T>::try_rent_in(&owner, self.shape())?;
@@ -473,7 +450,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// bound to a parameter never is: its buffer is the parameter's.
     pub fn is_unique(&self) -> bool {
         match &self.data {
-            Data::Rented(storage) => Rc::strong_count(storage) == 1,
+            Data::Rented(storage) => storage.handles() == 1,
             Data::Bound(_) => false,
         }
     }
@@ -481,7 +458,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// Whether `self` and `other` are handles on the same buffer.
     pub fn shares_buffer_with(&self, other: &Tensor<'_, T>) -> bool {
         match (&self.data, &other.data) {
-            (Data::Rented(a), Data::Rented(b)) => Rc::ptr_eq(a, b),
+            (Data::Rented(a), Data::Rented(b)) => a.same(b),
             (Data::Bound(a), Data::Bound(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
@@ -499,10 +476,10 @@ impl<'s, T: DType> Tensor<'s, T> {
     pub fn try_detach(self) -> Result<Param<T>> {
         match self.data {
             Data::Bound(buf) => Ok(Param::from_shared(buf, self.dim.slice())),
-            Data::Rented(storage) => match Rc::try_unwrap(storage) {
+            Data::Rented(storage) => match storage.into_unique() {
                 Ok(mut storage) => {
                     let bytes = storage.buf.allocated_bytes();
-                    storage.owner.borrow().on_detach(bytes);
+                    storage.charged_to.borrow().on_detach(bytes);
                     storage.detached = true;
                     let empty = PoolBuffer::empty(storage.buf.pool());
                     let buf = std::mem::replace(&mut storage.buf, empty);
