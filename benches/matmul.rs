@@ -1,6 +1,6 @@
-//! Matrix products of the reference forwards' shapes: tensorscope's `matmul` (the `gemm` crate)
-//! against ndarray's `general_mat_mul` (`matrixmultiply`, with its threading feature), both on 2
-//! cores, into a preallocated output.
+//! Matrix products of the reference forwards' shapes: tensorscope's `matmul` (its own packed FMA
+//! kernels, `runtime/src/ops/gemm.rs`) against ndarray's `general_mat_mul` (`matrixmultiply`, with
+//! its threading feature), both on every core, into a preallocated output.
 //!
 //! `cargo bench --bench matmul`
 
@@ -26,7 +26,7 @@ fn products(c: &mut Criterion) {
                 s.randn::<f32>(&[k, n], 2).detach(),
             )
         });
-        g.bench_function(BenchmarkId::new("tensorscope_gemm", name), |bench| {
+        g.bench_function(BenchmarkId::new("tensorscope", name), |bench| {
             bench.iter(|| pool.scope(|s| black_box(s.bind(&a).matmul(&b).as_slice()[0])))
         });
         let (a, b) = (

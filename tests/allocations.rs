@@ -1,14 +1,17 @@
-//! Heap allocations per steady-state forward, counted by a global allocator (a count,
-//! not a time): every tensor comes from the pool, so what remains is what the kernels and the
-//! bookkeeping allocate on their own.
+//! Heap allocations per steady-state forward and training step, counted by a global allocator (a
+//! count, not a time).
 
+#[path = "../examples/common/pre_norm_mlp.rs"]
+mod pre_norm_mlp;
 #[path = "../examples/common/reference_model.rs"]
 mod reference_model;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use tensorscope::nn::{Adam, Optimizer};
 use tensorscope::prelude::*;
+use tensorscope::{CheckpointConfig, Checkpointer, Gradients, Policy};
 
 /// The system allocator, counting allocations made on any thread.
 struct Counting;
@@ -42,6 +45,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// Held while counting: the count includes every thread's allocations, so tests count one at a time.
+static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Blocks per counted forward: the count is per block (each block runs the same ops), and two keep
 /// the test quick in a debug build.
 const BLOCKS: usize = 2;
@@ -49,6 +55,7 @@ const BLOCKS: usize = 2;
 /// Allocations made by the third of three forwards of `BLOCKS` blocks of `shape` (the first fills
 /// the pool).
 fn per_forward(shape: reference_model::Shape) -> usize {
+    let _alone = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let pool = Pool::with_max_memory_mb(512);
     let w = shape.width;
     let param =
@@ -70,20 +77,68 @@ fn per_forward(shape: reference_model::Shape) -> usize {
     ALLOCATIONS.load(Ordering::Relaxed) - before
 }
 
-/// Not zero yet (issue 16). Per block: its scope's state, the reference-counted storage record of
-/// each tensor it rents (the two products' outputs; the other ops write in place), and each
-/// product's packing buffer: 5 on E (`matrixmultiply`); 9 on M, whose large products run on the
-/// `gemm` crate (1.4x faster), which also allocates rayon's jobs. Shapes are held inline, not in
-/// `Vec`s (12 and 16 before). The counts may only go down; lower the bounds with them.
+/// Every tensor's buffer comes from the pool, its reference-counted record and its scope's state
+/// from per-thread spares, and the matrix products pack into per-thread buffers and split over
+/// parked worker threads: nothing is allocated once the first forwards have warmed these up.
 #[test]
-fn steady_state_forwards_allocate_no_more_than_measured() {
+fn steady_state_forwards_allocate_nothing() {
     let e = per_forward(reference_model::E);
     let m = per_forward(reference_model::M);
-    println!("allocations per steady-state forward of {BLOCKS} blocks: E {e}, M {m}");
+    assert_eq!(
+        (e, m),
+        (0, 0),
+        "heap allocations per steady-state forward of {BLOCKS} blocks (E, M)"
+    );
+}
+
+/// Allocations made by the fourth of four training steps (forward, backward into kept gradients,
+/// Adam) of a pre-norm MLP of `BLOCKS` blocks, with a `#[checkpoint]` policy or without.
+fn per_training_step(policy: Option<Policy>) -> usize {
+    let _alone = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let pool = Pool::with_max_memory_mb(256);
+    let (batch, width) = (64, 32);
+    let mut model = pre_norm_mlp::Model::new(&pool, BLOCKS, width);
+    let mut ckpt = policy.map(|p| Checkpointer::new(CheckpointConfig::new(p)));
+    let mut adam = Adam::new(1e-3);
+    let mut counted = 0;
+    pool.scope(|outer| {
+        let mut grads = Gradients::new(outer);
+        for step in 0..4 {
+            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            outer.scope(|s| {
+                let x = s.randn::<f32>(&[batch, width], 7);
+                let target = s.randn::<f32>(&[batch, width], 8);
+                s.train(|t| {
+                    let x = t.rebind(&x);
+                    let y = match ckpt.as_mut() {
+                        Some(ckpt) => model.forward(ckpt, x),
+                        None => model.forward_plain(x),
+                    };
+                    y.mse(&target).backward_into(&mut grads).expect("backward");
+                })
+            });
+            adam.step(&mut model, &grads).expect("adam");
+            grads.zero().expect("zero");
+            if step == 3 {
+                counted = ALLOCATIONS.load(Ordering::Relaxed) - before;
+            }
+        }
+    });
+    counted
+}
+
+/// Not zero yet: the forward's tensors allocate nothing, but the gradient graph does (a reference-
+/// counted node per recorded op, each rule's list of input gradients, the backward walk's order and
+/// maps, the checkpointer's tapes). The counts may only go down; lower the bounds with them.
+#[test]
+fn steady_state_training_steps_allocate_no_more_than_measured() {
+    let plain = per_training_step(None);
+    let sqrt = per_training_step(Some(Policy::Sqrt));
+    println!(
+        "allocations per steady-state training step of {BLOCKS} blocks: plain {plain}, sqrt {sqrt}"
+    );
     assert!(
-        e <= 5 * BLOCKS + 1 && m <= 9 * BLOCKS + 1,
-        "allocations per forward grew: E {e}, M {m} (were {} and {})",
-        5 * BLOCKS + 1,
-        9 * BLOCKS + 1
+        plain <= 193 && sqrt <= 207,
+        "allocations per training step grew: plain {plain}, sqrt {sqrt} (were 193 and 207)"
     );
 }

@@ -58,9 +58,8 @@ pub trait Element: DType + num_traits::Float + std::iter::Sum {
         self.tanh()
     }
 
-    /// Whether large matrix products run on the `gemm` crate (`f32`, `f64`); the others run on
-    /// ndarray's `general_mat_mul` (`matrixmultiply` for `f32`/`f64`, a generic loop for `f16`,
-    /// `bf16`).
+    /// Whether matrix products run on the library's packed FMA kernels (`f32`, `f64`); `f16` and
+    /// `bf16` run on ndarray's generic `general_mat_mul`.
     #[doc(hidden)]
     const GEMM: bool = false;
 

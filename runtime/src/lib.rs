@@ -47,6 +47,7 @@ mod pool;
 mod scope;
 mod storage;
 mod tensor;
+mod threads;
 
 pub use autograd::Gradients;
 pub use checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};

@@ -70,6 +70,10 @@ impl Scalar {
     }
 }
 
+/// A user's elementwise function or its derivative ([`crate::TensorOps::map_with_derivative`]);
+/// `Sync`, since an elementwise loop may run on several threads.
+pub(crate) type Function<T> = std::sync::Arc<dyn Fn(T) -> T + Send + Sync>;
+
 /// A backward rule and what it saved.
 pub(crate) enum Rule<T: DType> {
     /// `a + b` with broadcasting: the inputs' shapes, to reduce the gradient to.
@@ -86,7 +90,7 @@ pub(crate) enum Rule<T: DType> {
     /// [`Unary::saves_output`]).
     Unary(Unary, Option<Saved<T>>),
     /// `map_with_derivative`: the input, the function (for a replay) and the derivative.
-    Map(Saved<T>, Rc<dyn Fn(T) -> T>, Rc<dyn Fn(T) -> T>),
+    Map(Saved<T>, Function<T>, Function<T>),
     /// An op without a derivative: backward through it fails, naming it.
     NotDifferentiable(&'static str),
     /// Softmax along an axis, from its output.

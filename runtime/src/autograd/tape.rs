@@ -12,7 +12,9 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 
+use super::rules::Function;
 use super::{Node, Rule, Scalar, Unary};
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
@@ -37,7 +39,7 @@ pub(crate) enum Replay<T: DType> {
     Binary(Binary),
     Scalar(Scalar, T),
     Unary(Unary),
-    Map(Rc<dyn Fn(T) -> T>, Rc<dyn Fn(T) -> T>),
+    Map(Function<T>, Function<T>),
     Softmax(usize),
     LogSoftmax(usize),
     LayerNorm(T),
@@ -76,7 +78,7 @@ impl<T: Element> Replay<T> {
             Rule::Div(..) => Replay::Binary(Binary::Div),
             Rule::Scalar(kind, c, _) => Replay::Scalar(*kind, *c),
             Rule::Unary(kind, _) => Replay::Unary(*kind),
-            Rule::Map(_, f, df) => Replay::Map(Rc::clone(f), Rc::clone(df)),
+            Rule::Map(_, f, df) => Replay::Map(Arc::clone(f), Arc::clone(df)),
             Rule::NotDifferentiable(op) => Replay::Kept(op, out.saved()),
             Rule::Softmax(_, axis) => Replay::Softmax(*axis),
             Rule::LogSoftmax(_, axis) => Replay::LogSoftmax(*axis),
@@ -123,7 +125,7 @@ impl<T: Element> Replay<T> {
             Replay::Scalar(kind, c) => crate::ops::scalar_op(a, *kind, *c),
             Replay::Unary(kind) => crate::ops::unary_op(a, *kind),
             Replay::Map(f, df) => {
-                let (f, df) = (Rc::clone(f), Rc::clone(df));
+                let (f, df) = (Arc::clone(f), Arc::clone(df));
                 a.try_map_with_derivative(move |x| f(x), move |x| df(x))
             }
             Replay::Softmax(axis) => a.try_softmax(*axis),

@@ -72,7 +72,7 @@ pub(crate) fn zip_with<'s, T: Element>(
     op: Binary,
     a: Arg<'_, 's, T>,
     b: Arg<'_, 's, T>,
-    f: impl Fn(T, T) -> T,
+    f: impl Fn(T, T) -> T + Sync,
 ) -> Result<Tensor<'s, T>> {
     let shape = broadcast_shape(op.name(), a.tensor().shape(), b.tensor().shape())?;
     let shape = shape.slice();
@@ -88,7 +88,7 @@ fn zip_kernel<'s, T: Element>(
     shape: &[usize],
     a: Arg<'_, 's, T>,
     b: Arg<'_, 's, T>,
-    f: impl Fn(T, T) -> T,
+    f: impl Fn(T, T) -> T + Sync,
 ) -> Result<Tensor<'s, T>> {
     let scope = deeper(&a.tensor().scope, &b.tensor().scope).clone();
     if shape.contains(&0) {
@@ -161,7 +161,11 @@ fn is_trailing_block(big: &[usize], small: &[usize]) -> bool {
 
 /// `dst = f(dst, other)` elementwise, `other` broadcast to `dst`'s shape (already checked, and not
 /// empty).
-fn write_over<T: Element>(dst: &mut Tensor<'_, T>, other: &Tensor<'_, T>, f: impl Fn(T, T) -> T) {
+fn write_over<T: Element>(
+    dst: &mut Tensor<'_, T>,
+    other: &Tensor<'_, T>,
+    f: impl Fn(T, T) -> T + Sync,
+) {
     if dst.shape() == other.shape() || is_trailing_block(dst.shape(), other.shape()) {
         // The same shape, or a row vector (or trailing block) added to every row: contiguous
         // chunks, no index math.
@@ -181,7 +185,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     pub fn try_zip_map(
         &self,
         other: &impl Operand<'s, T>,
-        f: impl Fn(T, T) -> T,
+        f: impl Fn(T, T) -> T + Sync,
     ) -> Result<Tensor<'s, T>> {
         let other = other.bind_beside(self);
         zip_with(
@@ -197,7 +201,11 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// # Panics
     /// If the shapes do not broadcast or the budget is exhausted, with the error's message.
     #[track_caller]
-    pub fn zip_map(&self, other: &impl Operand<'s, T>, f: impl Fn(T, T) -> T) -> Tensor<'s, T> {
+    pub fn zip_map(
+        &self,
+        other: &impl Operand<'s, T>,
+        f: impl Fn(T, T) -> T + Sync,
+    ) -> Tensor<'s, T> {
         or_panic(self.try_zip_map(other, f))
     }
 }

@@ -1,7 +1,8 @@
 //! Matrix products.
 //!
-//! Products run on ndarray's `general_mat_mul` (the `matrixmultiply` kernels for `f32` and `f64`, a
-//! generic loop for `f16`/`bf16`), writing straight into the rented output.
+//! Products of `f32` and `f64` run on the library's own packed kernels (`ops/gemm.rs`: FMA vector
+//! code, both cores, no heap allocation after warm-up); `f16` and `bf16` on ndarray's generic
+//! `general_mat_mul`. Either writes straight into the rented output.
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn};
@@ -129,8 +130,8 @@ fn batch_steps(own: &[usize], batch: &[usize]) -> Vec<usize> {
 
 /// `c = a b` for an `[m, n]` output slice.
 fn product<T: Element>(a: &[T], b: &[T], c: &mut [T], m: usize, k: usize, n: usize) {
-    if T::GEMM && m.saturating_mul(k).saturating_mul(n) >= super::gemm::LARGE {
-        return super::gemm::product(a, b, c, (m, k, n), (T::zero(), T::one()));
+    if T::GEMM {
+        return super::gemm::product(a, b, c, (m, k, n));
     }
     let (a, b) = (matrix(m, k, a), matrix(k, n, b));
     let mut c = ArrayViewMut2::from_shape((m, n), c).expect("matmul rented an [m, n] output");

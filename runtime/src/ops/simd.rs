@@ -10,6 +10,8 @@
 //! first checked to have.
 #![allow(unsafe_code)]
 
+use crate::threads;
+
 /// A loop to run at the widest vector width the CPU has. `run` must be `#[inline(always)]`, and so
 /// must the closures it calls, so that the whole loop compiles inside each width's function rather
 /// than being called from it: `for` loops, not `Iterator::for_each`, whose closure would not be
@@ -41,6 +43,32 @@ pub(crate) fn dispatch<K: Kernel>(k: K) -> K::Out {
     k.run()
 }
 
+/// A loop using `mul_add`, which compiles to one instruction with FMA and to a slow library call
+/// without it: with `FMA` false it must use `a * b + c` instead. Inline as for [`Kernel`].
+pub(crate) trait FmaKernel {
+    type Out;
+    fn run<const FMA: bool>(self) -> Self::Out;
+}
+
+/// Runs `k` with FMA, compiled for AVX2 and FMA, if the CPU has both; else without, at the baseline.
+#[inline]
+pub(crate) fn dispatch_fma<K: FmaKernel>(k: K) -> K::Out {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above), all `avx2_fma` needs.
+            return unsafe { avx2_fma(k) };
+        }
+    }
+    k.run::<false>()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_fma<K: FmaKernel>(k: K) -> K::Out {
+    k.run::<true>()
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw")]
 unsafe fn avx512<K: Kernel>(k: K) -> K::Out {
@@ -53,8 +81,12 @@ unsafe fn avx2<K: Kernel>(k: K) -> K::Out {
     k.run()
 }
 
-/// `x = f(x)` for every element.
-pub(crate) fn map_in_place<T: Copy>(xs: &mut [T], f: impl Fn(T) -> T) {
+/// Elements per thread below which an elementwise loop is not split: waking a worker costs about
+/// as much as this many elements of the cheapest op.
+const PER_PART: usize = 1 << 16;
+
+/// `x = f(x)` for every element, split over the threads when `xs` is large.
+pub(crate) fn map_in_place<T: Copy + Send>(xs: &mut [T], f: impl Fn(T) -> T + Sync) {
     struct Map<'a, T, F>(&'a mut [T], F);
     impl<T: Copy, F: Fn(T) -> T> Kernel for Map<'_, T, F> {
         type Out = ();
@@ -66,11 +98,15 @@ pub(crate) fn map_in_place<T: Copy>(xs: &mut [T], f: impl Fn(T) -> T) {
             }
         }
     }
-    dispatch(Map(xs, f));
+    threads::split_mut(xs, 1, PER_PART, |_, xs| dispatch(Map(xs, &f)));
 }
 
-/// `dst[i] = f(src[i])`.
-pub(crate) fn map_into<T: Copy, U>(dst: &mut [U], src: &[T], f: impl Fn(T) -> U) {
+/// `dst[i] = f(src[i])`, split over the threads when large.
+pub(crate) fn map_into<T: Copy + Sync, U: Send>(
+    dst: &mut [U],
+    src: &[T],
+    f: impl Fn(T) -> U + Sync,
+) {
     struct Map<'a, T, U, F>(&'a mut [U], &'a [T], F);
     impl<T: Copy, U, F: Fn(T) -> U> Kernel for Map<'_, T, U, F> {
         type Out = ();
@@ -82,12 +118,18 @@ pub(crate) fn map_into<T: Copy, U>(dst: &mut [U], src: &[T], f: impl Fn(T) -> U)
             }
         }
     }
-    dispatch(Map(dst, src, f));
+    threads::split_mut(dst, 1, PER_PART, |start, dst| {
+        dispatch(Map(dst, &src[start..], &f))
+    });
 }
 
 /// `dst[i] = f(dst[i], other[i % other.len()])`: `other` the same length as `dst`, or a block
-/// repeated along it (a bias row over a batch).
-pub(crate) fn zip_in_place<T: Copy>(dst: &mut [T], other: &[T], f: impl Fn(T, T) -> T) {
+/// repeated along it (a bias row over a batch). Split over the threads when large.
+pub(crate) fn zip_in_place<T: Copy + Send + Sync>(
+    dst: &mut [T],
+    other: &[T],
+    f: impl Fn(T, T) -> T + Sync,
+) {
     struct Zip<'a, T, F>(&'a mut [T], &'a [T], F);
     impl<T: Copy, F: Fn(T, T) -> T> Kernel for Zip<'_, T, F> {
         type Out = ();
@@ -101,7 +143,28 @@ pub(crate) fn zip_in_place<T: Copy>(dst: &mut [T], other: &[T], f: impl Fn(T, T)
             }
         }
     }
-    if !other.is_empty() {
-        dispatch(Zip(dst, other, f));
+    if other.is_empty() {
+        return;
     }
+    if other.len() == dst.len() {
+        // Same length: any split lines up.
+        threads::split_mut(dst, 1, PER_PART, |start, dst| {
+            dispatch(Zip(dst, &other[start..][..dst.len()], &f))
+        });
+    } else {
+        // Runs of whole repeats of `other`.
+        let repeats = PER_PART.div_ceil(other.len());
+        threads::split_mut(dst, other.len(), repeats, |_, dst| {
+            dispatch(Zip(dst, other, &f))
+        });
+    }
+}
+
+/// Applies `kernel` to every `lane`-long run of `xs` (the lanes along a last axis), split over the
+/// threads when `xs` is large.
+pub(crate) fn lanes<T: Send>(xs: &mut [T], lane: usize, kernel: impl Fn(&mut [T]) + Sync) {
+    let per_part = PER_PART.div_ceil(lane.max(1));
+    threads::split_mut(xs, lane, per_part, |_, xs| {
+        xs.chunks_exact_mut(lane).for_each(&kernel)
+    });
 }

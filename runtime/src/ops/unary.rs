@@ -1,6 +1,6 @@
 //! Ops that can write their output over their input: elementwise maps and per-lane kernels.
 
-use std::rc::Rc;
+use std::sync::Arc;
 
 use ndarray::{ArrayView1, ArrayViewMut1, Axis, Zip};
 
@@ -61,7 +61,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// Applies `f` to every element. Fails only if an output cannot be rented. `f` has no known
     /// derivative: a backward through the result fails ([`crate::Error::NotDifferentiable`]); use
     /// [`TensorOps::try_map_with_derivative`] in a differentiated forward.
-    fn try_map(self, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
+    fn try_map(self, f: impl Fn(T) -> T + Sync) -> Result<Tensor<'s, T>> {
         self.with_arg(|a| map_recorded(a, f, |_| Rule::NotDifferentiable("map")))
     }
 
@@ -70,7 +70,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// # Panics
     /// If an output cannot be rented (pool budget exhausted), with the error's message.
     #[track_caller]
-    fn map(self, f: impl Fn(T) -> T) -> Tensor<'s, T> {
+    fn map(self, f: impl Fn(T) -> T + Sync) -> Tensor<'s, T> {
         or_panic(self.try_map(f))
     }
 
@@ -78,17 +78,17 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// `df(x)`. Fails only if an output cannot be rented.
     fn try_map_with_derivative(
         self,
-        f: impl Fn(T) -> T + 'static,
-        df: impl Fn(T) -> T + 'static,
+        f: impl Fn(T) -> T + Send + Sync + 'static,
+        df: impl Fn(T) -> T + Send + Sync + 'static,
     ) -> Result<Tensor<'s, T>> {
         self.with_arg(|a| {
             let saved = Recorder::of(&[a.tensor()]).map(|_| a.tensor().saved());
-            let f = Rc::new(f);
-            let kernel = Rc::clone(&f);
+            let f = Arc::new(f);
+            let kernel = Arc::clone(&f);
             map_recorded(
                 a,
                 move |x| kernel(x),
-                move |_| Rule::Map(saved.expect("saved when recording"), f, Rc::new(df)),
+                move |_| Rule::Map(saved.expect("saved when recording"), f, Arc::new(df)),
             )
         })
     }
@@ -101,8 +101,8 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     #[track_caller]
     fn map_with_derivative(
         self,
-        f: impl Fn(T) -> T + 'static,
-        df: impl Fn(T) -> T + 'static,
+        f: impl Fn(T) -> T + Send + Sync + 'static,
+        df: impl Fn(T) -> T + Send + Sync + 'static,
     ) -> Tensor<'s, T> {
         or_panic(self.try_map_with_derivative(f, df))
     }
@@ -250,7 +250,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
         let axis = check_axis("softmax", self.as_tensor(), axis)?;
         self.with_arg(|a| {
             let recorder = Recorder::of(&[a.tensor()]);
-            let out = map_lanes(a, axis, |lane| softmax_lane(lane, false))?;
+            let out = lane_op(a, axis, |lane| softmax_lane(lane, false))?;
             Ok(autograd::finish(recorder, out, |y| {
                 Rule::Softmax(y.saved(), axis)
             }))
@@ -272,7 +272,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
         let axis = check_axis("log_softmax", self.as_tensor(), axis)?;
         self.with_arg(|a| {
             let recorder = Recorder::of(&[a.tensor()]);
-            let out = map_lanes(a, axis, |lane| softmax_lane(lane, true))?;
+            let out = lane_op(a, axis, |lane| softmax_lane(lane, true))?;
             Ok(autograd::finish(recorder, out, |y| {
                 Rule::LogSoftmax(y.saved(), axis)
             }))
@@ -306,7 +306,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
             let recorder = Recorder::of(&[a.tensor()]);
             // The input is saved before the kernel runs, so it is not overwritten.
             let x = recorder.as_ref().map(|_| a.tensor().saved());
-            let out = map_lanes(a, axis, |lane| layer_norm_lane(lane, eps))?;
+            let out = lane_op(a, axis, |lane| layer_norm_lane(lane, eps))?;
             Ok(autograd::finish(recorder, out, |y| {
                 Rule::LayerNorm(x.expect("saved when recording"), y.saved(), eps)
             }))
@@ -436,7 +436,7 @@ pub(crate) fn norm_backward_lane<T: Element>(
 /// `f` of every element, in place when the input can be written, with `rule` recorded.
 fn map_recorded<'s, T: Element>(
     src: Arg<'_, 's, T>,
-    f: impl Fn(T) -> T,
+    f: impl Fn(T) -> T + Sync,
     rule: impl FnOnce(&Tensor<'s, T>) -> Rule<T>,
 ) -> Result<Tensor<'s, T>> {
     let recorder = Recorder::of(&[src.tensor()]);
@@ -557,14 +557,14 @@ pub(crate) fn scalar<'s, T: Element>(
     src: Arg<'_, 's, T>,
     kind: Scalar,
     c: T,
-    f: impl Fn(T) -> T,
+    f: impl Fn(T) -> T + Sync,
 ) -> Result<Tensor<'s, T>> {
     let x = (kind.saves_input() && Recorder::of(&[src.tensor()]).is_some())
         .then(|| src.tensor().saved());
     map_recorded(src, f, |_| Rule::Scalar(kind, c, x))
 }
 
-fn map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T) -> Result<Tensor<'s, T>> {
+fn map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T + Sync) -> Result<Tensor<'s, T>> {
     let shape = ndarray::IxDyn(src.tensor().shape());
     let shape = ndarray::Dimension::slice(&shape);
     match src.into_writable(shape) {
@@ -607,6 +607,23 @@ fn map_lanes<'s, T: Element>(
             .into_iter()
             .for_each(kernel);
     }
+    Ok(out)
+}
+
+/// [`map_lanes`] for the library's own lane kernels along a checked `axis`: being `Sync`, they run
+/// on several threads at once when the lanes are contiguous (along the last axis).
+fn lane_op<'s, T: Element>(
+    src: Arg<'_, 's, T>,
+    axis: usize,
+    kernel: impl Fn(ArrayViewMut1<'_, T>) + Sync,
+) -> Result<Tensor<'s, T>> {
+    if axis + 1 != src.tensor().ndim() || src.tensor().is_empty() {
+        return map_lanes(src, axis, kernel);
+    }
+    let mut out = src.into_writable_copy()?;
+    let lane = out.shape()[axis];
+    work::visit(out.len() / lane);
+    simd::lanes(out.unique_slice_mut(), lane, |l| kernel(l.into()));
     Ok(out)
 }
 
