@@ -4,10 +4,12 @@
 //! x86-64 has (measured in `docs/benchmarks.md`). Other targets run the baseline loop.
 //!
 //! The same IEEE operations run at every width (Rust never fuses `a * b + c` into an FMA on its
-//! own), so every level gives the same bits.
+//! own), so every level gives the same bits. Loops that want FMA say so ([`FmaKernel`]: the matrix
+//! products) and get an AVX2 + FMA variant.
 //!
-//! The one `unsafe` of the library is here: calling a function compiled for features the CPU is
-//! first checked to have.
+//! Large loops are split over the worker threads ([`crate::threads`]).
+//!
+//! The `unsafe` here is calling a function compiled for features the CPU is first checked to have.
 #![allow(unsafe_code)]
 
 use crate::threads;
