@@ -89,14 +89,14 @@ const PER_PART: usize = 1 << 16;
 
 /// `x = f(x)` for every element, split over the threads when `xs` is large.
 pub(crate) fn map_in_place<T: Copy + Send>(xs: &mut [T], f: impl Fn(T) -> T + Sync) {
-    struct Map<'a, T, F>(&'a mut [T], F);
+    struct Map<'a, T, F>(&'a mut [T], &'a F);
     impl<T: Copy, F: Fn(T) -> T> Kernel for Map<'_, T, F> {
         type Out = ();
         #[inline(always)]
         fn run(self) {
             let Map(xs, f) = self;
             for x in xs {
-                *x = f(*x);
+                *x = (*f)(*x);
             }
         }
     }
@@ -109,14 +109,14 @@ pub(crate) fn map_into<T: Copy + Sync, U: Send>(
     src: &[T],
     f: impl Fn(T) -> U + Sync,
 ) {
-    struct Map<'a, T, U, F>(&'a mut [U], &'a [T], F);
+    struct Map<'a, T, U, F>(&'a mut [U], &'a [T], &'a F);
     impl<T: Copy, U, F: Fn(T) -> U> Kernel for Map<'_, T, U, F> {
         type Out = ();
         #[inline(always)]
         fn run(self) {
             let Map(dst, src, f) = self;
             for (d, &x) in dst.iter_mut().zip(src) {
-                *d = f(x);
+                *d = (*f)(x);
             }
         }
     }
@@ -132,7 +132,7 @@ pub(crate) fn zip_in_place<T: Copy + Send + Sync>(
     other: &[T],
     f: impl Fn(T, T) -> T + Sync,
 ) {
-    struct Zip<'a, T, F>(&'a mut [T], &'a [T], F);
+    struct Zip<'a, T, F>(&'a mut [T], &'a [T], &'a F);
     impl<T: Copy, F: Fn(T, T) -> T> Kernel for Zip<'_, T, F> {
         type Out = ();
         #[inline(always)]
@@ -140,7 +140,7 @@ pub(crate) fn zip_in_place<T: Copy + Send + Sync>(
             let Zip(dst, other, f) = self;
             for chunk in dst.chunks_exact_mut(other.len()) {
                 for (d, &o) in chunk.iter_mut().zip(other) {
-                    *d = f(*d, o);
+                    *d = (*f)(*d, o);
                 }
             }
         }
