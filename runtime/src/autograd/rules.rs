@@ -407,17 +407,30 @@ impl<T: Element> Rule<T> {
             }
             Rule::Matmul(a, b) => {
                 let (a, b) = (here(&a), here(&b));
+                let (k, n) = (a.shape()[a.ndim() - 1], g.shape()[g.ndim() - 1]);
+                // One right matrix for every left one: the rows of every left matrix are the rows
+                // of one `[rows, k]` matrix, and the products read the transposes where they lie.
+                let one_matrix = b.shape()[..b.ndim() - 2].iter().all(|&l| l == 1);
+                let rows = a.shape()[..a.ndim() - 1].iter().product();
+                let matrix = |t: &Saved<T>, cols| t.try_reshape(&[rows, cols]);
                 vec![
-                    grad_if(0, &|| reduce_to(g.try_matmul(&b.try_t()?)?, a.shape()))?,
-                    grad_if(1, &|| {
-                        let (k, n) = (a.shape()[a.ndim() - 1], g.shape()[g.ndim() - 1]);
-                        let one_matrix = b.shape()[..b.ndim() - 2].iter().all(|&l| l == 1);
+                    grad_if(0, &|| {
                         if one_matrix {
-                            // One right matrix for every left one: the batch sums in one product.
-                            let rows = a.shape()[..a.ndim() - 1].iter().product();
-                            let a2 = a.try_reshape(&[rows, k])?;
-                            let g2 = g.try_reshape(&[rows, n])?;
-                            a2.try_t()?.try_matmul(&g2)?.try_reshape(b.shape())
+                            let b2 = b.try_reshape(&[k, n])?;
+                            ops::matmul_transposed((&matrix(&g, n)?, false), (&b2, true))?
+                                .try_reshape(a.shape())
+                        } else {
+                            reduce_to(g.try_matmul(&b.try_t()?)?, a.shape())
+                        }
+                    })?,
+                    grad_if(1, &|| {
+                        if one_matrix {
+                            // The batch sums in the one product.
+                            ops::matmul_transposed(
+                                (&matrix(&a, k)?, true),
+                                (&matrix(&g, n)?, false),
+                            )?
+                            .try_reshape(b.shape())
                         } else {
                             reduce_to(a.try_t()?.try_matmul(&g)?, b.shape())
                         }

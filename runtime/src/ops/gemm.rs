@@ -8,38 +8,123 @@
 //! steady-state forward makes no heap allocation here.
 //!
 //! The blocking: `c` is computed in `NC`-column panels; each panel in `KC`-deep steps, for which
-//! `KC x NC` of `b` is packed into `NR`-wide slivers; each step in `MC`-row blocks of `a`, packed
-//! into `MR`-tall slivers; and every sliver pair is an `MR x NR` tile kept in registers.
+//! `KC x NC` of `b` is packed once, by all threads together, into `NR`-wide slivers that every
+//! thread then reads; each thread computes its own rows, in `MC`-row blocks of `a` packed into
+//! `MR`-tall slivers (or read in place when `a`'s rows are short), and every sliver pair is an
+//! `MR x NR` tile kept in registers.
+//!
+//! A product can finish its output while it is still in cache: an epilogue ([`Then`]) is called on
+//! every block of rows as soon as they are final (a bias, a residual, an activation, a layer norm:
+//! the fused ops of `ops::fused`).
+//!
+//! Operands are strided ([`Matrix`]), so a transposed operand is packed from where it lies instead
+//! of being copied first.
 
 use std::cell::RefCell;
+use std::thread::LocalKey;
 
 use super::simd::{self, FmaKernel};
 use crate::element::Element;
 use crate::pool::Block;
 use crate::threads;
 
-/// Rows of `a` per packed block: `MC x KC` of `f32` is 216 KiB, inside a core's L2 cache.
+/// Rows of `a` per packed block: `MC x KC` of `f32` is 144 KiB, inside a core's L2 cache.
 const MC: usize = 144;
-/// Depth of one packed step: a packed sliver of `b`, `KC x 16` of `f32`, is 24 KiB, inside L1.
-const KC: usize = 384;
-/// Columns of `b` per packed panel: `KC x NC` of `f32` is 1.5 MiB (L2/L3).
+/// Depth of one packed step: a sliver of `b`, `KC x 16` of `f32`, is 16 KiB, and with a sliver of
+/// `a` (6 KiB) it stays in L1.
+const KC: usize = 256;
+/// Columns of `b` per packed panel: `KC x NC` of `f32` is 1 MiB (L2/L3).
 const NC: usize = 1024;
 
 /// Multiply-adds per part below which a product is not split over threads: waking a worker costs
 /// about as much as computing this many.
 const PER_PART: usize = 1 << 19;
+/// Elements of `b` packed per part below which packing is not split over threads.
+const PACK_PER_PART: usize = 1 << 16;
+/// `a` is read in place, not packed, when its rows lie at most this many bytes apart: the
+/// `MR` rows of a sliver then share a few cache lines' worth of sets instead of conflicting in one
+/// (rows 4 KiB apart all map to the same set of the L1 cache).
+const DIRECT_ROW_BYTES: usize = 1024;
 
 thread_local! {
-    /// This thread's packing buffers (`a`'s block, then `b`'s panel); grown, never shrunk.
-    static PACKED: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
+    /// This thread's packing buffer for blocks of `a`; grown, never shrunk.
+    static PACKED_A: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
+    /// The packing buffer for panels of `b`, of the thread that called the product (its parts read
+    /// it on every thread); grown, never shrunk.
+    static PACKED_B: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `c = a b` for row-major `a: [m, k]`, `b: [k, n]`, `c: [m, n]`, with `T` `f32` or `f64`
-/// ([`Element::GEMM`]).
-pub(crate) fn product<T: Element>(a: &[T], b: &[T], c: &mut [T], (m, k, n): (usize, usize, usize)) {
+/// A matrix in a slice: element `(i, j)` at `data[i * rs + j * cs]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Matrix<'a, T> {
+    pub(crate) data: &'a [T],
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    /// Step between rows.
+    pub(crate) rs: usize,
+    /// Step between columns.
+    pub(crate) cs: usize,
+}
+
+impl<'a, T> Matrix<'a, T> {
+    /// `data` as a row-major `[rows, cols]` matrix.
+    pub(crate) fn row_major(data: &'a [T], rows: usize, cols: usize) -> Self {
+        Matrix {
+            data,
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The transpose, reading the same elements.
+    pub(crate) fn t(self) -> Self {
+        Matrix {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+
+    /// The `len` elements of row `i` from column `j`, when columns are contiguous.
+    #[inline(always)]
+    fn row(&self, i: usize, j: usize, len: usize) -> &'a [T] {
+        &self.data[i * self.rs + j..][..len]
+    }
+}
+
+impl<T: Copy> Matrix<'_, T> {
+    #[inline(always)]
+    fn at(&self, i: usize, j: usize) -> T {
+        self.data[i * self.rs + j * self.cs]
+    }
+}
+
+/// What a product does with rows of its output once they are final: called with the index of the
+/// first row and a whole number of rows of `c`, on the thread that computed them, once for every
+/// row.
+pub(crate) type Then<'a, T> = &'a (dyn Fn(usize, &mut [T]) + Sync);
+
+/// `c = a b` for `a: [m, k]`, `b: [k, n]` and a row-major `c: [m, n]`, with `T` `f32` or `f64`
+/// ([`Element::GEMM`]), then `then` on every block of finished rows.
+pub(crate) fn product<T: Element>(
+    a: Matrix<'_, T>,
+    b: Matrix<'_, T>,
+    c: &mut [T],
+    then: Option<Then<'_, T>>,
+) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let last = |x: &Matrix<'_, T>| (x.rows - 1) * x.rs + (x.cols - 1) * x.cs;
     assert!(
-        a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
-        "gemm: slices shorter than [{m}, {k}] x [{k}, {n}] -> [{m}, {n}]"
+        b.rows == k
+            && c.len() >= m * n
+            && (m * k == 0 || last(&a) < a.data.len())
+            && (k * n == 0 || last(&b) < b.data.len()),
+        "gemm: operands do not fit [{m}, {k}] x [{}, {n}] -> [{m}, {n}]",
+        b.rows
     );
     let c = &mut c[..m * n];
     if m == 0 || n == 0 {
@@ -48,156 +133,310 @@ pub(crate) fn product<T: Element>(a: &[T], b: &[T], c: &mut [T], (m, k, n): (usi
     if k == 0 {
         // An empty sum: zeros, whatever the buffer held.
         c.fill(T::zero());
+        if let Some(then) = then {
+            finish(c, n, then);
+        }
         return;
     }
     if std::mem::size_of::<T>() == 4 {
-        split::<T, 6, 16>(a, b, c, (k, n));
+        blocked::<T, 6, 16>(a, b, c, then);
     } else {
-        split::<T, 6, 8>(a, b, c, (k, n));
+        blocked::<T, 6, 8>(a, b, c, then);
     }
 }
 
-/// Splits `c` by runs of `MR` rows over the threads and computes each run's rows.
-fn split<T: Element, const MR: usize, const NR: usize>(
-    a: &[T],
-    b: &[T],
+/// `then` on every row of `c`, split over the threads by runs of rows.
+fn finish<T: Element>(c: &mut [T], n: usize, then: Then<'_, T>) {
+    let min_rows = PACK_PER_PART.div_ceil(n);
+    threads::split_mut(c, n, min_rows, |start, rows| then(start / n, rows));
+}
+
+/// The product in panels of `b`: each panel packed by all threads, then each thread's rows.
+fn blocked<T: Element, const MR: usize, const NR: usize>(
+    a: Matrix<'_, T>,
+    b: Matrix<'_, T>,
     c: &mut [T],
-    (k, n): (usize, usize),
+    then: Option<Then<'_, T>>,
 ) {
-    let per_granule = MR * k * n;
-    let min_granules = PER_PART.div_ceil(per_granule);
-    threads::split_mut(c, MR * n, min_granules, |start, c| {
-        let (row, rows) = (start / n, c.len() / n);
-        let a = &a[row * k..(row + rows) * k];
-        PACKED.with_borrow_mut(|packed| {
-            let (pa, pb) = buffers::<T, MR, NR>(packed, (rows, k, n));
-            simd::dispatch_fma(Blocked::<T, MR, NR>((a, b, c), (rows, k, n), (pa, pb)));
-        });
-    });
-}
-
-/// This thread's packing buffers for an `[m, k] x [k, n]` product, as `T`.
-fn buffers<T: Element, const MR: usize, const NR: usize>(
-    packed: &mut Vec<Block>,
-    (m, k, n): (usize, usize, usize),
-) -> (&mut [T], &mut [T]) {
-    let kc = k.min(KC);
-    let a_len = m.min(MC).next_multiple_of(MR) * kc;
-    let b_len = n.min(NC).next_multiple_of(NR) * kc;
-    let bytes = (a_len + b_len) * std::mem::size_of::<T>();
-    let blocks = bytes.div_ceil(std::mem::size_of::<Block>());
-    if packed.len() < blocks {
-        packed.resize(blocks, bytemuck::Zeroable::zeroed());
-    }
-    let all: &mut [T] = bytemuck::cast_slice_mut(&mut packed[..blocks]);
-    let (pa, rest) = all.split_at_mut(a_len);
-    (pa, &mut rest[..b_len])
-}
-
-/// One thread's product, compiled with or without FMA (`mul_add` is a slow library call without
-/// it).
-struct Blocked<'a, T, const MR: usize, const NR: usize>(
-    (&'a [T], &'a [T], &'a mut [T]),
-    (usize, usize, usize),
-    (&'a mut [T], &'a mut [T]),
-);
-
-impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Blocked<'_, T, MR, NR> {
-    type Out = ();
-
-    #[inline(always)]
-    fn run<const FMA: bool>(self) {
-        let Blocked((a, b, c), (m, k, n), (pa, pb)) = self;
+    let (k, n) = (a.cols, b.cols);
+    let panel = n.min(NC).next_multiple_of(NR) * k.min(KC);
+    with_scratch::<T, _>(&PACKED_B, panel, |pb| {
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
             for pc in (0..k).step_by(KC) {
                 let kc = KC.min(k - pc);
                 let pb = &mut pb[..nc.next_multiple_of(NR) * kc];
-                pack::<T, NR>(pb, b, n, (pc, kc), (jc, nc), Layout::RowsAlongK);
-                for ic in (0..m).step_by(MC) {
-                    let mc = MC.min(m - ic);
-                    let pa = &mut pa[..mc.next_multiple_of(MR) * kc];
-                    pack::<T, MR>(pa, a, k, (pc, kc), (ic, mc), Layout::ColumnsAlongK);
-                    for (jr, b_sliver) in pb.chunks_exact(NR * kc).enumerate() {
-                        for (ir, a_sliver) in pa.chunks_exact(MR * kc).enumerate() {
-                            let tile = tile::<T, MR, NR, FMA>(a_sliver, b_sliver);
-                            let (row, col) = (ic + ir * MR, jc + jr * NR);
-                            let (rows, cols) = (MR.min(m - row), NR.min(n - col));
-                            for (i, tile_row) in tile.iter().enumerate().take(rows) {
-                                let out = &mut c[(row + i) * n + col..][..cols];
-                                match (<&mut [T; NR]>::try_from(&mut *out), pc) {
-                                    // A whole row of the tile: fixed-length moves, no `memcpy` call.
-                                    (Ok(out), 0) => *out = *tile_row,
-                                    (Ok(out), _) => add(out, tile_row),
-                                    (Err(_), 0) => out.copy_from_slice(&tile_row[..cols]),
-                                    (Err(_), _) => add(out, tile_row),
-                                }
-                            }
-                        }
-                    }
-                }
+                let sliver = NR * kc;
+                threads::split_mut(pb, sliver, PACK_PER_PART.div_ceil(sliver), |start, part| {
+                    pack_b::<T, NR>(part, b, (pc, kc), jc + start / kc);
+                });
+                // With one panel, rows are final after its last step; else after the last panel.
+                let then = then.filter(|_| n <= NC && pc + kc == k);
+                let step = Step {
+                    a,
+                    pb,
+                    cols: (jc, nc),
+                    depth: (pc, kc),
+                    n,
+                    then,
+                };
+                let per_granule = MR * kc * nc;
+                threads::split_mut(c, MR * n, PER_PART.div_ceil(per_granule), |start, c| {
+                    let rows = c.len() / n;
+                    with_scratch::<T, _>(&PACKED_A, MC.min(rows).next_multiple_of(MR) * kc, |pa| {
+                        simd::dispatch_fma(Rows::<T, MR, NR> {
+                            step,
+                            first: start / n,
+                            c,
+                            pa,
+                        })
+                    })
+                });
             }
         }
+    });
+    if let Some(then) = then.filter(|_| n > NC) {
+        finish(c, n, then);
     }
 }
 
-/// How the matrix being packed lies: `b` has a row per step of `k`; `a` a column.
+/// `f` with `len` elements of this thread's scratch buffer `key`; with a temporary one if the
+/// buffer is in use (a product called from inside another's epilogue).
+fn with_scratch<T: Element, R>(
+    key: &'static LocalKey<RefCell<Vec<Block>>>,
+    len: usize,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    let blocks = (len * std::mem::size_of::<T>()).div_ceil(std::mem::size_of::<Block>());
+    key.with(|cell| {
+        let mut temporary = Vec::new();
+        let mut kept = cell.try_borrow_mut();
+        let buffer = match kept.as_deref_mut() {
+            Ok(kept) => kept,
+            Err(_) => &mut temporary,
+        };
+        if buffer.len() < blocks {
+            buffer.resize(blocks, bytemuck::Zeroable::zeroed());
+        }
+        f(&mut bytemuck::cast_slice_mut(&mut buffer[..blocks])[..len])
+    })
+}
+
+/// One `KC`-deep step of one `NC`-column panel, with the panel of `b` packed.
 #[derive(Clone, Copy)]
-enum Layout {
-    RowsAlongK,
-    ColumnsAlongK,
+struct Step<'a, T> {
+    a: Matrix<'a, T>,
+    pb: &'a [T],
+    /// The panel's first column and width.
+    cols: (usize, usize),
+    /// The step's first index along `k` and depth.
+    depth: (usize, usize),
+    /// Columns of `c`.
+    n: usize,
+    /// Called on each block of rows this step finishes.
+    then: Option<Then<'a, T>>,
 }
 
-/// Packs the `depth` steps from `p0` of the `len` lines from `l0` of `src` (row stride `stride`)
-/// into slivers of `W` lines, each step's `W` values together; lines past `len` are zeros.
-#[inline(always)]
-fn pack<T: Element, const W: usize>(
-    dst: &mut [T],
-    src: &[T],
-    stride: usize,
-    (p0, depth): (usize, usize),
-    (l0, len): (usize, usize),
-    layout: Layout,
-) {
-    for (s, sliver) in dst.chunks_exact_mut(W * depth).enumerate() {
-        let first = l0 + s * W;
-        let width = W.min(l0 + len - first);
-        match layout {
-            Layout::RowsAlongK => {
-                for (p, step) in sliver.chunks_exact_mut(W).enumerate() {
-                    step[..width].copy_from_slice(&src[(p0 + p) * stride + first..][..width]);
-                    step[width..].fill(T::zero());
+/// One thread's rows of a step: `c` holds them, from row `first`; `pa` is the thread's packing
+/// buffer for `a`.
+struct Rows<'a, T, const MR: usize, const NR: usize> {
+    step: Step<'a, T>,
+    first: usize,
+    c: &'a mut [T],
+    pa: &'a mut [T],
+}
+
+impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Rows<'_, T, MR, NR> {
+    type Out = ();
+
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        let Rows { step, first, c, pa } = self;
+        let Step {
+            a,
+            pb,
+            cols: (jc, _),
+            depth: (pc, kc),
+            n,
+            then,
+        } = step;
+        let rows = c.len() / n;
+        let direct = a.cs == 1 && a.rs * std::mem::size_of::<T>() <= DIRECT_ROW_BYTES;
+        for ic in (0..rows).step_by(MC) {
+            let mc = MC.min(rows - ic);
+            let row0 = first + ic;
+            if !direct {
+                pack_a::<T, MR>(&mut pa[..mc.next_multiple_of(MR) * kc], a, (pc, kc), row0);
+            }
+            for (jr, b) in pb.chunks_exact(NR * kc).enumerate() {
+                let col = jc + jr * NR;
+                let width = NR.min(n - col);
+                for ir in (0..mc).step_by(MR) {
+                    let height = MR.min(mc - ir);
+                    let r = row0 + ir;
+                    let b = b.as_chunks::<NR>().0;
+                    let tile = match (direct, height == MR) {
+                        (true, true) => {
+                            let lines: [&[T]; MR] = std::array::from_fn(|i| a.row(r + i, pc, kc));
+                            tile::<T, MR, NR, FMA>(
+                                kc,
+                                b,
+                                #[inline(always)]
+                                |p| std::array::from_fn(|i| lines[i][p]),
+                            )
+                        }
+                        (true, false) => tile::<T, MR, NR, FMA>(
+                            kc,
+                            b,
+                            #[inline(always)]
+                            |p| {
+                                std::array::from_fn(|i| {
+                                    if i < height {
+                                        a.data[(r + i) * a.rs + pc + p]
+                                    } else {
+                                        T::zero()
+                                    }
+                                })
+                            },
+                        ),
+                        (false, _) => {
+                            let sliver = &pa[ir * kc..][..MR * kc].as_chunks::<MR>().0[..kc];
+                            tile::<T, MR, NR, FMA>(
+                                kc,
+                                b,
+                                #[inline(always)]
+                                |p| sliver[p],
+                            )
+                        }
+                    };
+                    store(
+                        &tile,
+                        &mut c[(ic + ir) * n + col..],
+                        n,
+                        (height, width),
+                        pc > 0,
+                    );
                 }
             }
-            Layout::ColumnsAlongK => {
-                // Each line read in order (a row of `a`), written with a stride of `W`.
-                for w in 0..W {
-                    let line = (w < width).then(|| &src[(first + w) * stride + p0..][..depth]);
-                    for (p, step) in sliver.chunks_exact_mut(W).enumerate() {
-                        step[w] = line.map_or(T::zero(), |line| line[p]);
-                    }
+            if let Some(then) = then {
+                then(row0, &mut c[ic * n..(ic + mc) * n]);
+            }
+        }
+    }
+}
+
+/// Writes (or with `add`, adds) the top-left `rows x cols` of `tile` into `c` from its start, rows
+/// `n` apart.
+#[inline(always)]
+fn store<T: Element, const MR: usize, const NR: usize>(
+    tile: &[[T; NR]; MR],
+    c: &mut [T],
+    n: usize,
+    (rows, cols): (usize, usize),
+    add: bool,
+) {
+    for (i, tile_row) in tile.iter().enumerate().take(rows) {
+        let out = &mut c[i * n..][..cols];
+        match (<&mut [T; NR]>::try_from(&mut *out), add) {
+            // A whole row of the tile: fixed-length moves, no `memcpy` call.
+            (Ok(out), false) => *out = *tile_row,
+            (Ok(out), true) => {
+                for (o, &t) in out.iter_mut().zip(tile_row) {
+                    *o = *o + t;
+                }
+            }
+            (Err(_), false) => out.copy_from_slice(&tile_row[..cols]),
+            (Err(_), true) => {
+                for (o, &t) in out.iter_mut().zip(tile_row) {
+                    *o = *o + t;
                 }
             }
         }
     }
 }
 
-/// `out += tile_row`, over `out`'s length.
+/// Packs rows `row0..` (as many as `dst` holds slivers of `MR`) of `a`, columns `p0..p0 + depth`,
+/// into slivers of `MR` rows, each column's `MR` values together; rows past `a`'s are zeros.
 #[inline(always)]
-fn add<T: Element>(out: &mut [T], tile_row: &[T]) {
-    for (o, &t) in out.iter_mut().zip(tile_row) {
-        *o = *o + t;
+fn pack_a<T: Element, const MR: usize>(
+    dst: &mut [T],
+    a: Matrix<'_, T>,
+    (p0, depth): (usize, usize),
+    row0: usize,
+) {
+    for (s, sliver) in dst.chunks_exact_mut(MR * depth).enumerate() {
+        let first = row0 + s * MR;
+        let height = MR.min(a.rows - first);
+        if a.rs == 1 && height == MR {
+            // Columns contiguous (a transposed row-major matrix): `MR` values per column in a row.
+            for (p, step) in sliver.chunks_exact_mut(MR).enumerate() {
+                step.copy_from_slice(&a.data[(p0 + p) * a.cs + first..][..MR]);
+            }
+        } else if a.cs == 1 {
+            // Rows contiguous: each row read in order, written with a stride of `MR`.
+            for i in 0..MR {
+                let line = (i < height).then(|| a.row(first + i, p0, depth));
+                for (p, step) in sliver.chunks_exact_mut(MR).enumerate() {
+                    step[i] = line.map_or(T::zero(), |line| line[p]);
+                }
+            }
+        } else {
+            for (p, step) in sliver.chunks_exact_mut(MR).enumerate() {
+                for (i, v) in step.iter_mut().enumerate() {
+                    *v = if i < height {
+                        a.at(first + i, p0 + p)
+                    } else {
+                        T::zero()
+                    };
+                }
+            }
+        }
     }
 }
 
-/// The `MR x NR` tile `sum_p a[p][i] b[p][j]` of a packed sliver pair, held in registers.
+/// Packs columns from `col0` (as many as `dst` holds slivers of `NR`) of `b`, rows
+/// `p0..p0 + depth`, into slivers of `NR` columns, each row's `NR` values together; columns past
+/// `b`'s are zeros.
+#[inline(always)]
+fn pack_b<T: Element, const NR: usize>(
+    dst: &mut [T],
+    b: Matrix<'_, T>,
+    (p0, depth): (usize, usize),
+    col0: usize,
+) {
+    for (s, sliver) in dst.chunks_exact_mut(NR * depth).enumerate() {
+        let first = col0 + s * NR;
+        let width = NR.min(b.cols - first);
+        for (p, step) in sliver.chunks_exact_mut(NR).enumerate() {
+            let step: &mut [T; NR] = step.try_into().expect("NR values");
+            if b.cs == 1 && width == NR {
+                // A fixed-length move, not a `memcpy` call per sliver row.
+                *step = b.row(p0 + p, first, NR).try_into().expect("NR values");
+            } else {
+                for (j, v) in step.iter_mut().enumerate() {
+                    *v = if j < width {
+                        b.at(p0 + p, first + j)
+                    } else {
+                        T::zero()
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// The `MR x NR` tile `sum_p a(p)[i] b[p][j]` over `p < depth`, of a sliver of `a` (column `p`
+/// given by `a(p)`) and a packed sliver `b`, held in registers.
 #[inline(always)]
 fn tile<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
-    a: &[T],
-    b: &[T],
+    depth: usize,
+    b: &[[T; NR]],
+    a: impl Fn(usize) -> [T; MR],
 ) -> [[T; NR]; MR] {
+    let b = &b[..depth];
     let mut acc = [[T::zero(); NR]; MR];
-    for (a, b) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
+    for p in 0..depth {
+        let (a, b) = (a(p), &b[p]);
         for i in 0..MR {
             for j in 0..NR {
                 acc[i][j] = if FMA {
@@ -214,6 +453,7 @@ fn tile<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
 
     /// Values in [-1, 1) from a fixed sequence.
     fn values<T: Element>(len: usize, seed: u64) -> Vec<T> {
@@ -228,17 +468,28 @@ mod tests {
             .collect()
     }
 
-    /// Largest error of `product` against a sum in `f64`, relative to `k` (each term is below 1).
-    fn error<T: Element>(m: usize, k: usize, n: usize) -> f64 {
-        let (a, b) = (values::<T>(m * k, 1), values::<T>(k * n, 2));
+    /// Largest error of `product` against a sum in `f64`, relative to `k` (each term is below 1),
+    /// with each operand stored row-major (`false`) or as the transpose of a row-major matrix.
+    fn error<T: Element>((m, k, n): (usize, usize, usize), (ta, tb): (bool, bool)) -> f64 {
+        let (a_data, b_data) = (values::<T>(m * k, 1), values::<T>(k * n, 2));
+        let a = if ta {
+            Matrix::row_major(&a_data, k, m).t()
+        } else {
+            Matrix::row_major(&a_data, m, k)
+        };
+        let b = if tb {
+            Matrix::row_major(&b_data, n, k).t()
+        } else {
+            Matrix::row_major(&b_data, k, n)
+        };
         // The output starts as garbage: every element must be written.
         let mut c = vec![T::from_f64(7.0); m * n];
-        product(&a, &b, &mut c, (m, k, n));
+        product(a, b, &mut c, None);
         let mut worst = 0f64;
         for i in 0..m {
             for j in 0..n {
                 let exact: f64 = (0..k)
-                    .map(|p| a[i * k + p].to_f64() * b[p * n + j].to_f64())
+                    .map(|p| a.at(i, p).to_f64() * b.at(p, j).to_f64())
                     .sum();
                 worst = worst.max((c[i * n + j].to_f64() - exact).abs() / k.max(1) as f64);
             }
@@ -247,9 +498,10 @@ mod tests {
     }
 
     #[test]
-    fn products_of_every_edge_shape_match_a_sum_in_f64() {
-        // Sizes around the tile (6 x 16 or 6 x 8) and past each block edge (144 rows, 384 deep,
-        // 1024 columns); the last is split over threads.
+    fn products_of_every_edge_shape_and_layout_match_a_sum_in_f64() {
+        // Sizes around the tile (6 x 16 or 6 x 8) and past each block edge (144 rows, 256 deep,
+        // 1024 columns), rows short enough to be read in place and long enough to be packed; the
+        // large ones are split over threads.
         let shapes = [
             (1, 1, 1),
             (5, 3, 7),
@@ -258,22 +510,76 @@ mod tests {
             (13, 385, 9),
             (150, 40, 17),
             (145, 390, 20),
-            (7, 390, 1030),
+            (7, 300, 1030),
             (300, 64, 64),
+            (64, 1024, 40),
         ];
-        for (m, k, n) in shapes {
-            let (e32, e64) = (error::<f32>(m, k, n), error::<f64>(m, k, n));
-            assert!(e32 < 1e-6, "f32 [{m}, {k}] x [{k}, {n}]: error {e32:e}");
-            assert!(e64 < 1e-14, "f64 [{m}, {k}] x [{k}, {n}]: error {e64:e}");
+        for shape in shapes {
+            for layout in [(false, false), (true, false), (false, true), (true, true)] {
+                let (e32, e64) = (error::<f32>(shape, layout), error::<f64>(shape, layout));
+                assert!(
+                    e32 < 1e-6,
+                    "f32 {shape:?} transposed {layout:?}: error {e32:e}"
+                );
+                assert!(
+                    e64 < 1e-14,
+                    "f64 {shape:?} transposed {layout:?}: error {e64:e}"
+                );
+            }
         }
     }
 
     #[test]
     fn an_empty_sum_writes_zeros_and_empty_outputs_write_nothing() {
         let mut c = vec![3.0f32; 6];
-        product(&[], &[], &mut c, (2, 0, 3));
+        product(
+            Matrix::row_major(&[], 2, 0),
+            Matrix::row_major(&[], 0, 3),
+            &mut c,
+            None,
+        );
         assert_eq!(c, [0.0; 6]);
-        product(&[], &[1.0; 4], &mut c, (0, 2, 2));
+        product(
+            Matrix::row_major(&[], 0, 2),
+            Matrix::row_major(&[1.0; 4], 2, 2),
+            &mut c,
+            None,
+        );
         assert_eq!(c, [0.0; 6]);
+    }
+
+    #[test]
+    fn the_epilogue_sees_every_row_once_and_final() {
+        for (m, k, n) in [(3, 0, 5), (300, 600, 40), (20, 30, 1100), (1000, 64, 64)] {
+            let (a, b) = (values::<f32>(m * k, 3), values::<f32>(k * n, 4));
+            let mut plain = vec![0.0f32; m * n];
+            product(
+                Matrix::row_major(&a, m, k),
+                Matrix::row_major(&b, k, n),
+                &mut plain,
+                None,
+            );
+            let seen = Mutex::new(vec![0u32; m]);
+            let then = |first: usize, rows: &mut [f32]| {
+                assert_eq!(rows.len() % n, 0);
+                let mut seen = seen.lock().unwrap();
+                for (i, row) in rows.chunks_exact_mut(n).enumerate() {
+                    seen[first + i] += 1;
+                    // The row is final: it equals the plain product's.
+                    assert_eq!(row, &plain[(first + i) * n..][..n], "row {}", first + i);
+                    row.iter_mut().for_each(|v| *v = 2.0 * *v + 1.0);
+                }
+            };
+            let mut c = vec![f32::NAN; m * n];
+            product(
+                Matrix::row_major(&a, m, k),
+                Matrix::row_major(&b, k, n),
+                &mut c,
+                Some(&then),
+            );
+            assert!(seen.into_inner().unwrap().iter().all(|&s| s == 1));
+            let expected: Vec<f32> = plain.iter().map(|v| 2.0 * v + 1.0).collect();
+            assert_eq!(c, expected, "[{m}, {k}] x [{k}, {n}]");
+        }
     }
 }

@@ -7,6 +7,7 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn};
 
+use super::gemm::{self, Matrix};
 use super::{broadcast_shape, work, Operand};
 use crate::autograd::{self, Recorder, Rule};
 use crate::element::Element;
@@ -115,6 +116,39 @@ impl<'s, T: Element> Tensor<'s, T> {
     }
 }
 
+/// `a b` of two matrices, either read as its transpose when asked (`ta`, `tb`): `[m, k] x [k, n]`
+/// after the transposes. The backward of [`Tensor::try_matmul`] multiplies by transposes, which the
+/// products of `f32` and `f64` read where they lie instead of copying them first.
+pub(crate) fn matmul_transposed<'s, T: Element>(
+    (a, ta): (&Tensor<'s, T>, bool),
+    (b, tb): (&Tensor<'s, T>, bool),
+) -> Result<Tensor<'s, T>> {
+    let (&[ar, ac], &[br, bc]) = (a.shape(), b.shape()) else {
+        unreachable!("the backward passes matrices")
+    };
+    if !T::GEMM {
+        let t = |x: &Tensor<'s, T>, t: bool| if t { x.try_t() } else { Ok(x.clone()) };
+        return t(a, ta)?.try_matmul(&t(b, tb)?);
+    }
+    let matrix = |data, rows, cols, t: bool| {
+        let m = Matrix::row_major(data, rows, cols);
+        if t {
+            m.t()
+        } else {
+            m
+        }
+    };
+    let scope = deeper(&a.scope, &b.scope);
+    let (a, b) = (
+        matrix(a.as_slice(), ar, ac, ta),
+        matrix(b.as_slice(), br, bc, tb),
+    );
+    debug_assert_eq!(a.cols, b.rows, "the backward multiplies fitting matrices");
+    let mut out = Tensor::try_rent_in(scope, &[a.rows, b.cols])?;
+    gemm::product(a, b, out.unique_slice_mut(), None);
+    Ok(out)
+}
+
 /// For each axis of the broadcast batch shape `batch`, how many matrices of an operand with batch
 /// axes `own` (aligned from the right) one step along it moves: 0 where the operand broadcasts.
 fn batch_steps(own: &[usize], batch: &[usize]) -> Vec<usize> {
@@ -131,7 +165,8 @@ fn batch_steps(own: &[usize], batch: &[usize]) -> Vec<usize> {
 /// `c = a b` for an `[m, n]` output slice.
 fn product<T: Element>(a: &[T], b: &[T], c: &mut [T], m: usize, k: usize, n: usize) {
     if T::GEMM {
-        return super::gemm::product(a, b, c, (m, k, n));
+        let (a, b) = (Matrix::row_major(a, m, k), Matrix::row_major(b, k, n));
+        return gemm::product(a, b, c, None);
     }
     let (a, b) = (matrix(m, k, a), matrix(k, n, b));
     let mut c = ArrayViewMut2::from_shape((m, n), c).expect("matmul rented an [m, n] output");

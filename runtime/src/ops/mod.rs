@@ -24,6 +24,7 @@
 
 pub mod conv;
 pub mod elementwise;
+mod fused;
 mod gemm;
 pub mod index;
 pub(crate) mod kernels;
@@ -37,6 +38,8 @@ pub(crate) mod simd;
 mod unary;
 
 pub(crate) use conv::{conv2d_backward, upsample_backward};
+pub use fused::Epilogue;
+pub(crate) use linalg::matmul_transposed;
 pub use mask::Cmp;
 pub use unary::TensorOps;
 pub(crate) use unary::{gelu_erf_grad, gelu_grad, norm_backward_lane, scalar_op, unary_op};
