@@ -8,7 +8,7 @@ use crate::autograd::Unary;
 use crate::checkpoint::{self, Checkpointer};
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
-use crate::ops::unary_op;
+use crate::ops::{unary_op, Epilogue};
 use crate::param::{Param, Parameters};
 use crate::pool::Pool;
 use crate::scope::Scope;
@@ -88,26 +88,22 @@ impl<T: Element> Linear<T> {
 }
 
 impl<T: Element> Module<T> for Linear<T> {
+    /// The bias is added in the product's own pass ([`Tensor::try_matmul_with`]).
     fn forward<'s>(&self, x: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        if x.ndim() == 2 {
-            return x.try_matmul(&self.weight)?.try_add(&self.bias);
-        }
-        // Leading axes fold into rows: one matrix product, then the shape back.
-        let Some((&inputs, lead)) = x.shape().split_last() else {
-            return Err(Error::InvalidShape {
+        let bias = Epilogue::new().add(&self.bias);
+        match x.ndim() {
+            0 => Err(Error::InvalidShape {
                 op: "Linear",
                 shape: Shape::from(x.shape()),
                 reason: "the input needs an axis of features".into(),
-            });
-        };
-        let rows = lead.iter().product();
-        let y = x
-            .try_reshape(&[rows, inputs])?
-            .try_matmul(&self.weight)?
-            .try_add(&self.bias)?;
-        let mut shape = lead.to_vec();
-        shape.push(self.weight.shape()[1]);
-        y.try_reshape(&shape)
+            }),
+            // One vector: a matrix of one row.
+            1 => x
+                .try_unsqueeze(0)?
+                .try_matmul_with(&self.weight, bias)?
+                .try_squeeze(0),
+            _ => x.try_matmul_with(&self.weight, bias),
+        }
     }
 }
 
