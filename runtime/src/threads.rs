@@ -14,7 +14,7 @@
 #![allow(unsafe_code)]
 
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// Threads an op may use, the caller's included.
@@ -54,6 +54,12 @@ pub(crate) fn split_mut<T: Send>(
 /// The most parts an op is split into.
 const MAX_PARTS: usize = 64;
 
+/// Checks of an atomic a thread waiting for a job, or for a job's parts, makes before it sleeps:
+/// about 50 µs here (a `pause` each). Ops come one after another in a forward, so the next job usually arrives
+/// while a worker spins, and posting it costs a store instead of a wake-up through the kernel (a
+/// few µs each way, as long as a small product); a worker idle for longer sleeps.
+const SPINS: u32 = 1 << 11;
+
 /// Runs `f(0..parts)`, the parts spread over the team and this thread; returns when all are done.
 /// A panic in any part is raised again here, with its payload, once every part has finished.
 fn run_parts(parts: usize, f: &(dyn Fn(usize) + Sync)) {
@@ -70,8 +76,9 @@ fn run_parts(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     // SAFETY: the job's lifetime is erased so that the workers can hold it, and the erasure is
     // sound because this function does not return, or unwind, until the job has been taken down
     // again (`task = None` below) with every part finished: a worker only calls the job between
-    // claiming a part and counting it finished, both under `team.job`'s lock, and the loop below
-    // waits for `unfinished == 0` after catching any panic of this thread's own parts.
+    // claiming a part (under `team.job`'s lock, while the job is posted) and counting it finished
+    // (`team.unfinished`), and this function waits for `unfinished == 0` after catching any panic
+    // of this thread's own parts, before it takes the job down.
     let task: Task = Task(unsafe {
         std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
     });
@@ -80,20 +87,27 @@ fn run_parts(parts: usize, f: &(dyn Fn(usize) + Sync)) {
         job.task = Some(task);
         job.parts = parts;
         job.next = 0;
-        job.unfinished = parts;
+        team.unfinished.store(parts, Ordering::Release);
+        team.posted.fetch_add(1, Ordering::Release);
+        if job.sleepers > 0 {
+            team.start.notify_all();
+        }
     }
-    team.start.notify_all();
-    let mut job = lock(&team.job);
     // This thread takes parts too, then waits for the ones the workers took.
-    while job.next < job.parts {
-        job = team.run_one(job);
+    while team.run_one() {}
+    if !team.spin_until(|| team.unfinished.load(Ordering::Acquire) == 0) {
+        let mut job = lock(&team.job);
+        job.caller_sleeps = true;
+        while team.unfinished.load(Ordering::Acquire) > 0 {
+            job = team.done.wait(job).unwrap_or_else(PoisonError::into_inner);
+        }
+        job.caller_sleeps = false;
     }
-    while job.unfinished > 0 {
-        job = team.done.wait(job).unwrap_or_else(PoisonError::into_inner);
-    }
-    job.task = None;
-    let panic = job.panic.take();
-    drop(job);
+    let panic = {
+        let mut job = lock(&team.job);
+        job.task = None;
+        job.panic.take()
+    };
     team.busy.store(false, Ordering::Release);
     if let Some(payload) = panic {
         panic::resume_unwind(payload);
@@ -111,51 +125,82 @@ struct Job {
     parts: usize,
     /// The next part to claim.
     next: usize,
-    /// Parts claimed or not that have not finished.
-    unfinished: usize,
     /// The payload of the first part that panicked.
     panic: Option<Box<dyn std::any::Any + Send>>,
+    /// Workers asleep on `start`.
+    sleepers: usize,
+    /// The caller is asleep on `done`.
+    caller_sleeps: bool,
 }
 
 struct Team {
     workers: usize,
     job: Mutex<Job>,
-    /// Signalled when a job is posted.
+    /// Jobs posted so far: a spinning worker watches it change.
+    posted: AtomicU64,
+    /// Parts of the current job, claimed or not, that have not finished.
+    unfinished: AtomicUsize,
+    /// Signalled when a job is posted while a worker sleeps.
     start: Condvar,
-    /// Signalled when a job's last part finishes.
+    /// Signalled when a job's last part finishes while its caller sleeps.
     done: Condvar,
     /// A job is running: other callers run theirs alone.
     busy: AtomicBool,
 }
 
 impl Team {
-    /// Claims the next part of the current job, runs it without the lock, and counts it finished.
-    fn run_one<'a>(&'a self, mut job: MutexGuard<'a, Job>) -> MutexGuard<'a, Job> {
-        let (Some(task), i) = (job.task, job.next) else {
-            return job;
+    /// Claims the next part of the current job and runs it, counting it finished; `false` if no
+    /// part is left to claim.
+    fn run_one(&self) -> bool {
+        let (task, i) = {
+            let mut job = lock(&self.job);
+            let (Some(task), i) = (job.task, job.next) else {
+                return false;
+            };
+            if i >= job.parts {
+                return false;
+            }
+            job.next += 1;
+            (task, i)
         };
-        job.next += 1;
-        drop(job);
         let result = panic::catch_unwind(AssertUnwindSafe(|| (task.0)(i)));
-        let mut job = lock(&self.job);
         if let Err(payload) = result {
-            job.panic.get_or_insert(payload);
+            lock(&self.job).panic.get_or_insert(payload);
         }
-        job.unfinished -= 1;
-        if job.unfinished == 0 {
-            self.done.notify_all();
+        if self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last part: wake the caller if it stopped spinning. Taking the lock orders this
+            // after the caller's check of `unfinished` made under it.
+            if lock(&self.job).caller_sleeps {
+                self.done.notify_all();
+            }
         }
-        job
+        true
     }
 
-    /// A worker: takes parts of whatever job is posted, forever.
+    /// Spins until `ready` or for [`SPINS`] checks; whether `ready` held.
+    fn spin_until(&self, ready: impl Fn() -> bool) -> bool {
+        for _ in 0..SPINS {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        ready()
+    }
+
+    /// A worker: takes parts of whatever job is posted, forever; between jobs it spins a while,
+    /// then sleeps until the next is posted.
     fn work(&self) {
-        let mut job = lock(&self.job);
         loop {
-            if job.task.is_some() && job.next < job.parts {
-                job = self.run_one(job);
-            } else {
-                job = self.start.wait(job).unwrap_or_else(PoisonError::into_inner);
+            let seen = self.posted.load(Ordering::Acquire);
+            while self.run_one() {}
+            if !self.spin_until(|| self.posted.load(Ordering::Acquire) != seen) {
+                let mut job = lock(&self.job);
+                job.sleepers += 1;
+                while self.posted.load(Ordering::Acquire) == seen {
+                    job = self.start.wait(job).unwrap_or_else(PoisonError::into_inner);
+                }
+                job.sleepers -= 1;
             }
         }
     }
@@ -182,6 +227,8 @@ fn team() -> Option<&'static Team> {
         let team: &'static Team = Box::leak(Box::new(Team {
             workers: threads - 1,
             job: Mutex::default(),
+            posted: AtomicU64::new(0),
+            unfinished: AtomicUsize::new(0),
             start: Condvar::new(),
             done: Condvar::new(),
             busy: AtomicBool::new(false),
@@ -199,7 +246,6 @@ fn team() -> Option<&'static Team> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
 
     #[test]
     fn every_element_is_visited_once_with_its_index() {
