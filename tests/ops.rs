@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{panic_message, test_pool};
+use common::{assert_fully_written, panic_message, test_pool};
 use half::{bf16, f16};
 use ndarray::{concatenate, stack, Array, Array2, ArrayD, Axis, Dimension, Ix2, Ix3, IxDyn, Zip};
 use tensorscope::{DType, Element, Error, Shape, Tensor, TensorOps};
@@ -321,6 +321,20 @@ fn matmul_3d_by_3d_multiplies_batch_by_batch() {
         let want = matmul_ref(&a.to_array(), &b.to_array());
         assert_eq!(want.shape(), &[3, 2, 5]);
         assert_close_tol("[3,2,4] x [3,4,5]", &a.matmul(&b), &want, 1e-5, 1e-5);
+    });
+}
+
+#[test]
+fn matmul_of_many_batch_entries_split_over_threads_matches_each_product() {
+    // 64 products of 60,000 multiply-adds: runs of whole matrices go to different threads.
+    let pool = test_pool(64);
+    pool.scope(|s| {
+        let a = s.randn::<f32>(&[64, 40, 30], 26);
+        let b = s.randn::<f32>(&[64, 30, 50], 27);
+        let want = matmul_ref(&a.to_array(), &b.to_array());
+        let got = a.matmul(&b);
+        assert_fully_written("[64,40,30] x [64,30,50]", &got);
+        assert_close_tol("[64,40,30] x [64,30,50]", &got, &want, 1e-4, 1e-4);
     });
 }
 

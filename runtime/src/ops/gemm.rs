@@ -38,7 +38,7 @@ const NC: usize = 1024;
 
 /// Multiply-adds per part below which a product is not split over threads: waking a worker costs
 /// about as much as computing this many.
-const PER_PART: usize = 1 << 19;
+pub(crate) const PER_PART: usize = 1 << 19;
 /// Elements of `b` packed per part below which packing is not split over threads.
 const PACK_PER_PART: usize = 1 << 16;
 /// `a` is read in place, not packed, when its rows lie at most this many bytes apart: the

@@ -14,6 +14,7 @@ use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::scope::deeper;
 use crate::tensor::Tensor;
+use crate::threads;
 
 fn matrix<T>(rows: usize, cols: usize, data: &[T]) -> ArrayView2<'_, T> {
     ArrayView2::from_shape((rows, cols), data).expect("matmul checked the operand sizes")
@@ -92,17 +93,22 @@ impl<'s, T: Element> Tensor<'s, T> {
         // along an axis the operand broadcasts.
         let (a_steps, b_steps) = (batch_steps(a_batch, batch), batch_steps(b_batch, batch));
         work::visit(count(batch));
-        for i in 0..count(batch) {
-            let (mut ai, mut bi, mut rest) = (0, 0, i);
-            for axis in (0..batch.len()).rev() {
-                let pos = rest % batch[axis];
-                rest /= batch[axis];
-                ai += pos * a_steps[axis];
-                bi += pos * b_steps[axis];
+        // Runs of whole matrices over the threads (attention's many small products would each be
+        // too small to split).
+        let min_matrices = gemm::PER_PART.div_ceil(m * k * n);
+        threads::split_mut(c, m * n, min_matrices, |start, c| {
+            for (j, c) in c.chunks_exact_mut(m * n).enumerate() {
+                let (mut ai, mut bi, mut rest) = (0, 0, start / (m * n) + j);
+                for axis in (0..batch.len()).rev() {
+                    let pos = rest % batch[axis];
+                    rest /= batch[axis];
+                    ai += pos * a_steps[axis];
+                    bi += pos * b_steps[axis];
+                }
+                let (am, bm) = (&a[ai * m * k..][..m * k], &b[bi * k * n..][..k * n]);
+                product(am, bm, c, m, k, n);
             }
-            let (am, bm) = (&a[ai * m * k..][..m * k], &b[bi * k * n..][..k * n]);
-            product(am, bm, &mut c[i * m * n..][..m * n], m, k, n);
-        }
+        });
         Ok(out)
     }
 
