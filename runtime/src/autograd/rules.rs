@@ -236,7 +236,15 @@ impl<T: Element> Rule<T> {
             ],
             Rule::Sub(a, b) => vec![
                 grad_if(0, &|| reduce_to(g.clone(), &a))?,
-                grad_if(1, &|| reduce_to((&g).try_map(|v| -v)?, &b))?,
+                grad_if(1, &|| {
+                    reduce_to(
+                        (&g).try_map(
+                            #[inline(always)]
+                            |v| -v,
+                        )?,
+                        &b,
+                    )
+                })?,
             ],
             Rule::Mul(a, b) => {
                 let (a, b) = (here(&a), here(&b));
@@ -252,59 +260,130 @@ impl<T: Element> Rule<T> {
                     grad_if(1, &|| {
                         // d(a / b)/db = -a / b^2
                         let q = g.try_mul(&a)?.try_div(&b)?.try_div(&b)?;
-                        reduce_to(q.try_map(|v| -v)?, b.shape())
+                        reduce_to(
+                            q.try_map(
+                                #[inline(always)]
+                                |v| -v,
+                            )?,
+                            b.shape(),
+                        )
                     })?,
                 ]
             }
             Rule::Scalar(kind, c, x) => vec![Some(match kind {
                 Scalar::Add | Scalar::Sub => g,
-                Scalar::SubFrom => g.try_map(|v| -v)?,
-                Scalar::Mul => g.try_map(|v| v * c)?,
-                Scalar::Div => g.try_map(|v| v / c)?,
+                Scalar::SubFrom => g.try_map(
+                    #[inline(always)]
+                    |v| -v,
+                )?,
+                Scalar::Mul => g.try_map(
+                    #[inline(always)]
+                    |v| v * c,
+                )?,
+                Scalar::Div => g.try_map(
+                    #[inline(always)]
+                    |v| v / c,
+                )?,
                 Scalar::DivInto => {
                     let x = here(x.as_ref().expect("c / x saves x"));
-                    g.try_zip_map(&x, |g, x| -g * c / (x * x))?
+                    g.try_zip_map(
+                        &x,
+                        #[inline(always)]
+                        |g, x| -g * c / (x * x),
+                    )?
                 }
                 // `x^0` is constant: its gradient is 0, also at x = 0 (where `0 * 0^-1` is NaN).
-                Scalar::Pow if c == T::zero() => g.try_map(|_| T::zero())?,
+                Scalar::Pow if c == T::zero() => g.try_map(
+                    #[inline(always)]
+                    |_| T::zero(),
+                )?,
                 Scalar::Pow => {
                     let x = here(x.as_ref().expect("x ^ c saves x"));
-                    g.try_zip_map(&x, |g, x| g * c * x.powf(c - T::one()))?
+                    g.try_zip_map(
+                        &x,
+                        #[inline(always)]
+                        |g, x| g * c * x.powf(c - T::one()),
+                    )?
                 }
             })],
             Rule::Unary(kind, saved) => {
                 let saved = saved.as_ref().map(here);
                 let s = || saved.as_ref().expect("the rule saved what it needs");
                 vec![Some(match kind {
-                    Unary::Neg => g.try_map(|v| -v)?,
+                    Unary::Neg => g.try_map(
+                        #[inline(always)]
+                        |v| -v,
+                    )?,
                     // Written as the layers' hand-written backward passes are, for the same bits.
-                    Unary::Relu => g.try_zip_map(s(), |g, y| {
-                        g * if y > T::zero() { T::one() } else { T::zero() }
-                    })?,
-                    Unary::Gelu => g.try_zip_map(s(), |g, x| g * ops::gelu_grad(x))?,
-                    Unary::Silu => g.try_zip_map(s(), |g, x| {
-                        let sig = T::one() / (T::one() + (-x).exp_kernel());
-                        g * sig * (T::one() + x * (T::one() - sig))
-                    })?,
-                    Unary::Sigmoid => g.try_zip_map(s(), |g, y| g * y * (T::one() - y))?,
-                    Unary::Tanh => g.try_zip_map(s(), |g, y| g * (T::one() - y * y))?,
-                    Unary::Exp => g.try_zip_map(s(), |g, y| g * y)?,
-                    Unary::Log => g.try_zip_map(s(), |g, x| g / x)?,
-                    Unary::Sqrt => g.try_zip_map(s(), |g, y| g / (y + y))?,
+                    Unary::Relu => g.try_zip_map(
+                        s(),
+                        #[inline(always)]
+                        |g, y| g * if y > T::zero() { T::one() } else { T::zero() },
+                    )?,
+                    Unary::Gelu => g.try_zip_map(
+                        s(),
+                        #[inline(always)]
+                        |g, x| g * ops::gelu_grad(x),
+                    )?,
+                    Unary::Silu => g.try_zip_map(
+                        s(),
+                        #[inline(always)]
+                        |g, x| {
+                            let sig = T::one() / (T::one() + (-x).exp_kernel());
+                            g * sig * (T::one() + x * (T::one() - sig))
+                        },
+                    )?,
+                    Unary::Sigmoid => g.try_zip_map(
+                        s(),
+                        #[inline(always)]
+                        |g, y| g * y * (T::one() - y),
+                    )?,
+                    Unary::Tanh => g.try_zip_map(
+                        s(),
+                        #[inline(always)]
+                        |g, y| g * (T::one() - y * y),
+                    )?,
+                    Unary::Exp => g.try_zip_map(
+                        s(),
+                        #[inline(always)]
+                        |g, y| g * y,
+                    )?,
+                    Unary::Log => g.try_zip_map(
+                        s(),
+                        #[inline(always)]
+                        |g, x| g / x,
+                    )?,
+                    Unary::Sqrt => g.try_zip_map(
+                        s(),
+                        #[inline(always)]
+                        |g, y| g / (y + y),
+                    )?,
                     // As PyTorch: the sign, 0 at 0.
-                    Unary::Abs => g.try_zip_map(s(), |g, x| {
-                        if x > T::zero() {
-                            g
-                        } else if x < T::zero() {
-                            -g
-                        } else {
-                            x * g
-                        }
-                    })?,
-                    Unary::GeluErf => g.try_zip_map(s(), |g, x| g * ops::gelu_erf_grad(x))?,
+                    Unary::Abs => g.try_zip_map(
+                        s(),
+                        #[inline(always)]
+                        |g, x| {
+                            if x > T::zero() {
+                                g
+                            } else if x < T::zero() {
+                                -g
+                            } else {
+                                x * g
+                            }
+                        },
+                    )?,
+                    Unary::GeluErf => g.try_zip_map(
+                        s(),
+                        #[inline(always)]
+                        |g, x| g * ops::gelu_erf_grad(x),
+                    )?,
                 })]
             }
-            Rule::Map(x, _, df) => vec![Some(g.try_zip_map(&here(&x), |g, x| g * df(x))?)],
+            Rule::Map(x, _, df) => vec![Some(g.try_zip_map(
+                &here(&x),
+                #[inline(always)]
+                |g, x| g * df(x),
+            )?)],
             Rule::Region(_) => {
                 unreachable!("the engine runs a region's backward with the gradients")
             }
@@ -403,7 +482,14 @@ impl<T: Element> Rule<T> {
             Rule::Sum(axis, shape) => vec![Some(expand(g, axis, &shape)?)],
             Rule::Mean(axis, shape) => {
                 let n = T::from_f64(shape[axis] as f64);
-                vec![Some(expand(g.try_map(|v| v / n)?, axis, &shape)?)]
+                vec![Some(expand(
+                    g.try_map(
+                        #[inline(always)]
+                        |v| v / n,
+                    )?,
+                    axis,
+                    &shape,
+                )?)]
             }
             Rule::Matmul(a, b) => {
                 let (a, b) = (here(&a), here(&b));
@@ -474,21 +560,35 @@ impl<T: Element> Rule<T> {
             Rule::Mse(diff, n) => {
                 // As `nn::mse` has always scaled: 2 / n, times the upstream gradient (1 for a loss).
                 let scale = T::from_f64(2.0) / T::from_f64(n.max(1) as f64) * g.as_slice()[0];
-                let dp = here(&diff).try_map(|d| d * scale)?;
-                let dt = grad_if(1, &|| (&dp).try_map(|v| -v))?;
+                let dp = here(&diff).try_map(
+                    #[inline(always)]
+                    |d| d * scale,
+                )?;
+                let dt = grad_if(1, &|| {
+                    (&dp).try_map(
+                        #[inline(always)]
+                        |v| -v,
+                    )
+                })?;
                 vec![need(0).then_some(dp), dt]
             }
             Rule::CrossEntropy(log_probs, labels) => {
                 let upstream = g.as_slice()[0];
                 let n = T::from_f64(labels.len().max(1) as f64);
-                let mut grad = here(&log_probs).try_map(|lp| lp.exp_kernel() / n)?;
+                let mut grad = here(&log_probs).try_map(
+                    #[inline(always)]
+                    |lp| lp.exp_kernel() / n,
+                )?;
                 let classes = grad.shape().get(1).copied().unwrap_or(1);
                 let rows = grad.unique_slice_mut();
                 for (row, &label) in labels.iter().enumerate() {
                     let v = &mut rows[row * classes + label];
                     *v = *v - T::one() / n;
                 }
-                vec![Some(grad.try_map(|v| v * upstream)?)]
+                vec![Some(grad.try_map(
+                    #[inline(always)]
+                    |v| v * upstream,
+                )?)]
             }
         })
     }

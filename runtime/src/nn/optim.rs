@@ -3,12 +3,11 @@
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
-use ndarray::{ArrayViewD, ArrayViewMutD, Zip};
-
 use super::NnError;
 use crate::autograd::Gradients;
 use crate::element::Element;
 use crate::error::{Error, Shape};
+use crate::ops::simd;
 use crate::param::{Param, Parameters};
 
 /// Updates parameters from their gradients.
@@ -49,7 +48,7 @@ impl<S> States<S> {
         params: &mut dyn Parameters<T>,
         grads: &Gradients<'_, T>,
         make: impl Fn(&Param<T>) -> Result<S, NnError>,
-        mut update: impl FnMut(ArrayViewMutD<'_, T>, &mut S, ArrayViewD<'_, T>),
+        mut update: impl FnMut(&mut [T], &mut S, &[T]),
     ) -> Result<(), NnError> {
         let mut failure = None;
         let mut index = 0;
@@ -93,10 +92,17 @@ impl<S> States<S> {
             };
             let state = self.by_key.get_mut(&p.key()).expect("made above");
             // Unique since the first pass, so written in place: this cannot fail.
-            update(p.view_mut(), state, g.view());
+            update(slice_mut(p), state, g.as_slice());
         });
         Ok(())
     }
+}
+
+/// The elements of `p`, writable (in place: every parameter an update writes is unique by then).
+fn slice_mut<T: Element>(p: &mut Param<T>) -> &mut [T] {
+    p.view_mut()
+        .into_slice()
+        .expect("a parameter's elements are contiguous")
 }
 
 /// Stochastic gradient descent with momentum (PyTorch's form):
@@ -130,10 +136,16 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
             grads,
             |p| Ok(Param::try_zeros(p.pool(), p.shape())?),
             |w, v, g| {
-                Zip::from(w).and(v.view_mut()).and(&g).for_each(|w, v, &g| {
-                    *v = momentum * *v + g;
-                    *w = *w - lr * *v;
-                });
+                simd::update(
+                    w,
+                    slice_mut(v),
+                    g,
+                    #[inline(always)]
+                    move |w, v, g| {
+                        let v = momentum * v + g;
+                        (w - lr * v, v)
+                    },
+                );
             },
         )
     }
@@ -203,20 +215,20 @@ impl<T: Element> Optimizer<T> for Adam<T> {
                 *t = t.saturating_add(1);
                 let correction1 = T::one() - b1.powi(*t);
                 let correction2 = T::one() - b2.powi(*t);
-                Zip::from(w)
-                    .and(m.view_mut())
-                    .and(v.view_mut())
-                    .and(&g)
-                    .for_each(|w, m, v, &g| {
-                        if decoupled {
-                            *w = *w * decay;
-                        }
-                        *m = b1 * *m + (T::one() - b1) * g;
-                        *v = b2 * *v + (T::one() - b2) * g * g;
-                        let m_hat = *m / correction1;
-                        let v_hat = *v / correction2;
-                        *w = *w - lr * m_hat / (v_hat.sqrt() + eps);
-                    });
+                let states = (slice_mut(m), slice_mut(v));
+                simd::update(
+                    w,
+                    states,
+                    g,
+                    #[inline(always)]
+                    move |w, (m, v), g| {
+                        let w = if decoupled { w * decay } else { w };
+                        let m = b1 * m + (T::one() - b1) * g;
+                        let v = b2 * v + (T::one() - b2) * g * g;
+                        let (m_hat, v_hat) = (m / correction1, v / correction2);
+                        (w - lr * m_hat / (v_hat.sqrt() + eps), (m, v))
+                    },
+                );
             },
         )
     }

@@ -112,10 +112,7 @@ fn zip_kernel<'s, T: Element>(
     let (a, b) = (a.tensor(), b.tensor());
     let mut out = Tensor::try_rent_in(&scope, shape)?;
     if a.shape() == shape && b.shape() == shape {
-        out.unique_slice_mut()
-            .iter_mut()
-            .zip(a.as_slice().iter().zip(b.as_slice()))
-            .for_each(|(o, (&x, &y))| *o = f(x, y));
+        simd::zip_into(out.unique_slice_mut(), (a.as_slice(), b.as_slice()), f);
     } else {
         work::visit(rows(shape));
         Zip::from(out.unique_view_mut())
@@ -134,6 +131,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             Binary::Add,
             Arg::Owned(self),
             Arg::Borrowed(&other),
+            #[inline(always)]
             |x, y| x + y,
         )
     }
@@ -218,7 +216,7 @@ macro_rules! binary_op {
             #[doc = "if the shapes do not broadcast."]
             pub fn $try_method(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
                 let other = other.bind_beside(self);
-                zip_with(Binary::$kind, Arg::Borrowed(self), Arg::Borrowed(&other), |x, y| x $op y)
+                zip_with(Binary::$kind, Arg::Borrowed(self), Arg::Borrowed(&other), #[inline(always)] |x, y| x $op y)
             }
         }
 
@@ -227,7 +225,7 @@ macro_rules! binary_op {
             #[track_caller]
             fn $method(self, rhs: &Param<T>) -> Tensor<'s, T> {
                 let rhs = self.bind(rhs);
-                or_panic(zip_with(Binary::$kind, Arg::Owned(self), Arg::Borrowed(&rhs), |x, y| x $op y))
+                or_panic(zip_with(Binary::$kind, Arg::Owned(self), Arg::Borrowed(&rhs), #[inline(always)] |x, y| x $op y))
             }
         }
 
@@ -268,7 +266,7 @@ macro_rules! binary_op {
             type Output = Tensor<'s, T>;
             #[track_caller]
             fn $method(self, rhs: $R) -> Tensor<'s, T> {
-                or_panic(zip_with(Binary::$kind, Arg::$lw(self), Arg::$rw(rhs), |x, y| x $op y))
+                or_panic(zip_with(Binary::$kind, Arg::$lw(self), Arg::$rw(rhs), #[inline(always)] |x, y| x $op y))
             }
         }
     };

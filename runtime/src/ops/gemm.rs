@@ -168,7 +168,7 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
                 let pb = &mut pb[..nc.next_multiple_of(NR) * kc];
                 let sliver = NR * kc;
                 threads::split_mut(pb, sliver, PACK_PER_PART.div_ceil(sliver), |start, part| {
-                    pack_b::<T, NR>(part, b, (pc, kc), jc + start / kc);
+                    pack::<T, NR>(part, b.t(), (pc, kc), jc + start / kc);
                 });
                 // With one panel, rows are final after its last step; else after the last panel.
                 let then = then.filter(|_| n <= NC && pc + kc == k);
@@ -266,7 +266,7 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Rows<'_, T, MR,
             let mc = MC.min(rows - ic);
             let row0 = first + ic;
             if !direct {
-                pack_a::<T, MR>(&mut pa[..mc.next_multiple_of(MR) * kc], a, (pc, kc), row0);
+                pack::<T, MR>(&mut pa[..mc.next_multiple_of(MR) * kc], a, (pc, kc), row0);
             }
             for (jr, b) in pb.chunks_exact(NR * kc).enumerate() {
                 let col = jc + jr * NR;
@@ -355,67 +355,44 @@ fn store<T: Element, const MR: usize, const NR: usize>(
     }
 }
 
-/// Packs rows `row0..` (as many as `dst` holds slivers of `MR`) of `a`, columns `p0..p0 + depth`,
-/// into slivers of `MR` rows, each column's `MR` values together; rows past `a`'s are zeros.
+/// Packs lines `l0..` of `m` (its rows; as many as `dst` holds slivers of `W`), elements
+/// `p0..p0 + depth` of each, into slivers of `W` lines, each step's `W` values together; lines past
+/// `m`'s are zeros. A block of `a` is its rows; a panel of `b`, the rows of its transpose.
 #[inline(always)]
-fn pack_a<T: Element, const MR: usize>(
+fn pack<T: Element, const W: usize>(
     dst: &mut [T],
-    a: Matrix<'_, T>,
+    m: Matrix<'_, T>,
     (p0, depth): (usize, usize),
-    row0: usize,
+    l0: usize,
 ) {
-    for (s, sliver) in dst.chunks_exact_mut(MR * depth).enumerate() {
-        let first = row0 + s * MR;
-        let height = MR.min(a.rows - first);
-        if a.rs == 1 && height == MR {
-            // Columns contiguous (a transposed row-major matrix): `MR` values per column in a row.
-            for (p, step) in sliver.chunks_exact_mut(MR).enumerate() {
-                step.copy_from_slice(&a.data[(p0 + p) * a.cs + first..][..MR]);
+    for (s, sliver) in dst.chunks_exact_mut(W * depth).enumerate() {
+        let first = l0 + s * W;
+        let height = W.min(m.rows - first);
+        let (sliver, _) = sliver.as_chunks_mut::<W>();
+        if m.rs == 1 && height == W {
+            // The lines' elements of one step lie together: fixed-length moves.
+            for (p, step) in sliver.iter_mut().enumerate() {
+                *step = m.data[(p0 + p) * m.cs + first..][..W]
+                    .try_into()
+                    .expect("W values");
             }
-        } else if a.cs == 1 {
-            // Rows contiguous: each row read in order, written with a stride of `MR`.
-            for i in 0..MR {
-                let line = (i < height).then(|| a.row(first + i, p0, depth));
-                for (p, step) in sliver.chunks_exact_mut(MR).enumerate() {
-                    step[i] = line.map_or(T::zero(), |line| line[p]);
+        } else if m.cs == 1 {
+            // Each line lies in order: read it in order, written `W` apart.
+            for w in 0..W {
+                if w < height {
+                    let line = m.row(first + w, p0, depth);
+                    for (step, &v) in sliver.iter_mut().zip(line) {
+                        step[w] = v;
+                    }
+                } else {
+                    sliver.iter_mut().for_each(|step| step[w] = T::zero());
                 }
             }
         } else {
-            for (p, step) in sliver.chunks_exact_mut(MR).enumerate() {
-                for (i, v) in step.iter_mut().enumerate() {
-                    *v = if i < height {
-                        a.at(first + i, p0 + p)
-                    } else {
-                        T::zero()
-                    };
-                }
-            }
-        }
-    }
-}
-
-/// Packs columns from `col0` (as many as `dst` holds slivers of `NR`) of `b`, rows
-/// `p0..p0 + depth`, into slivers of `NR` columns, each row's `NR` values together; columns past
-/// `b`'s are zeros.
-#[inline(always)]
-fn pack_b<T: Element, const NR: usize>(
-    dst: &mut [T],
-    b: Matrix<'_, T>,
-    (p0, depth): (usize, usize),
-    col0: usize,
-) {
-    for (s, sliver) in dst.chunks_exact_mut(NR * depth).enumerate() {
-        let first = col0 + s * NR;
-        let width = NR.min(b.cols - first);
-        for (p, step) in sliver.chunks_exact_mut(NR).enumerate() {
-            let step: &mut [T; NR] = step.try_into().expect("NR values");
-            if b.cs == 1 && width == NR {
-                // A fixed-length move, not a `memcpy` call per sliver row.
-                *step = b.row(p0 + p, first, NR).try_into().expect("NR values");
-            } else {
-                for (j, v) in step.iter_mut().enumerate() {
-                    *v = if j < width {
-                        b.at(p0 + p, first + j)
+            for (p, step) in sliver.iter_mut().enumerate() {
+                for (w, v) in step.iter_mut().enumerate() {
+                    *v = if w < height {
+                        m.at(first + w, p0 + p)
                     } else {
                         T::zero()
                     };

@@ -125,6 +125,82 @@ pub(crate) fn map_into<T: Copy + Sync, U: Send>(
     });
 }
 
+/// `dst[i] = f(a[i], b[i])`, split over the threads when large.
+pub(crate) fn zip_into<T: Copy + Send + Sync>(
+    dst: &mut [T],
+    (a, b): (&[T], &[T]),
+    f: impl Fn(T, T) -> T + Sync,
+) {
+    struct Zip<'a, T, F>(&'a mut [T], &'a [T], &'a [T], &'a F);
+    impl<T: Copy, F: Fn(T, T) -> T> Kernel for Zip<'_, T, F> {
+        type Out = ();
+        #[inline(always)]
+        fn run(self) {
+            let Zip(dst, a, b, f) = self;
+            for (d, (&x, &y)) in dst.iter_mut().zip(a.iter().zip(b)) {
+                *d = (*f)(x, y);
+            }
+        }
+    }
+    threads::split_mut(dst, 1, PER_PART, |start, dst| {
+        let len = dst.len();
+        dispatch(Zip(dst, &a[start..][..len], &b[start..][..len], &f))
+    });
+}
+
+/// `(w[i], s(i)) = f(w[i], s(i), g[i])` for every element: an optimizer's update of a parameter
+/// `w` and its states `S` (one slice, or a pair) from the gradient `g`, compiled for the widest
+/// instruction set (not split over threads).
+pub(crate) fn update<T: Copy, S: States<T>>(
+    w: &mut [T],
+    states: S,
+    g: &[T],
+    f: impl Fn(T, S::Values, T) -> (T, S::Values),
+) {
+    struct Update<'a, T, S, F>(&'a mut [T], S, &'a [T], &'a F);
+    impl<T: Copy, S: States<T>, F: Fn(T, S::Values, T) -> (T, S::Values)> Kernel
+        for Update<'_, T, S, F>
+    {
+        type Out = ();
+        #[inline(always)]
+        fn run(self) {
+            let Update(w, states, g, f) = self;
+            states.zip(w, g, f);
+        }
+    }
+    dispatch(Update(w, states, g, &f));
+}
+
+/// The per-element states of an optimizer: one slice, or a pair of them, walked beside the
+/// parameter and the gradient.
+pub(crate) trait States<T> {
+    /// The states of one element.
+    type Values: Copy;
+    /// `(w[i], states of i) = f(w[i], states of i, g[i])` for every element, the slices zipped so
+    /// that the loop vectorises.
+    fn zip(self, w: &mut [T], g: &[T], f: &impl Fn(T, Self::Values, T) -> (T, Self::Values));
+}
+
+impl<T: Copy> States<T> for &mut [T] {
+    type Values = T;
+    #[inline(always)]
+    fn zip(self, w: &mut [T], g: &[T], f: &impl Fn(T, T, T) -> (T, T)) {
+        for ((w, s), &g) in w.iter_mut().zip(self).zip(g) {
+            (*w, *s) = f(*w, *s, g);
+        }
+    }
+}
+
+impl<T: Copy> States<T> for (&mut [T], &mut [T]) {
+    type Values = (T, T);
+    #[inline(always)]
+    fn zip(self, w: &mut [T], g: &[T], f: &impl Fn(T, (T, T), T) -> (T, (T, T))) {
+        for ((w, (s, t)), &g) in w.iter_mut().zip(self.0.iter_mut().zip(self.1)).zip(g) {
+            (*w, (*s, *t)) = f(*w, (*s, *t), g);
+        }
+    }
+}
+
 /// `dst[i] = f(dst[i], other[i % other.len()])`: `other` the same length as `dst`, or a block
 /// repeated along it (a bias row over a batch). Split over the threads when large.
 pub(crate) fn zip_in_place<T: Copy + Send + Sync>(
