@@ -3,12 +3,10 @@
 //! (each segment in a child scope). A recording forward records each step on a tape and gives the
 //! output the region's node (see `region`).
 
-use std::rc::Rc;
-
 use super::region::{self, Recording};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
 use crate::element::Element;
-use crate::scope::{run, Scope, ScopeState};
+use crate::scope::{run, Scope, ScopeState, State};
 use crate::tensor::Tensor;
 
 /// The checkpointer a forward stores into.
@@ -122,7 +120,7 @@ impl<'c, T: Element> Driver<'c, T> {
 
     /// Moves the accounting of what the tapes keep to `target`, the scope a segment's output
     /// escapes to.
-    fn settle(&self, target: &Rc<ScopeState>) {
+    fn settle(&self, target: &State) {
         if let Some(recording) = &self.recording {
             recording.settle(target);
         }
@@ -215,7 +213,7 @@ pub(crate) fn run_layers<'s, T: Element, L>(
     let mut layers = layers.into_iter().enumerate();
     for (j, &start) in plan.iter().enumerate() {
         let end = plan.get(j + 1).copied().unwrap_or(n);
-        let parent = Rc::clone(&x.scope);
+        let parent = x.scope.clone();
         let state = ScopeState::child(&parent, None);
         x = run(state, |segment: &Scope<'_, 's>| {
             let mut a = segment.rebind_owned(x);

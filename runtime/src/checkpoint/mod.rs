@@ -222,7 +222,7 @@ impl<T: Element> Checkpointer<T> {
                 (Stored::Full(activation.saved().try_detach()?), activation)
             }
             Precision::Full => {
-                let scope = Rc::clone(&activation.scope);
+                let scope = activation.scope.clone();
                 let param = activation.try_detach()?;
                 // The stored values, not a parameter to train: no leaf, also in a training scope.
                 let next = Tensor::bound(&scope, &param).without_grad();

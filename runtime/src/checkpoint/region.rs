@@ -24,10 +24,12 @@ use std::rc::Rc;
 use super::stored::Stored;
 use super::sweep::{check_shape, ReverseReport, Sweep};
 use super::{CheckpointError, Checkpointer, Result};
-use crate::autograd::{self, Arg, Gradients, Mode, Node, RegionRule, Saved, SharedTape, Tape};
+use crate::autograd::{
+    self, Arg, Gradients, Mode, Node, NodeRef, PerInput, RegionRule, Saved, SharedTape, Tape,
+};
 use crate::element::Element;
 use crate::error::Result as TensorResult;
-use crate::scope::ScopeState;
+use crate::scope::State;
 use crate::tensor::Tensor;
 use ndarray::Dimension;
 
@@ -54,7 +56,7 @@ pub(crate) fn records<T: Element>(input: &Tensor<'_, T>) -> bool {
 /// What a recording forward keeps of its steps until the region's node is made.
 pub(super) struct Recording<T: Element> {
     /// The graph node of the region's input.
-    input: Option<Rc<Node<T>>>,
+    input: Option<NodeRef<T>>,
     tapes: Vec<SharedTape<T>>,
 }
 
@@ -91,7 +93,7 @@ impl<T: Element> Recording<T> {
 
     /// Moves the accounting of what the tapes keep from scopes that end to `target` (as an escape
     /// moves what a graph saved): a constant made in a segment stays alive with its tape.
-    pub(super) fn settle(&self, target: &Rc<ScopeState>) {
+    pub(super) fn settle(&self, target: &State) {
         for tape in &self.tapes {
             tape.borrow().move_accounting(target);
         }
@@ -108,14 +110,14 @@ impl<T: Element> Recording<T> {
     ) -> Result<Tensor<'s, T>> {
         // The region's graph inputs: its input, and the values from before it that its steps read
         // (not leaves: those get their gradients by key).
-        let mut externals: Vec<Rc<Node<T>>> = Vec::new();
+        let mut externals: Vec<NodeRef<T>> = Vec::new();
         let (mut leaves, mut cross_step) = (false, false);
         for tape in &self.tapes {
             tape.borrow().for_each_outside(&mut |(node, _)| match node {
                 Some(node) if node.is_leaf() => leaves = true,
                 Some(node) if node.tape_value().is_some() => cross_step = true,
-                Some(node) if !externals.iter().any(|e| Rc::ptr_eq(e, node)) => {
-                    externals.push(Rc::clone(node))
+                Some(node) if !externals.iter().any(|e| NodeRef::ptr_eq(e, node)) => {
+                    externals.push(node.clone())
                 }
                 _ => {}
             });
@@ -138,7 +140,7 @@ impl<T: Element> Recording<T> {
             shapes: ckpt.shapes.clone(),
             plan: ckpt.plan.iter().copied().filter(|&p| p < taped).collect(),
             slots: ckpt.slots,
-            report: Rc::clone(&ckpt.last_backward),
+            report: ckpt.last_backward.clone(),
         };
         x.node = Some(Node::region(inputs, Box::new(region), &x.scope));
         Ok(x)
@@ -153,7 +155,7 @@ struct Region<T: Element> {
     tapes: Vec<SharedTape<T>>,
     /// The graph nodes from before the region that its steps read, after its input in the node's
     /// inputs.
-    externals: Vec<Rc<Node<T>>>,
+    externals: Vec<NodeRef<T>>,
     /// The stored boundaries, by position.
     stored: BTreeMap<usize, Stored<T>>,
     /// The shapes of the steps' inputs, for [`CheckpointError::ShapeDrift`].
@@ -169,7 +171,7 @@ struct Region<T: Element> {
 /// for its external values.
 struct Keys<T: Element> {
     input: u64,
-    externals: Vec<(Rc<Node<T>>, u64)>,
+    externals: Vec<(NodeRef<T>, u64)>,
 }
 
 impl<T: Element> Keys<T> {
@@ -183,21 +185,20 @@ impl<T: Element> Keys<T> {
     /// `value` with a graph node for a replay that records: a parameter's or a marked tensor's
     /// own leaf (so its gradient is added under its key), a leaf of this replay's for a value from
     /// before the region, none for a constant.
-    fn outside(
-        &mut self,
-        node: Option<&Rc<Node<T>>>,
-        value: &Saved<T>,
-        at: &Rc<ScopeState>,
-    ) -> Saved<T> {
+    fn outside(&mut self, node: Option<&NodeRef<T>>, value: &Saved<T>, at: &State) -> Saved<T> {
         let mut v = value.alias_in(at);
         v.node = node.map(|node| match node.leaf_parts() {
             Some((key, source)) => Node::leaf(key, source, at),
             None => {
-                let key = match self.externals.iter().find(|(e, _)| Rc::ptr_eq(e, node)) {
+                let key = match self
+                    .externals
+                    .iter()
+                    .find(|(e, _)| NodeRef::ptr_eq(e, node))
+                {
                     Some((_, key)) => *key,
                     None => {
                         let key = autograd::next_key();
-                        self.externals.push((Rc::clone(node), key));
+                        self.externals.push((node.clone(), key));
                         key
                     }
                 };
@@ -225,7 +226,7 @@ impl<T: Element> Region<T> {
         &self,
         pos: usize,
         x: Saved<T>,
-        at: &Rc<ScopeState>,
+        at: &State,
         keys: Option<&mut Keys<T>>,
     ) -> TensorResult<Saved<T>> {
         let tape = self.tapes[pos].borrow();
@@ -245,7 +246,7 @@ impl<T: Element> Region<T> {
         start: usize,
         end: usize,
         x: Saved<T>,
-        at: &Rc<ScopeState>,
+        at: &State,
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
@@ -269,7 +270,7 @@ impl<T: Element> Region<T> {
                 let i = self
                     .externals
                     .iter()
-                    .position(|e| Rc::ptr_eq(e, &node))
+                    .position(|e| NodeRef::ptr_eq(e, &node))
                     .expect("every external value is an input of the region");
                 flow.externals[i] = Some(match flow.externals[i].take() {
                     Some(earlier) => earlier.try_add_owned(&g)?,
@@ -283,7 +284,7 @@ impl<T: Element> Region<T> {
     /// Segment by segment, last first: each replayed once from its boundary, with recording on.
     fn segments(
         &mut self,
-        at: &Rc<ScopeState>,
+        at: &State,
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
@@ -310,7 +311,7 @@ impl<T: Element> Region<T> {
     /// step is replayed with recording on when its turn comes.
     fn binomial(
         &mut self,
-        at: &Rc<ScopeState>,
+        at: &State,
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
@@ -349,9 +350,9 @@ impl<T: Element> RegionRule<T> for Region<T> {
         mut self: Box<Self>,
         g: Saved<T>,
         needs: &[bool],
-        at: &Rc<ScopeState>,
+        at: &State,
         grads: &mut Gradients<'_, T>,
-    ) -> TensorResult<Vec<Option<Saved<T>>>> {
+    ) -> TensorResult<PerInput<Saved<T>>> {
         let mut flow = Flow {
             grad: Some(g),
             externals: vec![None; self.externals.len()],
@@ -373,7 +374,7 @@ impl<T: Element> RegionRule<T> for Region<T> {
         Ok(std::iter::once(input).chain(flow.externals).collect())
     }
 
-    fn move_saved(&self, target: &Rc<ScopeState>) {
+    fn move_saved(&self, target: &State) {
         for tape in &self.tapes {
             tape.borrow().move_accounting(target);
         }

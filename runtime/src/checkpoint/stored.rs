@@ -1,13 +1,11 @@
 //! Stored activations: parameters outside every scope, in the storage precision.
 
-use std::rc::Rc;
-
 use half::{bf16, f16};
 
 use super::{CheckpointError, Result};
 use crate::element::Element;
 use crate::param::Param;
-use crate::scope::ScopeState;
+use crate::scope::State;
 use crate::tensor::Tensor;
 
 /// A stored activation, in its storage precision, as a parameter (outside every scope).
@@ -38,7 +36,7 @@ impl<T: Element> Stored<T> {
 
     /// The activation as a tensor of `scope`: bound (no copy) at full precision, converted into a
     /// tensor rented there otherwise.
-    pub(crate) fn restore<'s>(&self, scope: &Rc<ScopeState>) -> Result<Tensor<'s, T>> {
+    pub(crate) fn restore<'s>(&self, scope: &State) -> Result<Tensor<'s, T>> {
         Ok(match self {
             Stored::Full(p) => Tensor::bound(scope, p),
             Stored::F16(p) => Tensor::bound(scope, p).try_cast()?,

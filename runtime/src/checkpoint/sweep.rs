@@ -1,7 +1,6 @@
 //! Recomputing activations from the checkpoints, and the reverse sweep.
 
 use std::collections::BTreeMap;
-use std::rc::Rc;
 
 #[cfg(doc)]
 use super::binomial_recompute_steps;
@@ -9,7 +8,7 @@ use super::stored::Stored;
 use super::{schedule, CheckpointError, Checkpointer, Result};
 use crate::element::Element;
 use crate::error::Shape;
-use crate::scope::{Scope, ScopeState};
+use crate::scope::{Scope, State};
 use crate::tensor::Tensor;
 
 /// What a reverse sweep did.
@@ -101,7 +100,7 @@ impl<T: Element> Checkpointer<T> {
     /// [`Checkpointer::reverse`] in the scope with `state`.
     pub(crate) fn reverse_in<'s>(
         &mut self,
-        state: &Rc<ScopeState>,
+        state: &State,
         mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Result<Tensor<'s, T>>,
         mut backward: impl FnMut(usize, &Tensor<'s, T>) -> Result<()>,
     ) -> Result<ReverseReport> {
@@ -164,7 +163,7 @@ pub(super) type StepForward<'f, 's, T> =
 /// The state of a reverse sweep. It owns the checkpoints and drops each once consumed.
 pub(super) struct Sweep<'c, 'f, 's, T: Element> {
     /// Where restored checkpoints are bound.
-    pub(super) scope: &'c Rc<ScopeState>,
+    pub(super) scope: &'c State,
     pub(super) stored: BTreeMap<usize, Stored<T>>,
     pub(super) layers: &'c [usize],
     pub(super) shapes: &'c [Vec<usize>],
