@@ -76,7 +76,7 @@ pub fn checkpoint_layers<'s, T: Element, L>(
     config: Option<CheckpointConfig>,
     ckpt: Option<&mut Checkpointer<T>>,
     input: Tensor<'s, T>,
-    layers: Vec<L>,
+    layers: impl IntoIterator<Item = L>,
     step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
 ) -> Result<Tensor<'s, T>, CheckpointError> {
     match ckpt {

@@ -37,14 +37,13 @@ mod rules;
 mod tape;
 
 use std::cell::{Cell, RefCell};
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{Dimension, IxDyn};
 
 pub use check::{check_gradients, GradCheck};
 pub use grads::Gradients;
-pub(crate) use rules::{RegionRule, Rule, Saved, Scalar, Unary};
+pub(crate) use rules::{Rule, Saved, Scalar, Unary};
 pub(crate) use tape::{Arg, SharedTape, Tape};
 
 use crate::element::{DType, Element};
@@ -173,7 +172,7 @@ impl<T: DType> Node<T> {
     /// A node of the op that made a region's output: its graph inputs and the region's rule.
     pub(crate) fn region(
         inputs: PerInput<NodeRef<T>>,
-        rule: Box<dyn RegionRule<T>>,
+        rule: crate::checkpoint::Region<T>,
         owner: &State,
     ) -> NodeRef<T> {
         let rule = RefCell::new(Some(Rule::Region(rule)));
@@ -226,7 +225,7 @@ impl<T: DType> Drop for Node<T> {
 pub(crate) struct Recorder<T: DType> {
     inputs: PerInput<NodeRef<T>>,
     /// For an op on a value of a layer step's tape: the tape and what the op reads.
-    tape: Option<(SharedTape<T>, RecycledVec<Arg<T>>)>,
+    tape: Option<(SharedTape<T>, PerInput<Arg<T>>)>,
 }
 
 impl<T: DType> Recorder<T> {
@@ -241,17 +240,19 @@ impl<T: DType> Recorder<T> {
             .iter()
             .filter_map(|t| t.node.as_ref()?.tape_value().map(|(tape, _)| tape))
             .max_by_key(|tape| tape.borrow().seq())
-            .map(Rc::clone);
+            .cloned();
         Some(match tape {
             Some(tape) => {
                 let args = inputs
                     .iter()
                     .map(|t| match t.node.as_ref().and_then(|n| n.tape_value()) {
-                        Some((on, value)) if Rc::ptr_eq(on, &tape) => Arg::Value(value),
-                        _ => Arg::Outside {
+                        Some((on, value)) if SharedTape::ptr_eq(on, &tape) => {
+                            Some(Arg::Value(value))
+                        }
+                        _ => Some(Arg::Outside {
                             node: t.node.clone(),
                             value: t.saved(),
-                        },
+                        }),
                     })
                     .collect();
                 Recorder {
@@ -276,8 +277,8 @@ pub(crate) fn finish<'s, T: DType>(
 ) -> Tensor<'s, T> {
     out.node = recorder.map(|r| match r.tape {
         // On a tape, only what it takes to run the op again is kept.
-        Some((tape, args)) => {
-            let value = tape.borrow_mut().push(&rule(&out), &out, args);
+        Some((tape, mut args)) => {
+            let value = tape.borrow_mut().push(&rule(&out), &out, &mut args);
             Node::taped(&tape, value, &out.scope)
         }
         None => {

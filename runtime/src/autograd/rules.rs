@@ -5,7 +5,8 @@
 
 use ndarray::{ArrayView1, ArrayViewMut1, Axis, Dimension, IxDyn, Slice, Zip};
 
-use super::{Gradients, PerInput};
+use super::PerInput;
+use crate::checkpoint::Region;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::ops;
@@ -139,29 +140,9 @@ pub(crate) enum Rule<T: DType> {
         at: Option<Saved<i64>>,
         input: [usize; 4],
     },
-    /// A checkpointed region: its backward replays the region's layer steps.
-    Region(Box<dyn RegionRule<T>>),
-}
-
-/// The backward of a checkpointed region (see `checkpoint::region`): it runs nested backward
-/// passes, so it adds the gradients of the parameters it reaches into `grads` itself.
-pub(crate) trait RegionRule<T: DType> {
-    /// The gradients of the region's graph inputs given `g`, the gradient of its output.
-    fn backward(
-        self: Box<Self>,
-        g: Saved<T>,
-        needs: &[bool],
-        at: &State,
-        grads: &mut Gradients<'_, T>,
-    ) -> Result<PerInput<Saved<T>>>;
-
-    /// Moves the accounting of every tensor the region keeps to `target` (on escape).
-    fn move_saved(&self, target: &State);
-
-    /// Fails as the region's backward would, before any backward runs: with
-    /// [`Error::NotDifferentiable`] for an op without a derivative its output depends on, and as
-    /// [`Gradients::check_sources`] does for the parameters its steps read.
-    fn check(&self, grads: &Gradients<'_, T>) -> Result<()>;
+    /// A checkpointed region: its backward replays the region's layer steps (held in place, as
+    /// large as the largest other rule, so that no box is allocated for it).
+    Region(Region<T>),
 }
 
 impl<T: DType> Rule<T> {

@@ -11,7 +11,7 @@
 //! builds the graph the plain forward would have built, bit for bit.
 
 use std::cell::RefCell;
-use std::rc::Rc;
+use std::ops::Range;
 use std::sync::Arc;
 
 use ndarray::{Dimension, IxDyn};
@@ -21,7 +21,7 @@ use super::{NodeRef, Rule, Scalar, Unary};
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::ops::elementwise::Binary;
-use crate::recycle::RecycledVec;
+use crate::recycle::{RecycledRc, RecycledVec};
 use crate::scope::State;
 use crate::tensor::Tensor;
 use crate::TensorOps;
@@ -156,10 +156,10 @@ impl<T: Element> Replay<T> {
     }
 }
 
-/// One recorded op.
+/// One recorded op: how to run it, and where its arguments are in the tape's list.
 struct Op<T: DType> {
     replay: Replay<T>,
-    args: RecycledVec<Arg<T>>,
+    args: Range<usize>,
 }
 
 /// The program of one layer step.
@@ -167,6 +167,8 @@ pub(crate) struct Tape<T: DType> {
     /// Tapes opened later have higher numbers: an op on values of two tapes belongs to the later.
     seq: u64,
     ops: RecycledVec<Op<T>>,
+    /// The arguments of every op, one op's after another's (one list for the step, not one each).
+    args: RecycledVec<Arg<T>>,
     /// What the step returned; `None` until the driver closes the tape.
     output: Option<Arg<T>>,
     /// [`Replay::of`] for `T`: ops generic over every [`DType`] record through it, and only a float
@@ -175,7 +177,7 @@ pub(crate) struct Tape<T: DType> {
 }
 
 /// A tape shared by the nodes of the step's tensors.
-pub(crate) type SharedTape<T> = Rc<RefCell<Tape<T>>>;
+pub(crate) type SharedTape<T> = RecycledRc<RefCell<Tape<T>>>;
 
 /// A value from outside a step: its graph node, if any, and the value.
 pub(crate) type Outside<'a, T> = (Option<&'a NodeRef<T>>, &'a Tensor<'static, T>);
@@ -186,17 +188,25 @@ impl<T: DType> Tape<T> {
         self.seq
     }
 
-    /// Appends the op that made `out` by `rule`, reading `args`; returns the value index of its
-    /// output.
+    /// Appends the op that made `out` by `rule`, reading `args` (taken out of the list); returns the
+    /// value index of its output.
     pub(crate) fn push(
         &mut self,
         rule: &Rule<T>,
         out: &Tensor<'_, T>,
-        args: RecycledVec<Arg<T>>,
+        args: &mut [Option<Arg<T>>],
     ) -> usize {
         let replay = (self.replay_of)(rule, out);
+        let start = self.args.len();
+        self.args.extend(args.iter_mut().filter_map(Option::take));
+        let args = start..self.args.len();
         self.ops.push(Op { replay, args });
         self.ops.len()
+    }
+
+    /// The arguments of `op`.
+    fn args_of(&self, op: &Op<T>) -> &[Arg<T>] {
+        &self.args[op.args.clone()]
     }
 
     /// Records what the step returned.
@@ -220,7 +230,7 @@ impl<T: DType> Tape<T> {
     /// Calls `f` on every value from outside the step, and on every kept output (for moving their
     /// accounting, and for finding the graph nodes the step reads).
     pub(crate) fn for_each_outside(&self, f: &mut dyn FnMut(Outside<'_, T>)) {
-        let args = self.ops.iter().flat_map(|op| &op.args).chain(&self.output);
+        let args = self.args.iter().chain(&self.output);
         for arg in args {
             if let Arg::Outside { node, value } = arg {
                 f((node.as_ref(), value));
@@ -238,9 +248,10 @@ impl<T: Element> Tape<T> {
     /// An empty tape, for a step whose input is value 0.
     pub(crate) fn new() -> SharedTape<T> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        Rc::new(RefCell::new(Tape {
+        RecycledRc::new(RefCell::new(Tape {
             seq: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ops: RecycledVec::new(),
+            args: RecycledVec::new(),
             output: None,
             replay_of: Replay::of,
         }))
@@ -255,7 +266,7 @@ impl<T: Element> Tape<T> {
         for i in (0..self.ops.len()).rev() {
             // A kept output is not computed from its arguments.
             if needed[i + 1] && !matches!(self.ops[i].replay, Replay::Kept(..)) {
-                for arg in &self.ops[i].args {
+                for arg in self.args_of(&self.ops[i]) {
                     if let Arg::Value(v) = arg {
                         needed[*v] = true;
                     }
@@ -292,7 +303,7 @@ impl<T: Element> Tape<T> {
         let needed = self.needed();
         let mut last_read: RecycledVec<usize> = (0..=self.ops.len()).map(|_| 0).collect();
         for (i, op) in self.ops.iter().enumerate().filter(|&(i, _)| needed[i + 1]) {
-            for arg in &op.args {
+            for arg in self.args_of(op) {
                 if let Arg::Value(v) = arg {
                     last_read[*v] = i + 1;
                 }
@@ -310,8 +321,8 @@ impl<T: Element> Tape<T> {
                 values.push(None);
                 continue;
             }
-            let args = op
-                .args
+            let args = self
+                .args_of(op)
                 .iter()
                 .map(|arg| match arg {
                     Arg::Value(v) => values[*v].clone().expect("read before its last reader"),
@@ -319,7 +330,7 @@ impl<T: Element> Tape<T> {
                 })
                 .collect::<RecycledVec<_>>();
             values.push(Some(op.replay.run(&args)?));
-            for arg in &op.args {
+            for arg in self.args_of(op) {
                 if let Arg::Value(v) = arg {
                     if last_read[*v] == i + 1 {
                         values[*v] = None;
