@@ -7,13 +7,14 @@ mod gpt;
 mod pre_norm_mlp;
 #[path = "../examples/common/reference_model.rs"]
 mod reference_model;
+#[path = "../examples/common/training_loops.rs"]
+mod training_loops;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tensorscope::nn::{Adam, Optimizer};
 use tensorscope::prelude::*;
-use tensorscope::{CheckpointConfig, Checkpointer, Gradients, Policy, Precision};
+use tensorscope::{CheckpointConfig, Policy, Precision};
 
 /// The system allocator, counting allocations made on any thread.
 struct Counting;
@@ -96,45 +97,17 @@ fn steady_state_forwards_allocate_nothing() {
 /// state; the later ones only reuse them.
 const WARM_UP: usize = 3;
 
-/// Allocations made by `step` after `WARM_UP` calls of it (counting one step at a time).
-fn per_step(mut step: impl FnMut()) -> usize {
-    for _ in 0..WARM_UP {
-        step();
-    }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
-    step();
-    ALLOCATIONS.load(Ordering::Relaxed) - before
-}
-
-/// Allocations per steady-state training step (forward, backward into kept gradients, Adam, zeroed
-/// gradients) of a pre-norm MLP of `blocks` blocks, with a `#[checkpoint]` configuration or
-/// without.
-fn per_mlp_training_step(blocks: usize, config: Option<CheckpointConfig>) -> usize {
+/// Allocations made by the step after `WARM_UP` of `run(steps, boundary)`, a loop of
+/// `training_loops` calling `boundary(i)` before step `i` and after the last (counting one loop at a
+/// time).
+fn per_step(run: impl FnOnce(usize, &mut dyn FnMut(usize))) -> usize {
     let _alone = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
-    let pool = Pool::with_max_memory_mb(256);
-    let (batch, width) = (64, 32);
-    let mut model = pre_norm_mlp::Model::new(&pool, blocks, width);
-    let mut ckpt = config.map(Checkpointer::new);
-    let mut adam = Adam::new(1e-3);
-    pool.scope(|outer| {
-        let mut grads = Gradients::new(outer);
-        per_step(|| {
-            outer.scope(|s| {
-                let x = s.randn::<f32>(&[batch, width], 7);
-                let target = s.randn::<f32>(&[batch, width], 8);
-                s.train(|t| {
-                    let x = t.rebind(&x);
-                    let y = match ckpt.as_mut() {
-                        Some(ckpt) => model.forward(ckpt, x),
-                        None => model.forward_plain(x),
-                    };
-                    y.mse(&target).backward_into(&mut grads).expect("backward");
-                })
-            });
-            adam.step(&mut model, &grads).expect("adam");
-            grads.zero().expect("zero");
-        })
-    })
+    // Read at each boundary into a fixed array: the counting itself allocates nothing.
+    let mut at = [0; WARM_UP + 2];
+    run(WARM_UP + 1, &mut |i| {
+        at[i] = ALLOCATIONS.load(Ordering::Relaxed)
+    });
+    at[WARM_UP + 1] - at[WARM_UP]
 }
 
 /// The graph's nodes and lists, the scopes' states, the checkpointer's tapes, plans and stored
@@ -160,7 +133,12 @@ fn steady_state_mlp_training_steps_allocate_nothing() {
     ];
     let counts: Vec<(&str, usize)> = cases
         .into_iter()
-        .map(|(name, config)| (name, per_mlp_training_step(4, config)))
+        .map(|(name, config)| {
+            let pool = Pool::with_max_memory_mb(256);
+            let n =
+                per_step(|steps, boundary| training_loops::mlp(&pool, 4, config, steps, boundary));
+            (name, n)
+        })
         .collect();
     assert!(
         counts.iter().all(|&(_, n)| n == 0),
@@ -168,67 +146,24 @@ fn steady_state_mlp_training_steps_allocate_nothing() {
     );
 }
 
-/// The tiny GPT of the parity fixture's sizes, with random weights and two blocks.
-fn tiny_gpt(pool: &Pool) -> gpt::Gpt {
-    let config = gpt::Config {
-        layers: 2,
-        ..gpt::Config::TINY
-    };
-    gpt::Gpt::random(pool, config, 1).expect("a model")
-}
-
-/// Two sequences of 8 token ids.
-const TOKENS: [i64; 16] = [3, 10, 17, 24, 31, 38, 45, 52, 59, 66, 73, 80, 87, 94, 5, 12];
-
-/// Allocations per steady-state forward (inference) of the tiny GPT.
-fn per_gpt_forward() -> usize {
-    let _alone = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
-    let pool = Pool::with_max_memory_mb(64);
-    let model = tiny_gpt(&pool);
-    per_step(|| {
-        pool.scope(|s| {
-            let ids = s.from_slice::<i64>(&[2, 8], &TOKENS);
-            model.forward(&ids).len()
-        });
-    })
-}
-
-/// Allocations per steady-state training step of the tiny GPT (next-token cross-entropy by ids,
-/// Adam), with its `#[checkpoint]` block loop under `config` or without.
-fn per_gpt_training_step(config: Option<CheckpointConfig>) -> usize {
-    let _alone = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
-    let pool = Pool::with_max_memory_mb(64);
-    let mut model = tiny_gpt(&pool);
-    let mut ckpt = config.map(Checkpointer::new);
-    let mut adam = Adam::new(1e-3);
-    pool.scope(|outer| {
-        let mut grads = Gradients::new(outer);
-        per_step(|| {
-            outer.train(|t| {
-                let ids = t.from_slice::<i64>(&[2, 8], &TOKENS);
-                let logits = match ckpt.as_mut() {
-                    Some(ckpt) => model.forward_checkpointed(ckpt, &ids),
-                    None => model.forward(&ids),
-                };
-                let loss = gpt::Gpt::loss(&logits, &ids);
-                loss.backward_into(&mut grads).expect("backward");
-            });
-            adam.step(&mut model, &grads).expect("adam");
-            grads.zero().expect("zero");
-        })
-    })
-}
-
 /// Attention (reshape, transpose, masked_fill, softmax), embeddings and cross-entropy by ids
 /// allocate nothing either, in inference and in training, plain or checkpointed block by block.
 #[test]
 fn steady_state_gpt_forwards_and_training_steps_allocate_nothing() {
+    let pool = Pool::with_max_memory_mb(64);
+    let every = Some(CheckpointConfig::new(Policy::Every(1)));
     let counts = [
-        ("forward", per_gpt_forward()),
-        ("training", per_gpt_training_step(None)),
+        (
+            "forward",
+            per_step(|steps, boundary| training_loops::gpt_forwards(&pool, steps, boundary)),
+        ),
+        (
+            "training",
+            per_step(|steps, boundary| training_loops::gpt(&pool, None, steps, boundary)),
+        ),
         (
             "training, Every(1)",
-            per_gpt_training_step(Some(CheckpointConfig::new(Policy::Every(1)))),
+            per_step(|steps, boundary| training_loops::gpt(&pool, every, steps, boundary)),
         ),
     ];
     assert!(
