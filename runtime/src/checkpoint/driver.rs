@@ -157,8 +157,14 @@ impl<T: Element> Checkpointer<T> {
         layers: &[usize],
         mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
-        let mut seen = std::collections::HashSet::with_capacity(layers.len());
-        if let Some(&layer) = layers.iter().find(|&&l| !seen.insert(l)) {
+        // Sorted in a recycled list, repeats are neighbours: no set to allocate.
+        let mut sorted: RecycledVec<usize> = layers.iter().copied().collect();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            // Name the first id, in the caller's order, that is seen again.
+            let layer = (1..layers.len())
+                .find(|&i| layers[..i].contains(&layers[i]))
+                .map_or(0, |i| layers[i]);
             return Err(CheckpointError::BadLayer {
                 layer,
                 problem: "appears twice in",
