@@ -1,17 +1,20 @@
 //! Heap allocations per steady-state forward and training step, counted by a global allocator (a
 //! count, not a time).
 
+#[path = "../examples/common/gpt.rs"]
+mod gpt;
 #[path = "../examples/common/pre_norm_mlp.rs"]
 mod pre_norm_mlp;
 #[path = "../examples/common/reference_model.rs"]
 mod reference_model;
+#[path = "../examples/common/training_loops.rs"]
+mod training_loops;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tensorscope::nn::{Adam, Optimizer};
 use tensorscope::prelude::*;
-use tensorscope::{CheckpointConfig, Checkpointer, Gradients, Policy};
+use tensorscope::{CheckpointConfig, Policy, Precision};
 
 /// The system allocator, counting allocations made on any thread.
 struct Counting;
@@ -48,8 +51,7 @@ static GLOBAL: Counting = Counting;
 /// Held while counting: the count includes every thread's allocations, so tests count one at a time.
 static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Blocks per counted forward: the count is per block (each block runs the same ops), and two keep
-/// the test quick in a debug build.
+/// Blocks per counted forward of the reference model: two keep the test quick in a debug build.
 const BLOCKS: usize = 2;
 
 /// Allocations made by the third of three forwards of `BLOCKS` blocks of `shape` (the first fills
@@ -91,54 +93,81 @@ fn steady_state_forwards_allocate_nothing() {
     );
 }
 
-/// Allocations made by the fourth of four training steps (forward, backward into kept gradients,
-/// Adam) of a pre-norm MLP of `BLOCKS` blocks, with a `#[checkpoint]` policy or without.
-fn per_training_step(policy: Option<Policy>) -> usize {
+/// Steps run before the counted one: the first fills the pool, the spare lists and the optimizer's
+/// state; the later ones only reuse them.
+const WARM_UP: usize = 3;
+
+/// Allocations made by the step after `WARM_UP` of `run(steps, boundary)`, a loop of
+/// `training_loops` calling `boundary(i)` before step `i` and after the last (counting one loop at a
+/// time).
+fn per_step(run: impl FnOnce(usize, &mut dyn FnMut(usize))) -> usize {
     let _alone = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
-    let pool = Pool::with_max_memory_mb(256);
-    let (batch, width) = (64, 32);
-    let mut model = pre_norm_mlp::Model::new(&pool, BLOCKS, width);
-    let mut ckpt = policy.map(|p| Checkpointer::new(CheckpointConfig::new(p)));
-    let mut adam = Adam::new(1e-3);
-    let mut counted = 0;
-    pool.scope(|outer| {
-        let mut grads = Gradients::new(outer);
-        for step in 0..4 {
-            let before = ALLOCATIONS.load(Ordering::Relaxed);
-            outer.scope(|s| {
-                let x = s.randn::<f32>(&[batch, width], 7);
-                let target = s.randn::<f32>(&[batch, width], 8);
-                s.train(|t| {
-                    let x = t.rebind(&x);
-                    let y = match ckpt.as_mut() {
-                        Some(ckpt) => model.forward(ckpt, x),
-                        None => model.forward_plain(x),
-                    };
-                    y.mse(&target).backward_into(&mut grads).expect("backward");
-                })
-            });
-            adam.step(&mut model, &grads).expect("adam");
-            grads.zero().expect("zero");
-            if step == 3 {
-                counted = ALLOCATIONS.load(Ordering::Relaxed) - before;
-            }
-        }
+    // Read at each boundary into a fixed array: the counting itself allocates nothing.
+    let mut at = [0; WARM_UP + 2];
+    run(WARM_UP + 1, &mut |i| {
+        at[i] = ALLOCATIONS.load(Ordering::Relaxed)
     });
-    counted
+    at[WARM_UP + 1] - at[WARM_UP]
 }
 
-/// Not zero yet: the forward's tensors allocate nothing, but the gradient graph does (a reference-
-/// counted node per recorded op, each rule's list of input gradients, the backward walk's order and
-/// maps, the checkpointer's tapes). The counts may only go down; lower the bounds with them.
+/// The graph's nodes and lists, the scopes' states, the checkpointer's tapes, plans and stored
+/// boundaries all reuse what the previous step let go of. Four blocks, so that every policy
+/// replays at least one segment from a stored boundary (`Sqrt` stores blocks 0 and 2, `Budget`
+/// recomputes boundaries it did not store).
 #[test]
-fn steady_state_training_steps_allocate_no_more_than_measured() {
-    let plain = per_training_step(None);
-    let sqrt = per_training_step(Some(Policy::Sqrt));
-    println!(
-        "allocations per steady-state training step of {BLOCKS} blocks: plain {plain}, sqrt {sqrt}"
-    );
+fn steady_state_mlp_training_steps_allocate_nothing() {
+    let activation = 64 * 32 * 4;
+    let cases = [
+        ("plain", None),
+        ("Every(1)", Some(CheckpointConfig::new(Policy::Every(1)))),
+        ("Every(2)", Some(CheckpointConfig::new(Policy::Every(2)))),
+        ("Sqrt", Some(CheckpointConfig::new(Policy::Sqrt))),
+        (
+            "Budget(2 activations)",
+            Some(CheckpointConfig::new(Policy::Budget(2 * activation))),
+        ),
+        (
+            "Every(1), f16",
+            Some(CheckpointConfig::new(Policy::Every(1)).with_precision(Precision::F16)),
+        ),
+    ];
+    let counts: Vec<(&str, usize)> = cases
+        .into_iter()
+        .map(|(name, config)| {
+            let pool = Pool::with_max_memory_mb(256);
+            let n =
+                per_step(|steps, boundary| training_loops::mlp(&pool, 4, config, steps, boundary));
+            (name, n)
+        })
+        .collect();
     assert!(
-        plain <= 193 && sqrt <= 207,
-        "allocations per training step grew: plain {plain}, sqrt {sqrt} (were 193 and 207)"
+        counts.iter().all(|&(_, n)| n == 0),
+        "heap allocations per steady-state training step of 4 blocks: {counts:?}"
+    );
+}
+
+/// Attention (reshape, transpose, masked_fill, softmax), embeddings and cross-entropy by ids
+/// allocate nothing either, in inference and in training, plain or checkpointed block by block.
+#[test]
+fn steady_state_gpt_forwards_and_training_steps_allocate_nothing() {
+    let pool = Pool::with_max_memory_mb(64);
+    let every = Some(CheckpointConfig::new(Policy::Every(1)));
+    let counts = [
+        (
+            "forward",
+            per_step(|steps, boundary| training_loops::gpt_forwards(&pool, steps, boundary)),
+        ),
+        (
+            "training",
+            per_step(|steps, boundary| training_loops::gpt(&pool, None, steps, boundary)),
+        ),
+        (
+            "training, Every(1)",
+            per_step(|steps, boundary| training_loops::gpt(&pool, every, steps, boundary)),
+        ),
+    ];
+    assert!(
+        counts.iter().all(|&(_, n)| n == 0),
+        "heap allocations per steady-state step of the tiny GPT: {counts:?}"
     );
 }

@@ -99,16 +99,15 @@ impl Block {
             panic!("attention takes [batch, t, dim], got {:?}", x.shape())
         };
         let (h, d) = (self.heads, c / self.heads);
-        // [b, t, 3c] -> q, k, v, each [b, t, c] -> [b, h, t, d].
+        // [b, t, 3c] -> q, k, v, each [b, t, c] -> [b, h, t, d]. Three narrows rather than
+        // `chunk(3, -1)`, whose `Vec` would be the step's one heap allocation.
         let qkv = self.c_attn.forward(x);
-        let heads = qkv
-            .chunk(3, -1)
-            .iter()
-            .map(|p| p.reshape(&[b, t, h, d]).transpose(1, 2))
-            .collect::<Vec<_>>();
-        let [q, k, v] = &heads[..] else {
-            unreachable!("3c splits in three")
+        let heads = |i: usize| {
+            qkv.narrow(-1, i * c, c)
+                .reshape(&[b, t, h, d])
+                .transpose(1, 2)
         };
+        let (q, k, v) = (&heads(0), &heads(1), &heads(2));
         let mask = x.bind(future).narrow(0, 0, t).narrow(1, 0, t);
         let scores = q.matmul(&k.t()) * (1.0 / (d as f32).sqrt()); // [b, h, t, t]
         let weights = scores.masked_fill(&mask, f32::NEG_INFINITY).softmax(-1);

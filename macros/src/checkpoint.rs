@@ -363,7 +363,9 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
             }
         };
         let (pat, iter, body) = (&for_loop.pat, &for_loop.expr, &for_loop.body.stmts);
-        // Collected before the call, where the activation has not been moved yet.
+        // Made before the call, where the activation has not been moved yet (the loop could not
+        // borrow the activation it reassigns). Not collected: a slice's or a range's iterator
+        // knows its length, so the runtime plans without a `Vec` of the layers.
         let collected = mixed("layers");
         let layers = quote!(#collected);
         let step = quote!(|#segment, mut #act, #pat| { let _ = #segment; #(#body)* #act });
@@ -383,8 +385,7 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
         let call = run(&act, layers, step, for_loop.span());
         stmts[i] = syn::parse2(quote! {
             {
-                let #collected: ::std::vec::Vec<_> =
-                    ::core::iter::IntoIterator::into_iter(#iter).collect();
+                let #collected = ::core::iter::IntoIterator::into_iter(#iter);
                 #act = #call;
             }
         })?;
@@ -427,7 +428,7 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
             }
         });
         let index = Ident::new("__tensorscope_layer", Span::mixed_site());
-        let layers = quote!((0..#count).collect::<::std::vec::Vec<usize>>());
+        let layers = quote!(0..#count);
         let step = quote! {
             |#segment, #act, #index: usize| { let _ = #segment; match #index { #(#arms)* } }
         };

@@ -5,10 +5,9 @@
 //! `bool`, `String`, `()`, errors and stats) that pass through unchanged.
 
 use std::marker::PhantomData;
-use std::rc::Rc;
 
 use crate::element::DType;
-use crate::scope::{Invariant, ScopeState};
+use crate::scope::{Invariant, State};
 use crate::tensor::Tensor;
 
 /// Where an escape goes: from the scope with brand `'from` to its parent, with brand `'to`. Made
@@ -16,19 +15,19 @@ use crate::tensor::Tensor;
 /// their fields. `'from` is invariant, so a tensor's own escape accepts only a target from its
 /// brand: an implementation cannot forward a field of another scope.
 pub struct EscapeTarget<'from, 'to> {
-    state: Rc<ScopeState>,
+    state: State,
     _brand: PhantomData<(Invariant<'from>, &'to ())>,
 }
 
 impl EscapeTarget<'_, '_> {
-    pub(crate) fn new(state: &Rc<ScopeState>) -> Self {
+    pub(crate) fn new(state: &State) -> Self {
         EscapeTarget {
-            state: Rc::clone(state),
+            state: state.clone(),
             _brand: PhantomData,
         }
     }
 
-    pub(crate) fn state(&self) -> &Rc<ScopeState> {
+    pub(crate) fn state(&self) -> &State {
         &self.state
     }
 }

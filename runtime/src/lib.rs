@@ -44,6 +44,7 @@ pub mod nn;
 pub mod ops;
 mod param;
 mod pool;
+mod recycle;
 mod scope;
 mod storage;
 mod tensor;

@@ -1,13 +1,12 @@
 //! Parameters: values kept across scopes, shared between threads, with no ops of their own.
 
-use std::fmt;
-use std::sync::Arc;
-
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, AsArray, Dimension, IxDyn};
+use std::fmt;
 
 use crate::element::{DType, Element};
 use crate::error::{or_panic, Result};
 use crate::pool::{check_length, Pool, PoolBuffer};
+use crate::recycle::RecycledArc;
 
 /// A value kept outside every scope: a model's weights, an optimizer's state, a stored checkpoint, a
 /// result the caller keeps. It has **no ops**: to compute with it, bind it into a scope
@@ -39,25 +38,38 @@ use crate::pool::{check_length, Pool, PoolBuffer};
 /// std::thread::spawn(move || assert_eq!(y.shape(), &[3, 2])).join().unwrap();
 /// ```
 pub struct Param<T: DType = f32> {
-    buf: Arc<PoolBuffer<T>>,
+    /// The data; its record is reused once the last handle drops (see `recycle`), so a
+    /// checkpoint stored every step allocates nothing.
+    buf: RecycledArc<PoolBuffer<T>>,
     dim: IxDyn,
     /// Identifies the parameter in [`Gradients`](crate::autograd::Gradients): kept by clones and
     /// by copy on write, new for every parameter made (and for [`Param::duplicate`]).
     key: u64,
+    /// Identifies the values: kept by clones, new for every buffer this handle takes (a copy on
+    /// write, a replacement). A number rather than the buffer's address, which a recycled record
+    /// would soon give to other values.
+    source: u64,
+}
+
+/// A fresh [`Param::source`].
+fn next_source() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl<T: DType> Param<T> {
     /// A parameter over `buf`, which holds exactly `shape`'s elements.
     pub(crate) fn from_buffer(buf: PoolBuffer<T>, shape: &[usize]) -> Self {
-        Param::from_shared(Arc::new(buf), shape)
+        Param::from_shared(RecycledArc::new(buf), shape)
     }
 
     /// A parameter over a buffer shared with others (a bound tensor's).
-    pub(crate) fn from_shared(buf: Arc<PoolBuffer<T>>, shape: &[usize]) -> Self {
+    pub(crate) fn from_shared(buf: RecycledArc<PoolBuffer<T>>, shape: &[usize]) -> Self {
         Param {
             buf,
             dim: IxDyn(shape),
             key: crate::autograd::next_key(),
+            source: next_source(),
         }
     }
 
@@ -68,8 +80,8 @@ impl<T: DType> Param<T> {
 
     /// Identifies the values behind this handle: equal for handles on one buffer, new after a copy
     /// on write. A gradient records the source it was computed from.
-    pub(crate) fn source(&self) -> usize {
-        Arc::as_ptr(&self.buf) as usize
+    pub(crate) fn source(&self) -> u64 {
+        self.source
     }
 
     /// An independent parameter holding a copy of these values: a new buffer of the same pool and
@@ -105,11 +117,12 @@ impl<T: DType> Param<T> {
             self.len(),
             "a replacement buffer holds the parameter's shape"
         );
-        self.buf = Arc::new(buf);
+        self.buf = RecycledArc::new(buf);
+        self.source = next_source();
     }
 
     /// The shared buffer, for tensors bound to this parameter.
-    pub(crate) fn buffer(&self) -> &Arc<PoolBuffer<T>> {
+    pub(crate) fn buffer(&self) -> &RecycledArc<PoolBuffer<T>> {
         &self.buf
     }
 
@@ -216,10 +229,11 @@ impl<T: DType> Param<T> {
     /// tensor alive), else on a copy made first in a buffer of the same pool (copy on write), which
     /// this handle keeps. Fails only if that copy cannot be rented.
     pub fn try_view_mut(&mut self) -> Result<ArrayViewMutD<'_, T>> {
-        if Arc::get_mut(&mut self.buf).is_none() {
-            self.buf = Arc::new(self.copied()?);
+        if self.buf.get_mut().is_none() {
+            self.buf = RecycledArc::new(self.copied()?);
+            self.source = next_source();
         }
-        let buf = Arc::get_mut(&mut self.buf).expect("unique after the copy");
+        let buf = self.buf.get_mut().expect("unique after the copy");
         Ok(ArrayViewMutD::from_shape(self.dim.clone(), buf)
             .expect("a parameter's buffer holds exactly its shape"))
     }
@@ -246,12 +260,12 @@ impl<T: DType> Param<T> {
 
     /// Whether this handle is the only one on the data (so [`Param::try_view_mut`] writes in place).
     pub fn is_unique(&self) -> bool {
-        Arc::strong_count(&self.buf) == 1
+        RecycledArc::handles(&self.buf) == 1
     }
 
     /// Whether `self` and `other` share their data.
     pub fn shares_buffer_with(&self, other: &Param<T>) -> bool {
-        Arc::ptr_eq(&self.buf, &other.buf)
+        RecycledArc::ptr_eq(&self.buf, &other.buf)
     }
 
     /// Bytes of the data, `len * size_of::<T>()`.
@@ -276,9 +290,10 @@ impl<T: DType> Clone for Param<T> {
     /// parameter; for an independent one, use [`Param::duplicate`].
     fn clone(&self) -> Self {
         Param {
-            buf: Arc::clone(&self.buf),
+            buf: self.buf.clone(),
             dim: self.dim.clone(),
             key: self.key,
+            source: self.source,
         }
     }
 }

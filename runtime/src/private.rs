@@ -3,7 +3,6 @@
 //! the macros crate to its own version, so the two always match.
 
 use std::marker::PhantomData;
-use std::rc::Rc;
 
 pub use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};
 pub use crate::element::{DType, Element};
@@ -12,12 +11,12 @@ pub use crate::scope::Scope;
 pub use crate::tensor::Tensor;
 
 use crate::checkpoint;
-use crate::scope::{current_pool, run, ScopeState};
+use crate::scope::{current_pool, run, ScopeState, State};
 
 /// The scope a `#[dispose_scope]` function opens its child in, with `'p` the brand its return value
 /// escapes to. Holds no borrow, so the parameter it came from can be moved into the body.
 pub struct Parent<'p> {
-    state: Rc<ScopeState>,
+    state: State,
     _brand: PhantomData<&'p ()>,
 }
 
@@ -25,7 +24,7 @@ impl<'p> Parent<'p> {
     /// A `&Scope` parameter: the child is a child of that scope.
     pub fn of_scope(scope: &Scope<'p, '_>) -> Self {
         Parent {
-            state: Rc::clone(scope.state()),
+            state: scope.state().clone(),
             _brand: PhantomData,
         }
     }
@@ -33,7 +32,7 @@ impl<'p> Parent<'p> {
     /// A tensor parameter: the child is a child of the scope its ops rent in.
     pub fn of_tensor<T: DType>(tensor: &Tensor<'p, T>) -> Self {
         Parent {
-            state: Rc::clone(&tensor.scope),
+            state: tensor.scope.clone(),
             _brand: PhantomData,
         }
     }
@@ -77,7 +76,7 @@ pub fn checkpoint_layers<'s, T: Element, L>(
     config: Option<CheckpointConfig>,
     ckpt: Option<&mut Checkpointer<T>>,
     input: Tensor<'s, T>,
-    layers: Vec<L>,
+    layers: impl IntoIterator<Item = L>,
     step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
 ) -> Result<Tensor<'s, T>, CheckpointError> {
     match ckpt {

@@ -17,6 +17,7 @@ use crate::escape::{Escape, EscapeTarget};
 use crate::init::SplitMix64;
 use crate::param::Param;
 use crate::pool::{check_length, class_bytes, Pool};
+use crate::recycle::RecycledRc;
 use crate::tensor::Tensor;
 
 /// Per-scope counters; see [`Scope::stats`] and [`Scope::scope_with_stats`].
@@ -52,9 +53,8 @@ impl ScopeStats {
 
 /// The shared state behind a [`Scope`]; tensors keep it alive for their accounting.
 pub(crate) struct ScopeState {
-    /// `None` only while the state waits in this thread's spares (see [`recycle`]).
-    pool: Option<Pool>,
-    parent: Option<Rc<ScopeState>>,
+    pool: Pool,
+    parent: Option<State>,
     depth: usize,
     /// When the scope was made, in this thread's order of making scopes. Scopes on a thread nest
     /// dynamically, each being a closure, so of two open scopes the one made first closes last.
@@ -68,6 +68,10 @@ pub(crate) struct ScopeState {
     budgets: Vec<Rc<Budget>>,
 }
 
+/// A handle on a scope's state: its record is reused by a later scope once nothing holds it (a
+/// tensor saved for backward keeps its scope's state until the backward has run).
+pub(crate) type State = RecycledRc<ScopeState>;
+
 /// A byte limit shared by a scope and its descendants (see [`Scope::scope_with_budget`]).
 pub(crate) struct Budget {
     limit: usize,
@@ -76,16 +80,16 @@ pub(crate) struct Budget {
 
 impl ScopeState {
     /// The state of a fresh outermost scope on `pool`, with a byte limit if `budget` is given.
-    pub(crate) fn root(pool: &Pool, budget: Option<usize>) -> Rc<ScopeState> {
+    pub(crate) fn root(pool: &Pool, budget: Option<usize>) -> State {
         ScopeState::new(pool, None, budget)
     }
 
     /// The state of a new child of `parent`, with an extra byte limit if `budget` is given.
-    pub(crate) fn child(parent: &Rc<ScopeState>, budget: Option<usize>) -> Rc<ScopeState> {
+    pub(crate) fn child(parent: &State, budget: Option<usize>) -> State {
         ScopeState::new(parent.pool(), Some(parent), budget)
     }
 
-    fn new(pool: &Pool, parent: Option<&Rc<ScopeState>>, budget: Option<usize>) -> Rc<ScopeState> {
+    fn new(pool: &Pool, parent: Option<&State>, budget: Option<usize>) -> State {
         let mut budgets = parent.map(|p| p.budgets.clone()).unwrap_or_default();
         budgets.extend(budget.map(|limit| {
             Rc::new(Budget {
@@ -94,7 +98,7 @@ impl ScopeState {
             })
         }));
         let state = ScopeState {
-            pool: Some(pool.clone()),
+            pool: pool.clone(),
             parent: parent.cloned(),
             depth: parent.map_or(1, |p| p.depth + 1),
             opened: NEXT_OPENED.replace(NEXT_OPENED.get() + 1),
@@ -103,16 +107,7 @@ impl ScopeState {
             last_child: Cell::new(None),
             budgets,
         };
-        match SPARE_STATES.try_with(|spares| spares.borrow_mut().pop()) {
-            Ok(Some(mut spare)) => match Rc::get_mut(&mut spare) {
-                Some(slot) => {
-                    *slot = state;
-                    spare
-                }
-                None => Rc::new(state),
-            },
-            _ => Rc::new(state),
-        }
+        State::new(state)
     }
 
     /// Fails with [`Error::ScopeBudgetExceeded`] if renting `shape` of `T` here would pass a budget.
@@ -148,9 +143,7 @@ impl ScopeState {
     }
 
     pub(crate) fn pool(&self) -> &Pool {
-        self.pool
-            .as_ref()
-            .expect("only a spare state, which no scope or tensor holds, has no pool")
+        &self.pool
     }
 
     /// Whether a buffer this scope owns should be counted in `target` when one of its handles is
@@ -229,7 +222,7 @@ impl ScopeState {
 /// Of two scope states, the one made later, which closes first (scopes on a thread nest): where
 /// the result of an op on tensors of both belongs, since its brand is the shorter of the two.
 /// (Depth would do within one tree, but not for two trees, one opened inside the other's closure.)
-pub(crate) fn deeper<'a>(a: &'a Rc<ScopeState>, b: &'a Rc<ScopeState>) -> &'a Rc<ScopeState> {
+pub(crate) fn deeper<'a>(a: &'a State, b: &'a State) -> &'a State {
     if b.opened > a.opened {
         b
     } else {
@@ -314,7 +307,7 @@ pub(crate) fn deeper<'a>(a: &'a Rc<ScopeState>, b: &'a Rc<ScopeState>) -> &'a Rc
 /// `mem::forget` or a reference cycle) is reported in [`ScopeStats::leaked`] and its buffer is never
 /// handed out again. The brand is for discipline and for the per-scope accounting in [`ScopeStats`].
 pub struct Scope<'s, 'p> {
-    state: Rc<ScopeState>,
+    state: State,
     /// `'s` is invariant: a scope's brand can be neither shortened nor lengthened, so
     /// [`Scope::escape`] and [`Scope::rebind`] accept exactly the tensors of this scope and of the
     /// scopes around it. `'p: 's` is implied wherever a `Scope<'s, 'p>` appears.
@@ -326,32 +319,9 @@ pub(crate) type Invariant<'s> = fn(&'s ()) -> &'s ();
 
 thread_local! {
     /// The scopes open on this thread, innermost last; only read by [`current_pool`].
-    static OPEN: RefCell<Vec<Rc<ScopeState>>> = const { RefCell::new(Vec::new()) };
+    static OPEN: RefCell<Vec<State>> = const { RefCell::new(Vec::new()) };
     /// The `opened` number of the next scope made on this thread.
     static NEXT_OPENED: Cell<u64> = const { Cell::new(1) };
-    /// States of ended scopes that nothing held any more, reused by the next scopes made here so
-    /// that a steady-state forward allocates none (see [`recycle`]).
-    static SPARE_STATES: RefCell<Vec<Rc<ScopeState>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Spare scope states kept per thread: as many as scopes nest deep in a forward is plenty.
-const SPARE_STATES_KEPT: usize = 64;
-
-/// Keeps the allocation of an ended scope's state for a later scope, if nothing else holds it (a
-/// tensor that outlived its scope through `mem::forget` still does, and keeps it).
-fn recycle(mut state: Rc<ScopeState>) {
-    if let Some(spare) = Rc::get_mut(&mut state) {
-        // Holding nothing: neither a pool (whose idle buffers it would keep) nor a parent.
-        spare.pool = None;
-        spare.parent = None;
-        spare.budgets.clear();
-        let _ = SPARE_STATES.try_with(|spares| {
-            let mut spares = spares.borrow_mut();
-            if spares.len() < SPARE_STATES_KEPT {
-                spares.push(state);
-            }
-        });
-    }
 }
 
 /// Closes this thread's innermost open scope when `run` ends, by return or by unwinding.
@@ -361,17 +331,16 @@ impl Drop for Opened {
     fn drop(&mut self) {
         if let Some(state) = OPEN.with_borrow_mut(Vec::pop) {
             state.closed.set(true);
-            recycle(state);
         }
     }
 }
 
 /// Runs `f` in a scope with `state`, then records what it leaked.
 pub(crate) fn run<'p, R>(
-    state: Rc<ScopeState>,
+    state: State,
     f: impl for<'s> FnOnce(&Scope<'s, 'p>) -> R,
 ) -> (R, ScopeStats) {
-    OPEN.with_borrow_mut(|open| open.push(Rc::clone(&state)));
+    OPEN.with_borrow_mut(|open| open.push(state.clone()));
     let _opened = Opened;
     let scope = Scope {
         state,
@@ -475,7 +444,7 @@ impl<'s, 'p> Scope<'s, 'p> {
         autograd::with_mode(Mode::Off, || self.scope(f))
     }
 
-    pub(crate) fn state(&self) -> &Rc<ScopeState> {
+    pub(crate) fn state(&self) -> &State {
         &self.state
     }
 

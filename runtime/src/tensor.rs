@@ -3,17 +3,16 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
-use std::rc::Rc;
-use std::sync::Arc;
 
 use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
-use crate::autograd::{self, Mode, Node, Recorder, Rule};
+use crate::autograd::{self, Mode, Node, NodeRef, Recorder, Rule};
 use crate::element::DType;
 use crate::error::{or_panic, Error, Result, Shape};
 use crate::param::Param;
 use crate::pool::{element_count, PoolBuffer};
-use crate::scope::ScopeState;
+use crate::recycle::RecycledArc;
+use crate::scope::{ScopeState, State};
 use crate::storage::{Rented, Storage};
 
 /// An n-dimensional array of `T` in a pooled buffer, usable while the scope with brand `'s` is open.
@@ -105,10 +104,10 @@ use crate::storage::{Rented, Storage};
 pub struct Tensor<'s, T: DType = f32> {
     data: Data<T>,
     /// The scope that ops on this handle rent their outputs in.
-    pub(crate) scope: Rc<ScopeState>,
+    pub(crate) scope: State,
     dim: IxDyn,
     /// The gradient graph the value was computed by, if it needs a gradient (see `autograd`).
-    pub(crate) node: Option<Rc<Node<T>>>,
+    pub(crate) node: Option<NodeRef<T>>,
     _brand: PhantomData<&'s ()>,
 }
 
@@ -118,12 +117,12 @@ enum Data<T: DType> {
     /// A buffer rented in a scope, which accounts for it.
     Rented(Rented<T>),
     /// A parameter's buffer, bound into a scope: shared, read-only, accounted to no scope.
-    Bound(Arc<PoolBuffer<T>>),
+    Bound(RecycledArc<PoolBuffer<T>>),
 }
 
 impl<'s, T: DType> Tensor<'s, T> {
     /// Rents a tensor with unspecified contents, owned by `scope`.
-    pub(crate) fn try_rent_in(scope: &Rc<ScopeState>, shape: &[usize]) -> Result<Self> {
+    pub(crate) fn try_rent_in(scope: &State, shape: &[usize]) -> Result<Self> {
         scope.check_budgets::<T>(shape)?;
         Ok(Tensor::of_buffer(
             scope,
@@ -133,22 +132,22 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     /// Rents a zeroed tensor owned by `scope`.
-    pub(crate) fn try_rent_zeroed_in(scope: &Rc<ScopeState>, shape: &[usize]) -> Result<Self> {
+    pub(crate) fn try_rent_zeroed_in(scope: &State, shape: &[usize]) -> Result<Self> {
         scope.check_budgets::<T>(shape)?;
         let buf = scope.pool().try_rent_zeroed::<T>(shape)?;
         Ok(Tensor::of_buffer(scope, buf, shape))
     }
 
     /// Wraps a buffer just rented for `shape` as a tensor owned by `scope`.
-    fn of_buffer(scope: &Rc<ScopeState>, buf: PoolBuffer<T>, shape: &[usize]) -> Self {
+    fn of_buffer(scope: &State, buf: PoolBuffer<T>, shape: &[usize]) -> Self {
         scope.on_rent(buf.allocated_bytes());
         Tensor {
             data: Data::Rented(Rented::new(Storage {
                 buf,
-                charged_to: RefCell::new(Rc::clone(scope)),
+                charged_to: RefCell::new(scope.clone()),
                 detached: false,
             })),
-            scope: Rc::clone(scope),
+            scope: scope.clone(),
             dim: IxDyn(shape),
             node: None,
             _brand: PhantomData,
@@ -157,7 +156,7 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// `param`'s data as a tensor whose ops rent in `scope`: no copy, no rent, nothing accounted.
     /// In a training scope it is a leaf of the gradient graph, keyed by the parameter.
-    pub(crate) fn bound(scope: &Rc<ScopeState>, param: &Param<T>) -> Self {
+    pub(crate) fn bound(scope: &State, param: &Param<T>) -> Self {
         let node = (autograd::mode() == Mode::Train).then(|| {
             Node::leaf(
                 param.key(),
@@ -166,8 +165,8 @@ impl<'s, T: DType> Tensor<'s, T> {
             )
         });
         Tensor {
-            data: Data::Bound(Arc::clone(param.buffer())),
-            scope: Rc::clone(scope),
+            data: Data::Bound(param.buffer().clone()),
+            scope: scope.clone(),
             dim: IxDyn(param.shape()),
             node,
             _brand: PhantomData,
@@ -176,7 +175,7 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// A tensor owned by `scope` holding a copy of `array`.
     pub(crate) fn try_copy_of<D: Dimension>(
-        scope: &Rc<ScopeState>,
+        scope: &State,
         array: ArrayView<'_, T, D>,
     ) -> Result<Self> {
         let mut t = Tensor::try_rent_in(scope, array.shape())?;
@@ -187,10 +186,10 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     /// Another handle on the same buffer (and graph) whose ops rent in `scope`.
-    pub(crate) fn alias_in<'t>(&self, scope: &Rc<ScopeState>) -> Tensor<'t, T> {
+    pub(crate) fn alias_in<'t>(&self, scope: &State) -> Tensor<'t, T> {
         Tensor {
             data: self.data.clone(),
-            scope: Rc::clone(scope),
+            scope: scope.clone(),
             dim: self.dim.clone(),
             node: self.node.clone(),
             _brand: PhantomData,
@@ -217,7 +216,7 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// Moves the buffer's accounting to `target` if `target` lives longer than its owner (see
     /// `ScopeState::hands_over_to`). A bound parameter's buffer belongs to no scope.
-    pub(crate) fn move_accounting(&self, target: &Rc<ScopeState>) {
+    pub(crate) fn move_accounting(&self, target: &State) {
         if let Data::Rented(storage) = &self.data {
             let bytes = storage.buf.allocated_bytes();
             let mut owner = storage.charged_to.borrow_mut();
@@ -225,22 +224,22 @@ impl<'s, T: DType> Tensor<'s, T> {
                 owner.on_escape(bytes);
                 target.on_adopt(bytes);
                 ScopeState::transfer_budgets(&owner, target, bytes);
-                *owner = Rc::clone(target);
+                *owner = target.clone();
             }
         }
     }
 
     /// Re-brands this tensor for `target`, moving the accounting of its buffer, and of everything
     /// its gradient graph saved, there if `target` lives longer (see [`Tensor::move_accounting`]).
-    pub(crate) fn move_to<'t>(self, target: &Rc<ScopeState>) -> Tensor<'t, T> {
+    pub(crate) fn move_to<'t>(self, target: &State) -> Tensor<'t, T> {
         self.move_accounting(target);
         if let Some(node) = &self.node {
             autograd::move_graph(node, target);
         }
         let scope = if target.is_within(&self.scope) {
-            Rc::clone(&self.scope)
+            self.scope.clone()
         } else {
-            Rc::clone(target)
+            target.clone()
         };
         Tensor {
             data: self.data,
@@ -254,12 +253,12 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// This tensor if it is the only handle on its buffer, else a copy of it (same scope, same
     /// graph), so that its buffer can be written.
     pub(crate) fn try_into_unique(self) -> Result<Self> {
-        let scope = Rc::clone(&self.scope);
+        let scope = self.scope.clone();
         self.try_into_unique_in(&scope)
     }
 
     /// Like [`Tensor::try_into_unique`], a copy being rented in `scope` (the tensor's scope then).
-    pub(crate) fn try_into_unique_in(self, scope: &Rc<ScopeState>) -> Result<Self> {
+    pub(crate) fn try_into_unique_in(self, scope: &State) -> Result<Self> {
         if self.is_unique() {
             return Ok(self);
         }
@@ -294,9 +293,9 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     /// Sets the scope this handle's ops rent in.
-    pub(crate) fn with_scope(mut self, scope: &Rc<ScopeState>) -> Self {
-        if !Rc::ptr_eq(&self.scope, scope) {
-            self.scope = Rc::clone(scope);
+    pub(crate) fn with_scope(mut self, scope: &State) -> Self {
+        if !State::ptr_eq(&self.scope, scope) {
+            self.scope = scope.clone();
         }
         self
     }
@@ -352,8 +351,8 @@ impl<'s, T: DType> Tensor<'s, T> {
         if !self.is_unique() {
             // The copy is the same value, so it is owned where the original is.
             let owner = match &self.data {
-                Data::Rented(storage) => Rc::clone(&storage.charged_to.borrow()),
-                Data::Bound(_) => Rc::clone(&self.scope),
+                Data::Rented(storage) => storage.charged_to.borrow().clone(),
+                Data::Bound(_) => self.scope.clone(),
             };
             let mut copy = Tensor::<T>::try_rent_in(&owner, self.shape())?;
             copy.unique_slice_mut().copy_from_slice(self.as_slice());
@@ -399,7 +398,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         let mut alias = self.alias_in(&self.scope);
         alias.dim = IxDyn(shape);
         Ok(autograd::finish(recorder, alias, |_| {
-            Rule::Reshape(self.shape().to_vec())
+            Rule::Reshape(IxDyn(self.shape()))
         }))
     }
 
@@ -450,7 +449,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// bound to a parameter never is: its buffer is the parameter's.
     pub fn is_unique(&self) -> bool {
         match &self.data {
-            Data::Rented(storage) => storage.handles() == 1,
+            Data::Rented(storage) => Rented::handles(storage) == 1,
             Data::Bound(_) => false,
         }
     }
@@ -458,8 +457,8 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// Whether `self` and `other` are handles on the same buffer.
     pub fn shares_buffer_with(&self, other: &Tensor<'_, T>) -> bool {
         match (&self.data, &other.data) {
-            (Data::Rented(a), Data::Rented(b)) => a.same(b),
-            (Data::Bound(a), Data::Bound(b)) => Arc::ptr_eq(a, b),
+            (Data::Rented(a), Data::Rented(b)) => Rented::ptr_eq(a, b),
+            (Data::Bound(a), Data::Bound(b)) => RecycledArc::ptr_eq(a, b),
             _ => false,
         }
     }

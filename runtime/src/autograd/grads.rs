@@ -2,13 +2,15 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::rc::Rc;
+
+use ndarray::{Dimension, IxDyn};
 
 use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
 use crate::escape::{Escape, EscapeTarget};
 use crate::param::Param;
-use crate::scope::{Scope, ScopeState};
+use crate::recycle::RecycledVec;
+use crate::scope::{Scope, State};
 use crate::tensor::Tensor;
 
 /// Gradients keyed by parameter (and by tensor marked with [`Tensor::requires_grad`]), as tensors
@@ -18,10 +20,10 @@ use crate::tensor::Tensor;
 /// passes into one `Gradients` ([`Tensor::backward_into`]) accumulate. Gradients are scoped tensors:
 /// they are released with their scope, and leave it only through [`Scope::escape`].
 pub struct Gradients<'s, T: DType = f32> {
-    scope: Rc<ScopeState>,
+    scope: State,
     by_key: HashMap<u64, Tensor<'s, T>>,
     /// The parameter values each gradient was computed from ([`Param::source`]).
-    sources: HashMap<u64, usize>,
+    sources: HashMap<u64, u64>,
 }
 
 impl<'s, T: Element> Gradients<'s, T> {
@@ -30,9 +32,9 @@ impl<'s, T: Element> Gradients<'s, T> {
         Gradients::in_scope(s.state())
     }
 
-    pub(crate) fn in_scope(scope: &Rc<ScopeState>) -> Self {
+    pub(crate) fn in_scope(scope: &State) -> Self {
         Gradients {
-            scope: Rc::clone(scope),
+            scope: scope.clone(),
             by_key: HashMap::new(),
             sources: HashMap::new(),
         }
@@ -110,19 +112,27 @@ impl<'s, T: Element> Gradients<'s, T> {
     /// be the gradient of neither.
     pub(crate) fn check_sources<'a>(
         &self,
-        leaves: impl IntoIterator<Item = (u64, usize, &'a [usize])>,
+        leaves: impl IntoIterator<Item = (u64, u64, &'a [usize])>,
     ) -> Result<()> {
-        let mut seen: HashMap<u64, usize> = HashMap::new();
+        let conflict = |shape: &[usize]| Error::ParamUsedWithTwoValues {
+            shape: Shape::from(shape),
+        };
+        // Sorted by key, two sources of one key meet: no map to build.
+        let mut seen: RecycledVec<(u64, u64, IxDyn)> = RecycledVec::new();
         for (key, source, shape) in leaves {
-            let earlier = self.sources.get(&key).or(seen.get(&key));
-            if earlier.is_some_and(|&e| e != source) {
-                return Err(Error::ParamUsedWithTwoValues {
-                    shape: Shape::from(shape),
-                });
+            if self.sources.get(&key).is_some_and(|&e| e != source) {
+                return Err(conflict(shape));
             }
-            seen.insert(key, source);
+            seen.push((key, source, IxDyn(shape)));
         }
-        Ok(())
+        seen.sort_unstable_by_key(|&(key, source, _)| (key, source));
+        match seen
+            .windows(2)
+            .find(|w| w[0].0 == w[1].0 && w[0].1 != w[1].1)
+        {
+            Some(w) => Err(conflict(w[1].2.slice())),
+            None => Ok(()),
+        }
     }
 
     /// Adds `grad` to the gradient under `key`, computed from the values `source` identifies (see
@@ -130,7 +140,7 @@ impl<'s, T: Element> Gradients<'s, T> {
     pub(crate) fn add(
         &mut self,
         key: u64,
-        source: Option<usize>,
+        source: Option<u64>,
         grad: Tensor<'static, T>,
     ) -> Result<()> {
         if let Some(source) = source {
@@ -153,7 +163,7 @@ impl<'from, 'to, T: Element> Escape<'from, 'to> for Gradients<'from, T> {
     /// Every gradient escapes with the collection, which then adds into the target scope.
     fn escape_to(self, target: &EscapeTarget<'from, 'to>) -> Gradients<'to, T> {
         Gradients {
-            scope: Rc::clone(target.state()),
+            scope: target.state().clone(),
             by_key: self
                 .by_key
                 .into_iter()

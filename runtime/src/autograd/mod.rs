@@ -37,20 +37,19 @@ mod rules;
 mod tape;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{Dimension, IxDyn};
 
 pub use check::{check_gradients, GradCheck};
 pub use grads::Gradients;
-pub(crate) use rules::{RegionRule, Rule, Saved, Scalar, Unary};
+pub(crate) use rules::{Rule, Saved, Scalar, Unary};
 pub(crate) use tape::{Arg, SharedTape, Tape};
 
 use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
-use crate::scope::ScopeState;
+use crate::recycle::{Few, RecycledRc, RecycledVec};
+use crate::scope::State;
 use crate::tensor::Tensor;
 
 /// What ops record on this thread.
@@ -67,6 +66,8 @@ pub(crate) enum Mode {
 
 thread_local! {
     static MODE: Cell<Mode> = const { Cell::new(Mode::Infer) };
+    /// The number of the last backward walk started on this thread (see [`Node::walk`]).
+    static WALKS: Cell<u64> = const { Cell::new(0) };
 }
 
 /// The recording mode on this thread.
@@ -99,19 +100,29 @@ pub(crate) fn next_key() -> u64 {
 /// tensor, with the nodes of its inputs and the rule (and saved tensors) of its backward.
 pub(crate) struct Node<T: DType> {
     /// The scope whose accounting holds what the rule saved: where the op ran, moved by escapes.
-    owner: RefCell<Rc<ScopeState>>,
+    owner: RefCell<State>,
+    /// The backward walk that last reached the node, and the node's place in that walk's order:
+    /// how a walk knows the nodes it has seen and finds where a node's gradient waits, with no map.
+    walk: Cell<(u64, usize)>,
     kind: Kind<T>,
 }
+
+/// A handle on a graph node; its record is reused once the graph is freed (see `recycle`).
+pub(crate) type NodeRef<T> = RecycledRc<Node<T>>;
+
+/// The graph inputs of an op, `None` for inputs that need no gradient; and the gradients of an op's
+/// inputs, `None` where none is needed. Held inline for ops of one or two inputs.
+pub(crate) type PerInput<X> = Few<Option<X>>;
 
 enum Kind<T: DType> {
     /// A parameter (with the identity of its values and its shape) or a marked tensor (`None`).
     Leaf {
         key: u64,
-        source: Option<(usize, IxDyn)>,
+        source: Option<(u64, IxDyn)>,
     },
     Op {
-        /// The inputs' nodes; `None` for inputs that need no gradient.
-        inputs: Vec<Option<Rc<Node<T>>>>,
+        /// The inputs' nodes.
+        inputs: PerInput<NodeRef<T>>,
         /// Taken (and so released) when backward runs it.
         rule: RefCell<Option<Rule<T>>>,
     },
@@ -121,17 +132,19 @@ enum Kind<T: DType> {
 }
 
 impl<T: DType> Node<T> {
+    /// A node of `kind` held by `owner`.
+    fn new(kind: Kind<T>, owner: &State) -> NodeRef<T> {
+        NodeRef::new(Node {
+            owner: RefCell::new(owner.clone()),
+            walk: Cell::new((0, 0)),
+            kind,
+        })
+    }
+
     /// A leaf for `key` held by `owner`; `source` identifies the parameter values it was made
     /// from, with their shape (`None` for a marked tensor).
-    pub(crate) fn leaf(
-        key: u64,
-        source: Option<(usize, IxDyn)>,
-        owner: &Rc<ScopeState>,
-    ) -> Rc<Self> {
-        Rc::new(Node {
-            owner: RefCell::new(Rc::clone(owner)),
-            kind: Kind::Leaf { key, source },
-        })
+    pub(crate) fn leaf(key: u64, source: Option<(u64, IxDyn)>, owner: &State) -> NodeRef<T> {
+        Node::new(Kind::Leaf { key, source }, owner)
     }
 
     /// The leaf key, if this is a leaf.
@@ -143,14 +156,9 @@ impl<T: DType> Node<T> {
     }
 
     /// The value `value` of `tape`, held by `owner`: the step's input is value 0.
-    pub(crate) fn taped(tape: &SharedTape<T>, value: usize, owner: &Rc<ScopeState>) -> Rc<Self> {
-        Rc::new(Node {
-            owner: RefCell::new(Rc::clone(owner)),
-            kind: Kind::Taped {
-                tape: Rc::clone(tape),
-                value,
-            },
-        })
+    pub(crate) fn taped(tape: &SharedTape<T>, value: usize, owner: &State) -> NodeRef<T> {
+        let tape = tape.clone();
+        Node::new(Kind::Taped { tape, value }, owner)
     }
 
     /// `(tape, value)` if this is a value of a layer step's tape.
@@ -163,17 +171,12 @@ impl<T: DType> Node<T> {
 
     /// A node of the op that made a region's output: its graph inputs and the region's rule.
     pub(crate) fn region(
-        inputs: Vec<Option<Rc<Node<T>>>>,
-        rule: Box<dyn RegionRule<T>>,
-        owner: &Rc<ScopeState>,
-    ) -> Rc<Self> {
-        Rc::new(Node {
-            owner: RefCell::new(Rc::clone(owner)),
-            kind: Kind::Op {
-                inputs,
-                rule: RefCell::new(Some(Rule::Region(rule))),
-            },
-        })
+        inputs: PerInput<NodeRef<T>>,
+        rule: crate::checkpoint::Region<T>,
+        owner: &State,
+    ) -> NodeRef<T> {
+        let rule = RefCell::new(Some(Rule::Region(rule)));
+        Node::new(Kind::Op { inputs, rule }, owner)
     }
 
     /// Whether this is a leaf (a parameter or a marked tensor).
@@ -182,7 +185,7 @@ impl<T: DType> Node<T> {
     }
 
     /// The leaf's key and source, if this is a leaf.
-    pub(crate) fn leaf_parts(&self) -> Option<(u64, Option<(usize, IxDyn)>)> {
+    pub(crate) fn leaf_parts(&self) -> Option<(u64, Option<(u64, IxDyn)>)> {
         match &self.kind {
             Kind::Leaf { key, source } => Some((*key, source.clone())),
             _ => None,
@@ -197,12 +200,22 @@ impl<T: DType> Drop for Node<T> {
         let Kind::Op { inputs, .. } = &mut self.kind else {
             return;
         };
-        let mut pending = std::mem::take(inputs);
-        while let Some(node) = pending.pop() {
-            if let Some(Ok(mut node)) = node.map(Rc::try_unwrap) {
-                if let Kind::Op { inputs, .. } = &mut node.kind {
-                    pending.append(inputs);
+        /// Moves the inputs that only this node holds to `pending` (made only then).
+        fn unwrap<T: DType>(
+            inputs: &mut [Option<NodeRef<T>>],
+            pending: &mut Option<RecycledVec<Node<T>>>,
+        ) {
+            for input in inputs.iter_mut().filter_map(Option::take) {
+                if let Ok(node) = input.into_unique() {
+                    pending.get_or_insert_with(RecycledVec::new).push(node);
                 }
+            }
+        }
+        let mut pending = None;
+        unwrap(inputs, &mut pending);
+        while let Some(mut node) = pending.as_mut().and_then(|p| p.pop()) {
+            if let Kind::Op { inputs, .. } = &mut node.kind {
+                unwrap(inputs, &mut pending);
             }
         }
     }
@@ -210,9 +223,9 @@ impl<T: DType> Drop for Node<T> {
 
 /// The graph inputs of an op about to run: made only when the output must record a node.
 pub(crate) struct Recorder<T: DType> {
-    inputs: Vec<Option<Rc<Node<T>>>>,
+    inputs: PerInput<NodeRef<T>>,
     /// For an op on a value of a layer step's tape: the tape and what the op reads.
-    tape: Option<(SharedTape<T>, Vec<Arg<T>>)>,
+    tape: Option<(SharedTape<T>, PerInput<Arg<T>>)>,
 }
 
 impl<T: DType> Recorder<T> {
@@ -227,21 +240,23 @@ impl<T: DType> Recorder<T> {
             .iter()
             .filter_map(|t| t.node.as_ref()?.tape_value().map(|(tape, _)| tape))
             .max_by_key(|tape| tape.borrow().seq())
-            .map(Rc::clone);
+            .cloned();
         Some(match tape {
             Some(tape) => {
                 let args = inputs
                     .iter()
                     .map(|t| match t.node.as_ref().and_then(|n| n.tape_value()) {
-                        Some((on, value)) if Rc::ptr_eq(on, &tape) => Arg::Value(value),
-                        _ => Arg::Outside {
+                        Some((on, value)) if SharedTape::ptr_eq(on, &tape) => {
+                            Some(Arg::Value(value))
+                        }
+                        _ => Some(Arg::Outside {
                             node: t.node.clone(),
                             value: t.saved(),
-                        },
+                        }),
                     })
                     .collect();
                 Recorder {
-                    inputs: Vec::new(),
+                    inputs: PerInput::default(),
                     tape: Some((tape, args)),
                 }
             }
@@ -262,17 +277,20 @@ pub(crate) fn finish<'s, T: DType>(
 ) -> Tensor<'s, T> {
     out.node = recorder.map(|r| match r.tape {
         // On a tape, only what it takes to run the op again is kept.
-        Some((tape, args)) => {
-            let value = tape.borrow_mut().push(&rule(&out), &out, args);
+        Some((tape, mut args)) => {
+            let value = tape.borrow_mut().push(&rule(&out), &out, &mut args);
             Node::taped(&tape, value, &out.scope)
         }
-        None => Rc::new(Node {
-            owner: RefCell::new(Rc::clone(&out.scope)),
-            kind: Kind::Op {
-                inputs: r.inputs,
-                rule: RefCell::new(Some(rule(&out))),
-            },
-        }),
+        None => {
+            let rule = RefCell::new(Some(rule(&out)));
+            Node::new(
+                Kind::Op {
+                    inputs: r.inputs,
+                    rule,
+                },
+                &out.scope,
+            )
+        }
     });
     out
 }
@@ -280,8 +298,8 @@ pub(crate) fn finish<'s, T: DType>(
 /// `out` marked as made by an op without a derivative, from inputs that carry a graph: a backward
 /// that reaches it fails naming `op`, rather than giving a zero gradient.
 pub(crate) fn barrier<'s, U: DType>(out: Tensor<'s, U>, op: &'static str) -> Tensor<'s, U> {
-    let recorder = (mode() != Mode::Off).then_some(Recorder {
-        inputs: Vec::new(),
+    let recorder = (mode() != Mode::Off).then(|| Recorder {
+        inputs: PerInput::default(),
         tape: None,
     });
     finish(recorder, out, |_| Rule::NotDifferentiable(op))
@@ -291,15 +309,16 @@ pub(crate) fn barrier<'s, U: DType>(out: Tensor<'s, U>, op: &'static str) -> Ten
 /// scopes that `target` outlives. A node's inputs are held by scopes that outlive its own (they
 /// were made earlier, in the op's scope or around it), so the walk stops at the first node whose
 /// scope outlives `target`: an escape costs the nodes made inside the escaping scope, not the graph.
-pub(crate) fn move_graph<T: DType>(node: &Rc<Node<T>>, target: &Rc<ScopeState>) {
-    let mut pending = vec![Rc::clone(node)];
+pub(crate) fn move_graph<T: DType>(node: &NodeRef<T>, target: &State) {
+    let mut pending = RecycledVec::new();
+    pending.push(node.clone());
     while let Some(node) = pending.pop() {
         {
             let mut owner = node.owner.borrow_mut();
             if !owner.hands_over_to(target) {
                 continue;
             }
-            *owner = Rc::clone(target);
+            *owner = target.clone();
         }
         match &node.kind {
             Kind::Op { inputs, rule } => {
@@ -327,20 +346,24 @@ pub(crate) fn move_graph<T: DType>(node: &Rc<Node<T>>, target: &Rc<ScopeState>) 
 /// more than one of them waits in memory: a budget error halfway leaves the gradients added so far,
 /// and the rules run so far consumed.
 pub(crate) fn backward<T: Element>(
-    root: &Rc<Node<T>>,
+    root: &NodeRef<T>,
     seed: Tensor<'static, T>,
-    at: &Rc<ScopeState>,
+    at: &State,
     grads: &mut Gradients<'_, T>,
 ) -> Result<()> {
     with_mode(Mode::Off, || {
         let order = topological(root);
         check(&order, grads)?;
-        let mut pending: HashMap<*const Node<T>, Tensor<'static, T>> = HashMap::new();
-        pending.insert(Rc::as_ptr(root), seed);
+        // The gradient waiting for each node, by its place in `order`.
+        let mut pending: RecycledVec<Option<Tensor<'static, T>>> =
+            order.iter().map(|_| None).collect();
+        if let Some(last) = pending.last_mut() {
+            *last = Some(seed);
+        }
         // Consumers come after their inputs in `order`: walking it backwards, a node's gradient is
         // complete when its turn comes.
-        for node in order.iter().rev() {
-            let Some(grad) = pending.remove(&Rc::as_ptr(node)) else {
+        for (place, node) in order.iter().enumerate().rev() {
+            let Some(grad) = pending[place].take() else {
                 continue;
             };
             match &node.kind {
@@ -350,19 +373,19 @@ pub(crate) fn backward<T: Element>(
                 Kind::Taped { .. } => unreachable!("refused by the check"),
                 Kind::Op { inputs, rule } => {
                     let rule = rule.borrow_mut().take().ok_or(Error::GraphConsumed)?;
-                    let needs: Vec<bool> = inputs.iter().map(Option::is_some).collect();
-                    let input_grads = match rule {
+                    let needs: Few<bool> = inputs.iter().map(Option::is_some).collect();
+                    let mut input_grads = match rule {
                         Rule::Region(region) => region.backward(grad, &needs, at, grads)?,
                         rule => rule.backward(grad, &needs, at)?,
                     };
-                    for (input, g) in inputs.iter().zip(input_grads) {
+                    for (input, g) in inputs.iter().zip(input_grads.iter_mut().map(Option::take)) {
                         if let (Some(input), Some(g)) = (input, g) {
-                            let slot = Rc::as_ptr(input);
-                            let total = match pending.remove(&slot) {
+                            let (_, slot) = input.walk.get();
+                            let total = match pending[slot].take() {
                                 Some(earlier) => earlier.try_add_owned(&g)?,
                                 None => g,
                             };
-                            pending.insert(slot, total);
+                            pending[slot] = Some(total);
                         }
                     }
                 }
@@ -375,7 +398,7 @@ pub(crate) fn backward<T: Element>(
 /// Fails as backward would, before anything runs: with [`Error::GraphConsumed`] for a rule already
 /// run, [`Error::NotDifferentiable`] for an op without a derivative, and
 /// [`Error::ParamUsedWithTwoValues`].
-fn check<T: Element>(order: &[Rc<Node<T>>], grads: &Gradients<'_, T>) -> Result<()> {
+fn check<T: Element>(order: &[NodeRef<T>], grads: &Gradients<'_, T>) -> Result<()> {
     for node in order {
         match &node.kind {
             Kind::Op { rule, .. } => match rule.borrow().as_ref() {
@@ -397,30 +420,34 @@ fn check<T: Element>(order: &[Rc<Node<T>>], grads: &Gradients<'_, T>) -> Result<
     }))
 }
 
-/// The nodes under `root`, each after all of its inputs (post-order, iteratively).
-fn topological<T: Element>(root: &Rc<Node<T>>) -> Vec<Rc<Node<T>>> {
-    let mut order = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    let mut stack = vec![(Rc::clone(root), false)];
+/// The nodes under `root`, each after all of its inputs (post-order, iteratively). Each node's
+/// `walk` holds the number of this walk and the node's place in the order.
+///
+/// A walk marks only the nodes of its own graph. Backward passes nest (a checkpointed region's
+/// backward walks the graphs of its replays), but a replay's graph is made of nodes of its own, so
+/// no node is marked by two walks that are both under way.
+fn topological<T: Element>(root: &NodeRef<T>) -> RecycledVec<NodeRef<T>> {
+    let walk = WALKS.get() + 1;
+    WALKS.set(walk);
+    let mut order = RecycledVec::new();
+    let mut stack: RecycledVec<(NodeRef<T>, bool)> = RecycledVec::new();
+    stack.push((root.clone(), false));
     while let Some((node, expanded)) = stack.pop() {
         if expanded {
+            node.walk.set((walk, order.len()));
             order.push(node);
             continue;
         }
-        if !seen.insert(Rc::as_ptr(&node)) {
+        if node.walk.get().0 == walk {
             continue;
         }
-        let inputs: Vec<Rc<Node<T>>> = match &node.kind {
-            Kind::Op { inputs, .. } => inputs.iter().flatten().cloned().collect(),
-            Kind::Leaf { .. } | Kind::Taped { .. } => Vec::new(),
-        };
-        stack.push((node, true));
-        stack.extend(
-            inputs
-                .into_iter()
-                .filter(|n| !seen.contains(&Rc::as_ptr(n)))
-                .map(|n| (n, false)),
-        );
+        // Seen (its place is set once its inputs are placed).
+        node.walk.set((walk, usize::MAX));
+        stack.push((node.clone(), true));
+        if let Kind::Op { inputs, .. } = &node.kind {
+            let unseen = inputs.iter().flatten().filter(|n| n.walk.get().0 != walk);
+            stack.extend(unseen.map(|n| (n.clone(), false)));
+        }
     }
     order
 }

@@ -3,15 +3,14 @@
 //! Rules run with recording off, in the scope backward runs in (`at`): saved tensors and gradients
 //! are rebound there, so every temporary and every gradient is rented there.
 
-use std::rc::Rc;
+use ndarray::{ArrayView1, ArrayViewMut1, Axis, Dimension, IxDyn, Slice, Zip};
 
-use ndarray::{ArrayView1, ArrayViewMut1, Axis, Slice, Zip};
-
-use super::Gradients;
+use super::PerInput;
+use crate::checkpoint::Region;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::ops;
-use crate::scope::ScopeState;
+use crate::scope::State;
 use crate::tensor::Tensor;
 use crate::TensorOps;
 
@@ -77,9 +76,9 @@ pub(crate) type Function<T> = std::sync::Arc<dyn Fn(T) -> T + Send + Sync>;
 /// A backward rule and what it saved.
 pub(crate) enum Rule<T: DType> {
     /// `a + b` with broadcasting: the inputs' shapes, to reduce the gradient to.
-    Add(Vec<usize>, Vec<usize>),
+    Add(IxDyn, IxDyn),
     /// `a - b` with broadcasting.
-    Sub(Vec<usize>, Vec<usize>),
+    Sub(IxDyn, IxDyn),
     /// `a * b` with broadcasting.
     Mul(Saved<T>, Saved<T>),
     /// `a / b` with broadcasting.
@@ -102,35 +101,35 @@ pub(crate) enum Rule<T: DType> {
     /// Group norm of `[n, c, h, w]`: input, output, groups, eps.
     GroupNorm(Saved<T>, Saved<T>, usize, T),
     /// Sum along an axis of a tensor of this shape.
-    Sum(usize, Vec<usize>),
+    Sum(usize, IxDyn),
     /// Mean along an axis of a tensor of this shape.
-    Mean(usize, Vec<usize>),
+    Mean(usize, IxDyn),
     /// Matrix product.
     Matmul(Saved<T>, Saved<T>),
     /// A permutation of the axes: axis `i` of the output is axis `axes[i]` of the input.
-    Permute(Vec<usize>),
+    Permute(IxDyn),
     /// `narrow(axis, start, _)` of a tensor whose axis had this length.
     Narrow(usize, usize, usize),
     /// A reshape of a tensor of this shape.
-    Reshape(Vec<usize>),
+    Reshape(IxDyn),
     /// Concatenation along an axis, of inputs of these lengths along it.
-    Concat(usize, Vec<usize>),
+    Concat(usize, IxDyn),
     /// 2-D convolution: input, weight, stride, padding.
     Conv2d(Saved<T>, Saved<T>, usize, usize),
     /// Nearest upsampling by a scale.
     Upsample(usize),
     /// Mean squared error: `pred - target` and the element count.
     Mse(Saved<T>, usize),
-    /// Softmax cross-entropy: the log-probabilities and the labels.
-    CrossEntropy(Saved<T>, Vec<usize>),
+    /// Softmax cross-entropy: the log-probabilities and the labels (checked to be in range).
+    CrossEntropy(Saved<T>, Saved<i64>),
     /// `index_select` along an axis of this length, by these ids.
     IndexSelect(usize, Saved<i64>, usize),
     /// `gather` along an axis, by this index, of an input of this shape.
-    Gather(usize, Saved<i64>, Vec<usize>),
+    Gather(usize, Saved<i64>, IxDyn),
     /// `tril` (`false`) or `triu` (`true`) with this diagonal offset.
     Triangle(i64, bool),
     /// `where_cond` with this mask, of operands of these shapes.
-    Where(Saved<u8>, Vec<usize>, Vec<usize>),
+    Where(Saved<u8>, IxDyn, IxDyn),
     /// `masked_fill` with this mask and value.
     MaskedFill(Saved<u8>, T),
     /// 2-D pooling: the max's positions (for max pooling) and the input's shape.
@@ -141,35 +140,15 @@ pub(crate) enum Rule<T: DType> {
         at: Option<Saved<i64>>,
         input: [usize; 4],
     },
-    /// A checkpointed region: its backward replays the region's layer steps.
-    Region(Box<dyn RegionRule<T>>),
-}
-
-/// The backward of a checkpointed region (see `checkpoint::region`): it runs nested backward
-/// passes, so it adds the gradients of the parameters it reaches into `grads` itself.
-pub(crate) trait RegionRule<T: DType> {
-    /// The gradients of the region's graph inputs given `g`, the gradient of its output.
-    fn backward(
-        self: Box<Self>,
-        g: Saved<T>,
-        needs: &[bool],
-        at: &Rc<ScopeState>,
-        grads: &mut Gradients<'_, T>,
-    ) -> Result<Vec<Option<Saved<T>>>>;
-
-    /// Moves the accounting of every tensor the region keeps to `target` (on escape).
-    fn move_saved(&self, target: &Rc<ScopeState>);
-
-    /// Fails as the region's backward would, before any backward runs: with
-    /// [`Error::NotDifferentiable`] for an op without a derivative its output depends on, and as
-    /// [`Gradients::check_sources`] does for the parameters its steps read.
-    fn check(&self, grads: &Gradients<'_, T>) -> Result<()>;
+    /// A checkpointed region: its backward replays the region's layer steps (held in place, as
+    /// large as the largest other rule, so that no box is allocated for it).
+    Region(Region<T>),
 }
 
 impl<T: DType> Rule<T> {
     /// Moves the accounting of everything the rule saved to `target` (see
     /// `Tensor::move_accounting`): its tensors of `T`, and the ids, masks and positions it keeps.
-    pub(crate) fn move_saved(&self, target: &Rc<ScopeState>) {
+    pub(crate) fn move_saved(&self, target: &State) {
         let f = &mut |t: &Saved<T>| t.move_accounting(target);
         match self {
             Rule::Mul(a, b)
@@ -187,8 +166,7 @@ impl<T: DType> Rule<T> {
             | Rule::Map(x, ..)
             | Rule::Softmax(x, _)
             | Rule::LogSoftmax(x, _)
-            | Rule::Mse(x, _)
-            | Rule::CrossEntropy(x, _) => f(x),
+            | Rule::Mse(x, _) => f(x),
             Rule::Add(..)
             | Rule::Sub(..)
             | Rule::Scalar(_, _, None)
@@ -203,6 +181,10 @@ impl<T: DType> Rule<T> {
             | Rule::Upsample(_)
             | Rule::Triangle(..)
             | Rule::Pool2d { at: None, .. } => {}
+            Rule::CrossEntropy(x, labels) => {
+                f(x);
+                labels.move_accounting(target);
+            }
             Rule::IndexSelect(_, ids, _) | Rule::Gather(_, ids, _) => ids.move_accounting(target),
             Rule::Pool2d { at: Some(at), .. } => at.move_accounting(target),
             Rule::Where(mask, ..) | Rule::MaskedFill(mask, _) => mask.move_accounting(target),
@@ -217,8 +199,8 @@ impl<T: Element> Rule<T> {
         self,
         g: Saved<T>,
         needs: &[bool],
-        at: &Rc<ScopeState>,
-    ) -> Result<Vec<Option<Saved<T>>>> {
+        at: &State,
+    ) -> Result<PerInput<Saved<T>>> {
         let here = |t: &Saved<T>| -> Saved<T> { t.alias_in(at) };
         let need = |i: usize| needs.get(i).copied().unwrap_or(false);
         // The gradient of input `i`, computed only if it is needed.
@@ -230,32 +212,32 @@ impl<T: Element> Rule<T> {
             }
         };
         Ok(match self {
-            Rule::Add(a, b) => vec![
-                grad_if(0, &|| reduce_to(g.clone(), &a))?,
-                grad_if(1, &|| reduce_to(g.clone(), &b))?,
-            ],
-            Rule::Sub(a, b) => vec![
-                grad_if(0, &|| reduce_to(g.clone(), &a))?,
+            Rule::Add(a, b) => PerInput::Two([
+                grad_if(0, &|| reduce_to(g.clone(), a.slice()))?,
+                grad_if(1, &|| reduce_to(g.clone(), b.slice()))?,
+            ]),
+            Rule::Sub(a, b) => PerInput::Two([
+                grad_if(0, &|| reduce_to(g.clone(), a.slice()))?,
                 grad_if(1, &|| {
                     reduce_to(
                         (&g).try_map(
                             #[inline(always)]
                             |v| -v,
                         )?,
-                        &b,
+                        b.slice(),
                     )
                 })?,
-            ],
+            ]),
             Rule::Mul(a, b) => {
                 let (a, b) = (here(&a), here(&b));
-                vec![
+                PerInput::Two([
                     grad_if(0, &|| reduce_to(g.try_mul(&b)?, a.shape()))?,
                     grad_if(1, &|| reduce_to(g.try_mul(&a)?, b.shape()))?,
-                ]
+                ])
             }
             Rule::Div(a, b) => {
                 let (a, b) = (here(&a), here(&b));
-                vec![
+                PerInput::Two([
                     grad_if(0, &|| reduce_to(g.try_div(&b)?, a.shape()))?,
                     grad_if(1, &|| {
                         // d(a / b)/db = -a / b^2
@@ -268,129 +250,138 @@ impl<T: Element> Rule<T> {
                             b.shape(),
                         )
                     })?,
-                ]
+                ])
             }
-            Rule::Scalar(kind, c, x) => vec![Some(match kind {
-                Scalar::Add | Scalar::Sub => g,
-                Scalar::SubFrom => g.try_map(
-                    #[inline(always)]
-                    |v| -v,
-                )?,
-                Scalar::Mul => g.try_map(
-                    #[inline(always)]
-                    |v| v * c,
-                )?,
-                Scalar::Div => g.try_map(
-                    #[inline(always)]
-                    |v| v / c,
-                )?,
-                Scalar::DivInto => {
-                    let x = here(x.as_ref().expect("c / x saves x"));
-                    g.try_zip_map(
-                        &x,
-                        #[inline(always)]
-                        |g, x| -g * c / (x * x),
-                    )?
-                }
-                // `x^0` is constant: its gradient is 0, also at x = 0 (where `0 * 0^-1` is NaN).
-                Scalar::Pow if c == T::zero() => g.try_map(
-                    #[inline(always)]
-                    |_| T::zero(),
-                )?,
-                Scalar::Pow => {
-                    let x = here(x.as_ref().expect("x ^ c saves x"));
-                    g.try_zip_map(
-                        &x,
-                        #[inline(always)]
-                        |g, x| g * c * x.powf(c - T::one()),
-                    )?
-                }
-            })],
-            Rule::Unary(kind, saved) => {
-                let saved = saved.as_ref().map(here);
-                let s = || saved.as_ref().expect("the rule saved what it needs");
-                vec![Some(match kind {
-                    Unary::Neg => g.try_map(
+            Rule::Scalar(kind, c, x) => PerInput::Two([
+                Some(match kind {
+                    Scalar::Add | Scalar::Sub => g,
+                    Scalar::SubFrom => g.try_map(
                         #[inline(always)]
                         |v| -v,
                     )?,
-                    // Written as the layers' hand-written backward passes are, for the same bits.
-                    Unary::Relu => g.try_zip_map(
-                        s(),
+                    Scalar::Mul => g.try_map(
                         #[inline(always)]
-                        |g, y| g * if y > T::zero() { T::one() } else { T::zero() },
+                        |v| v * c,
                     )?,
-                    Unary::Gelu => g.try_zip_map(
-                        s(),
+                    Scalar::Div => g.try_map(
                         #[inline(always)]
-                        |g, x| g * ops::gelu_grad(x),
+                        |v| v / c,
                     )?,
-                    Unary::Silu => g.try_zip_map(
-                        s(),
+                    Scalar::DivInto => {
+                        let x = here(x.as_ref().expect("c / x saves x"));
+                        g.try_zip_map(
+                            &x,
+                            #[inline(always)]
+                            |g, x| -g * c / (x * x),
+                        )?
+                    }
+                    // `x^0` is constant: its gradient is 0, also at x = 0 (where `0 * 0^-1` is NaN).
+                    Scalar::Pow if c == T::zero() => g.try_map(
                         #[inline(always)]
-                        |g, x| {
-                            let sig = T::one() / (T::one() + (-x).exp_kernel());
-                            g * sig * (T::one() + x * (T::one() - sig))
-                        },
+                        |_| T::zero(),
                     )?,
-                    Unary::Sigmoid => g.try_zip_map(
-                        s(),
-                        #[inline(always)]
-                        |g, y| g * y * (T::one() - y),
-                    )?,
-                    Unary::Tanh => g.try_zip_map(
-                        s(),
-                        #[inline(always)]
-                        |g, y| g * (T::one() - y * y),
-                    )?,
-                    Unary::Exp => g.try_zip_map(
-                        s(),
-                        #[inline(always)]
-                        |g, y| g * y,
-                    )?,
-                    Unary::Log => g.try_zip_map(
-                        s(),
-                        #[inline(always)]
-                        |g, x| g / x,
-                    )?,
-                    Unary::Sqrt => g.try_zip_map(
-                        s(),
-                        #[inline(always)]
-                        |g, y| g / (y + y),
-                    )?,
-                    // As PyTorch: the sign, 0 at 0.
-                    Unary::Abs => g.try_zip_map(
-                        s(),
-                        #[inline(always)]
-                        |g, x| {
-                            if x > T::zero() {
-                                g
-                            } else if x < T::zero() {
-                                -g
-                            } else {
-                                x * g
-                            }
-                        },
-                    )?,
-                    Unary::GeluErf => g.try_zip_map(
-                        s(),
-                        #[inline(always)]
-                        |g, x| g * ops::gelu_erf_grad(x),
-                    )?,
-                })]
+                    Scalar::Pow => {
+                        let x = here(x.as_ref().expect("x ^ c saves x"));
+                        g.try_zip_map(
+                            &x,
+                            #[inline(always)]
+                            |g, x| g * c * x.powf(c - T::one()),
+                        )?
+                    }
+                }),
+                None,
+            ]),
+            Rule::Unary(kind, saved) => {
+                let saved = saved.as_ref().map(here);
+                let s = || saved.as_ref().expect("the rule saved what it needs");
+                PerInput::Two([
+                    Some(match kind {
+                        Unary::Neg => g.try_map(
+                            #[inline(always)]
+                            |v| -v,
+                        )?,
+                        // Written as the layers' hand-written backward passes are, for the same bits.
+                        Unary::Relu => g.try_zip_map(
+                            s(),
+                            #[inline(always)]
+                            |g, y| g * if y > T::zero() { T::one() } else { T::zero() },
+                        )?,
+                        Unary::Gelu => g.try_zip_map(
+                            s(),
+                            #[inline(always)]
+                            |g, x| g * ops::gelu_grad(x),
+                        )?,
+                        Unary::Silu => g.try_zip_map(
+                            s(),
+                            #[inline(always)]
+                            |g, x| {
+                                let sig = T::one() / (T::one() + (-x).exp_kernel());
+                                g * sig * (T::one() + x * (T::one() - sig))
+                            },
+                        )?,
+                        Unary::Sigmoid => g.try_zip_map(
+                            s(),
+                            #[inline(always)]
+                            |g, y| g * y * (T::one() - y),
+                        )?,
+                        Unary::Tanh => g.try_zip_map(
+                            s(),
+                            #[inline(always)]
+                            |g, y| g * (T::one() - y * y),
+                        )?,
+                        Unary::Exp => g.try_zip_map(
+                            s(),
+                            #[inline(always)]
+                            |g, y| g * y,
+                        )?,
+                        Unary::Log => g.try_zip_map(
+                            s(),
+                            #[inline(always)]
+                            |g, x| g / x,
+                        )?,
+                        Unary::Sqrt => g.try_zip_map(
+                            s(),
+                            #[inline(always)]
+                            |g, y| g / (y + y),
+                        )?,
+                        // As PyTorch: the sign, 0 at 0.
+                        Unary::Abs => g.try_zip_map(
+                            s(),
+                            #[inline(always)]
+                            |g, x| {
+                                if x > T::zero() {
+                                    g
+                                } else if x < T::zero() {
+                                    -g
+                                } else {
+                                    x * g
+                                }
+                            },
+                        )?,
+                        Unary::GeluErf => g.try_zip_map(
+                            s(),
+                            #[inline(always)]
+                            |g, x| g * ops::gelu_erf_grad(x),
+                        )?,
+                    }),
+                    None,
+                ])
             }
-            Rule::Map(x, _, df) => vec![Some(g.try_zip_map(
-                &here(&x),
-                #[inline(always)]
-                |g, x| g * df(x),
-            )?)],
+            Rule::Map(x, _, df) => PerInput::Two([
+                Some(g.try_zip_map(
+                    &here(&x),
+                    #[inline(always)]
+                    |g, x| g * df(x),
+                )?),
+                None,
+            ]),
             Rule::Region(_) => {
                 unreachable!("the engine runs a region's backward with the gradients")
             }
             Rule::IndexSelect(axis, ids, len) => {
-                let mut shape = g.shape().to_vec();
+                let mut shape = IxDyn(g.shape());
                 shape[axis] = len;
-                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, &shape)?;
+                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, shape.slice())?;
                 if !g.is_empty() {
                     let (src, mut dst) = (g.view(), dx.unique_view_mut());
                     for (j, &id) in ids.as_slice().iter().enumerate() {
@@ -399,10 +390,10 @@ impl<T: Element> Rule<T> {
                             .for_each(|d, &g| *d = *d + g);
                     }
                 }
-                vec![Some(dx)]
+                PerInput::Two([Some(dx), None])
             }
             Rule::Gather(axis, index, shape) => {
-                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, &shape)?;
+                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, shape.slice())?;
                 if !g.is_empty() {
                     let (src, idx) = (g.view(), index.view());
                     let mut dst = dx.unique_view_mut();
@@ -417,21 +408,19 @@ impl<T: Element> Rule<T> {
                             })
                         });
                 }
-                vec![Some(dx)]
+                PerInput::Two([Some(dx), None])
             }
-            Rule::Triangle(k, upper) => vec![Some(g.triangle(k, upper)?)],
-            Rule::Where(mask, a, b) => {
-                vec![
-                    grad_if(0, &|| {
-                        reduce_to(ops::mask::select_grad(&g, &mask, true)?, &a)
-                    })?,
-                    grad_if(1, &|| {
-                        reduce_to(ops::mask::select_grad(&g, &mask, false)?, &b)
-                    })?,
-                ]
-            }
+            Rule::Triangle(k, upper) => PerInput::Two([Some(g.triangle(k, upper)?), None]),
+            Rule::Where(mask, a, b) => PerInput::Two([
+                grad_if(0, &|| {
+                    reduce_to(ops::mask::select_grad(&g, &mask, true)?, a.slice())
+                })?,
+                grad_if(1, &|| {
+                    reduce_to(ops::mask::select_grad(&g, &mask, false)?, b.slice())
+                })?,
+            ]),
             Rule::MaskedFill(mask, _) => {
-                vec![Some(ops::mask::select_grad(&g, &mask, false)?)]
+                PerInput::Two([Some(ops::mask::select_grad(&g, &mask, false)?), None])
             }
             Rule::Pool2d {
                 kind,
@@ -439,17 +428,24 @@ impl<T: Element> Rule<T> {
                 stride,
                 at: positions,
                 input,
-            } => vec![Some(ops::pool2d::pool2d_backward(
-                &g,
-                kind,
-                kernel,
-                stride,
-                positions.as_ref(),
-                input,
-            )?)],
+            } => PerInput::Two([
+                Some(ops::pool2d::pool2d_backward(
+                    &g,
+                    kind,
+                    kernel,
+                    stride,
+                    positions.as_ref(),
+                    input,
+                )?),
+                None,
+            ]),
             Rule::NotDifferentiable(op) => return Err(Error::NotDifferentiable { op }),
-            Rule::Softmax(y, axis) => vec![Some(lanes3(g, &here(&y), axis, softmax_lane)?)],
-            Rule::LogSoftmax(y, axis) => vec![Some(lanes3(g, &here(&y), axis, log_softmax_lane)?)],
+            Rule::Softmax(y, axis) => {
+                PerInput::Two([Some(lanes3(g, &here(&y), axis, softmax_lane)?), None])
+            }
+            Rule::LogSoftmax(y, axis) => {
+                PerInput::Two([Some(lanes3(g, &here(&y), axis, log_softmax_lane)?), None])
+            }
             Rule::LayerNorm(x, y, eps) => {
                 let (x, y) = (here(&x), here(&y));
                 let axis = x.ndim() - 1;
@@ -462,7 +458,7 @@ impl<T: Element> Rule<T> {
                         .and(yv.lanes(Axis(axis)))
                         .for_each(|d, x, y| ops::norm_backward_lane(d, x, y, eps));
                 }
-                vec![Some(dx)]
+                PerInput::Two([Some(dx), None])
             }
             Rule::GroupNorm(x, y, groups, eps) => {
                 let (x, y) = (here(&x), here(&y));
@@ -477,19 +473,22 @@ impl<T: Element> Rule<T> {
                             ops::norm_backward_lane(d.into(), x.into(), y.into(), eps)
                         });
                 }
-                vec![Some(dx)]
+                PerInput::Two([Some(dx), None])
             }
-            Rule::Sum(axis, shape) => vec![Some(expand(g, axis, &shape)?)],
+            Rule::Sum(axis, shape) => PerInput::Two([Some(expand(g, axis, shape.slice())?), None]),
             Rule::Mean(axis, shape) => {
                 let n = T::from_f64(shape[axis] as f64);
-                vec![Some(expand(
-                    g.try_map(
-                        #[inline(always)]
-                        |v| v / n,
-                    )?,
-                    axis,
-                    &shape,
-                )?)]
+                PerInput::Two([
+                    Some(expand(
+                        g.try_map(
+                            #[inline(always)]
+                            |v| v / n,
+                        )?,
+                        axis,
+                        shape.slice(),
+                    )?),
+                    None,
+                ])
             }
             Rule::Matmul(a, b) => {
                 let (a, b) = (here(&a), here(&b));
@@ -499,7 +498,7 @@ impl<T: Element> Rule<T> {
                 let one_matrix = b.shape()[..b.ndim() - 2].iter().all(|&l| l == 1);
                 let rows = a.shape()[..a.ndim() - 1].iter().product();
                 let matrix = |t: &Saved<T>, cols| t.try_reshape(&[rows, cols]);
-                vec![
+                PerInput::Two([
                     grad_if(0, &|| {
                         if one_matrix {
                             let b2 = b.try_reshape(&[k, n])?;
@@ -521,42 +520,43 @@ impl<T: Element> Rule<T> {
                             reduce_to(a.try_t()?.try_matmul(&g)?, b.shape())
                         }
                     })?,
-                ]
+                ])
             }
             Rule::Permute(axes) => {
-                let mut inverse = vec![0; axes.len()];
-                for (i, &a) in axes.iter().enumerate() {
+                let mut inverse = axes.clone();
+                for (i, &a) in axes.slice().iter().enumerate() {
                     inverse[a] = i;
                 }
-                vec![Some(g.try_permute(&inverse)?)]
+                PerInput::Two([Some(g.try_permute(inverse.slice())?), None])
             }
             Rule::Narrow(axis, start, full) => {
-                let mut shape = g.shape().to_vec();
+                let mut shape = IxDyn(g.shape());
                 let len = std::mem::replace(&mut shape[axis], full);
-                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, &shape)?;
+                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, shape.slice())?;
                 if !g.is_empty() {
                     dx.unique_view_mut()
                         .slice_axis_mut(Axis(axis), Slice::from(start..start + len))
                         .assign(&g.view());
                 }
-                vec![Some(dx)]
+                PerInput::Two([Some(dx), None])
             }
-            Rule::Reshape(shape) => vec![Some(g.try_reshape(&shape)?)],
+            Rule::Reshape(shape) => PerInput::Two([Some(g.try_reshape(shape.slice())?), None]),
             Rule::Concat(axis, lengths) => {
                 let mut start = 0;
-                let mut out = Vec::with_capacity(lengths.len());
-                for (i, &len) in lengths.iter().enumerate() {
-                    out.push(grad_if(i, &|| g.narrow_kernel(axis, start, len))?);
+                let parts = lengths.slice().iter().enumerate().map(|(i, &len)| {
                     start += len;
-                }
-                out
+                    grad_if(i, &|| g.narrow_kernel(axis, start - len, len))
+                });
+                parts.collect::<Result<_>>()?
             }
             Rule::Conv2d(x, w, stride, padding) => {
                 let (x, w) = (here(&x), here(&w));
                 let (dx, dw) = ops::conv2d_backward(&x, &w, &g, stride, padding, need(0), need(1))?;
-                vec![dx, dw]
+                PerInput::Two([dx, dw])
             }
-            Rule::Upsample(scale) => vec![Some(ops::upsample_backward(&g, scale)?)],
+            Rule::Upsample(scale) => {
+                PerInput::Two([Some(ops::upsample_backward(&g, scale)?), None])
+            }
             Rule::Mse(diff, n) => {
                 // As `nn::mse` has always scaled: 2 / n, times the upstream gradient (1 for a loss).
                 let scale = T::from_f64(2.0) / T::from_f64(n.max(1) as f64) * g.as_slice()[0];
@@ -570,7 +570,7 @@ impl<T: Element> Rule<T> {
                         |v| -v,
                     )
                 })?;
-                vec![need(0).then_some(dp), dt]
+                PerInput::Two([need(0).then_some(dp), dt])
             }
             Rule::CrossEntropy(log_probs, labels) => {
                 let upstream = g.as_slice()[0];
@@ -581,14 +581,17 @@ impl<T: Element> Rule<T> {
                 )?;
                 let classes = grad.shape().get(1).copied().unwrap_or(1);
                 let rows = grad.unique_slice_mut();
-                for (row, &label) in labels.iter().enumerate() {
-                    let v = &mut rows[row * classes + label];
+                for (row, &label) in labels.as_slice().iter().enumerate() {
+                    let v = &mut rows[row * classes + label as usize];
                     *v = *v - T::one() / n;
                 }
-                vec![Some(grad.try_map(
-                    #[inline(always)]
-                    |v| v * upstream,
-                )?)]
+                PerInput::Two([
+                    Some(grad.try_map(
+                        #[inline(always)]
+                        |v| v * upstream,
+                    )?),
+                    None,
+                ])
             }
         })
     }
@@ -603,15 +606,16 @@ fn reduce_to<T: Element>(g: Saved<T>, shape: &[usize]) -> Result<Saved<T>> {
     let mut g = g;
     if lead > 0 {
         // The leading axes in one pass, as one axis of their product.
-        let mut flat = vec![g.shape()[..lead].iter().product()];
-        flat.extend_from_slice(&g.shape()[lead..]);
-        g = g.try_reshape(&flat)?.try_sum(0)?;
+        let mut flat = IxDyn::zeros(1 + shape.len());
+        flat[0] = g.shape()[..lead].iter().product();
+        flat.slice_mut()[1..].copy_from_slice(&g.shape()[lead..]);
+        g = g.try_reshape(flat.slice())?.try_sum(0)?;
     }
     for (axis, &len) in shape.iter().enumerate() {
         if len == 1 && g.shape()[axis] != 1 {
-            let mut kept = g.shape().to_vec();
+            let mut kept = IxDyn(g.shape());
             kept[axis] = 1;
-            g = g.try_sum(axis)?.try_reshape(&kept)?;
+            g = g.try_sum(axis)?.try_reshape(kept.slice())?;
         }
     }
     Ok(g)
@@ -619,9 +623,9 @@ fn reduce_to<T: Element>(g: Saved<T>, shape: &[usize]) -> Result<Saved<T>> {
 
 /// `g` (a reduction's gradient, `shape` without `axis`) repeated along `axis` to `shape`.
 fn expand<T: Element>(g: Saved<T>, axis: usize, shape: &[usize]) -> Result<Saved<T>> {
-    let mut kept = shape.to_vec();
+    let mut kept = IxDyn(shape);
     kept[axis] = 1;
-    g.try_reshape(&kept)?.try_broadcast_to(shape)
+    g.try_reshape(kept.slice())?.try_broadcast_to(shape)
 }
 
 /// A new tensor of `g`'s shape whose lanes along `axis` are `kernel(out, g, y)`.

@@ -11,15 +11,18 @@
 //! builds the graph the plain forward would have built, bit for bit.
 
 use std::cell::RefCell;
-use std::rc::Rc;
+use std::ops::Range;
 use std::sync::Arc;
 
+use ndarray::{Dimension, IxDyn};
+
 use super::rules::Function;
-use super::{Node, Rule, Scalar, Unary};
+use super::{NodeRef, Rule, Scalar, Unary};
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::ops::elementwise::Binary;
-use crate::scope::ScopeState;
+use crate::recycle::{RecycledRc, RecycledVec};
+use crate::scope::State;
 use crate::tensor::Tensor;
 use crate::TensorOps;
 
@@ -29,7 +32,7 @@ pub(crate) enum Arg<T: DType> {
     Value(usize),
     /// A value from outside the step, and its graph node if it has one.
     Outside {
-        node: Option<Rc<Node<T>>>,
+        node: Option<NodeRef<T>>,
         value: Tensor<'static, T>,
     },
 }
@@ -47,14 +50,14 @@ pub(crate) enum Replay<T: DType> {
     Sum(usize),
     Mean(usize),
     Matmul,
-    Permute(Vec<usize>),
+    Permute(IxDyn),
     Narrow(usize, usize, usize),
-    Reshape(Vec<usize>),
+    Reshape(IxDyn),
     Concat(usize),
     Conv2d(usize, usize),
     Upsample(usize),
     Mse,
-    CrossEntropy(Vec<usize>),
+    CrossEntropy(Tensor<'static, i64>),
     IndexSelect(usize, Tensor<'static, i64>),
     Gather(usize, Tensor<'static, i64>),
     Triangle(i64, bool),
@@ -89,12 +92,12 @@ impl<T: Element> Replay<T> {
             Rule::Matmul(..) => Replay::Matmul,
             Rule::Permute(axes) => Replay::Permute(axes.clone()),
             Rule::Narrow(axis, start, _) => Replay::Narrow(*axis, *start, shape[*axis]),
-            Rule::Reshape(_) => Replay::Reshape(shape.to_vec()),
+            Rule::Reshape(_) => Replay::Reshape(IxDyn(shape)),
             Rule::Concat(axis, _) => Replay::Concat(*axis),
             Rule::Conv2d(_, _, stride, padding) => Replay::Conv2d(*stride, *padding),
             Rule::Upsample(scale) => Replay::Upsample(*scale),
             Rule::Mse(..) => Replay::Mse,
-            Rule::CrossEntropy(_, labels) => Replay::CrossEntropy(labels.clone()),
+            Rule::CrossEntropy(_, labels) => Replay::CrossEntropy(labels.saved()),
             Rule::IndexSelect(axis, ids, _) => Replay::IndexSelect(*axis, ids.saved()),
             Rule::Gather(axis, index, _) => Replay::Gather(*axis, index.saved()),
             Rule::Triangle(k, upper) => Replay::Triangle(*k, *upper),
@@ -135,14 +138,14 @@ impl<T: Element> Replay<T> {
             Replay::Sum(axis) => a.try_sum(*axis),
             Replay::Mean(axis) => a.try_mean(*axis),
             Replay::Matmul => a.try_matmul(b()),
-            Replay::Permute(axes) => a.try_permute(axes),
+            Replay::Permute(axes) => a.try_permute(axes.slice()),
             Replay::Narrow(axis, start, len) => a.try_narrow(*axis, *start, *len),
-            Replay::Reshape(shape) => a.try_reshape(shape),
+            Replay::Reshape(shape) => a.try_reshape(shape.slice()),
             Replay::Concat(axis) => Tensor::try_concat(&args.iter().collect::<Vec<_>>(), *axis),
             Replay::Conv2d(stride, padding) => a.try_conv2d(b(), *stride, *padding),
             Replay::Upsample(scale) => a.try_upsample_nearest2d(*scale),
             Replay::Mse => a.try_mse(b()),
-            Replay::CrossEntropy(labels) => a.try_cross_entropy(labels),
+            Replay::CrossEntropy(labels) => a.try_cross_entropy_ids(labels),
             Replay::IndexSelect(axis, ids) => a.try_index_select(*axis, ids),
             Replay::Gather(axis, index) => a.try_gather(*axis, index),
             Replay::Triangle(k, upper) => a.triangle(*k, *upper),
@@ -153,17 +156,19 @@ impl<T: Element> Replay<T> {
     }
 }
 
-/// One recorded op.
+/// One recorded op: how to run it, and where its arguments are in the tape's list.
 struct Op<T: DType> {
     replay: Replay<T>,
-    args: Vec<Arg<T>>,
+    args: Range<usize>,
 }
 
 /// The program of one layer step.
 pub(crate) struct Tape<T: DType> {
     /// Tapes opened later have higher numbers: an op on values of two tapes belongs to the later.
     seq: u64,
-    ops: Vec<Op<T>>,
+    ops: RecycledVec<Op<T>>,
+    /// The arguments of every op, one op's after another's (one list for the step, not one each).
+    args: RecycledVec<Arg<T>>,
     /// What the step returned; `None` until the driver closes the tape.
     output: Option<Arg<T>>,
     /// [`Replay::of`] for `T`: ops generic over every [`DType`] record through it, and only a float
@@ -172,10 +177,10 @@ pub(crate) struct Tape<T: DType> {
 }
 
 /// A tape shared by the nodes of the step's tensors.
-pub(crate) type SharedTape<T> = Rc<RefCell<Tape<T>>>;
+pub(crate) type SharedTape<T> = RecycledRc<RefCell<Tape<T>>>;
 
 /// A value from outside a step: its graph node, if any, and the value.
-pub(crate) type Outside<'a, T> = (Option<&'a Rc<Node<T>>>, &'a Tensor<'static, T>);
+pub(crate) type Outside<'a, T> = (Option<&'a NodeRef<T>>, &'a Tensor<'static, T>);
 
 impl<T: DType> Tape<T> {
     /// The tape's number in the order tapes were opened.
@@ -183,12 +188,25 @@ impl<T: DType> Tape<T> {
         self.seq
     }
 
-    /// Appends the op that made `out` by `rule`, reading `args`; returns the value index of its
-    /// output.
-    pub(crate) fn push(&mut self, rule: &Rule<T>, out: &Tensor<'_, T>, args: Vec<Arg<T>>) -> usize {
+    /// Appends the op that made `out` by `rule`, reading `args` (taken out of the list); returns the
+    /// value index of its output.
+    pub(crate) fn push(
+        &mut self,
+        rule: &Rule<T>,
+        out: &Tensor<'_, T>,
+        args: &mut [Option<Arg<T>>],
+    ) -> usize {
         let replay = (self.replay_of)(rule, out);
+        let start = self.args.len();
+        self.args.extend(args.iter_mut().filter_map(Option::take));
+        let args = start..self.args.len();
         self.ops.push(Op { replay, args });
         self.ops.len()
+    }
+
+    /// The arguments of `op`.
+    fn args_of(&self, op: &Op<T>) -> &[Arg<T>] {
+        &self.args[op.args.clone()]
     }
 
     /// Records what the step returned.
@@ -198,7 +216,7 @@ impl<T: DType> Tape<T> {
 
     /// Moves the accounting of every value the tape keeps (from outside the step, kept outputs,
     /// and the ids and masks its ops read) to `target`, if `target` outlives their owners.
-    pub(crate) fn move_accounting(&self, target: &Rc<ScopeState>) {
+    pub(crate) fn move_accounting(&self, target: &State) {
         self.for_each_outside(&mut |(_, value)| value.move_accounting(target));
         for op in &self.ops {
             match &op.replay {
@@ -212,7 +230,7 @@ impl<T: DType> Tape<T> {
     /// Calls `f` on every value from outside the step, and on every kept output (for moving their
     /// accounting, and for finding the graph nodes the step reads).
     pub(crate) fn for_each_outside(&self, f: &mut dyn FnMut(Outside<'_, T>)) {
-        let args = self.ops.iter().flat_map(|op| &op.args).chain(&self.output);
+        let args = self.args.iter().chain(&self.output);
         for arg in args {
             if let Arg::Outside { node, value } = arg {
                 f((node.as_ref(), value));
@@ -230,24 +248,25 @@ impl<T: Element> Tape<T> {
     /// An empty tape, for a step whose input is value 0.
     pub(crate) fn new() -> SharedTape<T> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        Rc::new(RefCell::new(Tape {
+        RecycledRc::new(RefCell::new(Tape {
             seq: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            ops: Vec::new(),
+            ops: RecycledVec::new(),
+            args: RecycledVec::new(),
             output: None,
             replay_of: Replay::of,
         }))
     }
 
     /// Which ops the step's output depends on: the others need not run again.
-    fn needed(&self) -> Vec<bool> {
-        let mut needed = vec![false; self.ops.len() + 1];
+    fn needed(&self) -> RecycledVec<bool> {
+        let mut needed: RecycledVec<bool> = (0..=self.ops.len()).map(|_| false).collect();
         if let Some(Arg::Value(v)) = &self.output {
             needed[*v] = true;
         }
         for i in (0..self.ops.len()).rev() {
             // A kept output is not computed from its arguments.
             if needed[i + 1] && !matches!(self.ops[i].replay, Replay::Kept(..)) {
-                for arg in &self.ops[i].args {
+                for arg in self.args_of(&self.ops[i]) {
                     if let Arg::Value(v) = arg {
                         needed[*v] = true;
                     }
@@ -278,13 +297,13 @@ impl<T: Element> Tape<T> {
     pub(crate) fn replay(
         &self,
         input: Tensor<'static, T>,
-        at: &Rc<ScopeState>,
+        at: &State,
         outside: &mut dyn FnMut(Outside<'_, T>) -> Tensor<'static, T>,
     ) -> Result<Tensor<'static, T>> {
         let needed = self.needed();
-        let mut last_read = vec![0usize; self.ops.len() + 1];
+        let mut last_read: RecycledVec<usize> = (0..=self.ops.len()).map(|_| 0).collect();
         for (i, op) in self.ops.iter().enumerate().filter(|&(i, _)| needed[i + 1]) {
-            for arg in &op.args {
+            for arg in self.args_of(op) {
                 if let Arg::Value(v) = arg {
                     last_read[*v] = i + 1;
                 }
@@ -294,7 +313,7 @@ impl<T: Element> Tape<T> {
         if let Arg::Value(v) = output {
             last_read[*v] = usize::MAX;
         }
-        let mut values: Vec<Option<Tensor<'static, T>>> = Vec::with_capacity(self.ops.len() + 1);
+        let mut values: RecycledVec<Option<Tensor<'static, T>>> = RecycledVec::new();
         values.push(Some(input.alias_in(at)));
         for (i, op) in self.ops.iter().enumerate() {
             if !needed[i + 1] {
@@ -302,16 +321,16 @@ impl<T: Element> Tape<T> {
                 values.push(None);
                 continue;
             }
-            let args = op
-                .args
+            let args = self
+                .args_of(op)
                 .iter()
                 .map(|arg| match arg {
                     Arg::Value(v) => values[*v].clone().expect("read before its last reader"),
                     Arg::Outside { node, value } => outside((node.as_ref(), value)).alias_in(at),
                 })
-                .collect::<Vec<_>>();
+                .collect::<RecycledVec<_>>();
             values.push(Some(op.replay.run(&args)?));
-            for arg in &op.args {
+            for arg in self.args_of(op) {
                 if let Arg::Value(v) = arg {
                     if last_read[*v] == i + 1 {
                         values[*v] = None;

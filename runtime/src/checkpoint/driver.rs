@@ -3,12 +3,11 @@
 //! (each segment in a child scope). A recording forward records each step on a tape and gives the
 //! output the region's node (see `region`).
 
-use std::rc::Rc;
-
 use super::region::{self, Recording};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
 use crate::element::Element;
-use crate::scope::{run, Scope, ScopeState};
+use crate::recycle::RecycledVec;
+use crate::scope::{run, Scope, ScopeState, State};
 use crate::tensor::Tensor;
 
 /// The checkpointer a forward stores into.
@@ -23,7 +22,7 @@ enum Slot<'c, T: Element> {
 /// One forward over layers: the plan, the checkpointer, and the recording, if any.
 struct Driver<'c, T: Element> {
     slot: Slot<'c, T>,
-    plan: Vec<usize>,
+    plan: RecycledVec<usize>,
     recording: Option<Recording<T>>,
     /// In a recording forward, the steps recorded on tapes: all of them under `Budget`; under the
     /// other policies all but the last segment, whose graph is kept instead, since its backward
@@ -37,9 +36,11 @@ impl<'c, T: Element> Driver<'c, T> {
     fn start(
         mut config: CheckpointConfig,
         ckpt: Option<&'c mut Checkpointer<T>>,
-        ids: &[usize],
+        ids: impl ExactSizeIterator<Item = usize> + Clone,
         input: &mut Tensor<'_, T>,
     ) -> Result<Self> {
+        let n = ids.len();
+        let mut plan = RecycledVec::new();
         let records = region::records(input);
         let mut slot = match ckpt {
             Some(ckpt) => {
@@ -50,9 +51,7 @@ impl<'c, T: Element> Driver<'c, T> {
             None => {
                 // Nothing is stored, so there is no limit to respect: the plan only groups segments.
                 config.max_checkpoints = None;
-                let plan = Checkpointer::<T>::new(config)
-                    .plan(ids.len(), input.len())?
-                    .0;
+                config.plan::<T>(n, input.len(), &mut plan)?;
                 return Ok(Driver {
                     slot: Slot::None,
                     plan,
@@ -63,11 +62,11 @@ impl<'c, T: Element> Driver<'c, T> {
         };
         let ckpt = slot.get().expect("a checkpointer was given or made");
         ckpt.begin(ids, input)?;
-        let plan = ckpt.planned().to_vec();
+        plan.extend_from_slice(ckpt.planned());
         let taped = match (records, ckpt.slots, plan.last()) {
             (false, ..) => 0,
             (true, 0, Some(&last)) => last,
-            (true, ..) => ids.len(),
+            (true, ..) => n,
         };
         Ok(Driver {
             slot,
@@ -122,7 +121,7 @@ impl<'c, T: Element> Driver<'c, T> {
 
     /// Moves the accounting of what the tapes keep to `target`, the scope a segment's output
     /// escapes to.
-    fn settle(&self, target: &Rc<ScopeState>) {
+    fn settle(&self, target: &State) {
         if let Some(recording) = &self.recording {
             recording.settle(target);
         }
@@ -158,8 +157,14 @@ impl<T: Element> Checkpointer<T> {
         layers: &[usize],
         mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
-        let mut seen = std::collections::HashSet::with_capacity(layers.len());
-        if let Some(&layer) = layers.iter().find(|&&l| !seen.insert(l)) {
+        // Sorted in a recycled list, repeats are neighbours: no set to allocate.
+        let mut sorted: RecycledVec<usize> = layers.iter().copied().collect();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            // Name the first id, in the caller's order, that is seen again.
+            let layer = (1..layers.len())
+                .find(|&i| layers[..i].contains(&layers[i]))
+                .map_or(0, |i| layers[i]);
             return Err(CheckpointError::BadLayer {
                 layer,
                 problem: "appears twice in",
@@ -168,7 +173,8 @@ impl<T: Element> Checkpointer<T> {
         }
         let mut x = input.clone();
         let config = self.config.clone();
-        let mut driver = Driver::start(config, Some(self), layers, &mut x)?;
+        let ids = layers.iter().copied();
+        let mut driver = Driver::start(config, Some(self), ids, &mut x)?;
         for (pos, &layer) in layers.iter().enumerate() {
             x = driver.enter(pos, x)?;
             x = driver.leave(forward(&x, layer));
@@ -186,11 +192,37 @@ impl<T: Element> Checkpointer<T> {
 ///
 /// `config` is the attribute's; without one, `ckpt`'s own configuration applies, and without a
 /// checkpointer either the layers run as written, in one child scope, checkpointing nothing.
+///
+/// The layers are taken as they come when the iterator knows its length (a slice's, a range's), and
+/// collected first otherwise: the plan needs their count before the first one runs.
+///
+/// # Panics
+/// If `layers` yields another number of layers than its exact size hint said.
 pub(crate) fn run_layers<'s, T: Element, L>(
     config: Option<CheckpointConfig>,
     ckpt: Option<&mut Checkpointer<T>>,
+    input: Tensor<'s, T>,
+    layers: impl IntoIterator<Item = L>,
+    step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
+) -> Result<Tensor<'s, T>> {
+    let layers = layers.into_iter();
+    match layers.size_hint() {
+        (low, Some(high)) if low == high => run_counted(config, ckpt, input, layers, low, step),
+        _ => {
+            let layers: Vec<L> = layers.collect();
+            let n = layers.len();
+            run_counted(config, ckpt, input, layers.into_iter(), n, step)
+        }
+    }
+}
+
+/// [`run_layers`] over `n` layers.
+fn run_counted<'s, T: Element, L>(
+    config: Option<CheckpointConfig>,
+    ckpt: Option<&mut Checkpointer<T>>,
     mut input: Tensor<'s, T>,
-    layers: Vec<L>,
+    mut layers: impl Iterator<Item = L>,
+    n: usize,
     mut step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
 ) -> Result<Tensor<'s, T>> {
     let config = match (config, &ckpt) {
@@ -199,27 +231,23 @@ pub(crate) fn run_layers<'s, T: Element, L>(
         (None, None) => {
             let state = ScopeState::child(&input.scope, None);
             return Ok(run(state, |scope: &Scope<'_, 's>| {
-                let x = layers
-                    .into_iter()
-                    .fold(scope.rebind_owned(input), |x, layer| step(scope, x, layer));
+                let x = layers.fold(scope.rebind_owned(input), |x, layer| step(scope, x, layer));
                 scope.escape(x)
             })
             .0);
         }
     };
-    let n = layers.len();
-    let ids: Vec<usize> = (0..n).collect();
-    let mut driver = Driver::start(config, ckpt, &ids, &mut input)?;
-    let plan = driver.plan.clone();
+    let mut driver = Driver::start(config, ckpt, 0..n, &mut input)?;
     let mut x = input;
-    let mut layers = layers.into_iter().enumerate();
-    for (j, &start) in plan.iter().enumerate() {
-        let end = plan.get(j + 1).copied().unwrap_or(n);
-        let parent = Rc::clone(&x.scope);
+    let mut taken = 0;
+    for j in 0..driver.plan.len() {
+        let (start, end) = (driver.plan[j], driver.plan.get(j + 1).copied().unwrap_or(n));
+        let parent = x.scope.clone();
         let state = ScopeState::child(&parent, None);
         x = run(state, |segment: &Scope<'_, 's>| {
             let mut a = segment.rebind_owned(x);
-            for (pos, layer) in layers.by_ref().take(end - start) {
+            for (pos, layer) in (start..end).zip(layers.by_ref()) {
+                taken += 1;
                 a = driver.enter(pos, a)?;
                 a = driver.leave(step(segment, a, layer));
             }
@@ -228,5 +256,10 @@ pub(crate) fn run_layers<'s, T: Element, L>(
         })
         .0?;
     }
+    assert!(
+        taken == n && layers.next().is_none(),
+        "the layer iterator of a #[checkpoint] loop gave another number of layers than its exact \
+         size hint ({n})"
+    );
     driver.finish(x)
 }

@@ -42,30 +42,33 @@ mod stored;
 mod sweep;
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
+
+use ndarray::IxDyn;
 
 pub use config::{CheckpointConfig, Policy, Precision};
 pub(crate) use driver::run_layers;
 pub use error::{CheckpointError, Result};
 pub(crate) use install::with_active;
+pub(crate) use region::Region;
 pub use schedule::{binomial_recompute_steps, revolve_forward_steps};
 pub use sweep::ReverseReport;
 
-use stored::{narrowed, Stored};
+use stored::{narrowed, ByLayer, Stored};
 
 use crate::element::Element;
 use crate::param::Param;
+use crate::recycle::RecycledVec;
 use crate::tensor::Tensor;
 
 /// Stores checkpoints of a forward pass and recomputes activations from them; see the module docs.
 pub struct Checkpointer<T: Element = f32> {
     config: CheckpointConfig,
-    stored: BTreeMap<usize, Stored<T>>,
+    stored: ByLayer<T>,
     /// The last forward's layer list, the shapes of its activations `a_0 .. a_{n-1}`, and the
     /// positions it stored.
     layers: Vec<usize>,
-    shapes: Vec<Vec<usize>>,
+    shapes: Vec<IxDyn>,
     plan: Vec<usize>,
     /// Slots of the binomial schedule of the last forward (`Policy::Budget` only).
     slots: usize,
@@ -80,7 +83,7 @@ impl<T: Element> Checkpointer<T> {
     pub fn new(config: CheckpointConfig) -> Self {
         Checkpointer {
             config,
-            stored: BTreeMap::new(),
+            stored: ByLayer::default(),
             layers: Vec::new(),
             shapes: Vec::new(),
             plan: Vec::new(),
@@ -102,7 +105,7 @@ impl<T: Element> Checkpointer<T> {
 
     /// Bytes of the stored activations, in their storage precision.
     pub fn memory_stored_bytes(&self) -> usize {
-        self.stored.values().map(Stored::data_bytes).sum()
+        self.stored.iter().map(|(_, s)| s.data_bytes()).sum()
     }
 
     /// Bytes of the activations the last forward pass computed but did not store.
@@ -118,17 +121,19 @@ impl<T: Element> Checkpointer<T> {
     }
 
     /// The stored activations keyed by position in the last forward's layer list.
-    pub(crate) fn stored_by_position(&self) -> BTreeMap<usize, Stored<T>> {
-        self.layers
-            .iter()
-            .enumerate()
-            .filter_map(|(pos, id)| Some((pos, self.stored.get(id)?.clone())))
-            .collect()
+    pub(crate) fn stored_by_position(&self) -> ByLayer<T> {
+        let mut by_position = ByLayer::default();
+        for (pos, &id) in self.layers.iter().enumerate() {
+            if let Some(stored) = self.stored.get(id) {
+                by_position.insert(pos, stored.clone());
+            }
+        }
+        by_position
     }
 
     /// The layers that have a checkpoint, in order.
     pub fn stored_layers(&self) -> Vec<usize> {
-        self.stored.keys().copied().collect()
+        self.stored.layers()
     }
 
     /// Whether the policy stores the input of `layer`.
@@ -177,7 +182,7 @@ impl<T: Element> Checkpointer<T> {
     /// are copied and the forward goes on with `activation`.
     fn store<'s>(&mut self, layer: usize, activation: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         if let Some(limit) = self.config.max_checkpoints {
-            let needed = self.stored.len() + usize::from(!self.stored.contains_key(&layer));
+            let needed = self.stored.len() + usize::from(!self.stored.contains(layer));
             if needed > limit {
                 return Err(CheckpointError::LimitExceeded {
                     layer,
@@ -196,7 +201,7 @@ impl<T: Element> Checkpointer<T> {
             let held: usize = self
                 .stored
                 .iter()
-                .filter(|&(&l, _)| l != layer)
+                .filter(|&(l, _)| l != layer)
                 .map(|(_, s)| class(s.data_bytes()))
                 .sum();
             let needed = held.saturating_add(bytes);
@@ -222,7 +227,7 @@ impl<T: Element> Checkpointer<T> {
                 (Stored::Full(activation.saved().try_detach()?), activation)
             }
             Precision::Full => {
-                let scope = Rc::clone(&activation.scope);
+                let scope = activation.scope.clone();
                 let param = activation.try_detach()?;
                 // The stored values, not a parameter to train: no leaf, also in a training scope.
                 let next = Tensor::bound(&scope, &param).without_grad();
@@ -238,7 +243,7 @@ impl<T: Element> Checkpointer<T> {
     /// The stored input of `layer`: the stored parameter itself at full precision, a converted copy
     /// at `f16`/`bf16`. Fails with [`CheckpointError::NotStored`].
     pub fn get(&self, layer: usize) -> Result<Param<T>> {
-        match self.stored.get(&layer) {
+        match self.stored.get(layer) {
             Some(stored) => stored.to_param(),
             None => Err(CheckpointError::NotStored {
                 layer,
@@ -248,21 +253,30 @@ impl<T: Element> Checkpointer<T> {
     }
 
     /// Starts a forward over `layers` from `input`: plans, and drops earlier checkpoints.
-    pub(crate) fn begin(&mut self, layers: &[usize], input: &Tensor<'_, T>) -> Result<()> {
-        let (plan, slots) = self.plan(layers.len(), input.len())?;
+    pub(crate) fn begin(
+        &mut self,
+        layers: impl ExactSizeIterator<Item = usize> + Clone,
+        input: &Tensor<'_, T>,
+    ) -> Result<()> {
+        let mut plan = RecycledVec::new();
+        let slots = self
+            .config
+            .plan::<T>(layers.len(), input.len(), &mut plan)?;
         if let Some(limit) = self.config.max_checkpoints {
             if plan.len() > limit {
                 return Err(CheckpointError::LimitExceeded {
-                    layer: layers[plan[limit]],
+                    layer: layers.clone().nth(plan[limit]).unwrap_or(plan[limit]),
                     needed: plan.len(),
                     limit,
                 });
             }
         }
         self.clear();
-        self.layers = layers.to_vec();
+        // Refilled rather than replaced, so that their buffers serve every forward.
+        self.layers.clear();
+        self.layers.extend(layers);
         self.shapes.clear();
-        self.plan = plan;
+        self.plan.extend_from_slice(&plan);
         self.slots = slots;
         Ok(())
     }
@@ -271,7 +285,7 @@ impl<T: Element> Checkpointer<T> {
     /// Returns the tensor to go on with (the stored values, bound, when they were stored without a
     /// copy).
     pub(crate) fn record<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        self.shapes.push(x.shape().to_vec());
+        self.shapes.push(IxDyn(x.shape()));
         if self.plan.binary_search(&pos).is_ok() {
             self.store(self.layers[pos], x)
         } else {

@@ -18,18 +18,20 @@
 //! of values from before the region are returned to the outer backward.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use super::stored::Stored;
+use super::stored::ByLayer;
 use super::sweep::{check_shape, ReverseReport, Sweep};
 use super::{CheckpointError, Checkpointer, Result};
-use crate::autograd::{self, Arg, Gradients, Mode, Node, RegionRule, Saved, SharedTape, Tape};
-use crate::element::Element;
+use crate::autograd::{
+    self, Arg, Gradients, Mode, Node, NodeRef, PerInput, Saved, SharedTape, Tape,
+};
+use crate::element::{DType, Element};
 use crate::error::Result as TensorResult;
-use crate::scope::ScopeState;
+use crate::recycle::RecycledVec;
+use crate::scope::State;
 use crate::tensor::Tensor;
-use ndarray::Dimension;
+use ndarray::{Dimension, IxDyn};
 
 /// Whether a forward from `input` records a graph: recording is on, and the input carries one or
 /// parameters become leaves (a training scope).
@@ -54,8 +56,8 @@ pub(crate) fn records<T: Element>(input: &Tensor<'_, T>) -> bool {
 /// What a recording forward keeps of its steps until the region's node is made.
 pub(super) struct Recording<T: Element> {
     /// The graph node of the region's input.
-    input: Option<Rc<Node<T>>>,
-    tapes: Vec<SharedTape<T>>,
+    input: Option<NodeRef<T>>,
+    tapes: RecycledVec<SharedTape<T>>,
 }
 
 impl<T: Element> Recording<T> {
@@ -63,7 +65,7 @@ impl<T: Element> Recording<T> {
     pub(super) fn start(input: &mut Tensor<'_, T>) -> Self {
         Recording {
             input: input.node.take(),
-            tapes: Vec::new(),
+            tapes: RecycledVec::new(),
         }
     }
 
@@ -79,7 +81,7 @@ impl<T: Element> Recording<T> {
     pub(super) fn close<'s>(&mut self, y: Tensor<'s, T>) -> Tensor<'s, T> {
         let tape = self.tapes.last().expect("a step was opened");
         let output = match y.node.as_ref().and_then(|n| n.tape_value()) {
-            Some((on, value)) if Rc::ptr_eq(on, tape) => Arg::Value(value),
+            Some((on, value)) if SharedTape::ptr_eq(on, tape) => Arg::Value(value),
             _ => Arg::Outside {
                 node: y.node.clone(),
                 value: y.saved(),
@@ -91,7 +93,7 @@ impl<T: Element> Recording<T> {
 
     /// Moves the accounting of what the tapes keep from scopes that end to `target` (as an escape
     /// moves what a graph saved): a constant made in a segment stays alive with its tape.
-    pub(super) fn settle(&self, target: &Rc<ScopeState>) {
+    pub(super) fn settle(&self, target: &State) {
         for tape in &self.tapes {
             tape.borrow().move_accounting(target);
         }
@@ -108,14 +110,14 @@ impl<T: Element> Recording<T> {
     ) -> Result<Tensor<'s, T>> {
         // The region's graph inputs: its input, and the values from before it that its steps read
         // (not leaves: those get their gradients by key).
-        let mut externals: Vec<Rc<Node<T>>> = Vec::new();
+        let mut externals: RecycledVec<NodeRef<T>> = RecycledVec::new();
         let (mut leaves, mut cross_step) = (false, false);
         for tape in &self.tapes {
             tape.borrow().for_each_outside(&mut |(node, _)| match node {
                 Some(node) if node.is_leaf() => leaves = true,
                 Some(node) if node.tape_value().is_some() => cross_step = true,
-                Some(node) if !externals.iter().any(|e| Rc::ptr_eq(e, node)) => {
-                    externals.push(Rc::clone(node))
+                Some(node) if !externals.iter().any(|e| NodeRef::ptr_eq(e, node)) => {
+                    externals.push(node.clone())
                 }
                 _ => {}
             });
@@ -131,34 +133,35 @@ impl<T: Element> Recording<T> {
             .chain(externals.iter().cloned().map(Some))
             .collect();
         let region = Region {
-            ids: positions(self.tapes.len()),
+            ids: (0..self.tapes.len()).collect(),
             tapes: self.tapes,
             externals,
             stored: ckpt.stored_by_position(),
-            shapes: ckpt.shapes.clone(),
+            shapes: ckpt.shapes.iter().cloned().collect(),
             plan: ckpt.plan.iter().copied().filter(|&p| p < taped).collect(),
             slots: ckpt.slots,
-            report: Rc::clone(&ckpt.last_backward),
+            report: ckpt.last_backward.clone(),
         };
-        x.node = Some(Node::region(inputs, Box::new(region), &x.scope));
+        x.node = Some(Node::region(inputs, region, &x.scope));
         Ok(x)
     }
 }
 
-/// The backward of a checkpointed region: what its forward recorded and stored.
-struct Region<T: Element> {
+/// The backward of a checkpointed region: what its forward recorded and stored. It is the rule of
+/// the region's graph node (`Rule::Region`); its lists are recycled, as the graph's are.
+pub(crate) struct Region<T: DType> {
     /// The steps' ids in the stored maps and errors: their positions.
-    ids: Vec<usize>,
+    ids: RecycledVec<usize>,
     /// One tape per layer step.
-    tapes: Vec<SharedTape<T>>,
+    tapes: RecycledVec<SharedTape<T>>,
     /// The graph nodes from before the region that its steps read, after its input in the node's
     /// inputs.
-    externals: Vec<Rc<Node<T>>>,
+    externals: RecycledVec<NodeRef<T>>,
     /// The stored boundaries, by position.
-    stored: BTreeMap<usize, Stored<T>>,
+    stored: ByLayer<T>,
     /// The shapes of the steps' inputs, for [`CheckpointError::ShapeDrift`].
-    shapes: Vec<Vec<usize>>,
-    plan: Vec<usize>,
+    shapes: RecycledVec<IxDyn>,
+    plan: RecycledVec<usize>,
     /// Slots of the binomial schedule (`Budget`), 0 otherwise.
     slots: usize,
     /// Where the report of the backward goes (the checkpointer's).
@@ -169,35 +172,34 @@ struct Region<T: Element> {
 /// for its external values.
 struct Keys<T: Element> {
     input: u64,
-    externals: Vec<(Rc<Node<T>>, u64)>,
+    externals: RecycledVec<(NodeRef<T>, u64)>,
 }
 
 impl<T: Element> Keys<T> {
     fn new() -> Self {
         Keys {
             input: autograd::next_key(),
-            externals: Vec::new(),
+            externals: RecycledVec::new(),
         }
     }
 
     /// `value` with a graph node for a replay that records: a parameter's or a marked tensor's
     /// own leaf (so its gradient is added under its key), a leaf of this replay's for a value from
     /// before the region, none for a constant.
-    fn outside(
-        &mut self,
-        node: Option<&Rc<Node<T>>>,
-        value: &Saved<T>,
-        at: &Rc<ScopeState>,
-    ) -> Saved<T> {
+    fn outside(&mut self, node: Option<&NodeRef<T>>, value: &Saved<T>, at: &State) -> Saved<T> {
         let mut v = value.alias_in(at);
         v.node = node.map(|node| match node.leaf_parts() {
             Some((key, source)) => Node::leaf(key, source, at),
             None => {
-                let key = match self.externals.iter().find(|(e, _)| Rc::ptr_eq(e, node)) {
+                let key = match self
+                    .externals
+                    .iter()
+                    .find(|(e, _)| NodeRef::ptr_eq(e, node))
+                {
                     Some((_, key)) => *key,
                     None => {
                         let key = autograd::next_key();
-                        self.externals.push((Rc::clone(node), key));
+                        self.externals.push((node.clone(), key));
                         key
                     }
                 };
@@ -214,7 +216,7 @@ struct Flow<T: Element> {
     /// nothing flows further back.
     grad: Option<Saved<T>>,
     /// The gradients of the region's external values, in the order of `Region::externals`.
-    externals: Vec<Option<Saved<T>>>,
+    externals: RecycledVec<Option<Saved<T>>>,
     report: ReverseReport,
 }
 
@@ -225,7 +227,7 @@ impl<T: Element> Region<T> {
         &self,
         pos: usize,
         x: Saved<T>,
-        at: &Rc<ScopeState>,
+        at: &State,
         keys: Option<&mut Keys<T>>,
     ) -> TensorResult<Saved<T>> {
         let tape = self.tapes[pos].borrow();
@@ -245,7 +247,7 @@ impl<T: Element> Region<T> {
         start: usize,
         end: usize,
         x: Saved<T>,
-        at: &Rc<ScopeState>,
+        at: &State,
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
@@ -264,12 +266,12 @@ impl<T: Element> Region<T> {
             autograd::backward(&root, seed, at, grads)?;
         }
         flow.grad = grads.take(keys.input);
-        for (node, key) in keys.externals {
-            if let Some(g) = grads.take(key) {
+        for (node, key) in keys.externals.iter() {
+            if let Some(g) = grads.take(*key) {
                 let i = self
                     .externals
                     .iter()
-                    .position(|e| Rc::ptr_eq(e, &node))
+                    .position(|e| NodeRef::ptr_eq(e, node))
                     .expect("every external value is an input of the region");
                 flow.externals[i] = Some(match flow.externals[i].take() {
                     Some(earlier) => earlier.try_add_owned(&g)?,
@@ -283,7 +285,7 @@ impl<T: Element> Region<T> {
     /// Segment by segment, last first: each replayed once from its boundary, with recording on.
     fn segments(
         &mut self,
-        at: &Rc<ScopeState>,
+        at: &State,
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
@@ -291,13 +293,13 @@ impl<T: Element> Region<T> {
         let plan = std::mem::take(&mut self.plan);
         for (j, &start) in plan.iter().enumerate().rev() {
             let end = plan.get(j + 1).copied().unwrap_or(n);
-            let stored = self
-                .stored
-                .remove(&start)
-                .ok_or(CheckpointError::UnknownLayer {
-                    layer: start,
-                    stored: self.stored.keys().copied().collect(),
-                })?;
+            let stored =
+                self.stored
+                    .remove(start)
+                    .ok_or_else(|| CheckpointError::UnknownLayer {
+                        layer: start,
+                        stored: self.stored.layers(),
+                    })?;
             let x = stored.restore(at)?.without_grad();
             drop(stored);
             flow.report.peak_activations = flow.report.peak_activations.max(self.stored.len() + 1);
@@ -310,7 +312,7 @@ impl<T: Element> Region<T> {
     /// step is replayed with recording on when its turn comes.
     fn binomial(
         &mut self,
-        at: &Rc<ScopeState>,
+        at: &State,
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
@@ -339,22 +341,29 @@ impl<T: Element> Region<T> {
     }
 }
 
-/// The ids of `n` steps: their positions.
-fn positions(n: usize) -> Vec<usize> {
-    (0..n).collect()
+impl<T: DType> Region<T> {
+    /// Moves the accounting of every tensor the region keeps to `target` (on escape).
+    pub(crate) fn move_saved(&self, target: &State) {
+        for tape in &self.tapes {
+            tape.borrow().move_accounting(target);
+        }
+    }
 }
 
-impl<T: Element> RegionRule<T> for Region<T> {
-    fn backward(
-        mut self: Box<Self>,
+impl<T: Element> Region<T> {
+    /// The gradients of the region's graph inputs given `g`, the gradient of its output. It runs
+    /// nested backward passes, so it adds the gradients of the parameters it reaches into `grads`
+    /// itself.
+    pub(crate) fn backward(
+        mut self,
         g: Saved<T>,
         needs: &[bool],
-        at: &Rc<ScopeState>,
+        at: &State,
         grads: &mut Gradients<'_, T>,
-    ) -> TensorResult<Vec<Option<Saved<T>>>> {
+    ) -> TensorResult<PerInput<Saved<T>>> {
         let mut flow = Flow {
             grad: Some(g),
-            externals: vec![None; self.externals.len()],
+            externals: self.externals.iter().map(|_| None).collect(),
             report: ReverseReport::default(),
         };
         let result = if self.slots > 0 {
@@ -370,16 +379,15 @@ impl<T: Element> RegionRule<T> for Region<T> {
         let input = flow
             .grad
             .filter(|_| needs.first().copied().unwrap_or(false));
-        Ok(std::iter::once(input).chain(flow.externals).collect())
+        let externals = flow.externals.iter_mut().map(Option::take);
+        Ok(std::iter::once(input).chain(externals).collect())
     }
 
-    fn move_saved(&self, target: &Rc<ScopeState>) {
-        for tape in &self.tapes {
-            tape.borrow().move_accounting(target);
-        }
-    }
-
-    fn check(&self, grads: &Gradients<'_, T>) -> TensorResult<()> {
+    /// Fails as the region's backward would, before any backward runs: with
+    /// [`Error::NotDifferentiable`](crate::Error::NotDifferentiable) for an op without a derivative
+    /// its output depends on, and as [`Gradients::check_sources`] does for the parameters its steps
+    /// read.
+    pub(crate) fn check(&self, grads: &Gradients<'_, T>) -> TensorResult<()> {
         if let Some(op) = self
             .tapes
             .iter()
@@ -387,7 +395,7 @@ impl<T: Element> RegionRule<T> for Region<T> {
         {
             return Err(crate::error::Error::NotDifferentiable { op });
         }
-        let mut leaves = Vec::new();
+        let mut leaves = RecycledVec::new();
         for tape in &self.tapes {
             tape.borrow().for_each_outside(&mut |(node, _)| {
                 if let Some((key, Some((source, shape)))) = node.and_then(|n| n.leaf_parts()) {

@@ -150,10 +150,10 @@ pub(crate) fn sweep_split(l: u64, s: u64) -> u64 {
     paid_split(l.saturating_add(1), s).min(l.saturating_sub(1).max(1))
 }
 
-/// Positions (0-based, `< n`) of the checkpoints the forward sweep stores under the binomial
-/// schedule with `s` slots: a chain that starts at the input. At most `s` closed-form splits;
-/// the last few `(n, s)` plans are also kept, so a training loop plans once.
-pub(crate) fn binomial_chain(n: usize, s: usize) -> Vec<usize> {
+/// Appends to `out` the positions (0-based, `< n`) of the checkpoints the forward sweep stores
+/// under the binomial schedule with `s` slots: a chain that starts at the input. At most `s`
+/// closed-form splits; the last few `(n, s)` plans are also kept, so a training loop plans once.
+pub(crate) fn binomial_chain(n: usize, s: usize, out: &mut Vec<usize>) {
     /// Recent plans by `(n, s)`, most recently used last.
     type Plans = Vec<((usize, usize), Vec<usize>)>;
     const KEEP: usize = 8;
@@ -170,10 +170,9 @@ pub(crate) fn binomial_chain(n: usize, s: usize) -> Vec<usize> {
         }
         plans.push(((n, s), plan_chain(n, s)));
     }
-    plans
-        .last()
-        .map(|(_, plan)| plan.clone())
-        .unwrap_or_default()
+    if let Some((_, plan)) = plans.last() {
+        out.extend_from_slice(plan);
+    }
 }
 
 fn plan_chain(n: usize, s: usize) -> Vec<usize> {
@@ -192,6 +191,12 @@ fn plan_chain(n: usize, s: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chain(n: usize, s: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        binomial_chain(n, s, &mut out);
+        out
+    }
 
     /// The dynamic programs the formulas come from, written out plainly.
     fn paid_dp(l: u64, s: u64, memo: &mut std::collections::HashMap<(u64, u64), u64>) -> u64 {
@@ -275,7 +280,7 @@ mod tests {
             revolve_forward_steps(1 << 60, 1 << 26),
             3_456_512_713_839_083_517
         );
-        let chain = binomial_chain(100_000, 120);
+        let chain = chain(100_000, 120);
         assert_eq!(chain.len(), 120);
         assert!(chain.windows(2).all(|w| w[0] < w[1]) && chain[119] < 100_000);
         for l in [2, 3, 1000, 100_000, 1 << 40] {
@@ -296,8 +301,8 @@ mod tests {
         // With a slot per layer nothing is recomputed; with one slot, everything is, quadratically.
         assert_eq!(binomial_recompute_steps(16, 16), 0);
         assert_eq!(binomial_recompute_steps(16, 1), 16 * 15 / 2);
-        assert_eq!(binomial_chain(16, 16), (0..16).collect::<Vec<_>>());
-        assert_eq!(binomial_chain(16, 1), vec![0]);
+        assert_eq!(chain(16, 16), (0..16).collect::<Vec<_>>());
+        assert_eq!(chain(16, 1), vec![0]);
     }
 
     #[test]

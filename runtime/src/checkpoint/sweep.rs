@@ -1,15 +1,14 @@
 //! Recomputing activations from the checkpoints, and the reverse sweep.
 
-use std::collections::BTreeMap;
-use std::rc::Rc;
-
 #[cfg(doc)]
 use super::binomial_recompute_steps;
-use super::stored::Stored;
+use super::stored::ByLayer;
 use super::{schedule, CheckpointError, Checkpointer, Result};
+use ndarray::{Dimension, IxDyn};
+
 use crate::element::Element;
 use crate::error::Shape;
-use crate::scope::{Scope, ScopeState};
+use crate::scope::{Scope, State};
 use crate::tensor::Tensor;
 
 /// What a reverse sweep did.
@@ -54,14 +53,15 @@ impl<T: Element> Checkpointer<T> {
         let target = self.position(target_layer, layers)?;
         let start = (0..=target)
             .rev()
-            .find(|&p| self.stored.contains_key(&layers[p]))
+            .find(|&p| self.stored.contains(layers[p]))
             .ok_or_else(|| CheckpointError::UnknownLayer {
                 layer: target_layer,
                 stored: self.stored_layers(),
             })?;
-        let mut x: Tensor<'s, T> = self.stored[&layers[start]].restore(s.state())?;
+        let stored = self.stored.get(layers[start]).expect("found above");
+        let mut x: Tensor<'s, T> = stored.restore(s.state())?;
         // Shapes are only comparable when replaying the forward's own layer list.
-        let shapes: &[Vec<usize>] = if layers == self.layers {
+        let shapes: &[IxDyn] = if layers == self.layers {
             &self.shapes
         } else {
             &[]
@@ -101,7 +101,7 @@ impl<T: Element> Checkpointer<T> {
     /// [`Checkpointer::reverse`] in the scope with `state`.
     pub(crate) fn reverse_in<'s>(
         &mut self,
-        state: &Rc<ScopeState>,
+        state: &State,
         mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Result<Tensor<'s, T>>,
         mut backward: impl FnMut(usize, &Tensor<'s, T>) -> Result<()>,
     ) -> Result<ReverseReport> {
@@ -142,15 +142,15 @@ impl<T: Element> Checkpointer<T> {
 /// Fails with [`CheckpointError::ShapeDrift`] if `x`, the recomputed activation at `pos`, differs in
 /// shape from the forward's (`shapes`, empty when not comparable).
 pub(super) fn check_shape<T: Element>(
-    shapes: &[Vec<usize>],
+    shapes: &[IxDyn],
     layers: &[usize],
     pos: usize,
     x: &Tensor<'_, T>,
 ) -> Result<()> {
     match shapes.get(pos) {
-        Some(expected) if expected.as_slice() != x.shape() => Err(CheckpointError::ShapeDrift {
+        Some(expected) if expected.slice() != x.shape() => Err(CheckpointError::ShapeDrift {
             layer: layers[pos],
-            expected: Shape(expected.clone()),
+            expected: Shape::from(expected.slice()),
             got: Shape::from(x.shape()),
         }),
         _ => Ok(()),
@@ -164,10 +164,10 @@ pub(super) type StepForward<'f, 's, T> =
 /// The state of a reverse sweep. It owns the checkpoints and drops each once consumed.
 pub(super) struct Sweep<'c, 'f, 's, T: Element> {
     /// Where restored checkpoints are bound.
-    pub(super) scope: &'c Rc<ScopeState>,
-    pub(super) stored: BTreeMap<usize, Stored<T>>,
+    pub(super) scope: &'c State,
+    pub(super) stored: ByLayer<T>,
     pub(super) layers: &'c [usize],
-    pub(super) shapes: &'c [Vec<usize>],
+    pub(super) shapes: &'c [IxDyn],
     pub(super) forward: &'f mut StepForward<'f, 's, T>,
     pub(super) backward: &'f mut dyn FnMut(usize, &Tensor<'s, T>) -> Result<()>,
     pub(super) report: ReverseReport,
@@ -195,11 +195,11 @@ impl<'s, T: Element> Sweep<'_, '_, 's, T> {
     /// Takes the checkpoint at `pos` out of the store: from here on it is an ordinary activation.
     pub(super) fn checkpoint(&mut self, pos: usize) -> Result<Tensor<'s, T>> {
         let layer = self.layers[pos];
-        match self.stored.remove(&layer) {
+        match self.stored.remove(layer) {
             Some(stored) => stored.restore(self.scope),
             None => Err(CheckpointError::UnknownLayer {
                 layer,
-                stored: self.stored.keys().copied().collect(),
+                stored: self.stored.layers(),
             }),
         }
     }

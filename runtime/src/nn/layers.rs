@@ -259,8 +259,8 @@ impl<T: Element> Sequential<T> {
             None,
             Some(ckpt),
             x,
-            self.layers.iter().collect(),
-            |_: &Scope<'_, 's>, x, layer| match layer.forward(&x) {
+            self.layers.iter().map(|layer| &**layer),
+            |_: &Scope<'_, 's>, x, layer: &dyn Module<T>| match layer.forward(&x) {
                 Ok(y) => y,
                 Err(e) => {
                     // The rest of the layers run on the last good activation; the error is

@@ -20,7 +20,7 @@
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
-use ndarray::{Dimension, Zip};
+use ndarray::{Dimension, IxDyn, Zip};
 
 use super::unary::{scalar, unary};
 use super::{broadcast_shape, rows, simd, work, Arg, Operand};
@@ -55,7 +55,7 @@ impl Binary {
 
     /// The rule, made from the inputs before the op runs (so what it saves is not overwritten).
     fn rule<T: Element>(self, a: &Tensor<'_, T>, b: &Tensor<'_, T>) -> Rule<T> {
-        let shape = |t: &Tensor<'_, T>| t.shape().to_vec();
+        let shape = |t: &Tensor<'_, T>| IxDyn(t.shape());
         match self {
             Binary::Add => Rule::Add(shape(a), shape(b)),
             Binary::Sub => Rule::Sub(shape(a), shape(b)),

@@ -2,7 +2,7 @@
 //! position per lane). Every index is checked before any output is rented: an id past the table
 //! is an [`Error::IndexOutOfRange`] naming it, never a panic or a wrong row.
 
-use ndarray::{Axis, Slice, Zip};
+use ndarray::{Axis, Dimension, IxDyn, Slice, Zip};
 
 use super::{check_axis, work, Dim};
 use crate::autograd::{self, Recorder, Rule};
@@ -54,9 +54,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
         let len = self.shape()[axis];
         check_indices(op, ids, axis, len)?;
-        let mut shape = self.shape().to_vec();
+        let mut shape = IxDyn(self.shape());
         shape[axis] = ids.len();
-        let mut out = Tensor::try_rent_in(deeper(&self.scope, &ids.scope), &shape)?;
+        let mut out = Tensor::try_rent_in(deeper(&self.scope, &ids.scope), shape.slice())?;
         if !out.is_empty() {
             work::visit(ids.len());
             let (src, mut dst) = (self.view(), out.unique_view_mut());
@@ -102,10 +102,11 @@ impl<'s, T: DType> Tensor<'s, T> {
                 reason: "the table must be 2-D ([vocab, dim])".into(),
             });
         };
-        let mut shape = ids.shape().to_vec();
-        shape.push(dim);
+        let mut shape = IxDyn(ids.shape()).insert_axis(Axis(ids.ndim()));
+        shape[ids.ndim()] = dim;
         let rows = ids.try_reshape(&[ids.len()])?;
-        self.select_rows("embedding", 0, &rows)?.try_reshape(&shape)
+        self.select_rows("embedding", 0, &rows)?
+            .try_reshape(shape.slice())
     }
 
     /// The rows of this table for `ids`; see [`Tensor::try_embedding`].
@@ -155,7 +156,7 @@ impl<'s, T: DType> Tensor<'s, T> {
                 });
         }
         Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Gather(axis, index.saved(), self.shape().to_vec())
+            Rule::Gather(axis, index.saved(), IxDyn(self.shape()))
         }))
     }
 

@@ -157,9 +157,9 @@ pub(crate) fn matmul_transposed<'s, T: Element>(
 
 /// For each axis of the broadcast batch shape `batch`, how many matrices of an operand with batch
 /// axes `own` (aligned from the right) one step along it moves: 0 where the operand broadcasts.
-fn batch_steps(own: &[usize], batch: &[usize]) -> Vec<usize> {
+fn batch_steps(own: &[usize], batch: &[usize]) -> IxDyn {
     let lead = batch.len() - own.len();
-    let mut steps = vec![0; batch.len()];
+    let mut steps = IxDyn::zeros(batch.len());
     let mut stride = 1;
     for (j, &len) in own.iter().enumerate().rev() {
         steps[lead + j] = if len == 1 { 0 } else { stride };

@@ -46,7 +46,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// Softmax cross-entropy with the labels as a 1-D integer tensor, one per row (next-token ids:
     /// `ids.narrow(1, 1, t - 1).flatten()`); otherwise as [`Tensor::try_cross_entropy`]. A
     /// negative label is [`Error::IndexOutOfRange`], labels that are not 1-D
-    /// [`Error::InvalidShape`].
+    /// [`Error::InvalidShape`]. The labels are kept for backward as an alias, not a copy.
     pub fn try_cross_entropy_ids(&self, labels: &Tensor<'_, i64>) -> Result<Tensor<'s, T>> {
         if labels.ndim() != 1 {
             return Err(Error::InvalidShape {
@@ -56,19 +56,17 @@ impl<'s, T: Element> Tensor<'s, T> {
             });
         }
         let classes = self.shape().last().copied().unwrap_or(0);
-        let labels = labels
-            .as_slice()
-            .iter()
-            .map(|&l| {
-                usize::try_from(l).map_err(|_| Error::IndexOutOfRange {
-                    op: "cross_entropy",
-                    index: l,
-                    axis: 1,
-                    len: classes,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.try_cross_entropy(&labels)
+        if let Some(&l) = labels.as_slice().iter().find(|&&l| l < 0) {
+            return Err(Error::IndexOutOfRange {
+                op: "cross_entropy",
+                index: l,
+                axis: 1,
+                len: classes,
+            });
+        }
+        let ids = labels.as_slice().iter().map(|&l| l as usize);
+        self.check_cross_entropy(labels.len(), ids)?;
+        self.cross_entropy_of(labels.saved())
     }
 
     /// Softmax cross-entropy with integer-tensor labels; see [`Tensor::try_cross_entropy_ids`].
@@ -85,6 +83,18 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// [`Error::InvalidShape`] for logits that are not 2-D, [`Error::LengthMismatch`] if there is
     /// not one label per row, and [`Error::LabelOutOfRange`].
     pub fn try_cross_entropy(&self, labels: &[usize]) -> Result<Tensor<'s, T>> {
+        self.check_cross_entropy(labels.len(), labels.iter().copied())?;
+        // Kept for backward in a pooled tensor: in range, so they fit an `i64`.
+        let mut ids = Tensor::try_rent_in(&self.scope, &[labels.len()])?;
+        for (id, &label) in ids.unique_slice_mut().iter_mut().zip(labels) {
+            *id = label as i64;
+        }
+        self.cross_entropy_of(ids)
+    }
+
+    /// Checks logits `self` against `count` labels: 2-D, one label per row, each below the number
+    /// of classes.
+    fn check_cross_entropy(&self, count: usize, labels: impl Iterator<Item = usize>) -> Result<()> {
         let &[batch, classes] = self.shape() else {
             return Err(Error::InvalidShape {
                 op: "cross_entropy",
@@ -92,33 +102,40 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "logits must be [batch, classes]".into(),
             });
         };
-        if labels.len() != batch {
+        if count != batch {
             return Err(Error::LengthMismatch {
                 op: "cross_entropy",
                 shape: Shape::from(self.shape()),
                 expected: batch,
-                got: labels.len(),
+                got: count,
             });
         }
-        if let Some((row, &label)) = labels.iter().enumerate().find(|(_, &l)| l >= classes) {
-            return Err(Error::LabelOutOfRange {
+        match labels.enumerate().find(|&(_, l)| l >= classes) {
+            Some((row, label)) => Err(Error::LabelOutOfRange {
                 op: "cross_entropy",
                 row,
                 label,
                 classes,
-            });
+            }),
+            None => Ok(()),
         }
+    }
+
+    /// The loss of logits `[batch, classes]` against `labels`, checked: one per row, in range.
+    fn cross_entropy_of(&self, labels: Tensor<'static, i64>) -> Result<Tensor<'s, T>> {
+        let (batch, classes) = (self.shape()[0], self.shape()[1]);
         let recorder = Recorder::of(&[self]);
         let log_probs = autograd::with_mode(autograd::Mode::Off, || self.try_log_softmax(1))?;
         let n = T::from_f64(batch.max(1) as f64);
         let picked = labels
+            .as_slice()
             .iter()
             .enumerate()
-            .map(|(row, &label)| log_probs.as_slice()[row * classes + label])
+            .map(|(row, &label)| log_probs.as_slice()[row * classes + label as usize])
             .sum::<T>();
         let loss = scalar_tensor(self, -picked / n)?;
         Ok(autograd::finish(recorder, loss, |_| {
-            Rule::CrossEntropy(log_probs.saved(), labels.to_vec())
+            Rule::CrossEntropy(log_probs.saved(), labels)
         }))
     }
 }

@@ -16,7 +16,7 @@
 //! });
 //! ```
 
-use ndarray::{Dimension, Zip};
+use ndarray::{Dimension, IxDyn, Zip};
 
 use super::{broadcast_shape, rows, work};
 use crate::autograd::{self, Recorder, Rule};
@@ -213,8 +213,8 @@ impl<'s> Tensor<'s, u8> {
         Ok(autograd::finish(recorder, out, |_| {
             Rule::Where(
                 self.saved(),
-                on_true.shape().to_vec(),
-                on_false.shape().to_vec(),
+                IxDyn(on_true.shape()),
+                IxDyn(on_false.shape()),
             )
         }))
     }

@@ -1,7 +1,7 @@
 //! Reductions: sum and mean along an axis or over everything, with or without keeping the reduced
 //! axis; max and min along an axis, with the positions where they are (`argmax`, `argmin`).
 
-use ndarray::{Axis, Zip};
+use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Zip};
 
 use super::{beats, check_axis, work, Dim};
 use crate::autograd::{self, Recorder, Rule};
@@ -17,7 +17,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         let axis = check_axis("sum", self, axis)?;
         let out = self.reduce(axis, |lane_sum, _| lane_sum)?;
         Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Sum(axis, self.shape().to_vec())
+            Rule::Sum(axis, IxDyn(self.shape()))
         }))
     }
 
@@ -36,7 +36,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         let axis = check_axis("mean", self, axis)?;
         let out = self.reduce(axis, |lane_sum, len| lane_sum / T::from_f64(len as f64))?;
         Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Mean(axis, self.shape().to_vec())
+            Rule::Mean(axis, IxDyn(self.shape()))
         }))
     }
 
@@ -113,9 +113,9 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// `finish(sum of the lane, lane length)` for every lane along `axis` (checked).
     fn reduce(&self, axis: usize, finish: impl Fn(T, usize) -> T) -> Result<Tensor<'s, T>> {
         let view = self.view();
-        let mut shape = self.shape().to_vec();
-        let len = shape.remove(axis);
-        let mut out = Tensor::try_rent_in(&self.scope, &shape)?;
+        let shape = IxDyn(self.shape()).remove_axis(Axis(axis));
+        let len = self.shape()[axis];
+        let mut out = Tensor::try_rent_in(&self.scope, shape.slice())?;
         if out.is_empty() {
             return Ok(out);
         }

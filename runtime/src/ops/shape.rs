@@ -3,7 +3,7 @@
 //! permutations are copies into the pool (the pooled tensor is always contiguous), while
 //! `squeeze`/`unsqueeze` are zero-copy aliases.
 
-use ndarray::{Axis, IxDyn, Slice};
+use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Slice};
 
 use super::{check_addressable, check_axis, dimension_overflow, resolve_axis, work, Dim};
 use crate::autograd::{self, Recorder, Rule};
@@ -53,10 +53,10 @@ impl<'s, T: DType> Tensor<'s, T> {
             let total = lengths.fold(0usize, usize::saturating_add);
             dimension_overflow("concat", "joined length", total, first.shape())
         };
-        let mut shape = first.shape().to_vec();
+        let mut shape = IxDyn(first.shape());
         shape[axis] = joined.ok_or_else(overflow)?;
-        check_addressable::<T>(&shape, overflow)?;
-        let mut out = Tensor::try_rent_in(scope, &shape)?;
+        check_addressable::<T>(shape.slice(), overflow)?;
+        let mut out = Tensor::try_rent_in(scope, shape.slice())?;
         if !out.is_empty() {
             let mut view = out.unique_view_mut();
             let mut start = 0;
@@ -69,7 +69,11 @@ impl<'s, T: DType> Tensor<'s, T> {
             }
         }
         Ok(autograd::finish(Recorder::of(tensors), out, |_| {
-            Rule::Concat(axis, tensors.iter().map(|t| t.shape()[axis]).collect())
+            let mut lengths = IxDyn::zeros(tensors.len());
+            for (len, t) in lengths.slice_mut().iter_mut().zip(tensors) {
+                *len = t.shape()[axis];
+            }
+            Rule::Concat(axis, lengths)
         }))
     }
 
@@ -149,9 +153,9 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// A copy of `len` positions of `axis` from `start` (checked by the caller), not recorded.
     pub(crate) fn narrow_kernel(&self, axis: usize, start: usize, len: usize) -> Result<Self> {
-        let mut shape = self.shape().to_vec();
+        let mut shape = IxDyn(self.shape());
         shape[axis] = len;
-        let mut out = Tensor::try_rent_in(&self.scope, &shape)?;
+        let mut out = Tensor::try_rent_in(&self.scope, shape.slice())?;
         if !out.is_empty() {
             work::visit(1);
             let view = self.view();
@@ -226,28 +230,35 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// [`Error::AxisOutOfRange`], or [`Error::InvalidShape`] if `axes` is not a permutation.
     pub fn try_permute<D: Dim>(&self, axes: &[D]) -> Result<Tensor<'s, T>> {
         let nd = self.ndim();
-        let axes = axes
-            .iter()
-            .map(|&a| resolve_axis("permute", a, nd))
-            .collect::<Result<Vec<_>>>()?;
-        let mut seen = vec![false; nd];
-        let is_permutation =
-            axes.len() == nd && axes.iter().all(|&a| !std::mem::replace(&mut seen[a], true));
+        // Held inline in `IxDyn`s (up to 4 axes), as shapes are.
+        let mut resolved = IxDyn::zeros(axes.len());
+        for (r, &a) in resolved.slice_mut().iter_mut().zip(axes) {
+            *r = resolve_axis("permute", a, nd)?;
+        }
+        let mut seen = IxDyn::zeros(nd);
+        let is_permutation = axes.len() == nd
+            && resolved.slice().iter().all(|&a| {
+                seen[a] += 1;
+                seen[a] == 1
+            });
         if !is_permutation {
             return Err(Error::InvalidShape {
                 op: "permute",
                 shape: Shape::from(self.shape()),
-                reason: format!("axes {axes:?} are not a permutation of the {nd} axes"),
+                reason: format!(
+                    "axes {:?} are not a permutation of the {nd} axes",
+                    resolved.slice()
+                ),
             });
         }
-        let view = self.view().permuted_axes(IxDyn(&axes));
+        let view = self.view().permuted_axes(resolved.clone());
         let mut out = Tensor::try_rent_in(&self.scope, view.shape())?;
         if !out.is_empty() {
             work::visit(1);
             out.unique_view_mut().assign(&view);
         }
         Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Permute(axes)
+            Rule::Permute(resolved)
         }))
     }
 
@@ -266,9 +277,12 @@ impl<'s, T: DType> Tensor<'s, T> {
     pub fn try_transpose(&self, a: impl Dim, b: impl Dim) -> Result<Tensor<'s, T>> {
         let a = check_axis("transpose", self, a)?;
         let b = check_axis("transpose", self, b)?;
-        let mut axes: Vec<usize> = (0..self.ndim()).collect();
-        axes.swap(a, b);
-        self.try_permute(&axes)
+        let mut axes = IxDyn::zeros(self.ndim());
+        for (i, axis) in axes.slice_mut().iter_mut().enumerate() {
+            *axis = i;
+        }
+        axes.slice_mut().swap(a, b);
+        self.try_permute(axes.slice())
     }
 
     /// A copy with axes `a` and `b` swapped; see [`Tensor::try_transpose`].
@@ -306,9 +320,8 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// Fails with [`Error::AxisOutOfRange`].
     pub fn try_unsqueeze(&self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = resolve_axis("unsqueeze", axis, self.ndim() + 1)?;
-        let mut shape = self.shape().to_vec();
-        shape.insert(axis, 1);
-        self.try_reshape(&shape)
+        let shape = IxDyn(self.shape()).insert_axis(Axis(axis));
+        self.try_reshape(shape.slice())
     }
 
     /// A zero-copy alias with a new axis of length 1; see [`Tensor::try_unsqueeze`].
@@ -326,15 +339,14 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// [`Error::AxisOutOfRange`].
     pub fn try_squeeze(&self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = check_axis("squeeze", self, axis)?;
-        let mut shape = self.shape().to_vec();
-        if shape.remove(axis) != 1 {
+        if self.shape()[axis] != 1 {
             return Err(Error::InvalidShape {
                 op: "squeeze",
                 shape: Shape::from(self.shape()),
                 reason: format!("axis {axis} has length {}, not 1", self.shape()[axis]),
             });
         }
-        self.try_reshape(&shape)
+        self.try_reshape(IxDyn(self.shape()).remove_axis(Axis(axis)).slice())
     }
 
     /// A zero-copy alias without `axis`; see [`Tensor::try_squeeze`].
