@@ -11,21 +11,35 @@ mod reference_model;
 mod training_loops;
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Policy, Precision};
 
-/// The system allocator, counting allocations made on any thread.
+/// The system allocator, counting the allocations of a test's counting thread and of the library's
+/// worker threads (not those of the test harness or of threads running other tests, which run
+/// alongside).
 struct Counting;
 
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's allocations are counted.
+    static COUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count() {
+    if COUNTED.get() || tensorscope::__private::is_worker_thread() {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 // SAFETY: every call is forwarded unchanged to `System`, which upholds `GlobalAlloc`'s contract.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: forwarded with the caller's layout.
         unsafe { System.alloc(layout) }
     }
@@ -34,12 +48,12 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: forwarded with the caller's layout.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: forwarded unchanged.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -48,8 +62,25 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// Held while counting: the count includes every thread's allocations, so tests count one at a time.
+/// Held while counting: the worker threads are shared, so tests count one at a time.
 static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds [`COUNTING`] and counts this thread's allocations until dropped.
+struct Alone(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+impl Alone {
+    fn new() -> Self {
+        let guard = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+        COUNTED.set(true);
+        Alone(guard)
+    }
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        COUNTED.set(false);
+    }
+}
 
 /// Blocks per counted forward of the reference model: two keep the test quick in a debug build.
 const BLOCKS: usize = 2;
@@ -57,7 +88,7 @@ const BLOCKS: usize = 2;
 /// Allocations made by the third of three forwards of `BLOCKS` blocks of `shape` (the first fills
 /// the pool).
 fn per_forward(shape: reference_model::Shape) -> usize {
-    let _alone = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = Alone::new();
     let pool = Pool::with_max_memory_mb(512);
     let w = shape.width;
     let param =
@@ -101,7 +132,7 @@ const WARM_UP: usize = 3;
 /// `training_loops` calling `boundary(i)` before step `i` and after the last (counting one loop at a
 /// time).
 fn per_step(run: impl FnOnce(usize, &mut dyn FnMut(usize))) -> usize {
-    let _alone = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = Alone::new();
     // Read at each boundary into a fixed array: the counting itself allocates nothing.
     let mut at = [0; WARM_UP + 2];
     run(WARM_UP + 1, &mut |i| {

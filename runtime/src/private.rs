@@ -107,3 +107,9 @@ pub fn kernel_visits() -> u64 {
 pub fn limit_kernel_visits(more: Option<u64>) {
     crate::ops::work::limit(more);
 }
+
+/// Whether this thread is one of the library's worker threads: a test's counting allocator counts
+/// their allocations beside its own thread's, and not those of threads running other tests.
+pub fn is_worker_thread() -> bool {
+    crate::threads::is_worker()
+}

@@ -13,6 +13,7 @@
 //! The one `unsafe` here lends a borrowed closure to the workers for the length of a call.
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -191,6 +192,8 @@ impl Team {
     /// A worker: takes parts of whatever job is posted, forever; between jobs it spins a while,
     /// then sleeps until the next is posted.
     fn work(&self) {
+        WORKER.set(true);
+        crate::ops::reserve_scratch();
         loop {
             let seen = self.posted.load(Ordering::Acquire);
             while self.run_one() {}
@@ -204,6 +207,16 @@ impl Team {
             }
         }
     }
+}
+
+thread_local! {
+    /// This thread is one of the team's workers.
+    static WORKER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is one of the team's workers.
+pub(crate) fn is_worker() -> bool {
+    WORKER.get()
 }
 
 /// Locks `m`; no code panics while holding one of these locks, so poisoning carries no meaning.

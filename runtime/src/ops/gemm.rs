@@ -46,12 +46,26 @@ const PACK_PER_PART: usize = 1 << 16;
 /// (rows 4 KiB apart all map to the same set of the L1 cache).
 const DIRECT_ROW_BYTES: usize = 1024;
 
+/// Bytes of the largest block of `a` and panel of `b` a thread packs (of `f64`): the packing
+/// buffers are made this large the first time a thread uses them, whatever the product, so that no
+/// later product (a larger one, or a part of another size) allocates.
+const A_BYTES: usize = MC * KC * 8;
+const B_BYTES: usize = NC * KC * 8;
+
 thread_local! {
-    /// This thread's packing buffer for blocks of `a`; grown, never shrunk.
+    /// This thread's packing buffer for blocks of `a`.
     static PACKED_A: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
     /// The packing buffer for panels of `b`, of the thread that called the product (its parts read
-    /// it on every thread); grown, never shrunk.
+    /// it on every thread).
     static PACKED_B: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Makes this thread's packing buffers, as its first product would: worker threads call it when
+/// they start, so that which thread takes which part of a product never decides whether a step
+/// allocates.
+pub(crate) fn reserve_scratch() {
+    with_scratch::<f64, _>((&PACKED_A, A_BYTES), 0, |_| ());
+    with_scratch::<f64, _>((&PACKED_B, B_BYTES), 0, |_| ());
 }
 
 /// A matrix in a slice: element `(i, j)` at `data[i * rs + j * cs]`.
@@ -160,7 +174,7 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
 ) {
     let (k, n) = (a.cols, b.cols);
     let panel = n.min(NC).next_multiple_of(NR) * k.min(KC);
-    with_scratch::<T, _>(&PACKED_B, panel, |pb| {
+    with_scratch::<T, _>((&PACKED_B, B_BYTES), panel, |pb| {
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
             for pc in (0..k).step_by(KC) {
@@ -183,7 +197,8 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
                 let per_granule = MR * kc * nc;
                 threads::split_mut(c, MR * n, PER_PART.div_ceil(per_granule), |start, c| {
                     let rows = c.len() / n;
-                    with_scratch::<T, _>(&PACKED_A, MC.min(rows).next_multiple_of(MR) * kc, |pa| {
+                    let len = MC.min(rows).next_multiple_of(MR) * kc;
+                    with_scratch::<T, _>((&PACKED_A, A_BYTES), len, |pa| {
                         simd::dispatch_fma(Rows::<T, MR, NR> {
                             step,
                             first: start / n,
@@ -200,14 +215,17 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
     }
 }
 
-/// `f` with `len` elements of this thread's scratch buffer `key`; with a temporary one if the
-/// buffer is in use (a product called from inside another's epilogue).
+/// `f` with `len` elements of this thread's packing buffer `key` (made at its full size on first
+/// use); with a temporary one if the buffer is in use (a product called from inside another's
+/// epilogue).
 fn with_scratch<T: Element, R>(
-    key: &'static LocalKey<RefCell<Vec<Block>>>,
+    (key, full): (&'static LocalKey<RefCell<Vec<Block>>>, usize),
     len: usize,
     f: impl FnOnce(&mut [T]) -> R,
 ) -> R {
-    let blocks = (len * std::mem::size_of::<T>()).div_ceil(std::mem::size_of::<Block>());
+    let block = std::mem::size_of::<Block>();
+    let blocks = (len * std::mem::size_of::<T>()).div_ceil(block);
+    let want = blocks.max(full.div_ceil(block));
     key.with(|cell| {
         let mut temporary = Vec::new();
         let mut kept = cell.try_borrow_mut();
@@ -215,8 +233,8 @@ fn with_scratch<T: Element, R>(
             Ok(kept) => kept,
             Err(_) => &mut temporary,
         };
-        if buffer.len() < blocks {
-            buffer.resize(blocks, bytemuck::Zeroable::zeroed());
+        if buffer.len() < want {
+            buffer.resize(want, bytemuck::Zeroable::zeroed());
         }
         f(&mut bytemuck::cast_slice_mut(&mut buffer[..blocks])[..len])
     })

@@ -39,6 +39,7 @@ mod unary;
 
 pub(crate) use conv::{conv2d_backward, upsample_backward};
 pub use fused::Epilogue;
+pub(crate) use gemm::reserve_scratch;
 pub(crate) use linalg::matmul_transposed;
 pub use mask::Cmp;
 pub use unary::TensorOps;
