@@ -238,12 +238,17 @@ impl Buffers {
 
 /// `matrixmultiply::sgemm` with its `threading` feature: what ndarray's `general_mat_mul` calls
 /// for `f32` without the `blas` feature (the same arguments), called directly so that it stays
-/// this candidate when the `blas` feature sends `general_mat_mul` to OpenBLAS.
+/// this candidate when the `blas` feature sends `general_mat_mul` to OpenBLAS. Its AVX-512
+/// kernels are off, as in ndarray, unless the `matrixmultiply-avx512` feature is on.
 struct Matrixmultiply(Buffers);
 
 impl Candidate for Matrixmultiply {
     fn name(&self) -> &'static str {
-        "matrixmultiply"
+        if cfg!(feature = "matrixmultiply-avx512") {
+            "matrixmultiply_avx512"
+        } else {
+            "matrixmultiply"
+        }
     }
 
     fn run(&mut self) {
