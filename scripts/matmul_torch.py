@@ -3,7 +3,8 @@ docs/benchmarks.md ("Matrix products against peers").
 
 `torch.matmul(a, b, out=c)` into a preallocated `c`, `torch.set_num_threads(2)`, standard normal
 operands. For each shape: warm-up calls for about 0.3 s, then timed calls for about 2 s in batches
-of at least 1 ms each; prints the median time per call over the batches and GFLOP/s = 2mkn / time.
+of at least 1 ms each; prints the median time per call over the batches and GFLOP/s = 2mkn / time,
+and the fastest batch's (which a loaded machine disturbs least).
 
 Run (from the repository root; CI never runs Python):
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch numpy
@@ -30,8 +31,9 @@ MEASURE_S = 2.0
 BATCH_S = 1e-3
 
 
-def median_seconds(call):
-    """Median seconds per call, over batches of calls that each take at least BATCH_S."""
+def seconds_per_call(call):
+    """Median and least seconds per call, over batches of calls that each take at least BATCH_S,
+    and the number of calls timed."""
     start = time.perf_counter()
     while time.perf_counter() - start < WARM_UP_S:
         call()
@@ -50,7 +52,7 @@ def median_seconds(call):
         for _ in range(calls):
             call()
         per_call.append((time.perf_counter() - t0) / calls)
-    return statistics.median(per_call), len(per_call) * calls
+    return statistics.median(per_call), min(per_call), len(per_call) * calls
 
 
 def main():
@@ -68,10 +70,11 @@ def main():
                               rtol=1e-4, atol=1e-3):
             raise SystemExit(f"{name}: torch.matmul disagrees with the f64 product")
         with torch.no_grad():
-            seconds, calls = median_seconds(lambda: torch.matmul(a, b, out=c))
-        gflops = 2 * m * k * n / seconds / 1e9
-        print(f"{name:6} [{m}, {k}] x [{k}, {n}]: median {seconds * 1e3:.4f} ms "
-              f"({gflops:.1f} GFLOP/s) over {calls} calls")
+            median, fastest, calls = seconds_per_call(lambda: torch.matmul(a, b, out=c))
+        flop = 2 * m * k * n
+        print(f"{name:6} [{m}, {k}] x [{k}, {n}]: median {median * 1e3:.4f} ms "
+              f"({flop / median / 1e9:.1f} GFLOP/s), fastest batch {fastest * 1e3:.4f} ms "
+              f"({flop / fastest / 1e9:.1f} GFLOP/s), {calls} calls")
 
 
 if __name__ == "__main__":
