@@ -1,7 +1,10 @@
 //! What the bench's times do not show, per shape and candidate: heap allocations per product
-//! (a counting global allocator), the threads kept busy during products (process CPU time over
-//! wall time: 2.0 is both cores), and the CPU time the process burns in the 100 ms after the last
-//! product returns, while the calling thread sleeps (worker threads that spin instead of parking).
+//! (a counting global allocator); the threads kept busy during products (process CPU time over
+//! wall time: 2.0 is both cores); the product's rate per CPU-second of all its threads (GFLOP per
+//! CPU-second, which other processes on the machine disturb far less than wall time, though time
+//! a thread spends spinning counts against it); and the CPU time the process burns in the 100 ms
+//! after the last product returns, while the calling thread sleeps (worker threads that spin
+//! instead of parking).
 //!
 //! From `peers/`: `cargo run --release --example probe [--features blas]` (Linux: reads
 //! `/proc/self/task/*/schedstat`).
@@ -65,8 +68,8 @@ fn main() {
     }
     println!("threads per product: {THREADS}");
     println!(
-        "{:6} {:15} {:>12} {:>13} {:>17}",
-        "shape", "candidate", "allocs/call", "busy threads", "CPU ms after 100"
+        "{:6} {:22} {:>12} {:>13} {:>13} {:>17}",
+        "shape", "candidate", "allocs/call", "busy threads", "GFLOP/CPU-s", "CPU ms after 100"
     );
     for shape in SHAPES {
         let operands = Operands::new(shape);
@@ -92,15 +95,19 @@ fn main() {
             for _ in 0..calls {
                 candidate.run();
             }
-            let busy = (process_cpu_ns() - cpu) as f64 / wall.elapsed().as_nanos() as f64;
+            let cpu = (process_cpu_ns() - cpu) as f64;
+            let busy = cpu / wall.elapsed().as_nanos() as f64;
+            let per_cpu_second = shape.flops() as f64 * f64::from(calls) / cpu;
             let cpu = process_cpu_ns();
             std::thread::sleep(Duration::from_millis(100));
             let after = (process_cpu_ns() - cpu) as f64 / 1e6;
             println!(
-                "{:6} {:15} {per_call:>12.1} {busy:>13.2} {after:>17.1}",
+                "{:6} {:22} {per_call:>12.1} {busy:>13.2} {per_cpu_second:>13.1} {after:>17.1}",
                 shape.name,
                 candidate.name()
             );
+            // Lets spinning workers give up before the next candidate's CPU time is read.
+            std::thread::sleep(Duration::from_millis(400));
         }
     }
 }
