@@ -16,7 +16,8 @@ import re
 from pathlib import Path
 
 SHAPES = ["M", "E", "T_fwd", "T_dx", "T_dw", "S"]
-CANDIDATES = ["tensorscope", "matrixmultiply", "matrixmultiply_avx512", "gemm", "faer", "openblas"]
+CANDIDATES = ["tensorscope", "matrixmultiply", "matrixmultiply_avx512", "gemm", "gemm_avx512",
+              "faer", "openblas"]
 TORCH_LINE = re.compile(r"^(\S+)\s.*median ([\d.]+) ms .*fastest batch ([\d.]+) ms")
 
 

@@ -290,12 +290,16 @@ impl Candidate for Matrixmultiply {
 }
 
 /// The `gemm` crate (`gemm::gemm`, `Parallelism::Rayon(THREADS)`): `c = 0 c + 1 a b`, not
-/// reading `c`.
+/// reading `c`. Its AVX-512 kernels are off (its default) unless the `gemm-avx512` feature is on.
 struct Gemm(Buffers);
 
 impl Candidate for Gemm {
     fn name(&self) -> &'static str {
-        "gemm"
+        if cfg!(feature = "gemm-avx512") {
+            "gemm_avx512"
+        } else {
+            "gemm"
+        }
     }
 
     fn run(&mut self) {
