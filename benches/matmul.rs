@@ -1,15 +1,15 @@
 //! Matrix products of the reference forwards' shapes: tensorscope's `matmul` (its own packed FMA
-//! kernels, `runtime/src/ops/gemm.rs`) against ndarray's `general_mat_mul` (`matrixmultiply`, with
-//! its threading feature), both on every core, into a preallocated output.
+//! kernels, `runtime/src/ops/gemm.rs`) on every core, into an output rented from the pool.
 //!
 //! `cargo bench --bench matmul`
+//!
+//! The comparison with other libraries (matrixmultiply, gemm, faer, OpenBLAS) on these shapes and
+//! more is the `peers` crate's bench, outside the workspace: `cd peers && cargo bench`.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ndarray::linalg::general_mat_mul;
-use ndarray::Array2;
 use tensorscope::prelude::*;
 
 fn products(c: &mut Criterion) {
@@ -28,17 +28,6 @@ fn products(c: &mut Criterion) {
         });
         g.bench_function(BenchmarkId::new("tensorscope", name), |bench| {
             bench.iter(|| pool.scope(|s| black_box(s.bind(&a).matmul(&b).as_slice()[0])))
-        });
-        let (a, b) = (
-            a.view().into_dimensionality().unwrap().to_owned(),
-            b.view().into_dimensionality().unwrap().to_owned(),
-        );
-        let mut out = Array2::<f32>::zeros((m, n));
-        g.bench_function(BenchmarkId::new("ndarray_matrixmultiply", name), |bench| {
-            bench.iter(|| {
-                general_mat_mul(1.0, &a, &b, 0.0, &mut out);
-                black_box(out[[0, 0]])
-            })
         });
     }
     g.finish();
