@@ -5,12 +5,12 @@
 
 use std::rc::Rc;
 
-use ndarray::{ArrayView1, ArrayViewMut1, Axis, Slice, Zip};
+use ndarray::{Axis, Slice, Zip};
 
 use super::Gradients;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
-use crate::ops;
+use crate::ops::{self, Lane, Lanes};
 use crate::scope::ScopeState;
 use crate::tensor::Tensor;
 use crate::TensorOps;
@@ -32,6 +32,7 @@ pub(crate) enum Unary {
     Sqrt,
     Abs,
     GeluErf,
+    Erf,
 }
 
 impl Unary {
@@ -89,6 +90,8 @@ pub(crate) enum Rule<T: DType> {
     /// An elementwise function; the saved tensor is its input or its output (see
     /// [`Unary::saves_output`]).
     Unary(Unary, Option<Saved<T>>),
+    /// `clamp(min, max)`: the input and the bounds.
+    Clamp(Saved<T>, T, T),
     /// `map_with_derivative`: the input, the function (for a replay) and the derivative.
     Map(Saved<T>, Function<T>, Function<T>),
     /// An op without a derivative: backward through it fails, naming it.
@@ -99,6 +102,8 @@ pub(crate) enum Rule<T: DType> {
     LogSoftmax(Saved<T>, usize),
     /// Layer norm over the last axis: input, output, eps.
     LayerNorm(Saved<T>, Saved<T>, T),
+    /// RMS norm over the last axis: input, eps.
+    RmsNorm(Saved<T>, T),
     /// Group norm of `[n, c, h, w]`: input, output, groups, eps.
     GroupNorm(Saved<T>, Saved<T>, usize, T),
     /// Sum along an axis of a tensor of this shape.
@@ -185,6 +190,8 @@ impl<T: DType> Rule<T> {
             Rule::Scalar(_, _, Some(x))
             | Rule::Unary(_, Some(x))
             | Rule::Map(x, ..)
+            | Rule::Clamp(x, ..)
+            | Rule::RmsNorm(x, _)
             | Rule::Softmax(x, _)
             | Rule::LogSoftmax(x, _)
             | Rule::Mse(x, _)
@@ -273,37 +280,13 @@ impl<T: Element> Rule<T> {
                 }
             })],
             Rule::Unary(kind, saved) => {
-                let saved = saved.as_ref().map(here);
-                let s = || saved.as_ref().expect("the rule saved what it needs");
-                vec![Some(match kind {
-                    Unary::Neg => g.try_map(|v| -v)?,
-                    // Written as the layers' hand-written backward passes are, for the same bits.
-                    Unary::Relu => g.try_zip_map(s(), |g, y| {
-                        g * if y > T::zero() { T::one() } else { T::zero() }
-                    })?,
-                    Unary::Gelu => g.try_zip_map(s(), |g, x| g * ops::gelu_grad(x))?,
-                    Unary::Silu => g.try_zip_map(s(), |g, x| {
-                        let sig = T::one() / (T::one() + (-x).exp_kernel());
-                        g * sig * (T::one() + x * (T::one() - sig))
-                    })?,
-                    Unary::Sigmoid => g.try_zip_map(s(), |g, y| g * y * (T::one() - y))?,
-                    Unary::Tanh => g.try_zip_map(s(), |g, y| g * (T::one() - y * y))?,
-                    Unary::Exp => g.try_zip_map(s(), |g, y| g * y)?,
-                    Unary::Log => g.try_zip_map(s(), |g, x| g / x)?,
-                    Unary::Sqrt => g.try_zip_map(s(), |g, y| g / (y + y))?,
-                    // As PyTorch: the sign, 0 at 0.
-                    Unary::Abs => g.try_zip_map(s(), |g, x| {
-                        if x > T::zero() {
-                            g
-                        } else if x < T::zero() {
-                            -g
-                        } else {
-                            x * g
-                        }
-                    })?,
-                    Unary::GeluErf => g.try_zip_map(s(), |g, x| g * ops::gelu_erf_grad(x))?,
-                })]
+                vec![Some(ops::unary_backward(
+                    kind,
+                    g,
+                    saved.map(|s| here(&s)).as_ref(),
+                )?)]
             }
+            Rule::Clamp(x, min, max) => vec![Some(ops::clamp_backward(g, &here(&x), min, max)?)],
             Rule::Map(x, _, df) => vec![Some(g.try_zip_map(&here(&x), |g, x| g * df(x))?)],
             Rule::Region(_) => {
                 unreachable!("the engine runs a region's backward with the gradients")
@@ -369,36 +352,58 @@ impl<T: Element> Rule<T> {
                 input,
             )?)],
             Rule::NotDifferentiable(op) => return Err(Error::NotDifferentiable { op }),
-            Rule::Softmax(y, axis) => vec![Some(lanes3(g, &here(&y), axis, softmax_lane)?)],
-            Rule::LogSoftmax(y, axis) => vec![Some(lanes3(g, &here(&y), axis, log_softmax_lane)?)],
+            Rule::Softmax(y, axis) => {
+                let lanes = Lanes::along(y.shape(), axis);
+                vec![Some(ops::lane_backward(
+                    Lane::Softmax,
+                    g,
+                    &here(&y),
+                    None,
+                    lanes,
+                )?)]
+            }
+            Rule::LogSoftmax(y, axis) => {
+                let lanes = Lanes::along(y.shape(), axis);
+                vec![Some(ops::lane_backward(
+                    Lane::LogSoftmax,
+                    g,
+                    &here(&y),
+                    None,
+                    lanes,
+                )?)]
+            }
             Rule::LayerNorm(x, y, eps) => {
                 let (x, y) = (here(&x), here(&y));
-                let axis = x.ndim() - 1;
-                let mut dx = g.try_into_unique()?;
-                if !dx.is_empty() {
-                    let (xv, yv) = (x.view(), y.view());
-                    let mut out = dx.unique_view_mut();
-                    Zip::from(out.lanes_mut(Axis(axis)))
-                        .and(xv.lanes(Axis(axis)))
-                        .and(yv.lanes(Axis(axis)))
-                        .for_each(|d, x, y| ops::norm_backward_lane(d, x, y, eps));
-                }
-                vec![Some(dx)]
+                let lanes = Lanes::along(x.shape(), x.ndim() - 1);
+                vec![Some(ops::lane_backward(
+                    Lane::LayerNorm(eps),
+                    g,
+                    &x,
+                    Some(&y),
+                    lanes,
+                )?)]
+            }
+            Rule::RmsNorm(x, eps) => {
+                let lanes = Lanes::along(x.shape(), x.ndim() - 1);
+                vec![Some(ops::lane_backward(
+                    Lane::RmsNorm(eps),
+                    g,
+                    &here(&x),
+                    None,
+                    lanes,
+                )?)]
             }
             Rule::GroupNorm(x, y, groups, eps) => {
                 let (x, y) = (here(&x), here(&y));
-                let mut dx = g.try_into_unique()?;
-                let chunk = x.len() / (x.shape()[0] * groups).max(1);
-                if chunk > 0 {
-                    let (xs, ys) = (x.as_slice(), y.as_slice());
-                    dx.unique_slice_mut()
-                        .chunks_exact_mut(chunk)
-                        .zip(xs.chunks_exact(chunk).zip(ys.chunks_exact(chunk)))
-                        .for_each(|(d, (x, y))| {
-                            ops::norm_backward_lane(d.into(), x.into(), y.into(), eps)
-                        });
-                }
-                vec![Some(dx)]
+                // A group's channels and pixels are a contiguous run of `[n, c, h, w]`.
+                let lanes = Lanes::runs(x.len() / (x.shape()[0] * groups).max(1));
+                vec![Some(ops::lane_backward(
+                    Lane::LayerNorm(eps),
+                    g,
+                    &x,
+                    Some(&y),
+                    lanes,
+                )?)]
             }
             Rule::Sum(axis, shape) => vec![Some(expand(g, axis, &shape)?)],
             Rule::Mean(axis, shape) => {
@@ -509,51 +514,4 @@ fn expand<T: Element>(g: Saved<T>, axis: usize, shape: &[usize]) -> Result<Saved
     let mut kept = shape.to_vec();
     kept[axis] = 1;
     g.try_reshape(&kept)?.try_broadcast_to(shape)
-}
-
-/// A new tensor of `g`'s shape whose lanes along `axis` are `kernel(out, g, y)`.
-fn lanes3<T: Element>(
-    g: Saved<T>,
-    y: &Saved<T>,
-    axis: usize,
-    kernel: fn(ArrayViewMut1<'_, T>, ArrayView1<'_, T>, ArrayView1<'_, T>),
-) -> Result<Saved<T>> {
-    let mut out = Tensor::try_rent_in(&g.scope, g.shape())?;
-    if !out.is_empty() {
-        let (gv, yv) = (g.view(), y.view());
-        let mut ov = out.unique_view_mut();
-        Zip::from(ov.lanes_mut(Axis(axis)))
-            .and(gv.lanes(Axis(axis)))
-            .and(yv.lanes(Axis(axis)))
-            .for_each(kernel);
-    }
-    Ok(out)
-}
-
-/// Softmax's backward on a lane: `y (g - sum(g y))`.
-fn softmax_lane<T: Element>(
-    mut out: ArrayViewMut1<'_, T>,
-    g: ArrayView1<'_, T>,
-    y: ArrayView1<'_, T>,
-) {
-    let dot = Zip::from(&g)
-        .and(&y)
-        .fold(T::zero(), |acc, &g, &y| acc + g * y);
-    Zip::from(&mut out)
-        .and(&g)
-        .and(&y)
-        .for_each(|o, &g, &y| *o = y * (g - dot));
-}
-
-/// Log-softmax's backward on a lane: `g - exp(y) sum(g)`.
-fn log_softmax_lane<T: Element>(
-    mut out: ArrayViewMut1<'_, T>,
-    g: ArrayView1<'_, T>,
-    y: ArrayView1<'_, T>,
-) {
-    let total = g.sum();
-    Zip::from(&mut out)
-        .and(&g)
-        .and(&y)
-        .for_each(|o, &g, &y| *o = g - y.exp_kernel() * total);
 }
