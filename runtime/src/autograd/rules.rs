@@ -353,42 +353,30 @@ impl<T: Element> Rule<T> {
             )?)],
             Rule::NotDifferentiable(op) => return Err(Error::NotDifferentiable { op }),
             Rule::Softmax(y, axis) => {
-                let lanes = Lanes::along(y.shape(), axis);
-                vec![Some(ops::lane_backward(
-                    Lane::Softmax,
-                    g,
-                    &here(&y),
-                    None,
-                    lanes,
-                )?)]
+                let (y, lanes) = (here(&y), Lanes::along(y.shape(), axis));
+                vec![Some(ops::lane_backward(Lane::Softmax, g, &y, None, lanes)?)]
             }
             Rule::LogSoftmax(y, axis) => {
-                let lanes = Lanes::along(y.shape(), axis);
+                let (y, lanes) = (here(&y), Lanes::along(y.shape(), axis));
                 vec![Some(ops::lane_backward(
                     Lane::LogSoftmax,
                     g,
-                    &here(&y),
+                    &y,
                     None,
                     lanes,
                 )?)]
             }
             Rule::LayerNorm(x, y, eps) => {
-                let (x, y) = (here(&x), here(&y));
-                let lanes = Lanes::along(x.shape(), x.ndim() - 1);
-                vec![Some(ops::lane_backward(
-                    Lane::LayerNorm(eps),
-                    g,
-                    &x,
-                    Some(&y),
-                    lanes,
-                )?)]
+                let (x, y, lanes) = (here(&x), here(&y), Lanes::last(x.shape()));
+                let kind = Lane::LayerNorm(eps);
+                vec![Some(ops::lane_backward(kind, g, &x, Some(&y), lanes)?)]
             }
             Rule::RmsNorm(x, eps) => {
-                let lanes = Lanes::along(x.shape(), x.ndim() - 1);
+                let (x, lanes) = (here(&x), Lanes::last(x.shape()));
                 vec![Some(ops::lane_backward(
                     Lane::RmsNorm(eps),
                     g,
-                    &here(&x),
+                    &x,
                     None,
                     lanes,
                 )?)]
@@ -397,13 +385,8 @@ impl<T: Element> Rule<T> {
                 let (x, y) = (here(&x), here(&y));
                 // A group's channels and pixels are a contiguous run of `[n, c, h, w]`.
                 let lanes = Lanes::runs(x.len() / (x.shape()[0] * groups).max(1));
-                vec![Some(ops::lane_backward(
-                    Lane::LayerNorm(eps),
-                    g,
-                    &x,
-                    Some(&y),
-                    lanes,
-                )?)]
+                let kind = Lane::LayerNorm(eps);
+                vec![Some(ops::lane_backward(kind, g, &x, Some(&y), lanes)?)]
             }
             Rule::Sum(axis, shape) => vec![Some(expand(g, axis, &shape)?)],
             Rule::Mean(axis, shape) => {

@@ -7,6 +7,17 @@
 //! Their largest errors against `f64`, over every 2^-12 step of a range, are asserted in
 //! `tests/kernels.rs` and stated in the README.
 
+/// The polynomial with coefficients `c` (highest degree first) at `x`, by Horner's rule:
+/// `((c0 x + c1) x + c2) ...`, one multiply and one add a step, never fused.
+#[inline(always)]
+fn horner(x: f32, c: &[f32]) -> f32 {
+    let mut p = c[0];
+    for &k in &c[1..] {
+        p = p * x + k;
+    }
+    p
+}
+
 /// `tanh(x)`: below 0.625 in magnitude the rational approximation of Eigen's `ptanh_float`
 /// (degree 13 over degree 6, exact to a few `f32` ulps there, `x` itself below `4e-4`); above, `1 -
 /// 2 / (e^{2|x|} + 1)` with the sign of `x`, which saturates to exactly `+-1` where `tanh` rounds
@@ -18,18 +29,22 @@ pub(crate) fn tanh_f32(x: f32) -> f32 {
     let a = x.abs();
     let c = x.clamp(-0.625, 0.625);
     let x2 = c * c;
-    let mut p = -2.760_768_5e-16_f32;
-    p = p * x2 + 2.000_188e-13;
-    p = p * x2 - 8.604_672e-11;
-    p = p * x2 + 5.122_297e-8;
-    p = p * x2 + 1.485_722_4e-5;
-    p = p * x2 + 6.372_619_3e-4;
-    p = p * x2 + 4.893_524_6e-3;
-    p *= c;
-    let mut q = 1.198_258_4e-6_f32;
-    q = q * x2 + 1.185_347e-4;
-    q = q * x2 + 2.268_434_7e-3;
-    q = q * x2 + 4.893_525e-3;
+    let p = c * horner(
+        x2,
+        &[
+            -2.760_768_5e-16,
+            2.000_188e-13,
+            -8.604_672e-11,
+            5.122_297e-8,
+            1.485_722_4e-5,
+            6.372_619_3e-4,
+            4.893_524_6e-3,
+        ],
+    );
+    let q = horner(
+        x2,
+        &[1.198_258_4e-6, 1.185_347e-4, 2.268_434_7e-3, 4.893_525e-3],
+    );
     let small = if a < 4e-4 { x } else { p / q };
     let l = 1.0 - 2.0 / (exp_f32(a + a) + 1.0);
     let large = if x < 0.0 { -l } else { l };
@@ -50,18 +65,24 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23
-                                     // `n` stays within [-150, 128]: each half of 2^n is then a normal number.
+    // 1.5 * 2^23
+    const ROUND: f32 = 12_582_912.0;
+    // `n` stays within [-150, 128]: each half of 2^n is then a normal number.
     let c = x.clamp(-104.0, 88.8);
     let t = c * LOG2_E + ROUND;
     let n = t - ROUND;
     let r = c - n * LN2_HI - n * LN2_LO;
-    let mut p = 1.987_569_1e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
+    let p = horner(
+        r,
+        &[
+            1.987_569_1e-4,
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ],
+    );
     let y = p * (r * r) + r + 1.0;
     // `n` is a whole number, held in the low mantissa bits of `t`: read as an integer without a
     // float-to-int conversion (which would not vectorise), split as `n1 + n2`, and each made a
@@ -94,15 +115,20 @@ pub(crate) fn log_f32(x: f32) -> f32 {
     let f = if low { m + m - 1.0 } else { m - 1.0 };
     let e = if low { e - 1.0 } else { e };
     let z = f * f;
-    let mut p = 7.037_683_6e-2_f32;
-    p = p * f - 1.151_461e-1;
-    p = p * f + 1.167_699_9e-1;
-    p = p * f - 1.242_014_1e-1;
-    p = p * f + 1.424_932_3e-1;
-    p = p * f - 1.666_805_8e-1;
-    p = p * f + 2.000_071_4e-1;
-    p = p * f - 2.499_999_4e-1;
-    p = p * f + 3.333_333e-1;
+    let p = horner(
+        f,
+        &[
+            7.037_683_6e-2,
+            -1.151_461e-1,
+            1.167_699_9e-1,
+            -1.242_014_1e-1,
+            1.424_932_3e-1,
+            -1.666_805_8e-1,
+            2.000_071_4e-1,
+            -2.499_999_4e-1,
+            3.333_333e-1,
+        ],
+    );
     let y = p * f * z - 2.121_944_4e-4 * e - 0.5 * z;
     let l = f + y + 0.693_359_4 * e;
     if x == f32::INFINITY {
@@ -124,35 +150,50 @@ pub(crate) fn log_f32(x: f32) -> f32 {
 fn erf_parts(a: f32) -> (f32, f32) {
     let s = if a < 1.0 { a } else { 1.0 };
     let z = s * s;
-    let mut t = 7.853_861_4e-5_f32;
-    t = t * z - 8.010_193_6e-4;
-    t = t * z + 5.188_327_7e-3;
-    t = t * z - 2.685_381_3e-2;
-    t = t * z + 1.128_358_5e-1;
-    t = t * z - 3.761_262_6e-1;
-    t = t * z + std::f32::consts::FRAC_2_SQRT_PI;
+    let t = horner(
+        z,
+        &[
+            7.853_861_4e-5,
+            -8.010_193_6e-4,
+            5.188_327_7e-3,
+            -2.685_381_3e-2,
+            1.128_358_5e-1,
+            -3.761_262_6e-1,
+            std::f32::consts::FRAC_2_SQRT_PI,
+        ],
+    );
     let b = if a < 1.0 { 1.0 } else { a };
     let q = 1.0 / b;
     let y = q * q;
     // 1 <= a < 2
-    let mut p = 2.326_82e-2_f32;
-    p = p * y - 1.387_039_4e-1;
-    p = p * y + 3.687_424_6e-1;
-    p = p * y - 5.824_733e-1;
-    p = p * y + 6.210_004_6e-1;
-    p = p * y - 4.944_515_3e-1;
-    p = p * y + 3.404_88e-1;
-    p = p * y - 2.741_127e-1;
-    p = p * y + 5.638_259_6e-1;
+    let p = horner(
+        y,
+        &[
+            2.326_82e-2,
+            -1.387_039_4e-1,
+            3.687_424_6e-1,
+            -5.824_733e-1,
+            6.210_004_6e-1,
+            -4.944_515_3e-1,
+            3.404_88e-1,
+            -2.741_127e-1,
+            5.638_259_6e-1,
+        ],
+    );
     // a >= 2
-    let mut r = -1.047_766_4e1_f32;
-    r = r * y + 1.297_72e1;
-    r = r * y - 7.495_518_7;
-    r = r * y + 2.921_019;
-    r = r * y - 1.015_265_3;
-    r = r * y + 4.218_463_3e-1;
-    r = r * y - 2.820_767_4e-1;
-    r = r * y + 5.641_895e-1;
+    let r = horner(
+        y,
+        &[
+            -1.047_766_4e1,
+            1.297_72e1,
+            -7.495_518_7,
+            2.921_019,
+            -1.015_265_3,
+            4.218_463_3e-1,
+            -2.820_767_4e-1,
+            5.641_895e-1,
+        ],
+    );
     let poly = if b < 2.0 { p } else { r };
     (s * t, exp_f32(-(b * b)) * q * poly)
 }

@@ -165,6 +165,11 @@ impl Lanes {
         }
     }
 
+    /// The lanes along the last axis of a tensor of `shape` (not rank 0).
+    pub(crate) fn last(shape: &[usize]) -> Self {
+        Lanes::along(shape, shape.len() - 1)
+    }
+
     /// The consecutive runs of `len` elements of the buffer (a group of group norm).
     pub(crate) fn runs(len: usize) -> Self {
         Lanes { len, stride: 1 }
