@@ -41,7 +41,7 @@ fn check_every_epilogue_matches_the_ops<T: Element>() {
         pool.scope(|s| {
             let [x, w, b, r] = operands::<T>(s, lead, (k, n));
             let eps = T::from_f64(1e-5);
-            let cases: [(&str, Epilogue<'_, '_, T>, Tensor<'_, T>); 6] = [
+            let cases: [(&str, Epilogue<'_, '_, T>, Tensor<'_, T>); 7] = [
                 ("plain", Epilogue::new(), x.matmul(&w)),
                 (
                     "bias, gelu",
@@ -67,6 +67,15 @@ fn check_every_epilogue_matches_the_ops<T: Element>() {
                     "norm then bias",
                     Epilogue::new().layer_norm(eps).add(&b),
                     x.matmul(&w).layer_norm(eps) + &b,
+                ),
+                (
+                    "rms norm, softmax, log-softmax",
+                    Epilogue::new()
+                        .rms_norm(eps)
+                        .softmax()
+                        .add(&r)
+                        .log_softmax(),
+                    (x.matmul(&w).rms_norm(eps).softmax(-1) + &r).log_softmax(-1),
                 ),
             ];
             for (what, epilogue, unfused) in cases {

@@ -50,25 +50,32 @@ pub trait DType:
 /// A floating-point element type: `f32`, `f64`, [`half::f16`] and [`half::bf16`]. Every op with
 /// arithmetic, and every gradient, is over these.
 pub trait Element: DType + num_traits::Float + std::iter::Sum {
-    /// `tanh` as the ops compute it: for `f32`, `f16` and `bf16` a branch-free kernel that loops
-    /// vectorise (see `ops::kernels`); for `f64`, libm's.
-    #[doc(hidden)]
-    #[inline(always)]
-    fn tanh_kernel(self) -> Self {
-        self.tanh()
-    }
-
     /// Whether matrix products run on the library's packed FMA kernels (`f32`, `f64`); `f16` and
     /// `bf16` run on ndarray's generic `general_mat_mul`.
     #[doc(hidden)]
     const GEMM: bool = false;
 
+    /// `tanh` as the ops compute it: for `f32`, `f16` and `bf16` a branch-free kernel that loops
+    /// vectorise (see `ops::kernels`); for `f64`, libm's.
+    #[doc(hidden)]
+    fn tanh_kernel(self) -> Self;
+
     /// `e^x` as the ops compute it; see [`Element::tanh_kernel`].
     #[doc(hidden)]
-    #[inline(always)]
-    fn exp_kernel(self) -> Self {
-        self.exp()
-    }
+    fn exp_kernel(self) -> Self;
+
+    /// The natural logarithm as the ops compute it; see [`Element::tanh_kernel`].
+    #[doc(hidden)]
+    fn ln_kernel(self) -> Self;
+
+    /// The error function as the ops compute it; see [`Element::tanh_kernel`].
+    #[doc(hidden)]
+    fn erf_kernel(self) -> Self;
+
+    /// `erfc(x) = 1 - erf(x)`, accurate relative to its value where it is small; see
+    /// [`Element::tanh_kernel`].
+    #[doc(hidden)]
+    fn erfc_kernel(self) -> Self;
 }
 
 mod sealed {
@@ -121,38 +128,57 @@ dtype!(i64, "i64", |v| v as i64, |s| s as f64, integer);
 dtype!(i32, "i32", |v| v as i32, |s| f64::from(s), integer);
 dtype!(u8, "u8", |v| v as u8, |s| f64::from(s), integer);
 
-impl Element for f32 {
+/// `f32` and the half types run the kernels of `ops::kernels`, the half types through `f32` (as
+/// `half`'s own `tanh` goes through `f32`).
+macro_rules! f32_kernels {
+    ($t:ty, $gemm:literal, |$x:ident| $to_f32:expr, |$y:ident| $from_f32:expr) => {
+        impl Element for $t {
+            const GEMM: bool = $gemm;
+            f32_kernels!(@fn $t, |$x| $to_f32, |$y| $from_f32, tanh_kernel tanh_f32, exp_kernel exp_f32,
+                ln_kernel log_f32, erf_kernel erf_f32, erfc_kernel erfc_f32);
+        }
+    };
+    (@fn $t:ty, |$x:ident| $to_f32:expr, |$y:ident| $from_f32:expr, $($name:ident $kernel:ident),*) => {$(
+        #[inline(always)]
+        fn $name(self) -> Self {
+            let $x = self;
+            let $y = crate::ops::kernels::$kernel($to_f32);
+            $from_f32
+        }
+    )*};
+}
+f32_kernels!(f32, true, |x| x, |y| y);
+f32_kernels!(half::f16, false, |x| x.to_f32(), |y| half::f16::from_f32(y));
+f32_kernels!(half::bf16, false, |x| x.to_f32(), |y| half::bf16::from_f32(
+    y
+));
+
+/// `f64` keeps libm's functions (through `std` where it has them).
+impl Element for f64 {
     const GEMM: bool = true;
 
     #[inline(always)]
     fn tanh_kernel(self) -> Self {
-        crate::ops::kernels::tanh_f32(self)
+        self.tanh()
     }
 
     #[inline(always)]
     fn exp_kernel(self) -> Self {
-        crate::ops::kernels::exp_f32(self)
+        self.exp()
+    }
+
+    #[inline(always)]
+    fn ln_kernel(self) -> Self {
+        self.ln()
+    }
+
+    #[inline(always)]
+    fn erf_kernel(self) -> Self {
+        libm::erf(self)
+    }
+
+    #[inline(always)]
+    fn erfc_kernel(self) -> Self {
+        libm::erfc(self)
     }
 }
-
-impl Element for f64 {
-    const GEMM: bool = true;
-}
-
-/// The half types compute through `f32`'s kernels (as `half`'s own `tanh` goes through `f32`).
-macro_rules! half_kernels {
-    ($($t:ty),*) => {$(
-        impl Element for $t {
-            #[inline(always)]
-            fn tanh_kernel(self) -> Self {
-                <$t>::from_f32(crate::ops::kernels::tanh_f32(self.to_f32()))
-            }
-
-            #[inline(always)]
-            fn exp_kernel(self) -> Self {
-                <$t>::from_f32(crate::ops::kernels::exp_f32(self.to_f32()))
-            }
-        }
-    )*};
-}
-half_kernels!(half::f16, half::bf16);

@@ -3,13 +3,13 @@
 //! Rules run with recording off, in the scope backward runs in (`at`): saved tensors and gradients
 //! are rebound there, so every temporary and every gradient is rented there.
 
-use ndarray::{ArrayView1, ArrayViewMut1, Axis, Dimension, IxDyn, Slice, Zip};
+use ndarray::{Axis, Dimension, IxDyn, Slice, Zip};
 
 use super::PerInput;
 use crate::checkpoint::Region;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
-use crate::ops;
+use crate::ops::{self, Lane, Lanes};
 use crate::scope::State;
 use crate::tensor::Tensor;
 use crate::TensorOps;
@@ -31,6 +31,7 @@ pub(crate) enum Unary {
     Sqrt,
     Abs,
     GeluErf,
+    Erf,
 }
 
 impl Unary {
@@ -88,6 +89,8 @@ pub(crate) enum Rule<T: DType> {
     /// An elementwise function; the saved tensor is its input or its output (see
     /// [`Unary::saves_output`]).
     Unary(Unary, Option<Saved<T>>),
+    /// `clamp(min, max)`: the input and the bounds.
+    Clamp(Saved<T>, T, T),
     /// `map_with_derivative`: the input, the function (for a replay) and the derivative.
     Map(Saved<T>, Function<T>, Function<T>),
     /// An op without a derivative: backward through it fails, naming it.
@@ -98,6 +101,8 @@ pub(crate) enum Rule<T: DType> {
     LogSoftmax(Saved<T>, usize),
     /// Layer norm over the last axis: input, output, eps.
     LayerNorm(Saved<T>, Saved<T>, T),
+    /// RMS norm over the last axis: input, eps.
+    RmsNorm(Saved<T>, T),
     /// Group norm of `[n, c, h, w]`: input, output, groups, eps.
     GroupNorm(Saved<T>, Saved<T>, usize, T),
     /// Sum along an axis of a tensor of this shape.
@@ -164,6 +169,8 @@ impl<T: DType> Rule<T> {
             Rule::Scalar(_, _, Some(x))
             | Rule::Unary(_, Some(x))
             | Rule::Map(x, ..)
+            | Rule::Clamp(x, ..)
+            | Rule::RmsNorm(x, _)
             | Rule::Softmax(x, _)
             | Rule::LogSoftmax(x, _)
             | Rule::Mse(x, _) => f(x),
@@ -293,79 +300,10 @@ impl<T: Element> Rule<T> {
             ]),
             Rule::Unary(kind, saved) => {
                 let saved = saved.as_ref().map(here);
-                let s = || saved.as_ref().expect("the rule saved what it needs");
-                PerInput::Two([
-                    Some(match kind {
-                        Unary::Neg => g.try_map(
-                            #[inline(always)]
-                            |v| -v,
-                        )?,
-                        // Written as the layers' hand-written backward passes are, for the same bits.
-                        Unary::Relu => g.try_zip_map(
-                            s(),
-                            #[inline(always)]
-                            |g, y| g * if y > T::zero() { T::one() } else { T::zero() },
-                        )?,
-                        Unary::Gelu => g.try_zip_map(
-                            s(),
-                            #[inline(always)]
-                            |g, x| g * ops::gelu_grad(x),
-                        )?,
-                        Unary::Silu => g.try_zip_map(
-                            s(),
-                            #[inline(always)]
-                            |g, x| {
-                                let sig = T::one() / (T::one() + (-x).exp_kernel());
-                                g * sig * (T::one() + x * (T::one() - sig))
-                            },
-                        )?,
-                        Unary::Sigmoid => g.try_zip_map(
-                            s(),
-                            #[inline(always)]
-                            |g, y| g * y * (T::one() - y),
-                        )?,
-                        Unary::Tanh => g.try_zip_map(
-                            s(),
-                            #[inline(always)]
-                            |g, y| g * (T::one() - y * y),
-                        )?,
-                        Unary::Exp => g.try_zip_map(
-                            s(),
-                            #[inline(always)]
-                            |g, y| g * y,
-                        )?,
-                        Unary::Log => g.try_zip_map(
-                            s(),
-                            #[inline(always)]
-                            |g, x| g / x,
-                        )?,
-                        Unary::Sqrt => g.try_zip_map(
-                            s(),
-                            #[inline(always)]
-                            |g, y| g / (y + y),
-                        )?,
-                        // As PyTorch: the sign, 0 at 0.
-                        Unary::Abs => g.try_zip_map(
-                            s(),
-                            #[inline(always)]
-                            |g, x| {
-                                if x > T::zero() {
-                                    g
-                                } else if x < T::zero() {
-                                    -g
-                                } else {
-                                    x * g
-                                }
-                            },
-                        )?,
-                        Unary::GeluErf => g.try_zip_map(
-                            s(),
-                            #[inline(always)]
-                            |g, x| g * ops::gelu_erf_grad(x),
-                        )?,
-                    }),
-                    None,
-                ])
+                PerInput::Two([Some(ops::unary_backward(kind, g, saved.as_ref())?), None])
+            }
+            Rule::Clamp(x, min, max) => {
+                PerInput::Two([Some(ops::clamp_backward(g, &here(&x), min, max)?), None])
             }
             Rule::Map(x, _, df) => PerInput::Two([
                 Some(g.try_zip_map(
@@ -441,39 +379,43 @@ impl<T: Element> Rule<T> {
             ]),
             Rule::NotDifferentiable(op) => return Err(Error::NotDifferentiable { op }),
             Rule::Softmax(y, axis) => {
-                PerInput::Two([Some(lanes3(g, &here(&y), axis, softmax_lane)?), None])
+                let (y, lanes) = (here(&y), Lanes::along(y.shape(), axis));
+                PerInput::Two([
+                    Some(ops::lane_backward(Lane::Softmax, g, &y, None, lanes)?),
+                    None,
+                ])
             }
             Rule::LogSoftmax(y, axis) => {
-                PerInput::Two([Some(lanes3(g, &here(&y), axis, log_softmax_lane)?), None])
+                let (y, lanes) = (here(&y), Lanes::along(y.shape(), axis));
+                PerInput::Two([
+                    Some(ops::lane_backward(Lane::LogSoftmax, g, &y, None, lanes)?),
+                    None,
+                ])
             }
             Rule::LayerNorm(x, y, eps) => {
-                let (x, y) = (here(&x), here(&y));
-                let axis = x.ndim() - 1;
-                let mut dx = g.try_into_unique()?;
-                if !dx.is_empty() {
-                    let (xv, yv) = (x.view(), y.view());
-                    let mut out = dx.unique_view_mut();
-                    Zip::from(out.lanes_mut(Axis(axis)))
-                        .and(xv.lanes(Axis(axis)))
-                        .and(yv.lanes(Axis(axis)))
-                        .for_each(|d, x, y| ops::norm_backward_lane(d, x, y, eps));
-                }
-                PerInput::Two([Some(dx), None])
+                let (x, y, lanes) = (here(&x), here(&y), Lanes::last(x.shape()));
+                let kind = Lane::LayerNorm(eps);
+                PerInput::Two([
+                    Some(ops::lane_backward(kind, g, &x, Some(&y), lanes)?),
+                    None,
+                ])
+            }
+            Rule::RmsNorm(x, eps) => {
+                let (x, lanes) = (here(&x), Lanes::last(x.shape()));
+                PerInput::Two([
+                    Some(ops::lane_backward(Lane::RmsNorm(eps), g, &x, None, lanes)?),
+                    None,
+                ])
             }
             Rule::GroupNorm(x, y, groups, eps) => {
                 let (x, y) = (here(&x), here(&y));
-                let mut dx = g.try_into_unique()?;
-                let chunk = x.len() / (x.shape()[0] * groups).max(1);
-                if chunk > 0 {
-                    let (xs, ys) = (x.as_slice(), y.as_slice());
-                    dx.unique_slice_mut()
-                        .chunks_exact_mut(chunk)
-                        .zip(xs.chunks_exact(chunk).zip(ys.chunks_exact(chunk)))
-                        .for_each(|(d, (x, y))| {
-                            ops::norm_backward_lane(d.into(), x.into(), y.into(), eps)
-                        });
-                }
-                PerInput::Two([Some(dx), None])
+                // A group's channels and pixels are a contiguous run of `[n, c, h, w]`.
+                let lanes = Lanes::runs(x.len() / (x.shape()[0] * groups).max(1));
+                let kind = Lane::LayerNorm(eps);
+                PerInput::Two([
+                    Some(ops::lane_backward(kind, g, &x, Some(&y), lanes)?),
+                    None,
+                ])
             }
             Rule::Sum(axis, shape) => PerInput::Two([Some(expand(g, axis, shape.slice())?), None]),
             Rule::Mean(axis, shape) => {
@@ -626,51 +568,4 @@ fn expand<T: Element>(g: Saved<T>, axis: usize, shape: &[usize]) -> Result<Saved
     let mut kept = IxDyn(shape);
     kept[axis] = 1;
     g.try_reshape(kept.slice())?.try_broadcast_to(shape)
-}
-
-/// A new tensor of `g`'s shape whose lanes along `axis` are `kernel(out, g, y)`.
-fn lanes3<T: Element>(
-    g: Saved<T>,
-    y: &Saved<T>,
-    axis: usize,
-    kernel: fn(ArrayViewMut1<'_, T>, ArrayView1<'_, T>, ArrayView1<'_, T>),
-) -> Result<Saved<T>> {
-    let mut out = Tensor::try_rent_in(&g.scope, g.shape())?;
-    if !out.is_empty() {
-        let (gv, yv) = (g.view(), y.view());
-        let mut ov = out.unique_view_mut();
-        Zip::from(ov.lanes_mut(Axis(axis)))
-            .and(gv.lanes(Axis(axis)))
-            .and(yv.lanes(Axis(axis)))
-            .for_each(kernel);
-    }
-    Ok(out)
-}
-
-/// Softmax's backward on a lane: `y (g - sum(g y))`.
-fn softmax_lane<T: Element>(
-    mut out: ArrayViewMut1<'_, T>,
-    g: ArrayView1<'_, T>,
-    y: ArrayView1<'_, T>,
-) {
-    let dot = Zip::from(&g)
-        .and(&y)
-        .fold(T::zero(), |acc, &g, &y| acc + g * y);
-    Zip::from(&mut out)
-        .and(&g)
-        .and(&y)
-        .for_each(|o, &g, &y| *o = y * (g - dot));
-}
-
-/// Log-softmax's backward on a lane: `g - exp(y) sum(g)`.
-fn log_softmax_lane<T: Element>(
-    mut out: ArrayViewMut1<'_, T>,
-    g: ArrayView1<'_, T>,
-    y: ArrayView1<'_, T>,
-) {
-    let total = g.sum();
-    Zip::from(&mut out)
-        .and(&g)
-        .and(&y)
-        .for_each(|o, &g, &y| *o = g - y.exp_kernel() * total);
 }

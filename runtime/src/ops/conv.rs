@@ -2,10 +2,9 @@
 //! nearest-neighbour upsampling, with their backward kernels.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2};
+use ndarray::{ArrayView2, ArrayViewMut2};
 
-use super::unary::lane_stats;
-use super::{check_addressable, dimension_overflow, work, Operand};
+use super::{check_addressable, dimension_overflow, lane_op, work, Arg, Lane, Lanes, Operand};
 use crate::autograd::{self, Recorder, Rule};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
@@ -227,21 +226,8 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: format!("{groups} groups do not divide {c} channels"),
             });
         }
-        let mut out = Tensor::try_rent_in(&self.scope, self.shape())?;
-        if !out.is_empty() {
-            let group_len = (c / groups) * h * w;
-            work::visit(out.len() / group_len);
-            for (src, dst) in self
-                .as_slice()
-                .chunks_exact(group_len)
-                .zip(out.unique_slice_mut().chunks_exact_mut(group_len))
-            {
-                let (mean, inv) = lane_stats(ArrayView1::from(src), eps);
-                dst.iter_mut()
-                    .zip(src)
-                    .for_each(|(d, &v)| *d = (v - mean) * inv);
-            }
-        }
+        let group = Lanes::runs((c / groups) * h * w);
+        let out = lane_op(Arg::Borrowed(self), group, Lane::LayerNorm(eps))?;
         let recorder = Recorder::of(&[self]);
         Ok(autograd::finish(recorder, out, |y| {
             Rule::GroupNorm(self.saved(), y.saved(), groups, eps)

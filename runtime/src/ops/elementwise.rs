@@ -84,6 +84,8 @@ pub(crate) fn zip_with<'s, T: Element>(
     }))
 }
 
+// The closures that only call `f` are on purpose (see below).
+#[allow(clippy::redundant_closure)]
 fn zip_kernel<'s, T: Element>(
     shape: &[usize],
     a: Arg<'_, 's, T>,
@@ -95,16 +97,28 @@ fn zip_kernel<'s, T: Element>(
         // Nothing to compute; a broadcast walk over the empty shape could still loop over rows.
         return Tensor::try_rent_in(&scope, shape);
     }
+    // The closures passed on call `f` itself: a `&F` passed as the function would be called
+    // through core's out-of-line `Fn for &F` shim, outside the vectorised loop.
     let a = match a.into_writable(shape) {
         Ok(mut dst) => {
-            write_over(&mut dst, b.tensor(), &f);
+            write_over(
+                &mut dst,
+                b.tensor(),
+                #[inline(always)]
+                |x, y| f(x, y),
+            );
             return Ok(dst.with_scope(&scope));
         }
         Err(a) => a,
     };
     let b = match b.into_writable(shape) {
         Ok(mut dst) => {
-            write_over(&mut dst, a.tensor(), |y, x| f(x, y));
+            write_over(
+                &mut dst,
+                a.tensor(),
+                #[inline(always)]
+                |y, x| f(x, y),
+            );
             return Ok(dst.with_scope(&scope));
         }
         Err(b) => b,
@@ -112,7 +126,7 @@ fn zip_kernel<'s, T: Element>(
     let (a, b) = (a.tensor(), b.tensor());
     let mut out = Tensor::try_rent_in(&scope, shape)?;
     if a.shape() == shape && b.shape() == shape {
-        simd::zip_into(out.unique_slice_mut(), (a.as_slice(), b.as_slice()), f);
+        simd::zip_into(out.unique_slice_mut(), a.as_slice(), b.as_slice(), f);
     } else {
         work::visit(rows(shape));
         Zip::from(out.unique_view_mut())

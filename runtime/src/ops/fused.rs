@@ -11,8 +11,9 @@ use std::borrow::Cow;
 use ndarray::{Dimension, IxDyn};
 
 use super::gemm::{self, Matrix};
-use super::unary::{layer_norm_rows, unary, unary_in_place};
-use super::{simd, Arg, Operand};
+use super::lanes::{lane_runs, Lane};
+use super::unary::{unary, unary_in_place};
+use super::{simd, Arg, Operand, TensorOps};
 use crate::autograd::{self, Mode, Unary};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result};
@@ -54,7 +55,8 @@ pub struct Epilogue<'a, 's, T: Element = f32> {
 enum Step<'a, 's, T: Element> {
     Add(&'a dyn Operand<'s, T>),
     Unary(Unary),
-    LayerNorm(T),
+    /// A lane op over the last axis.
+    Lane(Lane<T>),
 }
 
 impl<T: Element> Default for Epilogue<'_, '_, T> {
@@ -117,7 +119,25 @@ impl<'a, 's, T: Element> Epilogue<'a, 's, T> {
     /// [`TensorOps::layer_norm`](crate::TensorOps::layer_norm) over the last axis.
     #[must_use]
     pub fn layer_norm(self, eps: T) -> Self {
-        self.then(Step::LayerNorm(eps))
+        self.then(Step::Lane(Lane::LayerNorm(eps)))
+    }
+
+    /// [`TensorOps::softmax`](crate::TensorOps::softmax) over the last axis.
+    #[must_use]
+    pub fn softmax(self) -> Self {
+        self.then(Step::Lane(Lane::Softmax))
+    }
+
+    /// [`TensorOps::log_softmax`](crate::TensorOps::log_softmax) over the last axis.
+    #[must_use]
+    pub fn log_softmax(self) -> Self {
+        self.then(Step::Lane(Lane::LogSoftmax))
+    }
+
+    /// [`TensorOps::rms_norm`](crate::TensorOps::rms_norm) over the last axis.
+    #[must_use]
+    pub fn rms_norm(self, eps: T) -> Self {
+        self.then(Step::Lane(Lane::RmsNorm(eps)))
     }
 
     fn steps(&self) -> impl Iterator<Item = Step<'a, 's, T>> + '_ {
@@ -132,7 +152,7 @@ enum Pass<'b, T> {
     AddWhole(&'b [T]),
     AddRow(&'b [T]),
     Unary(Unary),
-    LayerNorm(T),
+    Lane(Lane<T>),
 }
 
 impl<'s, T: Element> Tensor<'s, T> {
@@ -171,7 +191,10 @@ impl<'s, T: Element> Tensor<'s, T> {
                     y.try_add(&*operand)?
                 }
                 Step::Unary(kind) => unary(Arg::Owned(y), kind)?,
-                Step::LayerNorm(eps) => super::TensorOps::try_layer_norm(y, eps)?,
+                Step::Lane(Lane::LayerNorm(eps)) => TensorOps::try_layer_norm(y, eps)?,
+                Step::Lane(Lane::RmsNorm(eps)) => TensorOps::try_rms_norm(y, eps)?,
+                Step::Lane(Lane::Softmax) => TensorOps::try_softmax(y, -1)?,
+                Step::Lane(Lane::LogSoftmax) => TensorOps::try_log_softmax(y, -1)?,
             };
         }
         Ok(y)
@@ -224,7 +247,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                 (_, Some(t)) if t.shape() == shape => Pass::AddWhole(t.as_slice()),
                 (_, Some(t)) => Pass::AddRow(t.as_slice()),
                 (Step::Unary(kind), None) => Pass::Unary(kind),
-                (Step::LayerNorm(eps), None) => Pass::LayerNorm(eps),
+                (Step::Lane(kind), None) => Pass::Lane(kind),
                 (Step::Add(_), None) => unreachable!("every add is bound"),
             });
         }
@@ -241,7 +264,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                     }
                     Pass::AddRow(t) => simd::zip_in_place(block, t, add),
                     Pass::Unary(kind) => unary_in_place(kind, block),
-                    Pass::LayerNorm(eps) => layer_norm_rows(block, n, eps),
+                    Pass::Lane(kind) => lane_runs(kind, block, n),
                 }
             }
         };

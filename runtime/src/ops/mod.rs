@@ -8,7 +8,7 @@
 //!
 //! - [`elementwise`][]: `+ - * /` with NumPy broadcasting, scalar forms, negation, `zip_map`.
 //! - [`TensorOps`][]: ops that can write in place: activations (`relu`, `gelu`, `gelu_erf`, `silu`,
-//!   `sigmoid`, `tanh`), `exp`, `log`, `sqrt`, `abs`, `pow`, `clamp`, `map`, softmax and
+//!   `sigmoid`, `tanh`), `exp`, `log`, `erf`, `sqrt`, `abs`, `pow`, `clamp`, `map`, softmax and
 //!   log-softmax, layer and RMS norm. They are implemented for both `Tensor` (in place when the
 //!   handle is unique) and `&Tensor` (new output).
 //! - [`linalg`][]: matmul of ranks 2 and up, the leading axes broadcast.
@@ -28,6 +28,7 @@ mod fused;
 mod gemm;
 pub mod index;
 pub(crate) mod kernels;
+mod lanes;
 pub mod linalg;
 pub mod loss;
 pub mod mask;
@@ -40,10 +41,11 @@ mod unary;
 pub(crate) use conv::{conv2d_backward, upsample_backward};
 pub use fused::Epilogue;
 pub(crate) use gemm::reserve_scratch;
+pub(crate) use lanes::{lane_backward, lane_op, Lane, Lanes};
 pub(crate) use linalg::matmul_transposed;
 pub use mask::Cmp;
 pub use unary::TensorOps;
-pub(crate) use unary::{gelu_erf_grad, gelu_grad, norm_backward_lane, scalar_op, unary_op};
+pub(crate) use unary::{clamp_backward, scalar_op, unary_backward, unary_op};
 
 use ndarray::{Dimension, IxDyn};
 

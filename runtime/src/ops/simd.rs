@@ -4,8 +4,9 @@
 //! x86-64 has (measured in `docs/benchmarks.md`). Other targets run the baseline loop.
 //!
 //! The same IEEE operations run at every width (Rust never fuses `a * b + c` into an FMA on its
-//! own), so every level gives the same bits. Loops that want FMA say so ([`FmaKernel`]: the matrix
-//! products) and get an AVX2 + FMA variant.
+//! own, and sums over a lane keep a fixed order, `ops::lanes`), so every level gives the same
+//! bits, NaN payloads aside (tested below for every kernel loop and its backward). Loops that
+//! want FMA say so ([`FmaKernel`]: the matrix products) and get an AVX2 + FMA variant.
 //!
 //! Large loops are split over the worker threads ([`crate::threads`]).
 //!
@@ -23,25 +24,66 @@ pub(crate) trait Kernel {
     fn run(self) -> Self::Out;
 }
 
+/// The instruction sets [`dispatch`] compiles a loop for, narrowest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Level {
+    /// The target's baseline (SSE2 on x86-64).
+    Baseline,
+    /// AVX2.
+    Avx2,
+    /// AVX-512 (F, VL, DQ, BW).
+    Avx512,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The widest level [`dispatch`] may use on this thread: tests lower it to run each variant.
+    static WIDEST: std::cell::Cell<Level> = const { std::cell::Cell::new(Level::Avx512) };
+    /// The level [`dispatch`] last ran a loop at on this thread.
+    static USED: std::cell::Cell<Option<Level>> = const { std::cell::Cell::new(None) };
+}
+
+/// Notes that a loop runs at `level` (in tests, for checking the levels they ask for).
+#[inline(always)]
+fn note(level: Level) {
+    #[cfg(test)]
+    USED.set(Some(level));
+    #[cfg(not(test))]
+    let _ = level;
+}
+
+/// The widest level [`dispatch`] may use: all of them, except in a test that lowers it.
+#[inline(always)]
+fn widest() -> Level {
+    #[cfg(test)]
+    return WIDEST.get();
+    #[cfg(not(test))]
+    Level::Avx512
+}
+
 /// Runs `k` compiled for the widest instruction set this CPU has.
 #[inline]
 pub(crate) fn dispatch<K: Kernel>(k: K) -> K::Out {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx512f")
+        if widest() >= Level::Avx512
+            && std::is_x86_feature_detected!("avx512f")
             && std::is_x86_feature_detected!("avx512vl")
             && std::is_x86_feature_detected!("avx512dq")
             && std::is_x86_feature_detected!("avx512bw")
         {
+            note(Level::Avx512);
             // SAFETY: the CPU has every feature `avx512` is compiled for (checked just above),
             // which is the only requirement of calling it.
             return unsafe { avx512(k) };
         }
-        if std::is_x86_feature_detected!("avx2") {
+        if widest() >= Level::Avx2 && std::is_x86_feature_detected!("avx2") {
+            note(Level::Avx2);
             // SAFETY: the CPU has AVX2 (checked just above), the only feature `avx2` needs.
             return unsafe { avx2(k) };
         }
     }
+    note(Level::Baseline);
     k.run()
 }
 
@@ -122,29 +164,6 @@ pub(crate) fn map_into<T: Copy + Sync, U: Send>(
     }
     threads::split_mut(dst, 1, PER_PART, |start, dst| {
         dispatch(Map(dst, &src[start..], &f))
-    });
-}
-
-/// `dst[i] = f(a[i], b[i])`, split over the threads when large.
-pub(crate) fn zip_into<T: Copy + Send + Sync>(
-    dst: &mut [T],
-    (a, b): (&[T], &[T]),
-    f: impl Fn(T, T) -> T + Sync,
-) {
-    struct Zip<'a, T, F>(&'a mut [T], &'a [T], &'a [T], &'a F);
-    impl<T: Copy, F: Fn(T, T) -> T> Kernel for Zip<'_, T, F> {
-        type Out = ();
-        #[inline(always)]
-        fn run(self) {
-            let Zip(dst, a, b, f) = self;
-            for (d, (&x, &y)) in dst.iter_mut().zip(a.iter().zip(b)) {
-                *d = (*f)(x, y);
-            }
-        }
-    }
-    threads::split_mut(dst, 1, PER_PART, |start, dst| {
-        let len = dst.len();
-        dispatch(Zip(dst, &a[start..][..len], &b[start..][..len], &f))
     });
 }
 
@@ -238,11 +257,152 @@ pub(crate) fn zip_in_place<T: Copy + Send + Sync>(
     }
 }
 
-/// Applies `kernel` to every `lane`-long run of `xs` (the lanes along a last axis), split over the
-/// threads when `xs` is large.
-pub(crate) fn lanes<T: Send>(xs: &mut [T], lane: usize, kernel: impl Fn(&mut [T]) + Sync) {
-    let per_part = PER_PART.div_ceil(lane.max(1));
-    threads::split_mut(xs, lane, per_part, |_, xs| {
-        xs.chunks_exact_mut(lane).for_each(&kernel)
+/// `dst[i] = f(a[i], b[i])`, the three of one length, split over the threads when large.
+pub(crate) fn zip_into<T: Copy + Sync, U: Send>(
+    dst: &mut [U],
+    a: &[T],
+    b: &[T],
+    f: impl Fn(T, T) -> U + Sync,
+) {
+    struct Zip<'a, T, U, F>(&'a mut [U], &'a [T], &'a [T], &'a F);
+    impl<T: Copy, U, F: Fn(T, T) -> U> Kernel for Zip<'_, T, U, F> {
+        type Out = ();
+        #[inline(always)]
+        fn run(self) {
+            let Zip(dst, a, b, f) = self;
+            for (d, (&x, &y)) in dst.iter_mut().zip(a.iter().zip(b)) {
+                *d = (*f)(x, y);
+            }
+        }
+    }
+    threads::split_mut(dst, 1, PER_PART, |start, dst| {
+        dispatch(Zip(dst, &a[start..], &b[start..], &f))
     });
+}
+
+/// Applies `kernel(lane, [the same lane of each of srcs])` to every `lane`-long run of `dst` (the
+/// lanes along a last axis), `srcs` as long as `dst`; split over the threads when large. `lane`
+/// is not 0.
+pub(crate) fn lanes<T: Send + Sync, const N: usize>(
+    dst: &mut [T],
+    srcs: [&[T]; N],
+    lane: usize,
+    kernel: impl Fn(&mut [T], [&[T]; N]) + Sync,
+) {
+    struct Lanes<'a, T, F, const N: usize>(&'a mut [T], [&'a [T]; N], usize, &'a F);
+    impl<T, F: Fn(&mut [T], [&[T]; N]), const N: usize> Kernel for Lanes<'_, T, F, N> {
+        type Out = ();
+        #[inline(always)]
+        fn run(self) {
+            let Lanes(dst, srcs, lane, f) = self;
+            for (i, d) in dst.chunks_exact_mut(lane).enumerate() {
+                (*f)(d, std::array::from_fn(|k| &srcs[k][i * lane..][..lane]));
+            }
+        }
+    }
+    let per_part = PER_PART.div_ceil(lane);
+    threads::split_mut(dst, lane, per_part, |start, dst| {
+        dispatch(Lanes(dst, srcs.map(|s| &s[start..]), lane, &kernel))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Pool, Tensor, TensorOps};
+
+    /// The levels this CPU runs.
+    fn levels() -> Vec<Level> {
+        let mut levels = vec![Level::Baseline];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") {
+                levels.push(Level::Avx2);
+            }
+            if std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("avx512dq")
+                && std::is_x86_feature_detected!("avx512bw")
+            {
+                levels.push(Level::Avx512);
+            }
+        }
+        levels
+    }
+
+    type Op = dyn for<'s> Fn(&Tensor<'s, f32>) -> Tensor<'s, f32>;
+
+    /// The bits of `op` of `xs` (as `[.., 100]`), NaNs made one, and of its input's gradient for an upstream
+    /// gradient `w`, with `dispatch` held to `level`. Small enough to run as one part, on this
+    /// thread.
+    fn run(level: Level, xs: &[f32], w: &[f32], op: &Op) -> Vec<u32> {
+        WIDEST.set(level);
+        let pool = Pool::with_max_memory_mb(16);
+        let out = pool.train(|s| {
+            let shape = [xs.len() / 100, 100];
+            let x = s.from_slice::<f32>(&shape, xs).requires_grad();
+            let y = op(&x);
+            let g = y.backward_with(&s.from_slice::<f32>(&shape, w)).unwrap();
+            let mut out = y.to_vec();
+            out.extend(g.of(&x).unwrap().to_vec());
+            out
+        });
+        WIDEST.set(Level::Avx512);
+        assert_eq!(
+            USED.get(),
+            Some(level),
+            "the loops ran at the level asked for"
+        );
+        USED.set(None);
+        // A NaN's sign and payload depend on which operand an instruction passed on, which the
+        // vectoriser may order differently: every NaN counts as one value.
+        out.into_iter()
+            .map(|v| if v.is_nan() { f32::NAN } else { v }.to_bits())
+            .collect()
+    }
+
+    #[test]
+    fn every_level_gives_the_same_bits() {
+        let mut xs: Vec<f32> = (0..8000).map(|i| (i as f32 - 4000.0) / 150.0).collect();
+        xs.extend([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e-40,
+            -1e-40,
+            100.0,
+        ]);
+        xs.resize(8100, 0.5);
+        let w: Vec<f32> = (0..xs.len()).map(|i| (i % 13) as f32 / 6.0 - 1.0).collect();
+        let ops: [(&str, &Op); 17] = [
+            ("tanh", &|t| t.tanh()),
+            ("exp", &|t| t.exp()),
+            ("log", &|t| t.abs().log()),
+            ("erf", &|t| t.erf()),
+            ("gelu", &|t| t.gelu()),
+            ("gelu_erf", &|t| t.gelu_erf()),
+            ("sigmoid", &|t| t.sigmoid()),
+            ("silu", &|t| t.silu()),
+            ("relu", &|t| t.relu()),
+            ("sqrt", &|t| t.abs().sqrt()),
+            ("clamp", &|t| t.clamp(-1.0, 2.0)),
+            ("product", &|t| t * &t.tanh()),
+            ("softmax", &|t| t.softmax(-1)),
+            ("log_softmax", &|t| t.log_softmax(-1)),
+            ("softmax axis 0", &|t| t.softmax(0)),
+            ("layer_norm", &|t| t.layer_norm(1e-5)),
+            ("rms_norm", &|t| t.rms_norm(1e-5)),
+        ];
+        let levels = levels();
+        for (name, op) in ops {
+            let baseline = run(Level::Baseline, &xs, &w, op);
+            for &level in &levels[1..] {
+                let got = run(level, &xs, &w, op);
+                let first = got.iter().zip(&baseline).position(|(a, b)| a != b);
+                assert_eq!(first, None, "{name}: {level:?} differs from the baseline");
+            }
+        }
+    }
 }

@@ -2,10 +2,12 @@
 
 use std::sync::Arc;
 
-use ndarray::{ArrayView1, ArrayViewMut1, Axis, Zip};
+use ndarray::{ArrayViewMut1, Axis};
 
+use super::elementwise::{zip_with, Binary};
+use super::lanes::{lane_op, Lane, Lanes};
 use super::{check_axis, simd, work, Arg, Dim};
-use crate::autograd::{self, Recorder, Rule, Scalar, Unary};
+use crate::autograd::{self, Recorder, Rule, Saved, Scalar, Unary};
 use crate::element::Element;
 use crate::error::{or_panic, Result};
 use crate::tensor::Tensor;
@@ -149,8 +151,11 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
         /// `e^x`.
         exp try_exp Exp;
         /// GELU, exact: `x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default `F.gelu(x)`),
-        /// within 1 ulp of the `f64` value before rounding to `T`.
+        /// computed as `0.5 x erfc(-x / sqrt(2))`, which keeps its relative accuracy for negative
+        /// `x`.
         gelu_erf try_gelu_erf GeluErf;
+        /// The error function `erf(x) = 2/sqrt(pi) int_0^x e^{-t^2} dt`.
+        erf try_erf Erf;
         /// The natural logarithm (NaN below 0, `-inf` at 0).
         log try_log Log;
         /// The square root (NaN below 0).
@@ -185,23 +190,15 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
                 reason: format!("min {min} is not at most max {max}"),
             });
         }
-        let f = move |x: T| {
-            if x < min {
-                min
-            } else if x > max {
-                max
-            } else {
-                x
-            }
-        };
-        let inside = move |x: T| {
-            if x >= min && x <= max {
-                T::one()
-            } else {
-                T::zero()
-            }
-        };
-        self.try_map_with_derivative(f, inside)
+        self.with_arg(|a| {
+            let x = Recorder::of(&[a.tensor()]).map(|_| a.tensor().saved());
+            map_recorded(
+                a,
+                #[inline(always)]
+                move |x: T| clamp(x, min, max),
+                |_| Rule::Clamp(x.expect("saved when recording"), min, max),
+            )
+        })
     }
 
     /// Every element limited to `[min, max]`; see [`TensorOps::try_clamp`].
@@ -214,25 +211,15 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     }
 
     /// RMS normalization over the last axis, without a scale: `x / sqrt(mean(x^2) + eps)`
-    /// (PyTorch's `F.rms_norm` without a weight; scale by broadcasting, `&y * &gamma`). Composed of
-    /// recorded ops, so it differentiates and replays as they do. Fails with
+    /// (PyTorch's `F.rms_norm` without a weight; scale by broadcasting, `&y * &gamma`). Fails with
     /// [`Error::InvalidShape`](crate::Error::InvalidShape) for a rank-0 tensor, or a budget error.
     fn try_rms_norm(self, eps: T) -> Result<Tensor<'s, T>> {
-        let x = self.as_tensor();
-        if x.ndim() == 0 {
-            return Err(crate::Error::InvalidShape {
-                op: "rms_norm",
-                shape: x.shape().into(),
-                reason: "needs at least one axis to normalize over".into(),
-            });
-        }
-        let mean_square = x.try_mul(x)?.try_mean_keepdim(-1)?;
-        let inv = scalar_op(
-            &scalar_op(&mean_square, Scalar::Add, eps)?,
-            Scalar::Pow,
-            T::from_f64(-0.5),
-        )?;
-        x.try_mul(&inv)
+        let axis = last_axis("rms_norm", self.as_tensor())?;
+        self.with_arg(|a| {
+            recorded_lanes(a, axis, Lane::RmsNorm(eps), |x, _| {
+                Rule::RmsNorm(x.expect("saves the input"), eps)
+            })
+        })
     }
 
     /// RMS normalization over the last axis; see [`TensorOps::try_rms_norm`].
@@ -249,11 +236,9 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     fn try_softmax(self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = check_axis("softmax", self.as_tensor(), axis)?;
         self.with_arg(|a| {
-            let recorder = Recorder::of(&[a.tensor()]);
-            let out = lane_op(a, axis, |lane| softmax_lane(lane, false))?;
-            Ok(autograd::finish(recorder, out, |y| {
+            recorded_lanes(a, axis, Lane::Softmax, |_, y| {
                 Rule::Softmax(y.saved(), axis)
-            }))
+            })
         })
     }
 
@@ -271,11 +256,9 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     fn try_log_softmax(self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = check_axis("log_softmax", self.as_tensor(), axis)?;
         self.with_arg(|a| {
-            let recorder = Recorder::of(&[a.tensor()]);
-            let out = lane_op(a, axis, |lane| softmax_lane(lane, true))?;
-            Ok(autograd::finish(recorder, out, |y| {
+            recorded_lanes(a, axis, Lane::LogSoftmax, |_, y| {
                 Rule::LogSoftmax(y.saved(), axis)
-            }))
+            })
         })
     }
 
@@ -293,23 +276,11 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// (`&y * &gamma + &beta`). Fails with
     /// [`Error::InvalidShape`](crate::Error::InvalidShape) for a rank-0 tensor.
     fn try_layer_norm(self, eps: T) -> Result<Tensor<'s, T>> {
-        let t = self.as_tensor();
-        if t.ndim() == 0 {
-            return Err(crate::Error::InvalidShape {
-                op: "layer_norm",
-                shape: t.shape().into(),
-                reason: "needs at least one axis to normalize over".into(),
-            });
-        }
-        let axis = t.ndim() - 1;
+        let axis = last_axis("layer_norm", self.as_tensor())?;
         self.with_arg(|a| {
-            let recorder = Recorder::of(&[a.tensor()]);
-            // The input is saved before the kernel runs, so it is not overwritten.
-            let x = recorder.as_ref().map(|_| a.tensor().saved());
-            let out = lane_op(a, axis, |lane| layer_norm_lane(lane, eps))?;
-            Ok(autograd::finish(recorder, out, |y| {
-                Rule::LayerNorm(x.expect("saved when recording"), y.saved(), eps)
-            }))
+            recorded_lanes(a, axis, Lane::LayerNorm(eps), |x, y| {
+                Rule::LayerNorm(x.expect("saves the input"), y.saved(), eps)
+            })
         })
     }
 
@@ -344,7 +315,7 @@ pub(crate) fn gelu<T: Element>(x: T) -> T {
 
 /// `d/dx` of the tanh-approximated GELU.
 #[inline(always)]
-pub(crate) fn gelu_grad<T: Element>(x: T) -> T {
+fn gelu_grad<T: Element>(x: T) -> T {
     let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
     let k = T::from_f64(0.044_715);
     let half = T::from_f64(0.5);
@@ -354,19 +325,23 @@ pub(crate) fn gelu_grad<T: Element>(x: T) -> T {
     half * (T::one() + t) + half * x * (T::one() - t * t) * c * (T::one() + three * k * x * x)
 }
 
-/// GELU of one value, exact: `x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default), with
-/// `erf` computed in `f64` (libm's, within 1 ulp).
-pub(crate) fn gelu_erf<T: Element>(x: T) -> T {
-    let x = x.to_f64();
-    T::from_f64(0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)))
+/// `Phi(x)`, the standard normal distribution function, as `0.5 erfc(-x / sqrt(2))`.
+#[inline(always)]
+fn normal_cdf<T: Element>(x: T) -> T {
+    T::from_f64(0.5) * (-x * T::from_f64(std::f64::consts::FRAC_1_SQRT_2)).erfc_kernel()
+}
+
+/// GELU of one value, exact: `x Phi(x)` (PyTorch's default).
+#[inline(always)]
+fn gelu_erf<T: Element>(x: T) -> T {
+    x * normal_cdf(x)
 }
 
 /// `d/dx` of the exact GELU: `Phi(x) + x phi(x)`.
-pub(crate) fn gelu_erf_grad<T: Element>(x: T) -> T {
-    let x = x.to_f64();
-    let cdf = 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
-    let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
-    T::from_f64(cdf + x * pdf)
+#[inline(always)]
+fn gelu_erf_grad<T: Element>(x: T) -> T {
+    let pdf = (T::from_f64(-0.5) * x * x).exp_kernel() * T::from_f64(0.398_942_280_401_432_7);
+    normal_cdf(x) + x * pdf
 }
 
 #[inline(always)]
@@ -379,58 +354,115 @@ fn silu<T: Element>(x: T) -> T {
     x / (T::one() + (-x).exp_kernel())
 }
 
-fn softmax_lane<T: Element>(mut lane: ArrayViewMut1<'_, T>, log: bool) {
-    let max = lane.fold(T::neg_infinity(), |m, &x| m.max(x));
-    // A lane of all -inf has no finite max; shifting by 0 keeps the result NaN-free where possible.
-    let shift = if max.is_finite() { max } else { T::zero() };
-    if log {
-        let log_sum = lane
-            .iter()
-            .map(|&x| (x - shift).exp_kernel())
-            .sum::<T>()
-            .ln();
-        lane.mapv_inplace(|x| x - shift - log_sum);
+/// `d/dx` of SiLU: `sigmoid(x) (1 + x (1 - sigmoid(x)))`, with `1 - sigmoid(x)` as
+/// `e^-x sigmoid(x)`, which does not cancel where `sigmoid(x)` nears 1.
+#[inline(always)]
+fn silu_grad<T: Element>(x: T) -> T {
+    let e = (-x).exp_kernel();
+    let sig = T::one() / (T::one() + e);
+    sig * (T::one() + x * (e * sig))
+}
+
+/// `x` limited to `[min, max]`, NaN kept.
+#[inline(always)]
+fn clamp<T: Element>(x: T, min: T, max: T) -> T {
+    if x < min {
+        min
+    } else if x > max {
+        max
     } else {
-        // One `exp` per element: write it, then scale by the reciprocal of the sum.
-        lane.mapv_inplace(|x| (x - shift).exp_kernel());
-        let inv = lane.sum().recip();
-        lane.mapv_inplace(|x| x * inv);
+        x
     }
 }
 
-/// The statistics of a lane to normalize: its mean and `1 / sqrt(var + eps)`, computed the same way
-/// in the forward and in the backward pass.
-pub(crate) fn lane_stats<T: Element>(lane: ArrayView1<'_, T>, eps: T) -> (T, T) {
-    let n = T::from_f64(lane.len() as f64);
-    let mean = lane.sum() / n;
-    let var = lane.fold(T::zero(), |acc, &x| acc + (x - mean) * (x - mean)) / n;
-    (mean, (var + eps).sqrt().recip())
+/// The last axis of `t`, or [`Error::InvalidShape`](crate::Error::InvalidShape) for rank 0.
+fn last_axis<T: Element>(op: &'static str, t: &Tensor<'_, T>) -> Result<usize> {
+    t.ndim()
+        .checked_sub(1)
+        .ok_or_else(|| crate::Error::InvalidShape {
+            op,
+            shape: t.shape().into(),
+            reason: "needs at least one axis to normalize over".into(),
+        })
 }
 
-fn layer_norm_lane<T: Element>(mut lane: ArrayViewMut1<'_, T>, eps: T) {
-    let (mean, inv) = lane_stats(lane.view(), eps);
-    lane.mapv_inplace(|x| (x - mean) * inv);
+/// The gradient of the input of the elementwise function `kind` given `g`, the gradient of its
+/// output, and what its rule saved (see [`Unary::saves_output`]): `g` times the derivative, in one
+/// vectorised loop, written over `g` when it is unique.
+pub(crate) fn unary_backward<'s, T: Element>(
+    kind: Unary,
+    g: Tensor<'s, T>,
+    saved: Option<&Tensor<'s, T>>,
+) -> Result<Tensor<'s, T>> {
+    macro_rules! times {
+        (|$g:ident, $s:ident| $e:expr) => {
+            zip_with(
+                Binary::ZipMap,
+                Arg::Owned(g),
+                Arg::Borrowed(saved.expect("the rule saved what it needs")),
+                #[inline(always)]
+                |$g: T, $s: T| $e,
+            )
+        };
+    }
+    match kind {
+        Unary::Neg => unary(Arg::Owned(g), Unary::Neg),
+        // Written as the layers' hand-written backward passes are, for the same bits.
+        Unary::Relu => times!(|g, y| g * if y > T::zero() { T::one() } else { T::zero() }),
+        Unary::Gelu => times!(|g, x| g * gelu_grad(x)),
+        Unary::GeluErf => times!(|g, x| g * gelu_erf_grad(x)),
+        Unary::Silu => times!(|g, x| g * silu_grad(x)),
+        Unary::Sigmoid => times!(|g, y| g * y * (T::one() - y)),
+        Unary::Tanh => times!(|g, y| g * (T::one() - y * y)),
+        Unary::Exp => times!(|g, y| g * y),
+        Unary::Log => times!(|g, x| g / x),
+        Unary::Sqrt => times!(|g, y| g / (y + y)),
+        // 2 / sqrt(pi) e^{-x^2}
+        Unary::Erf => times!(
+            |g, x| g * (T::from_f64(std::f64::consts::FRAC_2_SQRT_PI) * (-x * x).exp_kernel())
+        ),
+        // As PyTorch: the sign, 0 at 0.
+        Unary::Abs => times!(|g, x| if x > T::zero() {
+            g
+        } else if x < T::zero() {
+            -g
+        } else {
+            x * g
+        }),
+    }
 }
 
-/// The backward pass of a normalization over one lane, in place: `d` holds the gradient of the
-/// normalized values `xhat` on entry and the gradient of the input `x` on return,
-/// `inv_std / n (n d - sum(d) - xhat sum(d xhat))`. Layer norm's rule (per row), group norm's (per
-/// group) and the hand-written layer all run this one kernel.
-pub(crate) fn norm_backward_lane<T: Element>(
-    mut d: ArrayViewMut1<'_, T>,
-    x: ArrayView1<'_, T>,
-    xhat: ArrayView1<'_, T>,
-    eps: T,
-) {
-    let n = T::from_f64(x.len() as f64);
-    let (_, inv_std) = lane_stats(x, eps);
-    let sum_d = d.sum();
-    let sum_dx = Zip::from(&d)
-        .and(&xhat)
-        .fold(T::zero(), |a, &g, &h| a + g * h);
-    Zip::from(&mut d).and(&xhat).for_each(|g, &h| {
-        *g = inv_std / n * (n * *g - sum_d - h * sum_dx);
-    });
+/// The gradient of `clamp(x, min, max)`'s input: `g` where `min <= x <= max`, else 0.
+pub(crate) fn clamp_backward<'s, T: Element>(
+    g: Tensor<'s, T>,
+    x: &Tensor<'s, T>,
+    min: T,
+    max: T,
+) -> Result<Tensor<'s, T>> {
+    zip_with(
+        Binary::ZipMap,
+        Arg::Owned(g),
+        Arg::Borrowed(x),
+        #[inline(always)]
+        |g: T, x: T| if x >= min && x <= max { g } else { T::zero() },
+    )
+}
+
+/// The lane op `kind` along `axis` (checked) of `src`, with the rule `rule(x, y)` recorded: `x` is
+/// the input, saved before the kernel runs (so it is not overwritten) for the norms, whose
+/// backward needs it; `y` the output.
+fn recorded_lanes<'s, T: Element>(
+    src: Arg<'_, 's, T>,
+    axis: usize,
+    kind: Lane<T>,
+    rule: impl FnOnce(Option<Saved<T>>, &Tensor<'s, T>) -> Rule<T>,
+) -> Result<Tensor<'s, T>> {
+    let recorder = Recorder::of(&[src.tensor()]);
+    let saves_input = matches!(kind, Lane::LayerNorm(_) | Lane::RmsNorm(_));
+    let x = (recorder.is_some() && saves_input).then(|| src.tensor().saved());
+    let lanes = Lanes::along(src.tensor().shape(), axis);
+    let out = lane_op(src, lanes, kind)?;
+    Ok(autograd::finish(recorder, out, |y| rule(x, y)))
 }
 
 /// `f` of every element, in place when the input can be written, with `rule` recorded.
@@ -507,16 +539,12 @@ fn with_fn<T: Element, W: WithFn<T>>(kind: Unary, w: W) -> W::Out {
         Unary::Tanh => pointwise!(T::tanh_kernel),
         Unary::Exp => pointwise!(T::exp_kernel),
         Unary::Neg => pointwise!(|x: T| -x),
-        Unary::Log => pointwise!(T::ln),
+        Unary::Log => pointwise!(T::ln_kernel),
+        Unary::Erf => pointwise!(T::erf_kernel),
         Unary::Sqrt => pointwise!(T::sqrt),
         Unary::Abs => pointwise!(T::abs),
         Unary::GeluErf => pointwise!(gelu_erf),
     }
-}
-
-/// Layer norm of every `lane`-long row of `xs`, in place, with the kernel of the op.
-pub(crate) fn layer_norm_rows<T: Element>(xs: &mut [T], lane: usize, eps: T) {
-    simd::lanes(xs, lane, |l| layer_norm_lane(l.into(), eps));
 }
 
 /// The elementwise function `kind` of `x`, as [`TensorOps`] runs it (for a replay).
@@ -639,23 +667,6 @@ fn map_lanes<'s, T: Element>(
             .into_iter()
             .for_each(kernel);
     }
-    Ok(out)
-}
-
-/// [`map_lanes`] for the library's own lane kernels along a checked `axis`: being `Sync`, they run
-/// on several threads at once when the lanes are contiguous (along the last axis).
-fn lane_op<'s, T: Element>(
-    src: Arg<'_, 's, T>,
-    axis: usize,
-    kernel: impl Fn(ArrayViewMut1<'_, T>) + Sync,
-) -> Result<Tensor<'s, T>> {
-    if axis + 1 != src.tensor().ndim() || src.tensor().is_empty() {
-        return map_lanes(src, axis, kernel);
-    }
-    let mut out = src.into_writable_copy()?;
-    let lane = out.shape()[axis];
-    work::visit(out.len() / lane);
-    simd::lanes(out.unique_slice_mut(), lane, |l| kernel(l.into()));
     Ok(out)
 }
 
