@@ -1,7 +1,7 @@
 //! Runs one variant of the reference forward repeatedly, for measuring peak RSS with
 //! `/usr/bin/time -v`.
 //!
-//! `cargo run --release --example reference_forward -- <plain|pooled|fused|prealloc> <M|E> [iterations]`
+//! `cargo run --release --example reference_forward -- <plain|pooled|prealloc> <M|E> [iterations]`
 //!
 //! Prints the median time per forward and, for `pooled`, the pool's figures: misses after the first
 //! forward (0 in steady state) and the peak bytes in use against the liveness lower bound derived from
@@ -17,7 +17,7 @@ use tensorscope::prelude::*;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: reference_forward <plain|pooled|fused|prealloc> <M|E> [iterations]";
+    let usage = "usage: reference_forward <plain|pooled|prealloc> <M|E> [iterations]";
     let (Some(variant), Some(shape)) = (
         args.first(),
         args.get(1).and_then(|s| reference_model::shape_named(s)),
@@ -50,12 +50,7 @@ fn main() {
             let mut buffers = Buffers::new(shape);
             timed(&mut || reference_model::prealloc(&weights, &input, &mut buffers)[[0, 0]])
         }
-        "pooled" | "fused" => {
-            let block: reference_model::Block = if variant == "fused" {
-                reference_model::fused_block
-            } else {
-                reference_model::pooled_block
-            };
+        "pooled" => {
             let pool = Pool::with_max_memory_mb(4096);
             let blocks = reference_model::pooled_weights(&pool, &weights);
             let x = Param::try_from_array(&pool, &input).expect("input fits");
@@ -63,8 +58,7 @@ fn main() {
             drop((weights, input));
             let mut first = None;
             timed(&mut || {
-                let y = pool
-                    .scope(|s| reference_model::forward(&blocks, &s.bind(&x), block).as_slice()[0]);
+                let y = pool.scope(|s| reference_model::pooled(&blocks, &s.bind(&x)).as_slice()[0]);
                 first.get_or_insert(pool.stats());
                 y
             });

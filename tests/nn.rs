@@ -322,6 +322,12 @@ fn linear_takes_any_leading_axes() {
         assert_eq!(y.to_vec(), vec![1.5, 2.0, 2.5, 4.5, 5.0, 5.5]);
         let rows = layer.forward(&x.reshape(&[2, 2])).unwrap();
         assert_eq!(rows.to_vec(), y.to_vec());
+        let one = layer
+            .forward(&x.reshape(&[2, 2]).narrow(0, 1, 1).reshape(&[2]))
+            .unwrap();
+        assert_eq!((one.shape(), one.to_vec()), (&[3][..], vec![4.5, 5.0, 5.5]));
+        let err = layer.forward(&s.full::<f32>(&[], 1.0)).unwrap_err();
+        assert!(err.to_string().starts_with("Linear: "), "{err}");
         let err = layer.forward(&s.ones::<f32>(&[4, 3])).unwrap_err();
         assert!(
             err.to_string()

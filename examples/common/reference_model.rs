@@ -3,8 +3,7 @@
 //! LayerNorm, GELU's tanh form), f32.
 //!
 //! - (a) `plain`: ndarray with a fresh allocation for every op's result;
-//! - (b) `pooled`: tensorscope, one `#[dispose_scope]` function per block (and `fused`: the same
-//!   with the bias, GELU, residual and layer norm applied in the products' passes);
+//! - (b) `pooled`: tensorscope, one `#[dispose_scope]` function per block;
 //! - (c) `prealloc`: hand-written into buffers allocated once and reused across calls.
 //!
 //! All three run the same unfused kernels (matmul into an output, bias, GELU, residual, layer norm
@@ -15,7 +14,6 @@
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array1, Array2, ArrayView2, Axis, Zip};
-use tensorscope::ops::Epilogue;
 use tensorscope::prelude::*;
 
 /// A batch size and width.
@@ -146,25 +144,10 @@ pub(crate) fn pooled_block<'a>(x: &Tensor<'a>, p: &Pooled) -> Tensor<'a> {
     (h.matmul(&p.w2) + &p.b2 + x).layer_norm(EPS)
 }
 
-/// (b) with fused ops: each product adds its bias (and the residual) and applies GELU (and the
-/// layer norm) to each block of rows while it is in cache, instead of in passes of their own.
-#[dispose_scope]
-pub(crate) fn fused_block<'a>(x: &Tensor<'a>, p: &Pooled) -> Tensor<'a> {
-    let h = x.matmul_with(&p.w1, Epilogue::new().add(&p.b1).gelu());
-    h.matmul_with(&p.w2, Epilogue::new().add(&p.b2).add(x).layer_norm(EPS))
-}
-
-/// A block of the pooled forward: [`pooled_block`] or [`fused_block`].
-pub(crate) type Block = for<'a> fn(&Tensor<'a>, &Pooled) -> Tensor<'a>;
-
 pub(crate) fn pooled<'a>(blocks: &[Pooled], x: &Tensor<'a>) -> Tensor<'a> {
-    forward(blocks, x, pooled_block)
-}
-
-pub(crate) fn forward<'a>(blocks: &[Pooled], x: &Tensor<'a>, block: Block) -> Tensor<'a> {
     let mut x = x.clone();
-    for p in blocks {
-        x = block(&x, p);
+    for block in blocks {
+        x = pooled_block(&x, block);
     }
     x
 }

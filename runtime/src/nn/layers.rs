@@ -8,7 +8,7 @@ use crate::autograd::Unary;
 use crate::checkpoint::{self, Checkpointer};
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
-use crate::ops::{unary_op, Epilogue};
+use crate::ops::unary_op;
 use crate::param::{Param, Parameters};
 use crate::pool::Pool;
 use crate::scope::Scope;
@@ -88,9 +88,7 @@ impl<T: Element> Linear<T> {
 }
 
 impl<T: Element> Module<T> for Linear<T> {
-    /// The bias is added in the product's own pass ([`Tensor::try_matmul_with`]).
     fn forward<'s>(&self, x: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        let bias = Epilogue::new().add(&self.bias);
         match x.ndim() {
             0 => Err(Error::InvalidShape {
                 op: "Linear",
@@ -100,9 +98,11 @@ impl<T: Element> Module<T> for Linear<T> {
             // One vector: a matrix of one row.
             1 => x
                 .try_unsqueeze(0)?
-                .try_matmul_with(&self.weight, bias)?
+                .try_matmul(&self.weight)?
+                .try_add(&self.bias)?
                 .try_squeeze(0),
-            _ => x.try_matmul_with(&self.weight, bias),
+            // Leading axes are rows of one matrix product.
+            _ => x.try_matmul(&self.weight)?.try_add(&self.bias),
         }
     }
 }

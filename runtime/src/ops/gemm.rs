@@ -13,10 +13,6 @@
 //! `MR`-tall slivers (or read in place when `a`'s rows are short), and every sliver pair is an
 //! `MR x NR` tile kept in registers.
 //!
-//! A product can finish its output while it is still in cache: an epilogue ([`Then`]) is called on
-//! every block of rows as soon as they are final (a bias, a residual, an activation, a layer norm:
-//! the fused ops of `ops::fused`).
-//!
 //! Operands are strided ([`Matrix`]), so a transposed operand is packed from where it lies instead
 //! of being copied first.
 
@@ -117,19 +113,9 @@ impl<T: Copy> Matrix<'_, T> {
     }
 }
 
-/// What a product does with rows of its output once they are final: called with the index of the
-/// first row and a whole number of rows of `c`, on the thread that computed them, once for every
-/// row.
-pub(crate) type Then<'a, T> = &'a (dyn Fn(usize, &mut [T]) + Sync);
-
 /// `c = a b` for `a: [m, k]`, `b: [k, n]` and a row-major `c: [m, n]`, with `T` `f32` or `f64`
-/// ([`Element::GEMM`]), then `then` on every block of finished rows.
-pub(crate) fn product<T: Element>(
-    a: Matrix<'_, T>,
-    b: Matrix<'_, T>,
-    c: &mut [T],
-    then: Option<Then<'_, T>>,
-) {
+/// ([`Element::GEMM`]).
+pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let last = |x: &Matrix<'_, T>| (x.rows - 1) * x.rs + (x.cols - 1) * x.cs;
     assert!(
@@ -147,22 +133,13 @@ pub(crate) fn product<T: Element>(
     if k == 0 {
         // An empty sum: zeros, whatever the buffer held.
         c.fill(T::zero());
-        if let Some(then) = then {
-            finish(c, n, then);
-        }
         return;
     }
     if std::mem::size_of::<T>() == 4 {
-        blocked::<T, 6, 16>(a, b, c, then);
+        blocked::<T, 6, 16>(a, b, c);
     } else {
-        blocked::<T, 6, 8>(a, b, c, then);
+        blocked::<T, 6, 8>(a, b, c);
     }
-}
-
-/// `then` on every row of `c`, split over the threads by runs of rows.
-fn finish<T: Element>(c: &mut [T], n: usize, then: Then<'_, T>) {
-    let min_rows = PACK_PER_PART.div_ceil(n);
-    threads::split_mut(c, n, min_rows, |start, rows| then(start / n, rows));
 }
 
 /// The product in panels of `b`: each panel packed by all threads, then each thread's rows.
@@ -170,7 +147,6 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
     a: Matrix<'_, T>,
     b: Matrix<'_, T>,
     c: &mut [T],
-    then: Option<Then<'_, T>>,
 ) {
     let (k, n) = (a.cols, b.cols);
     let panel = n.min(NC).next_multiple_of(NR) * k.min(KC);
@@ -184,15 +160,12 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
                 threads::split_mut(pb, sliver, PACK_PER_PART.div_ceil(sliver), |start, part| {
                     pack::<T, NR>(part, b.t(), (pc, kc), jc + start / kc);
                 });
-                // With one panel, rows are final after its last step; else after the last panel.
-                let then = then.filter(|_| n <= NC && pc + kc == k);
                 let step = Step {
                     a,
                     pb,
                     cols: (jc, nc),
                     depth: (pc, kc),
                     n,
-                    then,
                 };
                 let per_granule = MR * kc * nc;
                 threads::split_mut(c, MR * n, PER_PART.div_ceil(per_granule), |start, c| {
@@ -210,9 +183,6 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
             }
         }
     });
-    if let Some(then) = then.filter(|_| n > NC) {
-        finish(c, n, then);
-    }
 }
 
 /// `f` with `len` elements of this thread's packing buffer `key` (made at its full size on first
@@ -251,8 +221,6 @@ struct Step<'a, T> {
     depth: (usize, usize),
     /// Columns of `c`.
     n: usize,
-    /// Called on each block of rows this step finishes.
-    then: Option<Then<'a, T>>,
 }
 
 /// One thread's rows of a step: `c` holds them, from row `first`; `pa` is the thread's packing
@@ -276,7 +244,6 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Rows<'_, T, MR,
             cols: (jc, _),
             depth: (pc, kc),
             n,
-            then,
         } = step;
         let rows = c.len() / n;
         let direct = a.cs == 1 && a.rs * std::mem::size_of::<T>() <= DIRECT_ROW_BYTES;
@@ -335,9 +302,6 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Rows<'_, T, MR,
                         pc > 0,
                     );
                 }
-            }
-            if let Some(then) = then {
-                then(row0, &mut c[ic * n..(ic + mc) * n]);
             }
         }
     }
@@ -448,7 +412,6 @@ fn tile<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
 
     /// Values in [-1, 1) from a fixed sequence.
     fn values<T: Element>(len: usize, seed: u64) -> Vec<T> {
@@ -479,7 +442,7 @@ mod tests {
         };
         // The output starts as garbage: every element must be written.
         let mut c = vec![T::from_f64(7.0); m * n];
-        product(a, b, &mut c, None);
+        product(a, b, &mut c);
         let mut worst = 0f64;
         for i in 0..m {
             for j in 0..n {
@@ -531,50 +494,13 @@ mod tests {
             Matrix::row_major(&[], 2, 0),
             Matrix::row_major(&[], 0, 3),
             &mut c,
-            None,
         );
         assert_eq!(c, [0.0; 6]);
         product(
             Matrix::row_major(&[], 0, 2),
             Matrix::row_major(&[1.0; 4], 2, 2),
             &mut c,
-            None,
         );
         assert_eq!(c, [0.0; 6]);
-    }
-
-    #[test]
-    fn the_epilogue_sees_every_row_once_and_final() {
-        for (m, k, n) in [(3, 0, 5), (300, 600, 40), (20, 30, 1100), (1000, 64, 64)] {
-            let (a, b) = (values::<f32>(m * k, 3), values::<f32>(k * n, 4));
-            let mut plain = vec![0.0f32; m * n];
-            product(
-                Matrix::row_major(&a, m, k),
-                Matrix::row_major(&b, k, n),
-                &mut plain,
-                None,
-            );
-            let seen = Mutex::new(vec![0u32; m]);
-            let then = |first: usize, rows: &mut [f32]| {
-                assert_eq!(rows.len() % n, 0);
-                let mut seen = seen.lock().unwrap();
-                for (i, row) in rows.chunks_exact_mut(n).enumerate() {
-                    seen[first + i] += 1;
-                    // The row is final: it equals the plain product's.
-                    assert_eq!(row, &plain[(first + i) * n..][..n], "row {}", first + i);
-                    row.iter_mut().for_each(|v| *v = 2.0 * *v + 1.0);
-                }
-            };
-            let mut c = vec![f32::NAN; m * n];
-            product(
-                Matrix::row_major(&a, m, k),
-                Matrix::row_major(&b, k, n),
-                &mut c,
-                Some(&then),
-            );
-            assert!(seen.into_inner().unwrap().iter().all(|&s| s == 1));
-            let expected: Vec<f32> = plain.iter().map(|v| 2.0 * v + 1.0).collect();
-            assert_eq!(c, expected, "[{m}, {k}] x [{k}, {n}]");
-        }
     }
 }

@@ -193,18 +193,6 @@ pub(crate) fn lane_op<'s, T: Element>(
     Ok(out)
 }
 
-/// `kind` of every `len`-long run of `xs` (lanes along a last axis), in place, with the kernel of
-/// [`lane_op`]: a fused product's epilogue.
-pub(crate) fn lane_runs<T: Element>(kind: Lane<T>, xs: &mut [T], len: usize) {
-    simd::lanes(
-        xs,
-        [],
-        len,
-        #[inline(always)]
-        |lane, []| forward(kind, lane),
-    );
-}
-
 /// `kind` of one lane, in place.
 #[inline(always)]
 fn forward<T: Element>(kind: Lane<T>, lane: &mut [T]) {

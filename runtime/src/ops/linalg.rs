@@ -151,7 +151,7 @@ pub(crate) fn matmul_transposed<'s, T: Element>(
     );
     debug_assert_eq!(a.cols, b.rows, "the backward multiplies fitting matrices");
     let mut out = Tensor::try_rent_in(scope, &[a.rows, b.cols])?;
-    gemm::product(a, b, out.unique_slice_mut(), None);
+    gemm::product(a, b, out.unique_slice_mut());
     Ok(out)
 }
 
@@ -172,7 +172,7 @@ fn batch_steps(own: &[usize], batch: &[usize]) -> IxDyn {
 fn product<T: Element>(a: &[T], b: &[T], c: &mut [T], m: usize, k: usize, n: usize) {
     if T::GEMM {
         let (a, b) = (Matrix::row_major(a, m, k), Matrix::row_major(b, k, n));
-        return gemm::product(a, b, c, None);
+        return gemm::product(a, b, c);
     }
     let (a, b) = (matrix(m, k, a), matrix(k, n, b));
     let mut c = ArrayViewMut2::from_shape((m, n), c).expect("matmul rented an [m, n] output");

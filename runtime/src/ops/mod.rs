@@ -24,7 +24,6 @@
 
 pub mod conv;
 pub mod elementwise;
-mod fused;
 mod gemm;
 pub mod index;
 pub(crate) mod kernels;
@@ -39,7 +38,6 @@ pub(crate) mod simd;
 mod unary;
 
 pub(crate) use conv::{conv2d_backward, upsample_backward};
-pub use fused::Epilogue;
 pub(crate) use gemm::reserve_scratch;
 pub(crate) use lanes::{lane_backward, lane_op, Lane, Lanes};
 pub(crate) use linalg::matmul_transposed;

@@ -490,44 +490,17 @@ pub(crate) fn unary<'s, T: Element>(src: Arg<'_, 's, T>, kind: Unary) -> Result<
         };
         Rule::Unary(kind, saved)
     };
-    struct Recorded<'r, 's, T: Element, R>(Arg<'r, 's, T>, R);
-    impl<'s, T: Element, R: FnOnce(&Tensor<'s, T>) -> Rule<T>> WithFn<T> for Recorded<'_, 's, T, R> {
-        type Out = Result<Tensor<'s, T>>;
-        fn with(self, f: impl Fn(T) -> T + Sync) -> Self::Out {
-            map_recorded(self.0, f, self.1)
-        }
-    }
-    with_fn(kind, Recorded(src, rule))
-}
-
-/// The elementwise function `kind` of every element of `xs`, in place, with the kernel of the op.
-pub(crate) fn unary_in_place<T: Element>(kind: Unary, xs: &mut [T]) {
-    struct InPlace<'a, T>(&'a mut [T]);
-    impl<T: Element> WithFn<T> for InPlace<'_, T> {
-        type Out = ();
-        fn with(self, f: impl Fn(T) -> T + Sync) {
-            simd::map_in_place(self.0, f);
-        }
-    }
-    with_fn(kind, InPlace(xs));
-}
-
-/// What to do with the function of a [`Unary`] kind ([`with_fn`]).
-trait WithFn<T> {
-    type Out;
-    fn with(self, f: impl Fn(T) -> T + Sync) -> Self::Out;
-}
-
-/// `w.with(f)` for the function `f` of `kind`: one instantiation of the loop per function, so
-/// that it inlines and vectorises (a function pointer would be called once per element). The
-/// function is a closure marked to inline: it then compiles inside the vectorised loop of every
-/// instruction set `simd` dispatches to, whichever codegen unit the loop lands in.
-fn with_fn<T: Element, W: WithFn<T>>(kind: Unary, w: W) -> W::Out {
+    // One instantiation of the loop per function, so that it inlines and vectorises (a function
+    // pointer would be called once per element). The function is a closure marked to inline: it
+    // then compiles inside the vectorised loop of every instruction set `simd` dispatches to,
+    // whichever codegen unit the loop lands in.
     macro_rules! pointwise {
         ($f:expr) => {
-            w.with(
+            map_recorded(
+                src,
                 #[inline(always)]
                 |x: T| $f(x),
+                rule,
             )
         };
     }
