@@ -356,6 +356,12 @@ fn matmul_overwrites_stale_pool_contents_even_with_an_empty_inner_dimension() {
         let want = matmul_ref(&a.to_array(), &b.to_array());
         assert_eq!(want, ArrayD::<f32>::zeros(IxDyn(&[2, 3])));
         assert_close("[2,0] x [0,3]", &a.matmul(&b), &want);
+
+        // A batch of them: each output matrix is zeros too.
+        drop(s.full::<f32>(&[2, 2, 3], f32::NAN));
+        let a = s.from_slice::<f32>(&[2, 2, 0], &[]);
+        let b = s.from_slice::<f32>(&[2, 0, 3], &[]);
+        assert_eq!(a.matmul(&b).to_vec(), vec![0.0; 12]);
     });
 }
 

@@ -95,7 +95,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         work::visit(count(batch));
         // Runs of whole matrices over the threads (attention's many small products would each be
         // too small to split).
-        let min_matrices = gemm::PER_PART.div_ceil(m * k * n);
+        let min_matrices = gemm::PER_PART.div_ceil((m * k * n).max(1));
         threads::split_mut(c, m * n, min_matrices, |start, c| {
             for (j, c) in c.chunks_exact_mut(m * n).enumerate() {
                 let (mut ai, mut bi, mut rest) = (0, 0, start / (m * n) + j);
