@@ -1,7 +1,7 @@
 //! The worker threads that large ops split their work over: one per core beyond the caller's,
-//! started on first use and then parked, so that an op on a large tensor uses every core and a
-//! steady-state forward still makes no heap allocation (a job is a borrowed closure, handed over
-//! under a mutex; nothing is boxed or queued).
+//! started on first use, spinning briefly between jobs and then asleep, so that an op on a large
+//! tensor uses every core and a steady-state forward still makes no heap allocation (a job is a
+//! borrowed closure, handed over under a mutex; nothing is boxed or queued).
 //!
 //! One op runs on the team at a time. A caller that finds it busy (another thread's op, or an op
 //! called from inside a part) runs its parts itself, one after another, so nesting and concurrent

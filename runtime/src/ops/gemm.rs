@@ -4,8 +4,8 @@
 //! [`crate::threads`].
 //!
 //! Unlike the crates it replaces (`matrixmultiply` allocates its packing buffer on every call,
-//! `gemm` several buffers and rayon jobs), the packing buffers are per thread and only grow, so a
-//! steady-state forward makes no heap allocation here.
+//! `gemm` several buffers and rayon jobs), the packing buffers are per thread, made once at their
+//! full size, so no product after a thread's first allocates.
 //!
 //! The blocking: `c` is computed in `NC`-column panels; each panel in `KC`-deep steps, for which
 //! `KC x NC` of `b` is packed once, by all threads together, into `NR`-wide slivers that every
@@ -27,7 +27,7 @@ use crate::threads;
 /// Rows of `a` per packed block: `MC x KC` of `f32` is 144 KiB, inside a core's L2 cache.
 const MC: usize = 144;
 /// Depth of one packed step: a sliver of `b`, `KC x 16` of `f32`, is 16 KiB, and with a sliver of
-/// `a` (6 KiB) it stays in L1.
+/// `a` (6 KiB) it stays in the 32 KiB L1 cache.
 const KC: usize = 256;
 /// Columns of `b` per packed panel: `KC x NC` of `f32` is 1 MiB (L2/L3).
 const NC: usize = 1024;
