@@ -12,7 +12,6 @@
 //! peak is its own; the rows take turns, five steps at a time, so their times are comparable on a
 //! machine whose speed drifts.
 
-use indicatif::{ProgressBar, ProgressStyle};
 use tensorscope::nn::Adam;
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy, Precision};
@@ -151,20 +150,15 @@ fn main() {
     .collect();
     // The rows take turns, a few steps each, so that a change in the machine's speed during the
     // run affects them alike.
-    let bar = ProgressBar::new(a.steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template("[{bar:40}] {pos}/{len} steps of every row")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
     for start in (0..a.steps).step_by(CHUNK) {
         let steps = start..(start + CHUNK).min(a.steps);
         for row in &mut rows {
             row.run(&a, steps.clone());
         }
-        bar.inc(steps.len() as u64);
+        print!("\r{} of {} steps of every row", steps.end, a.steps);
+        std::io::Write::flush(&mut std::io::stdout()).ok();
     }
-    bar.finish();
+    println!();
 
     let base = &rows[0].measured;
     println!(

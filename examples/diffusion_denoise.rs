@@ -12,7 +12,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use plotters::prelude::*;
 use tensorscope::prelude::*;
 use tensorscope::TimelinePoint;
 
@@ -59,61 +58,79 @@ fn denoise(pool: &Pool, model: &Denoiser) -> Run {
 const MIB: f64 = (1 << 20) as f64;
 const PLOTTED_STEPS: usize = 4;
 
-/// Writes the first `PLOTTED_STEPS` steps of `points` as an SVG plot (the whole run is too dense to
-/// read; the trace keeps all of it).
-fn write_svg(points: &[TimelinePoint], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+/// Writes the first `PLOTTED_STEPS` steps of `points` as an SVG step plot of the bytes in use and
+/// cached (the whole run is too dense to read; the trace keeps all of it).
+fn write_svg(points: &[TimelinePoint], path: &Path) -> std::io::Result<()> {
+    const W: f64 = 900.0;
+    const H: f64 = 340.0;
+    // The plotting area, inside the axes' labels.
+    let (left, right, top, bottom) = (70.0, W - 20.0, 40.0, H - 45.0);
     let points = &points[..(points.len() * PLOTTED_STEPS / STEPS + 1).min(points.len())];
     let ms = |p: &TimelinePoint| p.micros as f64 / 1e3;
     let end = points.last().map_or(1.0, ms).max(1.0);
-    let top = points
+    let most = points
         .iter()
         .map(|p| (p.bytes_in_use + p.bytes_cached) as f64 / MIB)
-        .fold(1.0, f64::max);
-    let root = SVGBackend::new(path, (900, 340)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("pool memory, the first {PLOTTED_STEPS} of {STEPS} denoising steps"),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0.0..end, 0.0..top * 1.1)?;
-    chart.configure_mesh().x_desc("ms").y_desc("MiB").draw()?;
-    let series = [
-        (
-            "in use",
-            BLUE,
-            Box::new(|p: &TimelinePoint| p.bytes_in_use) as Box<dyn Fn(&TimelinePoint) -> usize>,
-        ),
-        (
-            "cached (idle)",
-            RED,
-            Box::new(|p: &TimelinePoint| p.bytes_cached),
-        ),
-    ];
-    for (label, color, value) in series {
-        chart
-            .draw_series(LineSeries::new(
-                // A step plot: a figure holds until the next rent or return changes it.
-                points.windows(2).flat_map(|w| {
-                    let v = value(&w[0]) as f64 / MIB;
-                    [(ms(&w[0]), v), (ms(&w[1]), v)]
-                }),
-                &color,
-            ))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        .fold(1.0, f64::max)
+        * 1.1;
+    let x = |t: f64| left + (right - left) * t / end;
+    let y = |mib: f64| bottom - (bottom - top) * mib / most;
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"{W}\" height=\"{H}\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"22\" font-size=\"16\" text-anchor=\"middle\">pool memory, the first \
+         {PLOTTED_STEPS} of {STEPS} denoising steps</text>\n\
+         <path d=\"M{left},{top}V{bottom}H{right}\" fill=\"none\" stroke=\"black\"/>\n",
+        W / 2.0
+    );
+    for i in 0..=5 {
+        let (t, mib) = (end * i as f64 / 5.0, most * i as f64 / 5.0);
+        svg += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{t:.0}</text>\n\
+             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{mib:.0}</text>\n",
+            x(t),
+            bottom + 16.0,
+            left - 6.0,
+            y(mib) + 4.0
+        );
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    svg += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">ms</text>\n\
+         <text x=\"18\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {})\">MiB</text>\n",
+        (left + right) / 2.0,
+        H - 8.0,
+        (top + bottom) / 2.0,
+        (top + bottom) / 2.0
+    );
+    /// Bytes in use or cached at a point of the timeline.
+    type Figure = fn(&TimelinePoint) -> usize;
+    let series: [(&str, &str, Figure); 2] = [
+        ("in use", "blue", |p| p.bytes_in_use),
+        ("cached (idle)", "red", |p| p.bytes_cached),
+    ];
+    for (i, (label, color, value)) in series.into_iter().enumerate() {
+        // A step plot: a figure holds until the next rent or return changes it.
+        let mut d = String::new();
+        for (k, p) in points.iter().enumerate() {
+            let v = y(value(p) as f64 / MIB);
+            d += &match k {
+                0 => format!("M{:.1},{v:.1}", x(ms(p))),
+                _ => format!("H{:.1}V{v:.1}", x(ms(p))),
+            };
+        }
+        let ly = top + 16.0 * (i as f64 + 1.0);
+        svg += &format!(
+            "<path d=\"{d}\" fill=\"none\" stroke=\"{color}\"/>\n\
+             <path d=\"M{},{ly}h20\" stroke=\"{color}\"/>\n\
+             <text x=\"{}\" y=\"{}\">{label}</text>\n",
+            left + 10.0,
+            left + 36.0,
+            ly + 4.0
+        );
+    }
+    svg += "</svg>\n";
+    std::fs::write(path, svg)
 }
 
 /// Writes `points` as Chrome trace counter events.

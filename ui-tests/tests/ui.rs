@@ -2,7 +2,7 @@
 //! and the accepted forms, compiled under `#![deny(warnings)]` (`tests/ui/pass`).
 //!
 //! Snapshots are for the installed stable toolchain; regenerate with
-//! `TRYBUILD=overwrite cargo test --test ui` and review the diff.
+//! `TRYBUILD=overwrite cargo test -p tensorscope-ui-tests` and review the diff.
 
 #[test]
 fn ui() {
