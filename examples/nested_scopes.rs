@@ -20,7 +20,7 @@ fn normalized<'a>(x: &Tensor<'a>) -> Tensor<'a> {
 fn row(name: &str, s: &ScopeStats) {
     println!(
         "{name:<22} {:>7} {:>9} {:>8} {:>8} {:>7} {:>11}",
-        s.rented, s.released, s.escaped, s.adopted, s.leaked, s.peak_bytes
+        s.rented, s.released, s.escaped, s.adopted, s.leaked, s.peak_bytes_in_use
     );
 }
 

@@ -71,7 +71,7 @@ fn main() {
     println!(
         "The block's own scope in the last step: rented {}, released {}, escaped {} (the result), \
          leaked {}, peak {} B.",
-        s.rented, s.released, s.escaped, s.leaked, s.peak_bytes
+        s.rented, s.released, s.escaped, s.leaked, s.peak_bytes_in_use
     );
     assert_eq!(end.misses, misses_after_first);
 }

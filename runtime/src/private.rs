@@ -32,7 +32,7 @@ impl<'p> Parent<'p> {
     /// A tensor parameter: the child is a child of the scope its ops rent in.
     pub fn of_tensor<T: DType>(tensor: &Tensor<'p, T>) -> Self {
         Parent {
-            state: tensor.scope.clone(),
+            state: tensor.rents_in.clone(),
             _brand: PhantomData,
         }
     }
@@ -54,7 +54,7 @@ pub fn open_root<R>(
     max_bytes: Option<usize>,
     f: impl for<'i, 'p> FnOnce(&Scope<'i, 'p>) -> R,
 ) -> R {
-    run(ScopeState::root(&current_pool(), max_bytes), f).0
+    run(ScopeState::outermost(&current_pool(), max_bytes), f).0
 }
 
 /// Calls `f`: the function body runs in a closure so that `return` and `?` land where the result

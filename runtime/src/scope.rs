@@ -41,7 +41,7 @@ pub struct ScopeStats {
     /// Bytes of the buffers this scope owns now.
     pub bytes_in_use: usize,
     /// The highest `bytes_in_use` of this scope.
-    pub peak_bytes: usize,
+    pub peak_bytes_in_use: usize,
 }
 
 impl ScopeStats {
@@ -79,8 +79,9 @@ pub(crate) struct Budget {
 }
 
 impl ScopeState {
-    /// The state of a fresh outermost scope on `pool`, with a byte limit if `budget` is given.
-    pub(crate) fn root(pool: &Pool, budget: Option<usize>) -> State {
+    /// The state of a fresh outermost scope (depth 1) on `pool`, with a byte limit if `budget` is
+    /// given.
+    pub(crate) fn outermost(pool: &Pool, budget: Option<usize>) -> State {
         ScopeState::new(pool, None, budget)
     }
 
@@ -172,7 +173,7 @@ impl ScopeState {
     fn update(&self, f: impl FnOnce(&mut ScopeStats)) {
         let mut s = self.stats.get();
         f(&mut s);
-        s.peak_bytes = s.peak_bytes.max(s.bytes_in_use);
+        s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
         self.stats.set(s);
     }
 
@@ -376,7 +377,7 @@ impl Pool {
         &self,
         f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R,
     ) -> (R, ScopeStats) {
-        run(ScopeState::root(self, None), f)
+        run(ScopeState::outermost(self, None), f)
     }
 
     /// Like [`Pool::scope`], with a byte limit on the scope and its descendants; see
@@ -386,7 +387,7 @@ impl Pool {
         max_bytes: usize,
         f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R,
     ) -> R {
-        run(ScopeState::root(self, Some(max_bytes)), f).0
+        run(ScopeState::outermost(self, Some(max_bytes)), f).0
     }
 }
 
@@ -712,7 +713,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         &self,
         f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R,
     ) -> (R, ScopeStats) {
-        run(ScopeState::child(&self.scope, None), f)
+        run(ScopeState::child(&self.rents_in, None), f)
     }
 }
 
@@ -748,7 +749,7 @@ mod tests {
                     adopted: 0,
                     leaked: 0,
                     bytes_in_use: 0,
-                    peak_bytes: 64 + 128,
+                    peak_bytes_in_use: 64 + 128,
                 }
             );
             drop(a);

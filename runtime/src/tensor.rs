@@ -103,8 +103,9 @@ use crate::storage::{Rented, Storage};
 /// pool (never reused), and the scope counts it in [`ScopeStats::leaked`](crate::ScopeStats::leaked).
 pub struct Tensor<'s, T: DType = f32> {
     data: Data<T>,
-    /// The scope that ops on this handle rent their outputs in.
-    pub(crate) scope: State,
+    /// The scope that ops on this handle rent their outputs in (the scope charged for the buffer is
+    /// its storage's `charged_to`, which an escape moves).
+    pub(crate) rents_in: State,
     dim: IxDyn,
     /// The gradient graph the value was computed by, if it needs a gradient (see `autograd`).
     pub(crate) node: Option<NodeRef<T>>,
@@ -147,7 +148,7 @@ impl<'s, T: DType> Tensor<'s, T> {
                 charged_to: RefCell::new(scope.clone()),
                 detached: false,
             })),
-            scope: scope.clone(),
+            rents_in: scope.clone(),
             dim: IxDyn(shape),
             node: None,
             _brand: PhantomData,
@@ -166,7 +167,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         });
         Tensor {
             data: Data::Bound(param.buffer().clone()),
-            scope: scope.clone(),
+            rents_in: scope.clone(),
             dim: IxDyn(param.shape()),
             node,
             _brand: PhantomData,
@@ -189,7 +190,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     pub(crate) fn alias_in<'t>(&self, scope: &State) -> Tensor<'t, T> {
         Tensor {
             data: self.data.clone(),
-            scope: scope.clone(),
+            rents_in: scope.clone(),
             dim: self.dim.clone(),
             node: self.node.clone(),
             _brand: PhantomData,
@@ -200,7 +201,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     pub(crate) fn into_saved(self) -> Tensor<'static, T> {
         Tensor {
             data: self.data,
-            scope: self.scope,
+            rents_in: self.rents_in,
             dim: self.dim,
             node: None,
             _brand: PhantomData,
@@ -209,7 +210,7 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// An alias without a graph and without a brand, for a backward rule to keep.
     pub(crate) fn saved(&self) -> Tensor<'static, T> {
-        let mut alias = self.alias_in(&self.scope);
+        let mut alias = self.alias_in(&self.rents_in);
         alias.node = None;
         alias
     }
@@ -236,14 +237,14 @@ impl<'s, T: DType> Tensor<'s, T> {
         if let Some(node) = &self.node {
             autograd::move_graph(node, target);
         }
-        let scope = if target.is_within(&self.scope) {
-            self.scope.clone()
+        let rents_in = if target.is_within(&self.rents_in) {
+            self.rents_in.clone()
         } else {
             target.clone()
         };
         Tensor {
             data: self.data,
-            scope,
+            rents_in,
             dim: self.dim,
             node: self.node,
             _brand: PhantomData,
@@ -253,7 +254,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// This tensor if it is the only handle on its buffer, else a copy of it (same scope, same
     /// graph), so that its buffer can be written.
     pub(crate) fn try_into_unique(self) -> Result<Self> {
-        let scope = self.scope.clone();
+        let scope = self.rents_in.clone();
         self.try_into_unique_in(&scope)
     }
 
@@ -294,8 +295,8 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// Sets the scope this handle's ops rent in.
     pub(crate) fn with_scope(mut self, scope: &State) -> Self {
-        if !State::ptr_eq(&self.scope, scope) {
-            self.scope = scope.clone();
+        if !State::ptr_eq(&self.rents_in, scope) {
+            self.rents_in = scope.clone();
         }
         self
     }
@@ -304,7 +305,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// that has tensors but no [`Scope`](crate::Scope) brings a parameter in (with a scope, use
     /// [`Scope::bind`](crate::Scope::bind)). Ops on it never write through to the parameter.
     pub fn bind<U: DType>(&self, param: &Param<U>) -> Tensor<'s, U> {
-        Tensor::bound(&self.scope, param)
+        Tensor::bound(&self.rents_in, param)
     }
 
     /// The shape, one length per axis.
@@ -352,7 +353,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             // The copy is the same value, so it is owned where the original is.
             let owner = match &self.data {
                 Data::Rented(storage) => storage.charged_to.borrow().clone(),
-                Data::Bound(_) => self.scope.clone(),
+                Data::Bound(_) => self.rents_in.clone(),
             };
             let mut copy = Tensor::<T>::try_rent_in(&owner, self.shape())?;
             copy.unique_slice_mut().copy_from_slice(self.as_slice());
@@ -395,7 +396,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             });
         }
         let recorder = Recorder::of(&[self]);
-        let mut alias = self.alias_in(&self.scope);
+        let mut alias = self.alias_in(&self.rents_in);
         alias.dim = IxDyn(shape);
         Ok(autograd::finish(recorder, alias, |_| {
             Rule::Reshape(IxDyn(self.shape()))
@@ -418,7 +419,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// budget error. Gradients do not flow through a cast: a backward that reaches one fails with
     /// [`Error::NotDifferentiable`].
     pub fn try_cast<U: DType>(&self) -> Result<Tensor<'s, U>> {
-        let mut out = Tensor::<U>::try_rent_in(&self.scope, self.shape())?;
+        let mut out = Tensor::<U>::try_rent_in(&self.rents_in, self.shape())?;
         out.unique_slice_mut()
             .iter_mut()
             .zip(self.as_slice())
@@ -527,7 +528,7 @@ impl<'s, T: DType> Tensor<'s, T> {
 impl<T: DType> Clone for Tensor<'_, T> {
     /// A zero-copy alias on the same buffer.
     fn clone(&self) -> Self {
-        self.alias_in(&self.scope)
+        self.alias_in(&self.rents_in)
     }
 }
 

@@ -279,7 +279,7 @@ pub(crate) fn finish<'s, T: DType>(
         // On a tape, only what it takes to run the op again is kept.
         Some((tape, mut args)) => {
             let value = tape.borrow_mut().push(&rule(&out), &out, &mut args);
-            Node::taped(&tape, value, &out.scope)
+            Node::taped(&tape, value, &out.rents_in)
         }
         None => {
             let rule = RefCell::new(Some(rule(&out)));
@@ -288,7 +288,7 @@ pub(crate) fn finish<'s, T: DType>(
                     inputs: r.inputs,
                     rule,
                 },
-                &out.scope,
+                &out.rents_in,
             )
         }
     });
@@ -457,7 +457,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// reports its gradient ([`Gradients::of`]). No data is copied. A tensor that already carried a
     /// graph starts a new one here (its history is not differentiated through).
     pub fn requires_grad(mut self) -> Tensor<'s, T> {
-        self.node = Some(Node::leaf(next_key(), None, &self.scope));
+        self.node = Some(Node::leaf(next_key(), None, &self.rents_in));
         self
     }
 
@@ -484,7 +484,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// Fails with [`Error::BackwardNeedsScalar`], [`Error::NoGraph`],
     /// [`Error::NotDifferentiable`] (a `map` or `cast` on the path) or a budget error.
     pub fn backward(&self) -> Result<Gradients<'s, T>> {
-        let mut grads = Gradients::in_scope(&self.scope);
+        let mut grads = Gradients::in_scope(&self.rents_in);
         self.backward_into(&mut grads)?;
         Ok(grads)
     }
@@ -500,7 +500,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                 shape: Shape::from(self.shape()),
             });
         }
-        let mut seed = Tensor::try_rent_in(&self.scope, self.shape())?;
+        let mut seed = Tensor::try_rent_in(&self.rents_in, self.shape())?;
         seed.unique_slice_mut().fill(T::one());
         self.backward_with_seed(seed, grads)
     }
@@ -516,8 +516,8 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "the gradient must have the output's shape".into(),
             });
         }
-        let mut grads = Gradients::in_scope(&self.scope);
-        self.backward_with_seed(grad.saved().alias_in(&self.scope), &mut grads)?;
+        let mut grads = Gradients::in_scope(&self.rents_in);
+        self.backward_with_seed(grad.saved().alias_in(&self.rents_in), &mut grads)?;
         Ok(grads)
     }
 
@@ -527,6 +527,6 @@ impl<'s, T: Element> Tensor<'s, T> {
         grads: &mut Gradients<'_, T>,
     ) -> Result<()> {
         let node = self.node.as_ref().ok_or(Error::NoGraph)?;
-        backward(node, seed, &self.scope, grads)
+        backward(node, seed, &self.rents_in, grads)
     }
 }

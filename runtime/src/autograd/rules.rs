@@ -319,7 +319,7 @@ impl<T: Element> Rule<T> {
             Rule::IndexSelect(axis, ids, len) => {
                 let mut shape = IxDyn(g.shape());
                 shape[axis] = len;
-                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, shape.slice())?;
+                let mut dx = Tensor::try_rent_zeroed_in(&g.rents_in, shape.slice())?;
                 if !g.is_empty() {
                     let (src, mut dst) = (g.view(), dx.unique_view_mut());
                     for (j, &id) in ids.as_slice().iter().enumerate() {
@@ -331,7 +331,7 @@ impl<T: Element> Rule<T> {
                 PerInput::Two([Some(dx), None])
             }
             Rule::Gather(axis, index, shape) => {
-                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, shape.slice())?;
+                let mut dx = Tensor::try_rent_zeroed_in(&g.rents_in, shape.slice())?;
                 if !g.is_empty() {
                     let (src, idx) = (g.view(), index.view());
                     let mut dst = dx.unique_view_mut();
@@ -474,7 +474,7 @@ impl<T: Element> Rule<T> {
             Rule::Narrow(axis, start, full) => {
                 let mut shape = IxDyn(g.shape());
                 let len = std::mem::replace(&mut shape[axis], full);
-                let mut dx = Tensor::try_rent_zeroed_in(&g.scope, shape.slice())?;
+                let mut dx = Tensor::try_rent_zeroed_in(&g.rents_in, shape.slice())?;
                 if !g.is_empty() {
                     dx.unique_view_mut()
                         .slice_axis_mut(Axis(axis), Slice::from(start..start + len))

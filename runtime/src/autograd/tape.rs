@@ -128,7 +128,7 @@ impl<T: Element> Replay<T> {
             Replay::Binary(Binary::Div) => a.try_div(b()),
             Replay::Binary(Binary::ZipMap) => Err(Error::NotDifferentiable { op: "zip_map" }),
             // With recording on, a node whose backward fails naming the op.
-            Replay::Kept(op, value) => Ok(super::barrier(value.alias_in(&a.scope), op)),
+            Replay::Kept(op, value) => Ok(super::barrier(value.alias_in(&a.rents_in), op)),
             Replay::Scalar(kind, c) => crate::ops::scalar_op(a, *kind, *c),
             Replay::Unary(kind) => crate::ops::unary_op(a, *kind),
             Replay::Map(f, df) => {

@@ -229,7 +229,7 @@ fn run_counted<'s, T: Element, L>(
         (Some(config), _) => config,
         (None, Some(ckpt)) => ckpt.config().clone(),
         (None, None) => {
-            let state = ScopeState::child(&input.scope, None);
+            let state = ScopeState::child(&input.rents_in, None);
             return Ok(run(state, |scope: &Scope<'_, 's>| {
                 let x = layers.fold(scope.rebind_owned(input), |x, layer| step(scope, x, layer));
                 scope.escape(x)
@@ -242,7 +242,7 @@ fn run_counted<'s, T: Element, L>(
     let mut taken = 0;
     for j in 0..driver.plan.len() {
         let (start, end) = (driver.plan[j], driver.plan.get(j + 1).copied().unwrap_or(n));
-        let parent = x.scope.clone();
+        let parent = x.rents_in.clone();
         let state = ScopeState::child(&parent, None);
         x = run(state, |segment: &Scope<'_, 's>| {
             let mut a = segment.rebind_owned(x);

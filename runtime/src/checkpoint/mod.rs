@@ -227,7 +227,7 @@ impl<T: Element> Checkpointer<T> {
                 (Stored::Full(activation.saved().try_detach()?), activation)
             }
             Precision::Full => {
-                let scope = activation.scope.clone();
+                let scope = activation.rents_in.clone();
                 let param = activation.try_detach()?;
                 // The stored values, not a parameter to train: no leaf, also in a training scope.
                 let next = Tensor::bound(&scope, &param).without_grad();

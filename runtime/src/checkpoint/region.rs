@@ -72,7 +72,7 @@ impl<T: Element> Recording<T> {
     /// `x`, the input of the next step, with a node that opens the step's tape.
     pub(super) fn open<'s>(&mut self, mut x: Tensor<'s, T>) -> Tensor<'s, T> {
         let tape = Tape::new();
-        x.node = Some(Node::taped(&tape, 0, &x.scope));
+        x.node = Some(Node::taped(&tape, 0, &x.rents_in));
         self.tapes.push(tape);
         x
     }
@@ -142,7 +142,7 @@ impl<T: Element> Recording<T> {
             slots: ckpt.slots,
             report: ckpt.last_backward.clone(),
         };
-        x.node = Some(Node::region(inputs, region, &x.scope));
+        x.node = Some(Node::region(inputs, region, &x.rents_in));
         Ok(x)
     }
 }

@@ -33,14 +33,16 @@
 //! assert!(losses[29] < losses[0] / 2.0);
 //! ```
 
+mod error;
 mod layers;
 mod optim;
 mod params;
 mod safetensors;
 
+pub use error::NnError;
 pub use layers::{Activation, LayerNorm, Linear, Module, Residual, Sequential};
 pub use optim::{Adam, Optimizer, Sgd};
-pub use params::{NnError, ParamStore};
+pub use params::ParamStore;
 pub use safetensors::{
     FileDType, LoadOptions, LoadReport, SafeTensorsError, SafeTensorsFile, SaveOptions,
 };

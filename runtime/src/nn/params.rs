@@ -3,75 +3,11 @@
 use std::collections::HashMap;
 
 use crate::element::Element;
-use crate::error::{Error, Shape};
 use crate::param::{Param, Parameters};
 use crate::pool::Pool;
 use crate::tensor::Tensor;
 
-/// Errors of the `nn` modules, the parameter store and the optimizers.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
-pub enum NnError {
-    /// No parameter has this name; `close` lists registered names that look alike.
-    #[error("no parameter named \"{name}\"{}", suggest(close))]
-    UnknownParam {
-        /// The name asked for.
-        name: String,
-        /// Registered names within a small edit distance, closest first.
-        close: Vec<String>,
-    },
-    /// A second parameter with a name already registered.
-    #[error("a parameter named \"{0}\" is already registered")]
-    DuplicateParam(String),
-    /// An optimizer was given a parameter set that lists one parameter twice (the parameter and a
-    /// clone of it): it would update the parameter twice per step.
-    #[error(
-        "the parameter set lists parameter #{index} (shape {shape}) twice, as itself or a clone; \
-         list each parameter once"
-    )]
-    ParamListedTwice {
-        /// Its position in the set (the second listing).
-        index: usize,
-        /// Its shape.
-        shape: Shape,
-    },
-    /// An error of the checkpointer during a checkpointed forward.
-    #[error(transparent)]
-    Checkpoint(Box<crate::checkpoint::CheckpointError>),
-    /// An error reading or writing a safetensors file: see [`SafeTensorsError`](super::SafeTensorsError).
-    #[error(transparent)]
-    SafeTensors(#[from] super::SafeTensorsError),
-    /// An error of a tensor op (shapes, budgets).
-    #[error(transparent)]
-    Tensor(#[from] Error),
-}
-
-/// The names among `candidates` that look like `name` (a small edit distance, or containing it),
-/// closest first, at most three: the "did you mean" of an error about a name.
-pub(super) fn close_names(name: &str, candidates: &[String]) -> Vec<String> {
-    let mut close: Vec<(usize, &String)> = candidates
-        .iter()
-        .map(|n| (strsim::levenshtein(name, n), n))
-        .filter(|&(d, n)| d <= 3 || n.contains(name))
-        .collect();
-    close.sort();
-    close.into_iter().take(3).map(|(_, n)| n.clone()).collect()
-}
-
-/// `close` as the end of an error message: empty, or "; did you mean ...?".
-pub(super) fn suggest(close: &[String]) -> String {
-    match close {
-        [] => String::new(),
-        names => format!(
-            "; did you mean {}?",
-            names
-                .iter()
-                .map(|n| format!("\"{n}\""))
-                .collect::<Vec<_>>()
-                .join(" or ")
-        ),
-    }
-}
+use super::error::{close_names, NnError};
 
 /// Named parameters in registration order: for weights loaded or saved by name. A model's modules
 /// own their parameters; take them out of a store ([`ParamStore::take`]) to build one, so that each

@@ -56,7 +56,8 @@ use ndarray::{ArrayView2, ArrayViewD, ArrayViewMut2};
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 
-use super::params::{close_names, suggest, NnError, ParamStore};
+use super::error::{close_names, suggest, NnError};
+use super::params::ParamStore;
 use crate::element::{is_integer, DType, Element};
 use crate::error::Shape;
 use crate::param::Param;

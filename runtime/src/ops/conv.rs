@@ -170,7 +170,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     ) -> Result<Tensor<'s, T>> {
         let weight = &*weight.bind_beside(self);
         let conv = Conv::new(self, weight, stride, padding)?;
-        let scope = deeper(&self.scope, &weight.scope);
+        let scope = deeper(&self.rents_in, &weight.rents_in);
         let mut out = Tensor::try_rent_in(scope, &conv.out_shape())?;
         if !out.is_empty() {
             let (rows, positions) = (conv.rows(), conv.positions());
@@ -263,7 +263,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         );
         let out_shape = [n, c, ho, wo];
         check_addressable::<T>(&out_shape, overflow)?;
-        let mut out = Tensor::try_rent_in(&self.scope, &out_shape)?;
+        let mut out = Tensor::try_rent_in(&self.rents_in, &out_shape)?;
         if !out.is_empty() {
             let src = self.as_slice();
             work::visit(n * c);
@@ -308,15 +308,15 @@ pub(crate) fn conv2d_backward<'s, T: Element>(
     let conv = Conv::new(x, weight, stride, padding)?;
     let (rows, positions) = (conv.rows(), conv.positions());
     let mut dx = need_x
-        .then(|| Tensor::try_rent_zeroed_in(&g.scope, x.shape()))
+        .then(|| Tensor::try_rent_zeroed_in(&g.rents_in, x.shape()))
         .transpose()?;
     let mut dw = need_w
-        .then(|| Tensor::try_rent_zeroed_in(&g.scope, weight.shape()))
+        .then(|| Tensor::try_rent_zeroed_in(&g.rents_in, weight.shape()))
         .transpose()?;
     if g.is_empty() || rows == 0 {
         return Ok((dx, dw));
     }
-    let mut cols = Tensor::<T>::try_rent_in(&g.scope, &[rows, positions])?;
+    let mut cols = Tensor::<T>::try_rent_in(&g.rents_in, &[rows, positions])?;
     let kernel = ArrayView2::from_shape((conv.c_out, rows), weight.as_slice())
         .expect("the weight holds c_out x rows elements");
     let image_len = conv.c_in * conv.h * conv.w;
@@ -359,7 +359,7 @@ pub(crate) fn upsample_backward<'s, T: Element>(
 ) -> Result<Tensor<'s, T>> {
     let [n, c, ho, wo] = nchw("upsample_nearest2d backward", g)?;
     let (h, w) = (ho / scale, wo / scale);
-    let mut dx = Tensor::try_rent_zeroed_in(&g.scope, &[n, c, h, w])?;
+    let mut dx = Tensor::try_rent_zeroed_in(&g.rents_in, &[n, c, h, w])?;
     if !dx.is_empty() {
         work::visit(n * c);
         let src = g.as_slice();

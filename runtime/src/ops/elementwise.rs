@@ -22,7 +22,7 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use ndarray::{Dimension, IxDyn, Zip};
 
-use super::unary::{scalar, unary};
+use super::tensor_ops::{scalar, unary};
 use super::{broadcast_shape, rows, simd, work, Arg, Operand};
 use crate::autograd::{self, Recorder, Rule, Scalar, Unary};
 use crate::element::Element;
@@ -92,7 +92,7 @@ fn zip_kernel<'s, T: Element>(
     b: Arg<'_, 's, T>,
     f: impl Fn(T, T) -> T + Sync,
 ) -> Result<Tensor<'s, T>> {
-    let scope = deeper(&a.tensor().scope, &b.tensor().scope).clone();
+    let scope = deeper(&a.tensor().rents_in, &b.tensor().rents_in).clone();
     if shape.contains(&0) {
         // Nothing to compute; a broadcast walk over the empty shape could still loop over rows.
         return Tensor::try_rent_in(&scope, shape);
@@ -140,7 +140,7 @@ fn zip_kernel<'s, T: Element>(
 impl<'s, T: Element> Tensor<'s, T> {
     /// `self + other` written into this tensor's buffer when it is the only handle on it.
     pub(crate) fn try_add_owned(self, other: &Tensor<'_, T>) -> Result<Tensor<'s, T>> {
-        let other = other.alias_in(&self.scope);
+        let other = other.alias_in(&self.rents_in);
         zip_with(
             Binary::Add,
             Arg::Owned(self),
@@ -154,7 +154,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// buffer. Not recorded: for backward rules.
     pub(crate) fn try_broadcast_to(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
         let out_shape = broadcast_shape("broadcast_to", self.shape(), shape)?;
-        let mut out = Tensor::try_rent_in(&self.scope, out_shape.slice())?;
+        let mut out = Tensor::try_rent_in(&self.rents_in, out_shape.slice())?;
         if !out.is_empty() {
             work::visit(rows(out_shape.slice()));
             Zip::from(out.unique_view_mut())

@@ -56,7 +56,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         check_indices(op, ids, axis, len)?;
         let mut shape = IxDyn(self.shape());
         shape[axis] = ids.len();
-        let mut out = Tensor::try_rent_in(deeper(&self.scope, &ids.scope), shape.slice())?;
+        let mut out = Tensor::try_rent_in(deeper(&self.rents_in, &ids.rents_in), shape.slice())?;
         if !out.is_empty() {
             work::visit(ids.len());
             let (src, mut dst) = (self.view(), out.unique_view_mut());
@@ -141,7 +141,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
         let len = self.shape()[axis];
         check_indices("gather", index, axis, len)?;
-        let mut out = Tensor::try_rent_in(deeper(&self.scope, &index.scope), index.shape())?;
+        let mut out = Tensor::try_rent_in(deeper(&self.rents_in, &index.rents_in), index.shape())?;
         if !out.is_empty() {
             let src = self.view();
             let src = src.slice_each_axis(cut_to(index.shape(), axis));

@@ -76,7 +76,8 @@ impl<'s, T: Element> Tensor<'s, T> {
         let mut out_shape = IxDyn::zeros(batch.len() + 2);
         out_shape.slice_mut()[..batch.len()].copy_from_slice(batch);
         out_shape.slice_mut()[batch.len()..].copy_from_slice(&[m, n]);
-        let mut out = Tensor::try_rent_in(deeper(&self.scope, &other.scope), out_shape.slice())?;
+        let mut out =
+            Tensor::try_rent_in(deeper(&self.rents_in, &other.rents_in), out_shape.slice())?;
         if out.is_empty() {
             return Ok(out);
         }
@@ -144,7 +145,7 @@ pub(crate) fn matmul_transposed<'s, T: Element>(
             m
         }
     };
-    let scope = deeper(&a.scope, &b.scope);
+    let scope = deeper(&a.rents_in, &b.rents_in);
     let (a, b) = (
         matrix(a.as_slice(), ar, ac, ta),
         matrix(b.as_slice(), br, bc, tb),

@@ -85,7 +85,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     pub fn try_cross_entropy(&self, labels: &[usize]) -> Result<Tensor<'s, T>> {
         self.check_cross_entropy(labels.len(), labels.iter().copied())?;
         // Kept for backward in a pooled tensor: in range, so they fit an `i64`.
-        let mut ids = Tensor::try_rent_in(&self.scope, &[labels.len()])?;
+        let mut ids = Tensor::try_rent_in(&self.rents_in, &[labels.len()])?;
         for (id, &label) in ids.unique_slice_mut().iter_mut().zip(labels) {
             *id = label as i64;
         }
@@ -142,7 +142,7 @@ impl<'s, T: Element> Tensor<'s, T> {
 
 /// A tensor of shape `[]` holding `value`, in `like`'s scope.
 fn scalar_tensor<'s, T: Element>(like: &Tensor<'s, T>, value: T) -> Result<Tensor<'s, T>> {
-    let mut t = Tensor::try_rent_in(&like.scope, &[])?;
+    let mut t = Tensor::try_rent_in(&like.rents_in, &[])?;
     t.unique_slice_mut()[0] = value;
     Ok(t)
 }

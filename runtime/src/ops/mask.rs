@@ -76,7 +76,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     pub fn try_cmp(&self, other: &Tensor<'s, T>, cmp: Cmp) -> Result<Tensor<'s, u8>> {
         let shape = broadcast_shape("cmp", self.shape(), other.shape())?;
         let shape = shape.slice();
-        let mut out = Tensor::<u8>::try_rent_in(deeper(&self.scope, &other.scope), shape)?;
+        let mut out = Tensor::<u8>::try_rent_in(deeper(&self.rents_in, &other.rents_in), shape)?;
         if !out.is_empty() {
             work::visit(rows(shape));
             Zip::from(out.unique_view_mut())
@@ -98,7 +98,7 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// The mask of `self <cmp> value`. Fails only with a budget error.
     pub fn try_cmp_scalar(&self, cmp: Cmp, value: T) -> Result<Tensor<'s, u8>> {
-        let mut out = Tensor::<u8>::try_rent_in(&self.scope, self.shape())?;
+        let mut out = Tensor::<u8>::try_rent_in(&self.rents_in, self.shape())?;
         out.unique_slice_mut()
             .iter_mut()
             .zip(self.as_slice())
@@ -157,7 +157,7 @@ impl<'s, T: DType> Tensor<'s, T> {
                 reason: "needs at least two axes".into(),
             });
         };
-        let mut out = Tensor::try_rent_in(&self.scope, self.shape())?;
+        let mut out = Tensor::try_rent_in(&self.rents_in, self.shape())?;
         if !out.is_empty() {
             work::visit(self.len() / (m * n));
             let keep = |i: usize, j: usize| {
@@ -199,7 +199,10 @@ impl<'s> Tensor<'s, u8> {
         let shape = broadcast_shape("where_cond", on_true.shape(), on_false.shape())?;
         let shape = broadcast_shape("where_cond", self.shape(), shape.slice())?;
         let shape = shape.slice();
-        let scope = deeper(deeper(&self.scope, &on_true.scope), &on_false.scope);
+        let scope = deeper(
+            deeper(&self.rents_in, &on_true.rents_in),
+            &on_false.rents_in,
+        );
         let recorder = Recorder::of(&[on_true, on_false]);
         let mut out = Tensor::try_rent_in(scope, shape)?;
         if !out.is_empty() {
@@ -248,7 +251,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "the mask must broadcast to the tensor's shape".into(),
             });
         }
-        let mut out = Tensor::try_rent_in(&self.scope, self.shape())?;
+        let mut out = Tensor::try_rent_in(&self.rents_in, self.shape())?;
         if !out.is_empty() {
             work::visit(rows(self.shape()));
             Zip::from(out.unique_view_mut())
@@ -278,7 +281,7 @@ pub(crate) fn select_grad<T: Element>(
     mask: &Tensor<'static, u8>,
     keep_set: bool,
 ) -> Result<Tensor<'static, T>> {
-    let mut out = Tensor::try_rent_in(&g.scope, g.shape())?;
+    let mut out = Tensor::try_rent_in(&g.rents_in, g.shape())?;
     if !out.is_empty() {
         Zip::from(out.unique_view_mut())
             .and(&g.view())

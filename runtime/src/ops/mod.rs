@@ -35,15 +35,15 @@ pub mod pool2d;
 pub mod reduce;
 pub mod shape;
 pub(crate) mod simd;
-mod unary;
+mod tensor_ops;
 
 pub(crate) use conv::{conv2d_backward, upsample_backward};
 pub(crate) use gemm::reserve_scratch;
 pub(crate) use lanes::{lane_backward, lane_op, Lane, Lanes};
 pub(crate) use linalg::matmul_transposed;
 pub use mask::Cmp;
-pub use unary::TensorOps;
-pub(crate) use unary::{clamp_backward, scalar_op, unary_backward, unary_op};
+pub use tensor_ops::TensorOps;
+pub(crate) use tensor_ops::{clamp_backward, scalar_op, unary_backward, unary_op};
 
 use ndarray::{Dimension, IxDyn};
 
@@ -205,7 +205,7 @@ impl<'s, T: Element> Arg<'_, 's, T> {
             Ok(t) => Ok(t),
             Err(src) => {
                 let src = src.tensor();
-                let mut out = Tensor::try_rent_in(&src.scope, shape)?;
+                let mut out = Tensor::try_rent_in(&src.rents_in, shape)?;
                 out.unique_slice_mut().copy_from_slice(src.as_slice());
                 Ok(out)
             }

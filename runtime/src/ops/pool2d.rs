@@ -91,11 +91,11 @@ impl<'s, T: Element> Tensor<'s, T> {
             pooled(op, w, kernel, stride)?,
         );
         let recorder = Recorder::of(&[self]);
-        let mut out = Tensor::try_rent_in(&self.scope, &[n, c, ho, wo])?;
+        let mut out = Tensor::try_rent_in(&self.rents_in, &[n, c, ho, wo])?;
         // The max's position in its plane, for the backward (only when recording).
         let mut at = match (kind, &recorder) {
             (Pooling::Max, Some(_)) => {
-                Some(Tensor::<i64>::try_rent_in(&self.scope, &[n, c, ho, wo])?)
+                Some(Tensor::<i64>::try_rent_in(&self.rents_in, &[n, c, ho, wo])?)
             }
             _ => None,
         };
@@ -152,7 +152,7 @@ pub(crate) fn pool2d_backward<T: Element>(
 ) -> Result<Tensor<'static, T>> {
     let [_, _, h, w] = input;
     let [_, _, ho, wo] = nchw(kind.op(), g)?;
-    let mut dx = Tensor::try_rent_zeroed_in(&g.scope, &input)?;
+    let mut dx = Tensor::try_rent_zeroed_in(&g.rents_in, &input)?;
     if dx.is_empty() || g.is_empty() {
         return Ok(dx);
     }

@@ -115,7 +115,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         let view = self.view();
         let shape = IxDyn(self.shape()).remove_axis(Axis(axis));
         let len = self.shape()[axis];
-        let mut out = Tensor::try_rent_in(&self.scope, shape.slice())?;
+        let mut out = Tensor::try_rent_in(&self.rents_in, shape.slice())?;
         if out.is_empty() {
             return Ok(out);
         }
@@ -293,7 +293,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         } else {
             shape.remove(axis);
         }
-        let mut out = Tensor::<i64>::try_rent_in(&self.scope, &shape)?;
+        let mut out = Tensor::<i64>::try_rent_in(&self.rents_in, &shape)?;
         if out.is_empty() {
             return Ok(out);
         }

@@ -22,7 +22,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         };
         let axis = check_axis("concat", first, axis)?;
         let mut joined = Some(first.shape()[axis]);
-        let mut scope = &first.scope;
+        let mut scope = &first.rents_in;
         for t in rest {
             let reason = if t.ndim() != first.ndim() {
                 Some(format!("ranks differ ({} and {})", first.ndim(), t.ndim()))
@@ -46,7 +46,7 @@ impl<'s, T: DType> Tensor<'s, T> {
                 });
             }
             joined = joined.and_then(|len| len.checked_add(t.shape()[axis]));
-            scope = deeper(scope, &t.scope);
+            scope = deeper(scope, &t.rents_in);
         }
         let overflow = || {
             let lengths = tensors.iter().map(|t| t.shape()[axis]);
@@ -155,7 +155,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     pub(crate) fn narrow_kernel(&self, axis: usize, start: usize, len: usize) -> Result<Self> {
         let mut shape = IxDyn(self.shape());
         shape[axis] = len;
-        let mut out = Tensor::try_rent_in(&self.scope, shape.slice())?;
+        let mut out = Tensor::try_rent_in(&self.rents_in, shape.slice())?;
         if !out.is_empty() {
             work::visit(1);
             let view = self.view();
@@ -252,7 +252,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             });
         }
         let view = self.view().permuted_axes(resolved.clone());
-        let mut out = Tensor::try_rent_in(&self.scope, view.shape())?;
+        let mut out = Tensor::try_rent_in(&self.rents_in, view.shape())?;
         if !out.is_empty() {
             work::visit(1);
             out.unique_view_mut().assign(&view);

@@ -1,4 +1,5 @@
-//! Ops that can write their output over their input: elementwise maps and per-lane kernels.
+//! [`TensorOps`]: the ops that can write their output over their input (elementwise functions and
+//! per-lane kernels such as softmax and the norms), for `Tensor` and `&Tensor` alike.
 
 use std::sync::Arc;
 
@@ -607,7 +608,7 @@ fn map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T + Sync) -> Result
         }
         Err(src) => {
             let src = src.tensor();
-            let mut out = Tensor::try_rent_in(&src.scope, shape)?;
+            let mut out = Tensor::try_rent_in(&src.rents_in, shape)?;
             simd::map_into(out.unique_slice_mut(), src.as_slice(), f);
             Ok(out)
         }
