@@ -27,8 +27,10 @@ fn sequence<'a>(x: &Tensor<'a>) -> Tensor<'a> {
     x
 }
 
-fn main() {
-    let model = Model { scales: vec![0.5f64; 6] };
+pub(crate) fn main() {
+    let model = Model {
+        scales: vec![0.5f64; 6],
+    };
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Sqrt));
     tensorscope::scope(|s| {
         let y = model.forward(&mut ckpt, s.ones::<f64>(&[3]));

@@ -2,7 +2,7 @@
 #![deny(warnings)]
 use tensorscope::prelude::*;
 
-fn main() {
+pub(crate) fn main() {
     let pool = Pool::with_max_memory_mb(16);
     let w = Param::from_slice(&pool, &[2, 1], &[0.5f32, -1.0]);
     pool.scope(|outer| {

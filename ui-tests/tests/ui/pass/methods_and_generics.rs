@@ -35,7 +35,7 @@ where
     x * by
 }
 
-fn main() {
+pub(crate) fn main() {
     let pool = Pool::with_max_memory_mb(16);
     let w = pool.scope(|s| s.ones::<f64>(&[3, 3]).detach());
     let mut layer = Linear { w, calls: 0 };

@@ -18,7 +18,10 @@ fn stack<'a>(x: &Tensor<'a>, depth: usize) -> Tensor<'a> {
 }
 
 #[dispose_scope]
-fn first_positive<'a>(x: &Tensor<'a>, tries: usize) -> Result<Option<Tensor<'a>>, tensorscope::Error> {
+fn first_positive<'a>(
+    x: &Tensor<'a>,
+    tries: usize,
+) -> Result<Option<Tensor<'a>>, tensorscope::Error> {
     for i in 0..tries {
         let shifted = x.try_add(&x.reshape(x.shape()))? - i as f32;
         if shifted.as_slice().iter().all(|&v| v > 0.0) {
@@ -28,7 +31,7 @@ fn first_positive<'a>(x: &Tensor<'a>, tries: usize) -> Result<Option<Tensor<'a>>
     Ok(None)
 }
 
-fn main() {
+pub(crate) fn main() {
     tensorscope::scope(|s| {
         let x = s.ones::<f32>(&[4]);
         assert_eq!(stack(&x, 3).shape(), &[4]);

@@ -3,7 +3,7 @@
 
 use tensorscope::prelude::*;
 
-fn main() {
+pub(crate) fn main() {
     let pool = Pool::with_max_memory_mb(16);
     let kept = pool.scope(|s| s.ones::<f32>(&[4]).detach());
     assert_eq!(kept.len(), 4);

@@ -42,7 +42,11 @@ fn result<'a>(x: &Tensor<'a>, w: &Tensor<'a>) -> Result<Tensor<'a>, tensorscope:
 
 #[dispose_scope]
 fn derived<'a>(x: &Tensor<'a>) -> Output<'a> {
-    Output { y: x.sigmoid(), extras: vec![x.tanh()], note: "derived" }
+    Output {
+        y: x.sigmoid(),
+        extras: vec![x.tanh()],
+        note: "derived",
+    }
 }
 
 #[dispose_scope]
@@ -50,7 +54,7 @@ fn unit<'a>(x: &Tensor<'a>) {
     assert_eq!(x.ndim(), 2);
 }
 
-fn main() {
+pub(crate) fn main() {
     tensorscope::scope(|s| {
         let x = s.ones::<f32>(&[2, 2]);
         let w = s.ones::<f32>(&[2, 3]);

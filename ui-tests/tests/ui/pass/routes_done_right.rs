@@ -75,7 +75,7 @@ fn marked<'a>(x: &Tensor<'a>) -> Marked<'a> {
     }
 }
 
-fn main() {
+pub(crate) fn main() {
     let pool = Pool::with_max_memory_mb(16);
     let w = Param::from_slice(&pool, &[2, 2], &[1.0f32; 4]);
     let mut erased_values: Vec<Box<dyn Any>> = Vec::new();
@@ -103,7 +103,9 @@ fn main() {
         let t = s.ones::<f32>(&[4]).detach();
         later = Some(Box::new(move || t.len()));
         LAST.with_borrow_mut(|l| *l = Some(s.ones::<f32>(&[4]).detach()));
-        let mut state = State { hidden: s.zeros::<f32>(&[4]) };
+        let mut state = State {
+            hidden: s.zeros::<f32>(&[4]),
+        };
         step(&mut state, s);
         assert_eq!(state.hidden.to_vec(), vec![1.0; 4]);
         let _generic = s.scope(|i| i.escape(identity(i.ones::<f32>(&[4]))));
@@ -127,7 +129,10 @@ fn main() {
         assert_eq!((kept.len(), by_name.len(), shown.len()), (4, 1, 1));
         drop((slot, cell, outer, last));
     });
-    assert_eq!((erased_values.len(), later.map(|f| f()), params.len()), (1, Some(4), 3));
+    assert_eq!(
+        (erased_values.len(), later.map(|f| f()), params.len()),
+        (1, Some(4), 3)
+    );
     assert!(LAST.with_borrow(Option::is_some));
     // Parameters alone compute inside a scope, bound to it.
     let squared = pool.scope(|s| s.bind(&w).matmul(&w).detach());
