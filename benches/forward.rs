@@ -27,8 +27,8 @@ fn three_ways(c: &mut Criterion, shape: Shape) {
     });
 
     let pool = Pool::with_max_memory_mb(4096);
-    let blocks = reference_model::pooled_weights(&pool, &weights);
-    let x = Param::try_from_array(&pool, &input).expect("input fits");
+    let blocks = reference_model::pooled_params(&pool, shape, reference_model::BLOCKS);
+    let x = reference_model::pooled_input(&pool, shape);
     pool.scope(|s| drop(reference_model::pooled(&blocks, &s.bind(&x))));
     let misses = pool.stats().misses;
     g.bench_function("b_pooled", |b| {
@@ -99,8 +99,8 @@ fn threads(c: &mut Criterion) {
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(8));
     let pool = Pool::with_max_memory_mb(4096);
-    let blocks = reference_model::pooled_weights(&pool, &reference_model::weights(E));
-    let x = Param::try_from_array(&pool, &reference_model::input(E)).expect("input fits");
+    let blocks = reference_model::pooled_params(&pool, E, reference_model::BLOCKS);
+    let x = reference_model::pooled_input(&pool, E);
     let shared_bytes = pool.stats().bytes_in_use;
     let run = || pool.scope(|s| reference_model::pooled(&blocks, &s.bind(&x)).as_slice()[0]);
     for threads in [1usize, 2] {

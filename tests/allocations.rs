@@ -91,18 +91,8 @@ const BLOCKS: usize = 2;
 fn per_forward(shape: reference_model::Shape) -> usize {
     let _alone = Alone::new();
     let pool = Pool::with_max_memory_mb(512);
-    let w = shape.width;
-    let param =
-        |dims: &[usize], seed: u64| pool.scope(|s| (s.randn::<f32>(dims, seed) * 0.1).detach());
-    let blocks: Vec<reference_model::Pooled> = (0..BLOCKS as u64)
-        .map(|i| reference_model::Pooled {
-            w1: param(&[w, w], 4 * i),
-            b1: param(&[w], 4 * i + 1),
-            w2: param(&[w, w], 4 * i + 2),
-            b2: param(&[w], 4 * i + 3),
-        })
-        .collect();
-    let input = param(&[shape.batch, w], 99);
+    let blocks = reference_model::pooled_params(&pool, shape, BLOCKS);
+    let input = reference_model::pooled_input(&pool, shape);
     let forward = || pool.scope(|s| reference_model::pooled(&blocks, &s.bind(&input)).len());
     forward();
     let before = ALLOCATIONS.load(Ordering::Relaxed);

@@ -6,9 +6,11 @@
 //! - (b) `pooled`: tensorscope, one `#[dispose_scope]` function per block;
 //! - (c) `prealloc`: hand-written into buffers allocated once and reused across calls.
 //!
-//! All three run the same unfused kernels (matmul into an output, bias, GELU, residual, layer norm
-//! as separate passes), so what differs between them is where each result's memory comes from.
-//! Shared by `benches/forward.rs` and `examples/reference_forward.rs` through `#[path]`.
+//! All three run the ops as separate passes (matmul into an output, bias, GELU, residual, layer
+//! norm). (a) and (c) run ndarray's products (matrixmultiply) and a scalar GELU, (b) tensorscope's
+//! own products and vectorised kernels: (a) against (c) shows what fresh allocation costs, (b)
+//! against both what the library gives, time and memory together. Shared by `benches/forward.rs`,
+//! `examples/reference_forward.rs` and `tests/allocations.rs` through `#[path]`.
 
 #![allow(dead_code)] // each user needs a different part
 
@@ -55,33 +57,56 @@ pub(crate) struct Weights {
     pub(crate) b2: Array1<f32>,
 }
 
-/// Deterministic weights and input for `shape` (from tensorscope's seeded generator).
-pub(crate) fn weights(shape: Shape) -> Vec<Weights> {
+/// `blocks` blocks' weights for `shape`, made in `pool` as parameters (no other copy: a process
+/// measuring the pooled forward's peak RSS holds the weights once), from tensorscope's seeded
+/// generator.
+pub(crate) fn pooled_params(pool: &Pool, shape: Shape, blocks: usize) -> Vec<Pooled> {
+    (0..blocks).map(|i| block_params(pool, shape, i)).collect()
+}
+
+/// Block `i`'s weights for `shape`, made in `pool`.
+fn block_params(pool: &Pool, shape: Shape, i: usize) -> Pooled {
     let w = shape.width;
     let scale = 1.0 / (w as f32).sqrt();
-    tensorscope::scope(|s| {
-        (0..BLOCKS as u64)
-            .map(|i| {
-                let m = |t: Tensor<'_>| t.to_array().into_dimensionality().expect("2-D");
-                let v = |t: Tensor<'_>| t.to_array().into_dimensionality().expect("1-D");
-                Weights {
-                    w1: m(s.randn::<f32>(&[w, w], 4 * i) * scale),
-                    b1: v(s.randn::<f32>(&[w], 4 * i + 1) * 0.1),
-                    w2: m(s.randn::<f32>(&[w, w], 4 * i + 2) * scale),
-                    b2: v(s.randn::<f32>(&[w], 4 * i + 3) * 0.1),
-                }
-            })
-            .collect()
+    let seed = 4 * i as u64;
+    pool.scope(|s| Pooled {
+        w1: (s.randn::<f32>(&[w, w], seed) * scale).detach(),
+        b1: (s.randn::<f32>(&[w], seed + 1) * 0.1).detach(),
+        w2: (s.randn::<f32>(&[w, w], seed + 2) * scale).detach(),
+        b2: (s.randn::<f32>(&[w], seed + 3) * 0.1).detach(),
     })
 }
 
+/// The input for `shape`, made in `pool` as a parameter.
+pub(crate) fn pooled_input(pool: &Pool, shape: Shape) -> Param {
+    pool.scope(|s| s.randn::<f32>(&[shape.batch, shape.width], 999).detach())
+}
+
+/// The same weights as [`pooled_params`] (all [`BLOCKS`]) as ndarray arrays, for (a) and (c). Each
+/// block is made in a pool of its own that is dropped once the block is copied out, so at most one
+/// block is ever held twice.
+pub(crate) fn weights(shape: Shape) -> Vec<Weights> {
+    let m = |p: &Param| p.to_array().into_dimensionality().expect("2-D");
+    let v = |p: &Param| p.to_array().into_dimensionality().expect("1-D");
+    (0..BLOCKS)
+        .map(|i| {
+            let b = block_params(&Pool::with_max_memory_mb(64), shape, i);
+            Weights {
+                w1: m(&b.w1),
+                b1: v(&b.b1),
+                w2: m(&b.w2),
+                b2: v(&b.b2),
+            }
+        })
+        .collect()
+}
+
+/// The same input as [`pooled_input`], as an ndarray array.
 pub(crate) fn input(shape: Shape) -> Array2<f32> {
-    tensorscope::scope(|s| {
-        s.randn::<f32>(&[shape.batch, shape.width], 999)
-            .to_array()
-            .into_dimensionality()
-            .expect("2-D")
-    })
+    pooled_input(&Pool::with_max_memory_mb(64), shape)
+        .to_array()
+        .into_dimensionality()
+        .expect("2-D")
 }
 
 /// Bytes of the most tensors alive at once in one forward, derived from the shapes: a block's
@@ -124,18 +149,6 @@ pub(crate) struct Pooled {
     pub(crate) b1: Param,
     pub(crate) w2: Param,
     pub(crate) b2: Param,
-}
-
-pub(crate) fn pooled_weights(pool: &Pool, ws: &[Weights]) -> Vec<Pooled> {
-    let t = |a: &Array2<f32>| Param::try_from_array(pool, a).expect("weights fit the pool");
-    ws.iter()
-        .map(|w| Pooled {
-            w1: t(&w.w1),
-            b1: Param::try_from_array(pool, &w.b1).expect("fits"),
-            w2: t(&w.w2),
-            b2: Param::try_from_array(pool, &w.b2).expect("fits"),
-        })
-        .collect()
 }
 
 #[dispose_scope]
