@@ -20,6 +20,10 @@ pub use tensorscope_runtime::{bf16, f16, ndarray};
 
 /// The names a forward function usually needs: `use tensorscope::prelude::*;`.
 pub mod prelude {
-    pub use tensorscope_macros::{checkpoint, dispose_scope, Escape};
-    pub use tensorscope_runtime::{scope, Escape, Param, Pool, Scope, Tensor, TensorOps};
+    // Links to the items' own pages, as std's prelude does, rather than second copies of them.
+    // `checkpoint` is named from the macro crate: `crate::checkpoint` is also the module.
+    #[doc(no_inline)]
+    pub use crate::{dispose_scope, scope, Escape, Param, Pool, Scope, Tensor, TensorOps};
+    #[doc(no_inline)]
+    pub use tensorscope_macros::checkpoint;
 }
