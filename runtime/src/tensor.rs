@@ -38,6 +38,26 @@ use crate::storage::{Rented, Storage};
 /// assert_eq!(total, 10.0);
 /// ```
 ///
+/// Shapes, ops that write in place, and the data as ndarray arrays:
+///
+/// ```
+/// use tensorscope_runtime::{Pool, TensorOps};
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// let array = pool.scope(|s| {
+///     let x = s.arange(0.0f32, 6.0, 1.0).reshape(&[2, 3]); // [[0, 1, 2], [3, 4, 5]], no copy
+///     let y = x.matmul(&s.ones::<f32>(&[3, 4])); // [2, 3] x [3, 4] -> [2, 4]
+///     assert_eq!(y.shape(), &[2, 4]);
+///     assert_eq!(y.sum(-1).to_vec(), vec![12.0, 48.0]); // along the last axis
+///     let rented = s.stats().rented;
+///     let z = (y * 0.5).relu(); // `y` is owned and its only handle: both ops write in its buffer
+///     assert_eq!(s.stats().rented, rented);
+///     assert_eq!(z.view()[[1, 0]], 6.0); // an ndarray view of the data, no copy
+///     z.to_array() // an owned copy, which can leave the scope
+/// });
+/// assert_eq!(array, ndarray::array![[1.5, 1.5, 1.5, 1.5], [6.0, 6.0, 6.0, 6.0]].into_dyn());
+/// ```
+///
 /// # Printing
 ///
 /// `Display` (`{}`) prints the values nested in brackets by axis, right-aligned to one width, then
