@@ -20,8 +20,8 @@ use crate::storage::{Rented, Storage};
 /// - `clone()` is a zero-copy alias: both handles share one buffer, which goes back to the pool the
 ///   moment the last of them drops.
 /// - Ops on `&Tensor` rent a new output in the tensor's scope; ops on an owned `Tensor` that is the
-///   only handle on its buffer write in place (see [`crate::TensorOps`]), so `x.relu()` on a temporary
-///   allocates nothing.
+///   only handle on its buffer write in place (see [`TensorOps`](crate::TensorOps)), so `x.relu()`
+///   on a temporary allocates nothing.
 /// - A second operand can be a [`Param`] (`x.matmul(&w)`, `&x + &b`): it is read where it lies.
 /// - Data is always contiguous, row-major, and 64-byte aligned.
 ///
