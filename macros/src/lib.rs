@@ -4,6 +4,8 @@
 //!
 //! - [`macro@dispose_scope`]: run a forward function in its own child scope and escape its result.
 //! - [`derive@Escape`]: let a struct of tensors be returned from a scope.
+//! - [`macro@checkpoint`]: store the inputs of a few layers of a forward pass and recompute the
+//!   others when the backward pass needs them.
 
 use proc_macro::TokenStream;
 

@@ -2,8 +2,8 @@
 
 use std::fmt::{Debug, Display};
 
-/// Any element type a [`crate::Tensor`] can hold: the floating-point [`Element`]s, and the integer
-/// types `i64`, `i32` and `u8` for token ids, labels, indices and masks.
+/// Any element type a [`Tensor`](crate::Tensor) can hold: the floating-point [`Element`]s, and the
+/// integer types `i64`, `i32` and `u8` for token ids, labels, indices and masks.
 ///
 /// Integer tensors live in the same pool and budget as float ones. They have no arithmetic and never
 /// carry a gradient: they are what ids and masks need (made with [`Scope::from_slice`], `zeros`,
@@ -47,8 +47,8 @@ pub trait DType:
     }
 }
 
-/// A floating-point element type: `f32`, `f64`, [`half::f16`] and [`half::bf16`]. Every op with
-/// arithmetic, and every gradient, is over these.
+/// A floating-point element type: `f32`, `f64`, [`f16`](half::f16) and [`bf16`](half::bf16). Every
+/// op with arithmetic, and every gradient, is over these.
 pub trait Element: DType + num_traits::Float + std::iter::Sum {
     /// Whether matrix products run on the library's packed FMA kernels (`f32`, `f64`); `f16` and
     /// `bf16` run on ndarray's generic `general_mat_mul`.

@@ -64,5 +64,7 @@ pub use pool::{
 pub use scope::{current_pool, scope, Scope, ScopeStats};
 pub use tensor::Tensor;
 
+#[doc(no_inline)]
 pub use half::{bf16, f16};
+#[doc(no_inline)]
 pub use ndarray;

@@ -37,6 +37,22 @@ use crate::recycle::RecycledArc;
 /// assert_eq!(y.to_vec(), vec![1.5, 1.5, 1.5, 1.5, 1.5, 1.5]);
 /// std::thread::spawn(move || assert_eq!(y.shape(), &[3, 2])).join().unwrap();
 /// ```
+///
+/// Copy on write:
+///
+/// ```
+/// use tensorscope_runtime::{Param, Pool};
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// let mut w = Param::from_slice(&pool, &[2], &[1.0f32, 2.0]);
+/// let before = w.clone(); // shares the data
+/// w.view_mut()[[0]] = 10.0; // copies first: `before` keeps the old values
+/// assert_eq!((w.to_vec(), before.to_vec()), (vec![10.0, 2.0], vec![1.0, 2.0]));
+/// drop(before);
+/// let stats = pool.stats();
+/// w.view_mut()[[1]] = 20.0; // the only handle now: written in place, nothing rented
+/// assert_eq!((w.to_vec(), pool.stats()), (vec![10.0, 20.0], stats));
+/// ```
 pub struct Param<T: DType = f32> {
     /// The data; its record is reused once the last handle drops (see `recycle`), so a
     /// checkpoint stored every step allocates nothing.

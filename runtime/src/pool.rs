@@ -1,24 +1,5 @@
-//! The buffer pool: rent and return of aligned buffers under one memory budget.
-//!
-//! A [`Pool`] keeps buffers that were returned (dropped) and hands them out again to later rents of
-//! the same size class, so a steady-state loop makes no system allocations. Buffers are raw 64-byte
-//! aligned blocks, so one buffer can serve `f32` now and `f16` later, and one byte budget covers every
-//! element type.
-//!
-//! - **Size classes.** A request is rounded up to a class: whole 64-byte blocks, then quarter steps
-//!   between powers of two (4, 5, 6, 7, 8, 10, 12, 14, 16, 20 ... blocks). The slack is at most 25% of
-//!   the request (plus the rounding to one block), and a rent is only served by a buffer of its own
-//!   class, so it never gets a buffer much larger than it asked for.
-//! - **Budget.** `max_bytes` bounds the bytes in use plus the bytes cached. Before a fresh allocation
-//!   would pass it, idle buffers are evicted least recently used first: in the order they were returned,
-//!   counted by the pool, never by wall time. If the buffers in use alone would pass it, the rent fails with
-//!   [`Error::BudgetExceeded`] naming the requested, in-use, cached and limit bytes.
-//! - **Return on drop.** A [`PoolBuffer`] goes back to the pool when dropped. Safety never depends on
-//!   that drop running: a buffer that is leaked (`mem::forget`) is simply never reused.
-//! - **Poison.** A pool made with [`PoolConfig::poisoned`] (or switched with [`Pool::set_poison`])
-//!   fills every buffer of an unzeroed rent with [`POISON_BYTE`], which reads as NaN in every float
-//!   type: an op that forgets to write part of its output then shows NaN instead of another tensor's
-//!   old values. The tests run with it on; it is off by default.
+//! The buffer pool: rent and return of aligned buffers under one memory budget. The rules are in
+//! [`Pool`]'s docs, where they are rendered (this module is private).
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -134,6 +115,11 @@ impl PoolStats {
 /// A shared handle on a buffer pool. Cloning it is cheap and gives another handle on the same pool;
 /// it is `Send + Sync`, so threads can share one pool (each running its own scopes).
 ///
+/// The pool keeps buffers that were returned (dropped) and hands them out again to later rents of
+/// the same size class, so a steady-state loop makes no system allocations. Buffers are raw 64-byte
+/// aligned blocks, so one buffer can serve `f32` now and `f16` later, and one byte budget covers
+/// every element type.
+///
 /// ```
 /// use tensorscope_runtime::Pool;
 ///
@@ -149,13 +135,48 @@ impl PoolStats {
 /// assert_eq!((stats.bytes_in_use, stats.bytes_cached), (0, 2 * 256 * 256 * 4));
 /// ```
 ///
+/// # Size classes and budget
+///
+/// A request is rounded up to a class: whole 64-byte blocks, then quarter steps between powers of
+/// two (4, 5, 6, 7, 8, 10, 12, 14, 16, 20 ... blocks). The slack is at most 25% of the request
+/// (plus the rounding to one block), and a rent is only served by a buffer of its own class, so it
+/// never gets a buffer much larger than it asked for.
+///
+/// The budget, [`Pool::max_bytes`], bounds the bytes in use plus the bytes cached. Before a fresh
+/// allocation would pass it, idle buffers are evicted least recently used first: in the order they
+/// were returned, counted by the pool, never by wall time. If the buffers in use alone would pass
+/// it, the rent fails with [`Error::BudgetExceeded`] naming the requested, in-use, cached and limit
+/// bytes (the panicking forms panic with that message).
+///
+/// ```
+/// use tensorscope_runtime::{Error, Pool};
+///
+/// let pool = Pool::with_max_memory_mb(1);
+/// pool.scope(|s| {
+///     let _a = s.zeros::<f32>(&[256, 256]); // 256 KiB in use
+///     drop(s.zeros::<f32>(&[128, 256])); // 128 KiB rented and returned: cached
+///     let err = s.try_zeros::<f32>(&[1024, 256]).unwrap_err(); // 1 MiB more cannot fit
+///     assert!(matches!(err, Error::BudgetExceeded { in_use: 262_144, cached: 131_072, .. }));
+///     let _b = s.zeros::<f32>(&[768, 256]); // 768 KiB fits once the cached buffer is freed
+/// });
+/// let stats = pool.stats();
+/// assert_eq!((stats.failed_rents, stats.evictions), (1, 1));
+/// ```
+///
+/// # Poison
+///
+/// A pool made with [`PoolConfig::poisoned`] (or switched with [`Pool::set_poison`]) fills every
+/// buffer of an unzeroed rent with [`POISON_BYTE`], which reads as NaN in every float type: an op
+/// that forgets to write part of its output then shows NaN instead of another tensor's old values.
+/// The tests run with it on; it is off by default.
+///
 /// # Memory safety
 ///
 /// A buffer is handed out to one owner at a time and goes back when its [`PoolBuffer`] drops; the pool
 /// never takes a buffer back on its own initiative (not at a scope's end, not on [`Pool::clear`], which
 /// frees idle buffers only). So safety rests on ownership alone, never on a destructor running: a
 /// buffer whose owner is leaked with `mem::forget` stays out of the pool for good, counted in
-/// `bytes_in_use`, and is never handed to anyone else. The crate has no `unsafe` code: buffers are
+/// `bytes_in_use`, and is never handed to anyone else. The pool has no `unsafe` code: buffers are
 /// boxed slices of 64-byte blocks, viewed as `f32`/`f64`/`f16`/`bf16` through `bytemuck`.
 #[derive(Clone)]
 pub struct Pool {

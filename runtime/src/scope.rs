@@ -240,15 +240,23 @@ pub(crate) fn deeper<'a>(a: &'a State, b: &'a State) -> &'a State {
 /// let pool = Pool::with_max_memory_mb(64);
 /// let kept: Param = pool.scope(|s| {
 ///     let x = s.ones::<f32>(&[2, 3]);
-///     let y = s.scope(|inner| {
-///         let t = &x * 2.0; // a temporary of the inner scope...
-///         inner.escape(t + 1.0) // ...handed to the outer scope on purpose
+///     let (y, inner) = s.scope_with_stats(|inner| {
+///         let x = inner.rebind(&x); // ops on this alias rent in the inner scope
+///         let t = &x * 2.0; // a temporary, released when the closure ends
+///         inner.escape(&t + 1.0) // the result, handed to the outer scope on purpose
 ///     });
+///     // Two rents in the inner scope: `t`, released, and the result, escaped. Nothing leaked.
+///     assert_eq!((inner.rented, inner.released, inner.escaped, inner.leaked), (2, 1, 1, 0));
+///     assert_eq!(s.stats().adopted, 1);
 ///     y.detach() // kept past every scope: a parameter, with no ops of its own
 /// });
 /// assert_eq!(kept.to_vec(), vec![3.0; 6]);
 /// assert_eq!(pool.stats().bytes_in_use, kept.allocated_bytes());
 /// ```
+///
+/// An op's output rents in the deeper of its operands' scopes: without the
+/// [`rebind`](Scope::rebind), `&x * 2.0` would rent in the outer scope, like `x`, and need no
+/// escape. A `#[dispose_scope]` function gets the rebinds and the escape written for it.
 ///
 /// # Lifetimes
 ///

@@ -20,8 +20,8 @@ use crate::storage::{Rented, Storage};
 /// - `clone()` is a zero-copy alias: both handles share one buffer, which goes back to the pool the
 ///   moment the last of them drops.
 /// - Ops on `&Tensor` rent a new output in the tensor's scope; ops on an owned `Tensor` that is the
-///   only handle on its buffer write in place (see [`crate::TensorOps`]), so `x.relu()` on a temporary
-///   allocates nothing.
+///   only handle on its buffer write in place (see [`TensorOps`](crate::TensorOps)), so `x.relu()`
+///   on a temporary allocates nothing.
 /// - A second operand can be a [`Param`] (`x.matmul(&w)`, `&x + &b`): it is read where it lies.
 /// - Data is always contiguous, row-major, and 64-byte aligned.
 ///
@@ -36,6 +36,26 @@ use crate::storage::{Rented, Storage};
 ///     y.as_slice().iter().sum::<f32>() // plain values leave the scope freely
 /// });
 /// assert_eq!(total, 10.0);
+/// ```
+///
+/// Shapes, ops that write in place, and the data as ndarray arrays:
+///
+/// ```
+/// use tensorscope_runtime::{Pool, TensorOps};
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// let array = pool.scope(|s| {
+///     let x = s.arange(0.0f32, 6.0, 1.0).reshape(&[2, 3]); // [[0, 1, 2], [3, 4, 5]], no copy
+///     let y = x.matmul(&s.ones::<f32>(&[3, 4])); // [2, 3] x [3, 4] -> [2, 4]
+///     assert_eq!(y.shape(), &[2, 4]);
+///     assert_eq!(y.sum(-1).to_vec(), vec![12.0, 48.0]); // along the last axis
+///     let rented = s.stats().rented;
+///     let z = (y * 0.5).relu(); // `y` is owned and its only handle: both ops write in its buffer
+///     assert_eq!(s.stats().rented, rented);
+///     assert_eq!(z.view()[[1, 0]], 6.0); // an ndarray view of the data, no copy
+///     z.to_array() // an owned copy, which can leave the scope
+/// });
+/// assert_eq!(array, ndarray::array![[1.5, 1.5, 1.5, 1.5], [6.0, 6.0, 6.0, 6.0]].into_dyn());
 /// ```
 ///
 /// # Printing

@@ -139,7 +139,7 @@ pub(crate) enum Rule<T: DType> {
     MaskedFill(Saved<u8>, T),
     /// 2-D pooling: the max's positions (for max pooling) and the input's shape.
     Pool2d {
-        kind: ops::pool2d::Pooling,
+        kind: ops::Pooling,
         kernel: usize,
         stride: usize,
         at: Option<Saved<i64>>,
@@ -335,7 +335,7 @@ impl<T: Element> Rule<T> {
                 if !g.is_empty() {
                     let (src, idx) = (g.view(), index.view());
                     let mut dst = dx.unique_view_mut();
-                    let mut dst = dst.slice_each_axis_mut(ops::index::cut_to(index.shape(), axis));
+                    let mut dst = dst.slice_each_axis_mut(ops::cut_to(index.shape(), axis));
                     Zip::from(dst.lanes_mut(Axis(axis)))
                         .and(idx.lanes(Axis(axis)))
                         .and(src.lanes(Axis(axis)))
@@ -367,7 +367,7 @@ impl<T: Element> Rule<T> {
                 at: positions,
                 input,
             } => PerInput::Two([
-                Some(ops::pool2d::pool2d_backward(
+                Some(ops::pool2d_backward(
                     &g,
                     kind,
                     kernel,

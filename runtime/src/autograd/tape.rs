@@ -20,7 +20,7 @@ use super::rules::Function;
 use super::{NodeRef, Rule, Scalar, Unary};
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
-use crate::ops::elementwise::Binary;
+use crate::ops::Binary;
 use crate::recycle::{RecycledRc, RecycledVec};
 use crate::scope::State;
 use crate::tensor::Tensor;
@@ -66,7 +66,7 @@ pub(crate) enum Replay<T: DType> {
     /// `where_cond` with this mask, on the op's two inputs.
     Where(Tensor<'static, u8>),
     MaskedFill(Tensor<'static, u8>, T),
-    Pool2d(crate::ops::pool2d::Pooling, usize, usize),
+    Pool2d(crate::ops::Pooling, usize, usize),
     /// An op without a derivative (`map`, `map_lanes`, `zip_map`): it cannot be run again, so its
     /// output is kept, and a backward that reaches it fails naming it, as without the tape.
     Kept(&'static str, Tensor<'static, T>),

@@ -1,22 +1,10 @@
-//! Binary elementwise ops with NumPy broadcasting, as operators and methods.
+//! Binary elementwise ops with NumPy broadcasting, as operators and methods. Their example is in
+//! the `ops` module docs: this module's are not rendered.
 //!
 //! `+ - * /` are implemented for every mix of `Tensor` and `&Tensor`, with a `&Param` on the right
 //! (`&h + &bias`), and with an element scalar on the right (`&x * 2.0`); `f32` and `f64` scalars also
 //! work on the left (`2.0 * &x`). A by-value operand that is unique and already has the output's shape
 //! receives the result in place (a parameter never does).
-//!
-//! ```
-//! use tensorscope_runtime::Pool;
-//! let pool = Pool::with_max_memory_mb(16);
-//! pool.scope(|s| {
-//!     let x = s.from_slice::<f32>(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
-//!     let b = s.from_slice::<f32>(&[3], &[10., 20., 30.]);
-//!     let y = &x + &b;                    // broadcast over the rows
-//!     assert_eq!(y.to_vec(), vec![11., 22., 33., 14., 25., 36.]);
-//!     let err = x.try_add(&s.zeros::<f32>(&[2])).unwrap_err();
-//!     assert!(err.to_string().starts_with("add: incompatible shapes [2, 3] and [2]"));
-//! });
-//! ```
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 

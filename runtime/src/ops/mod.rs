@@ -1,47 +1,94 @@
-//! Tensor operations.
+//! Tensor operations, as methods of [`Tensor`] and of [`TensorOps`].
 //!
-//! Every op checks shapes first and reports a mismatch as an [`Error`] naming the op and
-//! both shapes; the panicking forms (operators, methods without `try_`) panic with that message.
-//! Outputs are rented from the pool in the deeper of the operands' scopes.
+//! Every op is a method, so all of them are listed on [`Tensor`]'s page (those that can write in
+//! place on [`TensorOps`]'s); this page sorts them by family. Each checks shapes first and reports
+//! a mismatch as an [`Error`] naming the op and both shapes: the `try_` form returns it
+//! ([`Tensor::try_matmul`]), the plain form and the operators panic with its message. A second
+//! operand may be a tensor or a [`Param`] ([`Operand`]); the output is rented from the pool in the
+//! deeper of the operands' scopes. An axis argument may be negative, counting from the back
+//! ([`Dim`]).
 //!
-//! An axis argument may be negative, counting from the back ([`Dim`]).
+//! - **Arithmetic**: `+ - * /` with NumPy broadcasting, for every mix of `Tensor` and `&Tensor`,
+//!   with a `&Param` on the right (`&h + &bias`) and with an element scalar on the right
+//!   (`&x * 2.0`; `f32` and `f64` scalars also on the left, `2.0 * &x`); negation;
+//!   [`Tensor::try_add`], [`try_sub`](Tensor::try_sub), [`try_mul`](Tensor::try_mul),
+//!   [`try_div`](Tensor::try_div); [`Tensor::zip_map`] for a function of your own. A by-value
+//!   operand that is unique and already has the output's shape receives the result in place (a
+//!   parameter never does).
+//! - **In place when they can** ([`TensorOps`], for `Tensor` and `&Tensor`): the activations
+//!   [`relu`](TensorOps::relu), [`gelu`](TensorOps::gelu), [`gelu_erf`](TensorOps::gelu_erf),
+//!   [`silu`](TensorOps::silu), [`sigmoid`](TensorOps::sigmoid) and [`tanh`](TensorOps::tanh);
+//!   [`exp`](TensorOps::exp), [`log`](TensorOps::log), [`erf`](TensorOps::erf),
+//!   [`sqrt`](TensorOps::sqrt), [`abs`](TensorOps::abs), [`pow`](TensorOps::pow),
+//!   [`clamp`](TensorOps::clamp), [`map`](TensorOps::map); along an axis
+//!   [`softmax`](TensorOps::softmax) and [`log_softmax`](TensorOps::log_softmax); over the last
+//!   axis [`layer_norm`](TensorOps::layer_norm) and [`rms_norm`](TensorOps::rms_norm). On an owned
+//!   tensor that is the only handle on its buffer they overwrite it; on a `&Tensor` they rent.
+//! - **Products**: [`Tensor::matmul`], ranks 2 and up, the leading axes broadcast. `f32` and `f64`
+//!   run on the library's own packed, vectorised and threaded kernels (no heap allocation after
+//!   warm-up), `f16` and `bf16` on ndarray's `general_mat_mul`.
+//! - **Reductions**: [`Tensor::sum`] and [`Tensor::mean`] along an axis, with the axis kept
+//!   ([`sum_keepdim`](Tensor::sum_keepdim), [`mean_keepdim`](Tensor::mean_keepdim)) or of
+//!   everything ([`sum_all`](Tensor::sum_all), [`mean_all`](Tensor::mean_all)); [`Tensor::max`],
+//!   [`Tensor::min`] (and their `_keepdim` forms), [`Tensor::argmax`] and [`Tensor::argmin`] along
+//!   an axis.
+//! - **Shape**: [`Tensor::concat`], [`Tensor::stack`], [`Tensor::narrow`], [`Tensor::split`],
+//!   [`Tensor::chunk`], [`Tensor::permute`], [`Tensor::transpose`] and [`Tensor::t`] copy into the
+//!   pool; [`Tensor::reshape`], [`Tensor::squeeze`], [`Tensor::unsqueeze`] and
+//!   [`Tensor::flatten`] are zero-copy aliases.
+//! - **Indexing** by `i64` ids: [`Tensor::embedding`], [`Tensor::index_select`],
+//!   [`Tensor::gather`]. Every id is checked before anything is rented: one past the table is an
+//!   [`Error::IndexOutOfRange`] naming it.
+//! - **Masks** ([`mask`]): [`Tensor::eq`], [`ne`](Tensor::ne), [`lt`](Tensor::lt),
+//!   [`le`](Tensor::le), [`gt`](Tensor::gt), [`ge`](Tensor::ge), and [`Tensor::cmp`] with a
+//!   [`Cmp`] or [`Tensor::cmp_scalar`], give `u8` masks; [`Tensor::where_cond`],
+//!   [`Tensor::masked_fill`], [`Tensor::tril`], [`Tensor::triu`].
+//! - **Images**, `[n, c, h, w]`: [`Tensor::conv2d`], [`Tensor::group_norm`],
+//!   [`Tensor::upsample_nearest2d`], [`Tensor::max_pool2d`], [`Tensor::avg_pool2d`].
+//! - **Losses**: [`Tensor::mse`], [`Tensor::cross_entropy`] (labels as `&[usize]`) and
+//!   [`Tensor::cross_entropy_ids`] (labels as an `i64` tensor).
+//! - **Element types and kernels of your own**: [`Tensor::cast`]; [`TensorOps::map`],
+//!   [`TensorOps::map_lanes`], [`Tensor::zip_map`] and
+//!   [`Scope::rent_with`](crate::Scope::rent_with).
 //!
-//! - [`elementwise`][]: `+ - * /` with NumPy broadcasting, scalar forms, negation, `zip_map`.
-//! - [`TensorOps`][]: ops that can write in place: activations (`relu`, `gelu`, `gelu_erf`, `silu`,
-//!   `sigmoid`, `tanh`), `exp`, `log`, `erf`, `sqrt`, `abs`, `pow`, `clamp`, `map`, softmax and
-//!   log-softmax, layer and RMS norm. They are implemented for both `Tensor` (in place when the
-//!   handle is unique) and `&Tensor` (new output).
-//! - [`linalg`][]: matmul of ranks 2 and up, the leading axes broadcast.
-//! - [`reduce`][]: sum and mean along an axis or of everything, with or without the axis kept;
-//!   max, min, argmax, argmin along an axis.
-//! - [`shape`][]: concat, stack, narrow, split, chunk, permute, transpose, `t`, squeeze, unsqueeze,
-//!   flatten.
-//! - [`index`][]: embedding and index_select by `i64` ids, gather.
-//! - [`mask`][]: comparisons giving `u8` masks, where_cond, masked_fill, tril, triu.
-//! - [`conv`][]: 2-D convolution (im2col), group normalization, nearest upsampling.
-//! - [`pool2d`][]: max and average pooling.
-//! - [`loss`][]: mean squared error, softmax cross-entropy.
+//! ```
+//! use tensorscope_runtime::Pool;
+//! let pool = Pool::with_max_memory_mb(16);
+//! pool.scope(|s| {
+//!     let x = s.from_slice::<f32>(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
+//!     let b = s.from_slice::<f32>(&[3], &[10., 20., 30.]);
+//!     let y = &x + &b;                    // broadcast over the rows
+//!     assert_eq!(y.to_vec(), vec![11., 22., 33., 14., 25., 36.]);
+//!     let err = x.try_add(&s.zeros::<f32>(&[2])).unwrap_err();
+//!     assert!(err.to_string().starts_with("add: incompatible shapes [2, 3] and [2]"));
+//! });
+//! ```
 
-pub mod conv;
-pub mod elementwise;
+// The families are private: their ops are methods of `Tensor` and render on its page, so their
+// own pages would be empty. `mask` is public for `Cmp`.
+mod conv;
+mod elementwise;
 mod gemm;
-pub mod index;
+mod index;
 pub(crate) mod kernels;
 mod lanes;
-pub mod linalg;
-pub mod loss;
+mod linalg;
+mod loss;
 pub mod mask;
-pub mod pool2d;
-pub mod reduce;
-pub mod shape;
+mod pool2d;
+mod reduce;
+mod shape;
 pub(crate) mod simd;
 mod tensor_ops;
 
 pub(crate) use conv::{conv2d_backward, upsample_backward};
+pub(crate) use elementwise::Binary;
 pub(crate) use gemm::reserve_scratch;
+pub(crate) use index::cut_to;
 pub(crate) use lanes::{lane_backward, lane_op, Lane, Lanes};
 pub(crate) use linalg::matmul_transposed;
 pub use mask::Cmp;
+pub(crate) use pool2d::{pool2d_backward, Pooling};
 pub use tensor_ops::TensorOps;
 pub(crate) use tensor_ops::{clamp_backward, scalar_op, unary_backward, unary_op};
 
