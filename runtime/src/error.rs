@@ -48,7 +48,7 @@ pub enum Error {
         /// The configured budget.
         limit: usize,
     },
-    /// A scope's own byte limit (see [`crate::Scope::scope_with_budget`]) would be passed.
+    /// A scope's own byte limit (see [`scope_with_budget`](crate::Scope::scope_with_budget)) would be passed.
     #[error(
         "scope budget exceeded: requested {requested} bytes (size class) while the scope and its \
          children hold {in_use}, scope limit {limit} bytes"

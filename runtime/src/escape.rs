@@ -40,7 +40,7 @@ impl EscapeTarget<'_, '_> {
 ///
 /// Implemented for [`Tensor`], tuples of up to 8 elements, arrays, `Vec`, `Option`, `Result` (only the
 /// `Ok` value is escaped; an error type holding tensors would keep its brand and not compile), and
-/// for scalar types, `String`, `()`, [`crate::Error`], [`crate::Param`] and the stats types, which
+/// for scalar types, `String`, `()`, [`Error`](crate::Error), [`Param`](crate::Param) and the stats types, which
 /// pass through. Structs derive it (`#[derive(Escape)]` in `tensorscope`); other types implement it
 /// with their brand as `'from`, passing the target on:
 ///

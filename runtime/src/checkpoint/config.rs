@@ -19,7 +19,7 @@ pub enum Policy {
     /// checkpointing (revolve) so that the reverse sweep recomputes the fewest layer steps; see
     /// [`binomial_recompute_steps`]. An activation counts what the pool holds for it: its bytes in
     /// the storage precision rounded up to the pool's size class (at most 25% more, see
-    /// [`crate::Pool`]), so the stored checkpoints never take more pool memory than this.
+    /// [`Pool`](crate::Pool)), so the stored checkpoints never take more pool memory than this.
     Budget(usize),
 }
 

@@ -32,6 +32,57 @@
 //! }
 //! assert!(losses[29] < losses[0] / 2.0);
 //! ```
+//!
+//! ## Weights: safetensors files
+//!
+//! Weights in and out of [safetensors](https://github.com/huggingface/safetensors) files, the format
+//! of Hugging Face checkpoints and of PyTorch's `safetensors.torch.save_file`.
+//!
+//! A safetensors file is an 8-byte little-endian header length, a JSON header giving each tensor's
+//! name, dtype, shape and byte range (and optional string metadata), then the tensors' data,
+//! little-endian and row-major. Reading and writing go through the `safetensors` crate, so files are
+//! exactly those Python writes and reads.
+//!
+//! - [`ParamStore::save_safetensors`] writes every parameter, as `F32` or, by
+//!   [`SaveOptions::dtype`], as `F64`, `F16` or `BF16`.
+//! - [`ParamStore::load_safetensors`] fills every registered parameter from the tensor of its name,
+//!   converting the file's `F32`, `F64`, `F16` or `BF16` to the store's element type. It is all or
+//!   nothing: on any error the store is unchanged.
+//! - [`ParamStore::from_safetensors`] makes a store holding every tensor of a file.
+//! - [`SafeTensorsFile`] reads any tensor, integer ones too (token ids, labels, reference values), as a
+//!   [`Param`](crate::Param) of any [`DType`](crate::DType).
+//!
+//! PyTorch's `nn.Linear` keeps its weight as `[out, in]`; [`Linear`] keeps `[in, out]`
+//! (it computes `x @ w`). Name the tensors stored in PyTorch's layout with
+//! [`LoadOptions::pytorch_linear`] and [`SaveOptions::pytorch_linear`]: they are transposed on load
+//! and on save.
+//!
+//! ```
+//! use tensorscope_runtime::nn::{LoadOptions, ParamStore, SaveOptions};
+//! use tensorscope_runtime::{f16, Pool};
+//!
+//! let pool = Pool::with_max_memory_mb(16);
+//! let path = std::env::temp_dir().join(format!("tensorscope-doc-{}.safetensors", std::process::id()));
+//!
+//! let mut params = ParamStore::<f32>::new(&pool);
+//! params.randn("fc.weight", &[4, 2], 0.1, 1).unwrap();
+//! params.zeros("fc.bias", &[2]).unwrap();
+//! params.save_safetensors(&path, &SaveOptions::new()).unwrap();
+//!
+//! // Load into a store of the same names and shapes: every parameter is filled, bit for bit.
+//! let mut copy = ParamStore::<f32>::new(&pool);
+//! copy.zeros("fc.weight", &[4, 2]).unwrap();
+//! copy.zeros("fc.bias", &[2]).unwrap();
+//! let report = copy.load_safetensors(&path, &LoadOptions::new()).unwrap();
+//! assert!(report.unused.is_empty());
+//! assert_eq!(copy.get("fc.weight").unwrap().to_vec(), params.get("fc.weight").unwrap().to_vec());
+//!
+//! // Or make a store of the whole file, in another element type.
+//! let half = ParamStore::<f16>::from_safetensors(&pool, &path, &LoadOptions::new()).unwrap();
+//! let names: Vec<&str> = half.iter().map(|(name, _)| name).collect();
+//! assert_eq!(names, ["fc.bias", "fc.weight"]); // sorted by name
+//! std::fs::remove_file(&path).unwrap();
+//! ```
 
 mod error;
 mod layers;

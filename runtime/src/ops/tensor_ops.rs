@@ -62,7 +62,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     fn as_tensor(&self) -> &Tensor<'s, T>;
 
     /// Applies `f` to every element. Fails only if an output cannot be rented. `f` has no known
-    /// derivative: a backward through the result fails ([`crate::Error::NotDifferentiable`]); use
+    /// derivative: a backward through the result fails ([`NotDifferentiable`](crate::Error::NotDifferentiable)); use
     /// [`TensorOps::try_map_with_derivative`] in a differentiated forward.
     fn try_map(self, f: impl Fn(T) -> T + Sync) -> Result<Tensor<'s, T>> {
         self.with_arg(|a| map_recorded(a, f, |_| Rule::NotDifferentiable("map")))
