@@ -15,7 +15,7 @@
 //! - ops whose output cannot exist (2^40 elements) fail with a size or budget error, and ops on
 //!   shapes that do not fit fail with a shape error.
 
-#[path = "../../tests/common/mod.rs"]
+#[path = "../../tests/integration/common/mod.rs"]
 mod common;
 
 use ndarray::{ArrayD, Axis, Dimension, IxDyn, Slice};

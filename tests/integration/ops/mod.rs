@@ -5,12 +5,15 @@
 //! lanes for softmax and layer norm, ...) from the tensors' inputs, never taken from the code under
 //! test.
 
-mod common;
+mod images;
+mod kernels;
+mod model_ops;
 
-use common::{assert_fully_written, panic_message, test_pool};
 use half::{bf16, f16};
 use ndarray::{concatenate, stack, Array, Array2, ArrayD, Axis, Dimension, Ix2, Ix3, IxDyn, Zip};
 use tensorscope::{DType, Element, Error, Shape, Tensor, TensorOps};
+
+use crate::common::{assert_fully_written, panic_message, test_pool};
 
 /// Tolerances for `f32` results: a few ulps relative, plus an absolute floor for values near zero.
 const F32_RTOL: f64 = 1e-5;

@@ -3,15 +3,13 @@
 //! ids, and PyTorch's logits, loss, gradients of a few parameters and greedy tokens for them.
 //! Regenerate it with `scripts/gpt_fixture.py` (see its header; CI never runs Python).
 
-#[path = "../examples/common/gpt.rs"]
-mod gpt;
-
 use std::path::PathBuf;
 
-use gpt::{is_linear_weight, Config, Gpt};
 use tensorscope::nn::SafeTensorsFile;
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy};
+
+use crate::gpt::{is_linear_weight, Config, Gpt};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt_tiny.safetensors")

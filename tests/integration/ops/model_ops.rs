@@ -4,12 +4,11 @@
 //! the sentinel), and each op's errors with their messages. Gradients are checked in
 //! `tests/autograd.rs`.
 
-mod common;
-
-use common::{assert_fully_written, panic_message, test_pool};
 use tensorscope::ops::Cmp;
 use tensorscope::prelude::*;
 use tensorscope::{Error, Shape};
+
+use crate::common::{assert_fully_written, panic_message, test_pool};
 
 /// `0, 1, 2, ...` as f32 in `shape`.
 fn iota<'s>(s: &Scope<'s, '_>, shape: &[usize]) -> Tensor<'s, f32> {

@@ -1,10 +1,9 @@
 //! Image ops against naive reference loops: convolution (strides, padding, non-square kernels),
 //! group normalization, nearest upsampling, and their errors.
 
-mod common;
-
-use common::test_pool;
 use tensorscope::Error;
+
+use crate::common::test_pool;
 
 fn conv_ref(
     x: &[f64],

@@ -244,8 +244,13 @@ fn budget_errors_name_the_figures_and_the_pool_recovers() {
 
 #[test]
 fn default_scope_uses_the_global_pool() {
+    // Other tests of this binary rent from the global pool at the same time, so its counts only
+    // grow; the scope's own pool is the exact check.
     let before = Pool::global().stats();
-    let total = tensorscope::scope(|s| s.ones::<f32>(&[10]).sum(0).to_vec()[0]);
+    let total = tensorscope::scope(|s| {
+        assert!(s.pool().ptr_eq(Pool::global()));
+        s.ones::<f32>(&[10]).sum(0).to_vec()[0]
+    });
     assert_eq!(total, 10.0);
     let after = Pool::global().stats();
     assert!(after.hits + after.misses > before.hits + before.misses);
