@@ -1,9 +1,11 @@
-//! Image ops against naive reference loops: convolution (strides, padding, non-square kernels),
-//! group normalization, nearest upsampling, and their errors.
+//! Image ops on `[batch, channels, height, width]` tensors against naive reference loops:
+//! convolution (strides, padding, non-square kernels), group normalization, nearest upsampling, max
+//! and average pooling; and their errors, with outputs that would be too large to address.
 
 use tensorscope::Error;
 
-use crate::common::test_pool;
+use super::iota;
+use crate::common::{assert_fully_written, test_pool};
 
 fn conv_ref(
     x: &[f64],
@@ -177,5 +179,34 @@ fn huge_padding_or_scale_is_a_dimension_overflow_naming_the_operand() {
             let err = x.try_upsample_nearest2d(scale).unwrap_err();
             assert_eq!(err, overflow("upsample_nearest2d", "scale", scale));
         }
+    });
+}
+
+#[test]
+fn pooling_takes_each_windows_max_or_mean() {
+    test_pool(16).scope(|s| {
+        let x = iota(s, &[1, 1, 4, 5]);
+        let m = x.max_pool2d(2, 2);
+        assert_fully_written("max_pool2d", &m);
+        assert_eq!(m.shape(), &[1, 1, 2, 2]);
+        assert_eq!(m.to_vec(), [6.0, 8.0, 16.0, 18.0]);
+        assert_eq!(x.avg_pool2d(2, 2).to_vec(), [3.0, 5.0, 13.0, 15.0]);
+        assert_eq!(x.max_pool2d(3, 1).shape(), &[1, 1, 2, 3]);
+        let err = x.try_max_pool2d(5, 1).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "max_pool2d: invalid kernel: 5 is larger than the image side 4"
+        );
+        let err = x.try_avg_pool2d(2, 0).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "avg_pool2d: invalid stride: must be at least 1"
+        );
+        let err = iota(s, &[4, 5]).try_max_pool2d(2, 2).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("max_pool2d: invalid shape [4, 5]"),
+            "{err}"
+        );
     });
 }
