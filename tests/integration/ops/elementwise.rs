@@ -3,10 +3,11 @@
 //! saturation at large magnitudes, NaN propagated as PyTorch does, and their errors. The binary ones
 //! are in `arithmetic`; the kernels' accuracy over whole ranges in `kernels`.
 
+use ndarray::Array1;
 use tensorscope::prelude::*;
 use tensorscope::Error;
 
-use super::{assert_close, gelu_ref, sigmoid_ref, to_f64};
+use super::{assert_close, assert_close_tol, gelu_ref, sigmoid_ref, to_f64};
 use crate::common::{panic_message, test_pool};
 
 /// Checks a unary op in its borrowed, shared-owned and unique-owned forms against `f` in f64.
@@ -94,22 +95,16 @@ fn elementwise_functions_match_f64() {
     test_pool(16).scope(|s| {
         let v = [-3.0f32, -0.5, 0.0, 0.25, 2.0, 9.0];
         let x = s.from_slice::<f32>(&[6], &v);
-        let close = |what: &str, got: Vec<f32>, want: &dyn Fn(f64) -> f64| {
-            for (g, &x) in got.iter().zip(&v) {
-                let w = want(f64::from(x));
-                let ok = f64::from(*g) == w
-                    || (w.is_nan() && g.is_nan())
-                    || (f64::from(*g) - w).abs() <= 1e-6 * w.abs().max(1.0);
-                assert!(ok, "{what}({x}) = {g}, want {w}");
-            }
+        let xa = to_f64(&x);
+        // Within 1e-6 relative, with a floor of 1e-6.
+        let close = |what: &str, got: &Tensor<'_, f32>, f: fn(f64) -> f64| {
+            assert_close_tol(what, got, &xa.mapv(f), 1e-6, 1e-6);
         };
-        close("log", (&x).log().to_vec(), &f64::ln);
-        close("sqrt", (&x).sqrt().to_vec(), &f64::sqrt);
-        close("abs", (&x).abs().to_vec(), &f64::abs);
-        close("pow", (&x).pow(3.0).to_vec(), &|x| x.powi(3));
-        close("clamp", (&x).clamp(-1.0, 1.0).to_vec(), &|x| {
-            x.clamp(-1.0, 1.0)
-        });
+        close("log", &(&x).log(), f64::ln);
+        close("sqrt", &(&x).sqrt(), f64::sqrt);
+        close("abs", &(&x).abs(), f64::abs);
+        close("pow", &(&x).pow(3.0), |x| x.powi(3));
+        close("clamp", &(&x).clamp(-1.0, 1.0), |x| x.clamp(-1.0, 1.0));
         // Exact GELU against values from PyTorch's F.gelu (float64).
         let want = [
             -0.004_049_694_094_890_31,
@@ -119,9 +114,13 @@ fn elementwise_functions_match_f64() {
             1.954_499_736_103_641_6,
             9.0,
         ];
-        for (g, w) in (&x).gelu_erf().to_vec().iter().zip(want) {
-            assert!((f64::from(*g) - w).abs() < 1e-6, "gelu_erf: {g} vs {w}");
-        }
+        assert_close_tol(
+            "gelu_erf",
+            &(&x).gelu_erf(),
+            &Array1::from(want.to_vec()),
+            0.0,
+            1e-6,
+        );
         let nan = s
             .from_slice::<f32>(&[1], &[f32::NAN])
             .clamp(0.0, 1.0)

@@ -2,11 +2,14 @@
 //! convolution (strides, padding, non-square kernels), group normalization, nearest upsampling, max
 //! and average pooling; and their errors, with outputs that would be too large to address.
 
+use ndarray::{ArrayD, IxDyn};
 use tensorscope::Error;
 
-use super::iota;
+use super::{assert_close_tol, iota};
 use crate::common::{assert_fully_written, test_pool};
 
+/// `x` (of shape `xs`) convolved with the kernels `w` (of shape `ws`), zero-padded by `pad`, by
+/// the definition: one sum of products per output element.
 fn conv_ref(
     x: &[f64],
     xs: [usize; 4],
@@ -14,7 +17,7 @@ fn conv_ref(
     ws: [usize; 4],
     stride: usize,
     pad: usize,
-) -> Vec<f64> {
+) -> ArrayD<f64> {
     let [n, ci, h, wd] = xs;
     let [co, _, kh, kw] = ws;
     let ho = (h + 2 * pad - kh) / stride + 1;
@@ -42,18 +45,11 @@ fn conv_ref(
             }
         }
     }
-    out
+    ArrayD::from_shape_vec(IxDyn(&[n, co, ho, wo]), out).unwrap()
 }
 
-fn close(got: &[f64], want: &[f64]) {
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-12 * (1.0 + w.abs()),
-            "element {i}: {g} vs {w}"
-        );
-    }
-}
+/// The tolerance of `f64` image ops against the loops above, relative with an absolute floor.
+const TOL: f64 = 1e-12;
 
 #[test]
 fn conv2d_matches_the_naive_loops() {
@@ -68,7 +64,8 @@ fn conv2d_matches_the_naive_loops() {
             let w = s.randn::<f64>(&ws, 2);
             let y = x.conv2d(&w, stride, pad);
             let want = conv_ref(x.as_slice(), xs, w.as_slice(), ws, stride, pad);
-            close(y.as_slice(), &want);
+            let what = format!("{xs:?} * {ws:?}, stride {stride}, padding {pad}");
+            assert_close_tol(&what, &y, &want, TOL, TOL);
         }
     });
 }
@@ -85,7 +82,8 @@ fn group_norm_and_upsample_match_the_naive_loops() {
             let var = group.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / per_group as f64;
             want.extend(group.iter().map(|v| (v - mean) / (var + 1e-5).sqrt()));
         }
-        close(y.as_slice(), &want);
+        let want = ArrayD::from_shape_vec(IxDyn(x.shape()), want).unwrap();
+        assert_close_tol("group_norm", &y, &want, TOL, TOL);
 
         let small = s.from_slice::<f64>(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
         let up = small.upsample_nearest2d(2);

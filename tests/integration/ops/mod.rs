@@ -25,7 +25,7 @@ use ndarray::{stack, Array, Array2, ArrayD, Axis, Dimension, Ix2, Ix3};
 use tensorscope::prelude::*;
 use tensorscope::{DType, Element, Error, Shape};
 
-use crate::common::panic_message;
+use crate::common::{close, panic_message};
 
 /// Tolerances for `f32` results: a few ulps relative, plus an absolute floor for values near zero.
 const F32_RTOL: f64 = 1e-5;
@@ -41,7 +41,8 @@ fn to_f64<T: Element>(t: &Tensor<'_, T>) -> ArrayD<f64> {
     t.to_array().mapv(f64_of)
 }
 
-/// Asserts `got` has `want`'s shape and every element within `atol + rtol * |want|`.
+/// Asserts `got` has `want`'s shape and every element [`close`] to `want`'s: within
+/// `atol + rtol * |want|`, NaN where it is NaN, the same infinity where it is infinite.
 fn assert_close_tol<T: Element, U: Element, D: Dimension>(
     what: &str,
     got: &Tensor<'_, T>,
@@ -53,8 +54,10 @@ fn assert_close_tol<T: Element, U: Element, D: Dimension>(
     let got = to_f64(got);
     for ((idx, &g), &w) in got.indexed_iter().zip(want.iter()) {
         let w = f64_of(w);
-        let ok = g == w || (g - w).abs() <= atol + rtol * w.abs() || (g.is_nan() && w.is_nan());
-        assert!(ok, "{what}: at {idx:?} got {g}, expected {w}");
+        assert!(
+            close(g, w, rtol, atol),
+            "{what}: at {idx:?} got {g}, expected {w}"
+        );
     }
 }
 
@@ -80,6 +83,11 @@ fn shape_mismatch(op: &'static str, lhs: &[usize], rhs: &[usize], reason: &str) 
         rhs: Shape(rhs.to_vec()),
         reason: reason.to_string(),
     }
+}
+
+/// The [`Error::AxisOutOfRange`] that `op` reports for `axis` (as given) of a tensor of rank `ndim`.
+fn axis_out_of_range(op: &'static str, axis: isize, ndim: usize) -> Error {
+    Error::AxisOutOfRange { op, axis, ndim }
 }
 
 /// `0, 1, 2, ...` as f32 in `shape`.

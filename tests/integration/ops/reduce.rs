@@ -4,9 +4,8 @@
 
 use ndarray::Axis;
 use tensorscope::prelude::*;
-use tensorscope::Error;
 
-use super::{assert_close, assert_panics_with, iota};
+use super::{assert_close, assert_panics_with, axis_out_of_range, iota};
 use crate::common::test_pool;
 
 #[test]
@@ -51,14 +50,7 @@ fn reductions_keep_axes_and_take_negative_axes() {
             err.to_string(),
             "sum: axis -3 is out of range for a tensor of rank 2"
         );
-        assert_eq!(
-            err,
-            Error::AxisOutOfRange {
-                op: "sum",
-                axis: -3,
-                ndim: 2
-            }
-        );
+        assert_eq!(err, axis_out_of_range("sum", -3, 2));
         let err = x.try_unsqueeze(3).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -72,18 +64,12 @@ fn sum_and_mean_along_a_bad_axis_report_axis_out_of_range() {
     let pool = test_pool(16);
     pool.scope(|s| {
         let x = s.zeros::<f32>(&[2, 3, 4]);
-        let out_of_range = |op| Error::AxisOutOfRange {
-            op,
-            axis: 3,
-            ndim: 3,
-        };
-
         let err = x.try_sum(3).unwrap_err();
-        assert_eq!(err, out_of_range("sum"));
+        assert_eq!(err, axis_out_of_range("sum", 3, 3));
         assert_panics_with(&err, || drop(x.sum(3)));
 
         let err = x.try_mean(3).unwrap_err();
-        assert_eq!(err, out_of_range("mean"));
+        assert_eq!(err, axis_out_of_range("mean", 3, 3));
         assert_panics_with(&err, || drop(x.mean(3)));
     });
 }

@@ -6,7 +6,7 @@ use ndarray::{concatenate, Axis, IxDyn};
 use tensorscope::prelude::*;
 use tensorscope::{Error, Shape};
 
-use super::{assert_close, assert_panics_with, iota, shape_mismatch};
+use super::{assert_close, assert_panics_with, axis_out_of_range, iota, shape_mismatch};
 use crate::common::{assert_fully_written, panic_message, test_pool};
 
 #[test]
@@ -90,14 +90,7 @@ fn concat_along_a_bad_axis_reports_axis_out_of_range() {
     pool.scope(|s| {
         let x = s.zeros::<f32>(&[2, 3, 4]);
         let err = Tensor::try_concat(&[&x, &x], 3).unwrap_err();
-        assert_eq!(
-            err,
-            Error::AxisOutOfRange {
-                op: "concat",
-                axis: 3,
-                ndim: 3,
-            }
-        );
+        assert_eq!(err, axis_out_of_range("concat", 3, 3));
         assert_panics_with(&err, || drop(Tensor::concat(&[&x, &x], 3)));
     });
 }
