@@ -8,8 +8,9 @@
 //! Why one binary: every test crate instantiates the generic op code again and is linked on its own,
 //! so one binary per file cost most of `cargo test`'s build time (16 of them on two cores: 88 s for
 //! a fresh build against 63 s as one, and about 15 s against 5 s to run). Tests of one binary run
-//! on threads of one process, so none may rely on being alone in it: each makes its own pool, and
-//! what it asserts of the global pool holds whatever the others do.
+//! on threads of one process, so none may rely on being alone in it: a test that asserts pool
+//! figures makes a pool of its own, and what one asserts of the global pool, which others rent from
+//! at the same time, holds whatever they do.
 //!
 //! `tests/allocations.rs` stays a binary of its own: it installs a counting `#[global_allocator]`,
 //! which would count the allocations of every test running beside it.
