@@ -8,7 +8,7 @@ Writes: tests/fixtures/gpt_tiny.safetensors (well under 1 MiB), containing
   - `generated` int64 [12]: greedy decoding of 8 tokens from input_ids[0, :4],
   - string metadata: the model config and the torch version.
 
-Why: the Rust test `tests/gpt_parity.rs` loads this file and checks that
+Why: the Rust test `tests/integration/gpt_parity.rs` loads this file and checks that
 tensorscope's forward pass, loss, gradients and greedy generation match
 PyTorch. CI never runs Python; the fixture is committed.
 

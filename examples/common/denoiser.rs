@@ -2,7 +2,8 @@
 //! a stride-2 convolution down, nearest upsampling back, and a skip connection, written plainly and
 //! with `#[checkpoint]` over the layers after the skip's source.
 //!
-//! Shared by `examples/diffusion_denoise.rs` and `tests/checkpoint_training.rs` through `#[path]`.
+//! Shared by `examples/diffusion_denoise.rs` and `tests/integration/checkpoint_training.rs` through
+//! `#[path]`.
 
 #![allow(dead_code)] // each user needs a different part
 

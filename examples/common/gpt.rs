@@ -6,7 +6,7 @@
 //! Parameter names and shapes follow `scripts/gpt_fixture.py` (GPT-2's names, PyTorch `nn.Linear`
 //! layout in the file); [`Gpt::load`] transposes the Linear weights to tensorscope's `[in, out]`.
 //!
-//! Shared by `examples/gpt.rs` and `tests/gpt_parity.rs` through `#[path]`.
+//! Shared by `examples/gpt.rs` and `tests/integration/gpt_parity.rs` through `#[path]`.
 
 #![allow(dead_code)] // each user needs a different part
 

@@ -3,8 +3,8 @@
 //! as an annotated forward of tensor ops on parameters the blocks own, and the block loop once more
 //! with `#[checkpoint]`.
 //!
-//! Shared by `examples/checkpointed_training.rs` and `tests/checkpoint_training.rs` through
-//! `#[path]`.
+//! Shared by `examples/checkpointed_training.rs` and `tests/integration/checkpoint_training.rs`
+//! through `#[path]`.
 
 #![allow(dead_code)] // each user needs a different part
 

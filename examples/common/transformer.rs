@@ -2,7 +2,8 @@
 //! self-attention and a 4x MLP, every sub-module forward `#[dispose_scope]`, and the block loop
 //! also written with `#[checkpoint]`.
 //!
-//! Shared by `examples/model_forward.rs` and `tests/checkpoint_training.rs` through `#[path]`.
+//! Shared by `examples/model_forward.rs` and `tests/integration/checkpoint_training.rs` through
+//! `#[path]`.
 
 #![allow(dead_code)] // each user needs a different part
 

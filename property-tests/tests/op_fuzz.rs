@@ -15,15 +15,17 @@
 //! - ops whose output cannot exist (2^40 elements) fail with a size or budget error, and ops on
 //!   shapes that do not fit fail with a shape error.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+#[path = "../../tests/integration/common/close.rs"]
+mod close;
+#[path = "../../tests/integration/common/poison.rs"]
+mod poison;
 
 use ndarray::{ArrayD, Axis, Dimension, IxDyn, Slice};
 use proptest::prelude::*;
 use tensorscope::__private::{kernel_visits, limit_kernel_visits};
 use tensorscope::{Error, Scope, Tensor, TensorOps};
 
-use common::{is_poison, test_pool};
+use poison::{is_poison, test_pool};
 
 /// An axis length no buffer can hold: only ever next to a zero-length axis.
 const HUGE: usize = 1 << 40;
@@ -389,15 +391,12 @@ fn values(t: &Tensor<'_>) -> ArrayD<f64> {
     t.to_array().mapv(f64::from)
 }
 
-fn close(g: f32, w: f64, tol: f64) -> bool {
+/// Whether `g` is `w` within `tol * (1 + |w|)`, by the suite's rule ([`close::close`]); a reference
+/// beyond `f32`'s range is the infinity an `f32` op gives for it.
+fn matches_reference(g: f32, w: f64, tol: f64) -> bool {
     let w32 = w as f32;
-    if w32.is_nan() || g.is_nan() {
-        return w32.is_nan() && g.is_nan();
-    }
-    if w32.is_infinite() || g.is_infinite() {
-        return g == w32;
-    }
-    (f64::from(g) - w).abs() <= tol * (1.0 + w.abs())
+    let w = if w32.is_infinite() { f64::from(w32) } else { w };
+    close::close(f64::from(g), w, tol, tol)
 }
 
 /// Checks one op's result against `want`; returns the new current tensor if it gave one.
@@ -421,7 +420,7 @@ fn check<'s>(
             }
             for ((idx, &g), &wv) in t.view().indexed_iter().zip(w.iter()) {
                 prop_assert!(
-                    close(g, wv, tol),
+                    matches_reference(g, wv, tol),
                     "{}: at {:?} got {}, want {}",
                     what,
                     idx,

@@ -1,11 +1,14 @@
 //! The vectorised `f32` kernels of the transcendental ops, and their derivatives as backward
 //! computes them, against `f64` references: every `2^-12` step of a range (every 997th `f32` for
 //! `log`), plus the IEEE special values. The bounds asserted here are the errors `docs/benchmarks.md`
-//! and the README state; `cargo test --release --test kernels -- --nocapture` prints the table.
+//! and the README state; `cargo test --release --test integration ops::kernels -- --nocapture` prints
+//! the table.
 
 use std::f64::consts::{FRAC_2_SQRT_PI, PI, SQRT_2};
 
 use tensorscope::prelude::*;
+
+use super::{gelu_ref, sigmoid_ref};
 
 /// Every multiple of 2^-12 in [lo, hi].
 fn sweep(lo: f32, hi: f32) -> Vec<f32> {
@@ -106,10 +109,6 @@ fn derivative(name: &str, xs: &[f32], op: &Op, reference: fn(f64) -> f64, abs: f
     report(name, xs, errors(&got, &want), abs, rel);
 }
 
-fn gelu_tanh(x: f64) -> f64 {
-    0.5 * x * (1.0 + ((2.0 / PI).sqrt() * (x + 0.044_715 * x.powi(3))).tanh())
-}
-
 fn gelu_tanh_grad(x: f64) -> f64 {
     let c = (2.0 / PI).sqrt();
     let t = (c * (x + 0.044_715 * x.powi(3))).tanh();
@@ -125,10 +124,6 @@ fn normal_pdf(x: f64) -> f64 {
     (-0.5 * x * x).exp() / (2.0 * PI).sqrt()
 }
 
-fn logistic(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 // Bounds just above the errors measured on 2026-11-24 (docs/benchmarks.md and the README state
 // them).
 
@@ -139,7 +134,7 @@ fn functions_are_within_their_stated_errors_of_f64() {
     function("tanh", &xs, &|t| t.tanh(), f64::tanh, 1e-7, 3e-7);
     // GELU's relative error is 1 where its value is below f32's resolution (gelu(-7.2) is 2e-16,
     // and 0 in f32, as with libm's tanh): the absolute error is the measure.
-    function("gelu", &xs, &|t| t.gelu(), gelu_tanh, 5e-7, f64::INFINITY);
+    function("gelu", &xs, &|t| t.gelu(), gelu_ref, 5e-7, f64::INFINITY);
     // The exact GELU keeps its relative accuracy down to its smallest normal values (x near -13).
     function(
         "gelu_erf",
@@ -150,12 +145,12 @@ fn functions_are_within_their_stated_errors_of_f64() {
         2e-5,
     );
     function("erf", &xs, &|t| t.erf(), libm::erf, 1.5e-7, 3e-7);
-    function("sigmoid", &xs, &|t| t.sigmoid(), logistic, 1e-7, 2e-7);
+    function("sigmoid", &xs, &|t| t.sigmoid(), sigmoid_ref, 1e-7, 2e-7);
     function(
         "silu",
         &xs,
         &|t| t.silu(),
-        |x| x * logistic(x),
+        |x| x * sigmoid_ref(x),
         1.5e-6,
         2e-7,
     );
@@ -232,7 +227,7 @@ fn derivatives_are_within_their_stated_errors_of_f64() {
         "sigmoid'",
         &xs,
         &|t| t.sigmoid(),
-        |x| logistic(x) * (1.0 - logistic(x)),
+        |x| sigmoid_ref(x) * (1.0 - sigmoid_ref(x)),
         1e-7,
         f64::INFINITY,
     );
@@ -240,7 +235,7 @@ fn derivatives_are_within_their_stated_errors_of_f64() {
         "silu'",
         &xs,
         &|t| t.silu(),
-        |x| logistic(x) * (1.0 + x * (1.0 - logistic(x))),
+        |x| sigmoid_ref(x) * (1.0 + x * (1.0 - sigmoid_ref(x))),
         2.5e-7,
         f64::INFINITY,
     );

@@ -3,15 +3,14 @@
 //! ids, and PyTorch's logits, loss, gradients of a few parameters and greedy tokens for them.
 //! Regenerate it with `scripts/gpt_fixture.py` (see its header; CI never runs Python).
 
-#[path = "../examples/common/gpt.rs"]
-mod gpt;
-
 use std::path::PathBuf;
 
-use gpt::{is_linear_weight, Config, Gpt};
 use tensorscope::nn::SafeTensorsFile;
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy};
+
+use crate::common::max_abs_diff;
+use crate::gpt::{is_linear_weight, Config, Gpt};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt_tiny.safetensors")
@@ -28,15 +27,6 @@ const GRADIENTS: [&str; 8] = [
     "ln_f.weight",
     "ln_f.bias",
 ];
-
-/// The largest absolute difference between `got` and `want`.
-fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    got.iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max)
-}
 
 #[test]
 fn logits_loss_and_gradients_match_pytorch() {

@@ -1,10 +1,10 @@
 //! `#[checkpoint]`: both body forms, the three places checkpoints go, policies and precision, and
 //! exact recompute from what the annotated forward stored.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy};
+
+use crate::common::{assert_all_released_or_escaped, panic_message};
 
 struct Mlp {
     weights: Vec<Param>,
@@ -89,14 +89,8 @@ fn segments_release_their_temporaries() {
         let segment = s
             .last_child_stats()
             .expect("the last segment ran in a child scope");
-        assert_eq!(
-            (segment.escaped, segment.leaked, segment.bytes_in_use),
-            (1, 0, 0)
-        );
-        assert_eq!(
-            segment.rented + segment.adopted,
-            segment.released + segment.escaped
-        );
+        assert_all_released_or_escaped(segment);
+        assert_eq!(segment.escaped, 1, "the output");
         // What stays: the output and the four stored inputs (aliases of forward activations).
         assert_eq!(
             pool.stats().bytes_in_use,
@@ -193,9 +187,8 @@ fn a_checkpointer_error_panics_with_its_message() {
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Sqrt));
     pool.scope(|s| {
         let x = s.ones::<f32>(&[1, 1]);
-        let panic = catch_unwind(AssertUnwindSafe(|| stack.too_many(&mut ckpt, &x))).unwrap_err();
         assert_eq!(
-            *panic.downcast::<String>().unwrap(),
+            panic_message(|| drop(stack.too_many(&mut ckpt, &x))),
             "#[checkpoint]: saving layer 2 would store 3 checkpoints, past the limit of 2"
         );
     });
@@ -256,9 +249,8 @@ fn the_sequence_replay_runs_one_let_and_names_the_bad_index() {
         let x = s.full::<f32>(&[1, 2], 0.5);
         assert_eq!(stack.step(&x, 0).to_vec(), vec![1.0, 1.0]); // x.matmul(&a).relu()
         assert_eq!(stack.step(&x, 1).to_vec(), vec![1.5, 1.5]); // &x + 1.0
-        let panic = catch_unwind(AssertUnwindSafe(|| stack.step(&x, 9))).unwrap_err();
         assert_eq!(
-            *panic.downcast::<String>().unwrap(),
+            panic_message(|| drop(stack.step(&x, 9))),
             "layer 9 is past the last of the 5 layers"
         );
     });

@@ -1,11 +1,15 @@
-//! Image ops against naive reference loops: convolution (strides, padding, non-square kernels),
-//! group normalization, nearest upsampling, and their errors.
+//! Image ops on `[batch, channels, height, width]` tensors against naive reference loops:
+//! convolution (strides, padding, non-square kernels), group normalization, nearest upsampling, max
+//! and average pooling; and their errors, with outputs that would be too large to address.
 
-mod common;
-
-use common::test_pool;
+use ndarray::{ArrayD, IxDyn};
 use tensorscope::Error;
 
+use super::{assert_close_tol, iota};
+use crate::common::{assert_fully_written, test_pool};
+
+/// `x` (of shape `xs`) convolved with the kernels `w` (of shape `ws`), zero-padded by `pad`, by
+/// the definition: one sum of products per output element.
 fn conv_ref(
     x: &[f64],
     xs: [usize; 4],
@@ -13,7 +17,7 @@ fn conv_ref(
     ws: [usize; 4],
     stride: usize,
     pad: usize,
-) -> Vec<f64> {
+) -> ArrayD<f64> {
     let [n, ci, h, wd] = xs;
     let [co, _, kh, kw] = ws;
     let ho = (h + 2 * pad - kh) / stride + 1;
@@ -41,18 +45,11 @@ fn conv_ref(
             }
         }
     }
-    out
+    ArrayD::from_shape_vec(IxDyn(&[n, co, ho, wo]), out).unwrap()
 }
 
-fn close(got: &[f64], want: &[f64]) {
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-12 * (1.0 + w.abs()),
-            "element {i}: {g} vs {w}"
-        );
-    }
-}
+/// The tolerance of `f64` image ops against the loops above, relative with an absolute floor.
+const TOL: f64 = 1e-12;
 
 #[test]
 fn conv2d_matches_the_naive_loops() {
@@ -67,7 +64,8 @@ fn conv2d_matches_the_naive_loops() {
             let w = s.randn::<f64>(&ws, 2);
             let y = x.conv2d(&w, stride, pad);
             let want = conv_ref(x.as_slice(), xs, w.as_slice(), ws, stride, pad);
-            close(y.as_slice(), &want);
+            let what = format!("{xs:?} * {ws:?}, stride {stride}, padding {pad}");
+            assert_close_tol(&what, &y, &want, TOL, TOL);
         }
     });
 }
@@ -84,7 +82,8 @@ fn group_norm_and_upsample_match_the_naive_loops() {
             let var = group.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / per_group as f64;
             want.extend(group.iter().map(|v| (v - mean) / (var + 1e-5).sqrt()));
         }
-        close(y.as_slice(), &want);
+        let want = ArrayD::from_shape_vec(IxDyn(x.shape()), want).unwrap();
+        assert_close_tol("group_norm", &y, &want, TOL, TOL);
 
         let small = s.from_slice::<f64>(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
         let up = small.upsample_nearest2d(2);
@@ -178,5 +177,34 @@ fn huge_padding_or_scale_is_a_dimension_overflow_naming_the_operand() {
             let err = x.try_upsample_nearest2d(scale).unwrap_err();
             assert_eq!(err, overflow("upsample_nearest2d", "scale", scale));
         }
+    });
+}
+
+#[test]
+fn pooling_takes_each_windows_max_or_mean() {
+    test_pool(16).scope(|s| {
+        let x = iota(s, &[1, 1, 4, 5]);
+        let m = x.max_pool2d(2, 2);
+        assert_fully_written("max_pool2d", &m);
+        assert_eq!(m.shape(), &[1, 1, 2, 2]);
+        assert_eq!(m.to_vec(), [6.0, 8.0, 16.0, 18.0]);
+        assert_eq!(x.avg_pool2d(2, 2).to_vec(), [3.0, 5.0, 13.0, 15.0]);
+        assert_eq!(x.max_pool2d(3, 1).shape(), &[1, 1, 2, 3]);
+        let err = x.try_max_pool2d(5, 1).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "max_pool2d: invalid kernel: 5 is larger than the image side 4"
+        );
+        let err = x.try_avg_pool2d(2, 0).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "avg_pool2d: invalid stride: must be at least 1"
+        );
+        let err = iota(s, &[4, 5]).try_max_pool2d(2, 2).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("max_pool2d: invalid shape [4, 5]"),
+            "{err}"
+        );
     });
 }

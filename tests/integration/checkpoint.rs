@@ -7,6 +7,8 @@ use tensorscope::checkpoint::{binomial_recompute_steps, ReverseReport};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};
 
+use crate::common::max_abs_diff;
+
 /// One "layer": a little nonlinear map whose output depends on the layer index.
 fn layer_step<'s>(x: &Tensor<'s>, i: usize) -> Tensor<'s> {
     (x * (1.0 + 0.01 * i as f32) + 0.1).tanh()
@@ -188,7 +190,7 @@ fn low_precision_storage_halves_the_bytes_with_a_measured_error() {
             let mut max_rel = 0f32;
             for (target, want) in inputs.iter().enumerate() {
                 let a = ckpt.recompute_from_checkpoint(s, target, &layers, layer_step).unwrap();
-                let err = a.to_vec().iter().zip(want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+                let err = max_abs_diff(&a.to_vec(), want);
                 let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
                 max_rel = max_rel.max(err / scale);
             }

@@ -9,14 +9,8 @@ use tensorscope::checkpoint::{binomial_recompute_steps, revolve_forward_steps};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Gradients, Policy, Precision};
 
-#[path = "../examples/common/denoiser.rs"]
-mod denoiser;
-#[path = "../examples/common/pre_norm_mlp.rs"]
-mod pre_norm_mlp;
-#[path = "../examples/common/transformer.rs"]
-mod transformer;
-
-use pre_norm_mlp::Model;
+use crate::pre_norm_mlp::Model;
+use crate::{denoiser, transformer};
 
 const WIDTH: usize = 8;
 const BATCH: usize = 4;

@@ -1,10 +1,10 @@
 //! `#[dispose_scope]` behaviour: release and escape accounting, every return path, methods,
 //! generics, nesting, budgets, panics and the steady state of a loop.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use tensorscope::prelude::*;
-use tensorscope::{Element, Error, ScopeStats};
+use tensorscope::{Element, Error};
+
+use crate::common::{assert_all_released_or_escaped, panic_message};
 
 struct Block {
     w1: Param,
@@ -35,15 +35,6 @@ impl Block {
     }
 }
 
-fn all_released_or_escaped(stats: ScopeStats) {
-    assert_eq!(
-        stats.rented + stats.adopted,
-        stats.released + stats.escaped,
-        "{stats:?}"
-    );
-    assert_eq!((stats.leaked, stats.bytes_in_use), (0, 0), "{stats:?}");
-}
-
 #[test]
 fn child_scope_releases_everything_but_the_escaped_result() {
     let pool = Pool::with_max_memory_mb(64);
@@ -58,7 +49,7 @@ fn child_scope_releases_everything_but_the_escaped_result() {
             (3, 1),
             "matmul, matmul, add; gelu is in place"
         );
-        all_released_or_escaped(child);
+        assert_all_released_or_escaped(child);
         assert_eq!(pool.stats().bytes_in_use, before + y.allocated_bytes());
         assert_eq!(y.to_vec(), block.forward_by_hand(&x).to_vec());
         assert_eq!(
@@ -124,7 +115,7 @@ fn every_return_path_is_escaped() {
         let w = s.ones::<f32>(&[2, 2]);
         let ok = checked(&s.full::<f32>(&[1, 2], 1.0), &w).unwrap();
         assert_eq!(ok.to_vec(), vec![2.0, 2.0]);
-        all_released_or_escaped(s.last_child_stats().unwrap());
+        assert_all_released_or_escaped(s.last_child_stats().unwrap());
         let early = checked(&s.full::<f32>(&[1, 2], 100.0), &w).unwrap();
         assert_eq!(early.to_vec(), vec![100.0, 100.0]);
         assert_eq!(
@@ -136,7 +127,7 @@ fn every_return_path_is_escaped() {
             err,
             ForwardError::Shape(Error::ShapeMismatch { op: "matmul", .. })
         ));
-        all_released_or_escaped(s.last_child_stats().unwrap());
+        assert_all_released_or_escaped(s.last_child_stats().unwrap());
         drop((ok, early));
     });
     assert_eq!(pool.stats().bytes_in_use, 0);
@@ -164,7 +155,7 @@ fn early_return_from_a_loop_is_escaped() {
         let child = s.last_child_stats().unwrap();
         assert_eq!((child.rented, child.released, child.escaped), (3, 2, 1));
         assert!(first_above(&xs, &x, 100.0).is_none());
-        all_released_or_escaped(s.last_child_stats().unwrap());
+        assert_all_released_or_escaped(s.last_child_stats().unwrap());
     });
 }
 
@@ -203,7 +194,7 @@ fn tuples_arrays_vecs_generics_and_derived_structs_are_escaped() {
         assert_eq!(h.logits.to_vec(), vec![(-1f64).exp(), 1f64.exp() + 1.0]);
         assert_eq!(h.extra.1[1].to_vec(), vec![0.0, 2.0]);
         assert_eq!(h.label, "heads");
-        all_released_or_escaped(s.last_child_stats().unwrap());
+        assert_all_released_or_escaped(s.last_child_stats().unwrap());
     });
 }
 
@@ -264,7 +255,7 @@ fn nested_annotated_calls_nest_scopes() {
         let outer = s.last_child_stats().unwrap();
         // `a` and `b` adopted from the two inner calls; the sum rented and escaped.
         assert_eq!((outer.adopted, outer.rented, outer.escaped), (2, 1, 1));
-        all_released_or_escaped(outer);
+        assert_all_released_or_escaped(outer);
     });
 }
 
@@ -338,12 +329,14 @@ fn a_panic_inside_an_annotated_forward_leaves_the_pool_consistent() {
     pool.scope(|s| {
         let x = s.ones::<f32>(&[8]);
         let before = pool.stats().bytes_in_use;
-        let caught = catch_unwind(AssertUnwindSafe(|| panics_midway(&x, true)));
-        assert!(caught.is_err());
+        assert_eq!(
+            panic_message(|| drop(panics_midway(&x, true))),
+            "failure in the middle of a forward"
+        );
         assert_eq!(pool.stats().bytes_in_use, before);
         let y = panics_midway(&x, false);
         assert_eq!(y.to_vec(), vec![3.0; 8]);
-        all_released_or_escaped(s.last_child_stats().unwrap());
+        assert_all_released_or_escaped(s.last_child_stats().unwrap());
     });
     let stats = pool.stats();
     assert_eq!(
@@ -428,7 +421,7 @@ fn plain_return_values_need_no_escape_and_lifetimeless_structs_pass_through() {
     pool.scope(|s| {
         let x = s.from_slice::<f32>(&[2], &[1.0, 3.0]);
         assert_eq!(summary(&x), 4.0);
-        all_released_or_escaped(s.last_child_stats().unwrap());
+        assert_all_released_or_escaped(s.last_child_stats().unwrap());
         let (y, metrics) = with_metrics(&x);
         assert_eq!(y.len(), 2);
         assert_eq!(
@@ -469,7 +462,7 @@ fn methods_returning_self_are_escaped() {
             (swapped.a.to_vec(), swapped.b.to_vec()),
             (vec![11.0], vec![10.0])
         );
-        all_released_or_escaped(s.last_child_stats().unwrap());
+        assert_all_released_or_escaped(s.last_child_stats().unwrap());
     });
 }
 

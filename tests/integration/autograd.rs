@@ -2,14 +2,12 @@
 //! public gradient check), gradients keyed by parameter, accumulation, the errors, and memory: saved
 //! tensors released by backward, graphs freed with their last tensor, escapes that carry a graph.
 
-mod common;
-
 use ndarray::ArrayD;
 use tensorscope::autograd::check_gradients;
 use tensorscope::prelude::*;
 use tensorscope::{Error, Gradients, Result};
 
-use common::test_pool;
+use crate::common::test_pool;
 
 /// A random input of `shape` (standard normal, from `seed`).
 fn input(shape: &[usize], seed: u64) -> ArrayD<f64> {
