@@ -184,18 +184,30 @@ fn low_precision_storage_halves_the_bytes_with_a_measured_error() {
         let input = s.randn::<f32>(&[4, 8], 7);
         for (precision, bound) in [(Precision::F16, 2e-3), (Precision::Bf16, 1.6e-2)] {
             let mut ckpt = Checkpointer::new(config(Policy::Every(4)).with_precision(precision));
-            ckpt.checkpointed_forward(&input, &layers, layer_step).unwrap();
-            assert_eq!(ckpt.memory_stored_bytes(), 4 * 32 * 2, "{precision:?}: 2 bytes each");
+            ckpt.checkpointed_forward(&input, &layers, layer_step)
+                .unwrap();
+            assert_eq!(
+                ckpt.memory_stored_bytes(),
+                4 * 32 * 2,
+                "{precision:?}: 2 bytes each"
+            );
             // Normwise: the largest error in an activation over its largest magnitude.
             let mut max_rel = 0f32;
             for (target, want) in inputs.iter().enumerate() {
-                let a = ckpt.recompute_from_checkpoint(s, target, &layers, layer_step).unwrap();
+                let a = ckpt
+                    .recompute_from_checkpoint(s, target, &layers, layer_step)
+                    .unwrap();
                 let err = max_abs_diff(&a.to_vec(), want);
                 let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
                 max_rel = max_rel.max(err / scale);
             }
-            println!("{precision:?}: max normwise relative error of recomputed activations {max_rel:.2e}");
-            assert!(max_rel > 0.0, "{precision:?} storage is lossy, never exact here");
+            println!(
+                "{precision:?}: max normwise relative error of recomputed activations {max_rel:.2e}"
+            );
+            assert!(
+                max_rel > 0.0,
+                "{precision:?} storage is lossy, never exact here"
+            );
             assert!(max_rel < bound, "{precision:?}: {max_rel}");
         }
     });

@@ -1,8 +1,9 @@
 //! The vectorised `f32` kernels of the transcendental ops, and their derivatives as backward
 //! computes them, against `f64` references: every `2^-12` step of a range (every 997th `f32` for
 //! `log`), plus the IEEE special values. The bounds asserted here are the errors `docs/benchmarks.md`
-//! and the README state; `cargo test --release --test integration ops::kernels -- --nocapture` prints
-//! the table.
+//! and the README state;
+//! `cargo test --release --test integration ops::kernels -- --nocapture --test-threads=1` prints the
+//! table.
 
 use std::f64::consts::{FRAC_2_SQRT_PI, PI, SQRT_2};
 
