@@ -1,6 +1,5 @@
 //! The gradients a backward pass computes, keyed by parameter.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use ndarray::{Dimension, IxDyn};
@@ -21,9 +20,20 @@ use crate::tensor::Tensor;
 /// they are released with their scope, and leave it only through [`Scope::escape`].
 pub struct Gradients<'s, T: DType = f32> {
     scope: State,
-    by_key: HashMap<u64, Tensor<'s, T>>,
-    /// The parameter values each gradient was computed from ([`Param::source`]).
-    sources: HashMap<u64, u64>,
+    /// Sorted by key. A sorted list rather than a hash map: a checkpointed backward takes the
+    /// gradients of each step's own tensors out again, and a hash map whose keys come and go step
+    /// after step fills with tombstones until it grows, at a step its random hashes decide (a heap
+    /// allocation in a steady-state step). The list reaches its size in the first step and keeps it.
+    slots: Vec<Slot<'s, T>>,
+}
+
+/// A gradient and what it was computed from.
+struct Slot<'s, T: DType> {
+    key: u64,
+    /// `None` only inside [`Gradients::add`], while the sum is computed.
+    grad: Option<Tensor<'s, T>>,
+    /// The parameter values the gradient was computed from ([`Param::source`]), until zeroed.
+    source: Option<u64>,
 }
 
 impl<'s, T: Element> Gradients<'s, T> {
@@ -35,31 +45,43 @@ impl<'s, T: Element> Gradients<'s, T> {
     pub(crate) fn in_scope(scope: &State) -> Self {
         Gradients {
             scope: scope.clone(),
-            by_key: HashMap::new(),
-            sources: HashMap::new(),
+            slots: Vec::new(),
         }
     }
 
     /// The gradient of `param`, if the backward passes reached it.
     pub fn get(&self, param: &Param<T>) -> Option<&Tensor<'s, T>> {
-        self.by_key.get(&param.key())
+        self.grad(param.key())
     }
 
     /// The gradient of `tensor`, a tensor marked with [`Tensor::requires_grad`] (or an alias of
     /// one), if the backward passes reached it.
     pub fn of(&self, tensor: &Tensor<'_, T>) -> Option<&Tensor<'s, T>> {
-        let key = tensor.node.as_ref()?.key()?;
-        self.by_key.get(&key)
+        self.grad(tensor.node.as_ref()?.key()?)
+    }
+
+    fn slot(&self, key: u64) -> Option<&Slot<'s, T>> {
+        let i = self.find(key).ok()?;
+        Some(&self.slots[i])
+    }
+
+    fn grad(&self, key: u64) -> Option<&Tensor<'s, T>> {
+        self.slot(key)?.grad.as_ref()
+    }
+
+    /// Where `key` is in the list, or where it would go.
+    fn find(&self, key: u64) -> std::result::Result<usize, usize> {
+        self.slots.binary_search_by_key(&key, |slot| slot.key)
     }
 
     /// How many parameters and marked tensors have a gradient.
     pub fn len(&self) -> usize {
-        self.by_key.len()
+        self.slots.len()
     }
 
     /// Whether there is no gradient.
     pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
+        self.slots.is_empty()
     }
 
     /// Sets every gradient to zero, keeping its buffer: the gradients of the next backward passes
@@ -68,20 +90,22 @@ impl<'s, T: Element> Gradients<'s, T> {
     /// `zero_grad(set_to_none=False)`). A gradient that another handle shares is copied first, so
     /// the other handle keeps its values; this can fail only then, with a budget error.
     pub fn zero(&mut self) -> Result<()> {
-        for g in self.by_key.values_mut() {
-            g.try_view_mut()?.fill(T::zero());
+        for slot in &mut self.slots {
+            if let Some(g) = &mut slot.grad {
+                g.try_view_mut()?.fill(T::zero());
+            }
+            // Zeros are the gradient of any values: the next pass may use the updated parameters.
+            slot.source = None;
         }
-        // Zeros are the gradient of any values: the next pass may use the updated parameters.
-        self.sources.clear();
         Ok(())
     }
 
     /// Whether the gradient of `param` (if any) was computed from the values `param` holds now,
     /// rather than from another copy (a clone written after it, or written before it).
     pub(crate) fn is_of_current_values(&self, param: &Param<T>) -> bool {
-        self.sources
-            .get(&param.key())
-            .is_none_or(|&s| s == param.source())
+        self.slot(param.key())
+            .and_then(|slot| slot.source)
+            .is_none_or(|s| s == param.source())
     }
 
     /// Adds `grad` to the gradient of `param`: how hand-written backward passes report theirs.
@@ -103,8 +127,8 @@ impl<'s, T: Element> Gradients<'s, T> {
 
     /// Removes and returns the gradient under `key` (a checkpointed region's own leaves).
     pub(crate) fn take(&mut self, key: u64) -> Option<Tensor<'static, T>> {
-        self.sources.remove(&key);
-        self.by_key.remove(&key).map(Tensor::into_saved)
+        let i = self.find(key).ok()?;
+        self.slots.remove(i).grad.map(Tensor::into_saved)
     }
 
     /// Checks that no key of `leaves` (key, source, shape) meets two sources, among them or against
@@ -120,7 +144,11 @@ impl<'s, T: Element> Gradients<'s, T> {
         // Sorted by key, two sources of one key meet: no map to build.
         let mut seen: RecycledVec<(u64, u64, IxDyn)> = RecycledVec::new();
         for (key, source, shape) in leaves {
-            if self.sources.get(&key).is_some_and(|&e| e != source) {
+            if self
+                .slot(key)
+                .and_then(|slot| slot.source)
+                .is_some_and(|e| e != source)
+            {
                 return Err(conflict(shape));
             }
             seen.push((key, source, IxDyn(shape)));
@@ -143,18 +171,37 @@ impl<'s, T: Element> Gradients<'s, T> {
         source: Option<u64>,
         grad: Tensor<'static, T>,
     ) -> Result<()> {
-        if let Some(source) = source {
-            self.sources.insert(key, source);
+        let i = self.find(key).unwrap_or_else(|i| {
+            let slot = Slot {
+                key,
+                grad: None,
+                source: None,
+            };
+            self.slots.insert(i, slot);
+            i
+        });
+        let slot = &mut self.slots[i];
+        if source.is_some() {
+            slot.source = source;
         }
-        let total = match self.by_key.remove(&key) {
+        let total = match slot.grad.take() {
             // By value: written into the earlier gradient's buffer when it is the only handle.
-            Some(earlier) => earlier.try_add_owned(&grad)?.move_to(&self.scope),
+            Some(earlier) => earlier.try_add_owned(&grad),
             // A buffer another handle shares (a caller's seed or gradient, a bound parameter) is
             // copied, here: moving it would hand that handle's buffer to this scope's brand.
-            None => grad.try_into_unique_in(&self.scope)?.move_to(&self.scope),
+            None => grad.try_into_unique_in(&self.scope),
         };
-        self.by_key.insert(key, total);
-        Ok(())
+        match total {
+            Ok(total) => {
+                slot.grad = Some(total.move_to(&self.scope));
+                Ok(())
+            }
+            Err(e) => {
+                // The gradient is lost (the backward's error says so); no slot stays empty.
+                self.slots.remove(i);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -164,12 +211,14 @@ impl<'from, 'to, T: Element> Escape<'from, 'to> for Gradients<'from, T> {
     fn escape_to(self, target: &EscapeTarget<'from, 'to>) -> Gradients<'to, T> {
         Gradients {
             scope: target.state().clone(),
-            by_key: self
-                .by_key
+            slots: self
+                .slots
                 .into_iter()
-                .map(|(key, g)| (key, g.escape_to(target)))
+                .map(|slot| Slot {
+                    grad: slot.grad.map(|g| g.escape_to(target)),
+                    ..slot
+                })
                 .collect(),
-            sources: self.sources,
         }
     }
 }
@@ -177,7 +226,7 @@ impl<'from, 'to, T: Element> Escape<'from, 'to> for Gradients<'from, T> {
 impl<T: Element> fmt::Debug for Gradients<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Gradients")
-            .field("count", &self.by_key.len())
+            .field("count", &self.slots.len())
             .finish()
     }
 }
