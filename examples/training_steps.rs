@@ -7,6 +7,10 @@
 //! pre-norm MLP, batch 64, width 32), `mlp-sqrt` (its block loop under `#[checkpoint]` with
 //! `Policy::Sqrt`, 4 blocks), `gpt` (the tiny GPT, 2 blocks, batch 2 of 8 tokens) or `gpt-every`
 //! (its checkpointed block loop, `Policy::Every(1)`); the loops of `tests/allocations.rs`.
+//!
+//! Without arguments it runs each model for 50 steps and prints the median time of a step.
+
+use std::time::Instant;
 
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Policy};
@@ -18,22 +22,46 @@ mod pre_norm_mlp;
 #[path = "common/training_loops.rs"]
 mod training_loops;
 
+const MODELS: [&str; 4] = ["mlp", "mlp-sqrt", "gpt", "gpt-every"];
+const USAGE: &str = "usage: training_steps [mlp|mlp-sqrt|gpt|gpt-every STEPS]";
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (model, steps) = match &args[..] {
-        [model, steps] => (
-            model.as_str(),
-            steps.parse::<usize>().expect("STEPS is a number"),
-        ),
-        _ => panic!("usage: training_steps mlp|mlp-sqrt|gpt|gpt-every STEPS"),
-    };
+    match &args[..] {
+        [] => {
+            println!("{:<10} {:>16}", "model", "median step µs");
+            for model in MODELS {
+                let mut at = Vec::with_capacity(51);
+                run(model, 50, &mut |_| at.push(Instant::now()));
+                let mut micros: Vec<f64> = at
+                    .windows(2)
+                    .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6)
+                    .collect();
+                micros.sort_by(f64::total_cmp);
+                println!("{model:<10} {:>16.1}", micros[micros.len() / 2]);
+            }
+        }
+        [model, steps] if MODELS.contains(&model.as_str()) => match steps.parse() {
+            Ok(steps) => run(model, steps, &mut |_| {}),
+            Err(_) => fail(&format!("STEPS must be a whole number, not {steps}")),
+        },
+        _ => fail(&format!("unknown arguments: {}", args.join(" "))),
+    }
+}
+
+fn fail(why: &str) -> ! {
+    eprintln!("{why}\n{USAGE}");
+    std::process::exit(2)
+}
+
+/// `steps` steps of `model`, calling `boundary(i)` before step `i` and after the last.
+fn run(model: &str, steps: usize, boundary: &mut dyn FnMut(usize)) {
     let pool = Pool::with_max_memory_mb(256);
     let policy = |p| Some(CheckpointConfig::new(p));
     match model {
-        "mlp" => training_loops::mlp(&pool, 2, None, steps, |_| {}),
-        "mlp-sqrt" => training_loops::mlp(&pool, 4, policy(Policy::Sqrt), steps, |_| {}),
-        "gpt" => training_loops::gpt(&pool, None, steps, |_| {}),
-        "gpt-every" => training_loops::gpt(&pool, policy(Policy::Every(1)), steps, |_| {}),
-        other => panic!("unknown model {other}"),
+        "mlp" => training_loops::mlp(&pool, 2, None, steps, boundary),
+        "mlp-sqrt" => training_loops::mlp(&pool, 4, policy(Policy::Sqrt), steps, boundary),
+        "gpt" => training_loops::gpt(&pool, None, steps, boundary),
+        _ => training_loops::gpt(&pool, policy(Policy::Every(1)), steps, boundary),
     }
 }
