@@ -1,17 +1,20 @@
 //! Matrix products of `f32` and `f64`: packed, cache-blocked kernels in the manner of BLIS and
-//! `matrixmultiply`, written in safe Rust that compiles to FMA vector code (AVX2 + FMA, chosen at
-//! run time; the baseline elsewhere), split by rows over the worker threads of
-//! [`crate::threads`].
+//! `matrixmultiply`, split by rows over the worker threads of [`crate::threads`]. The tile is
+//! chosen at run time: `12 x 32` of `f32` in AVX-512 registers, written with intrinsics
+//! ([`simd::tile_f32_avx512`]), on CPUs that have it; else `6 x 16` (`f32`) or `6 x 8` (`f64`) in
+//! safe Rust that compiles to AVX2 + FMA code, or to the baseline elsewhere.
 //!
 //! Unlike the crates it replaces (`matrixmultiply` allocates its packing buffer on every call,
 //! `gemm` several buffers and rayon jobs), the packing buffers are per thread, made once at their
 //! full size, so no product after a thread's first allocates.
 //!
-//! The blocking: `c` is computed in `NC`-column panels; each panel in `KC`-deep steps, for which
-//! `KC x NC` of `b` is packed once, by all threads together, into `NR`-wide slivers that every
-//! thread then reads; each thread computes its own rows, in `MC`-row blocks of `a` packed into
-//! `MR`-tall slivers (or read in place when `a`'s rows are short), and every sliver pair is an
-//! `MR x NR` tile kept in registers.
+//! The blocking: `c` is computed in `NC`-column panels; each panel in `KC`-deep steps, packed in
+//! groups of steps as deep as the panel buffer holds (so that the threads meet twice per group,
+//! not per step): `KC x NC` of `b` per step, by all threads together, into `NR`-wide slivers that
+//! every thread then reads. Each thread computes its own rows, in `MC`-row blocks of `a` packed
+//! into `MR`-tall slivers (or read in place when `a`'s rows are short); each sliver of `a` stays
+//! in the L1 cache while the panel's slivers of `b` stream past it from L2, and every sliver pair
+//! is an `MR x NR` tile kept in registers and added to `c`.
 //!
 //! Operands are strided ([`Matrix`]), so a transposed operand is packed from where it lies instead
 //! of being copied first.
@@ -26,8 +29,9 @@ use crate::threads;
 
 /// Rows of `a` per packed block: `MC x KC` of `f32` is 144 KiB, inside a core's L2 cache.
 const MC: usize = 144;
-/// Depth of one packed step: a sliver of `b`, `KC x 16` of `f32`, is 16 KiB, and with a sliver of
-/// `a` (6 KiB) it stays in the 32 KiB L1 cache.
+/// Depth of one packed step: a sliver of `a`, `12 x KC` of `f32`, is 12 KiB, in the L1 cache with
+/// the slivers of `b` passing through (deeper steps measured slower with the AVX-512 tile: 384 and
+/// 512 lost 10-20% on M's product).
 const KC: usize = 256;
 /// Columns of `b` per packed panel: `KC x NC` of `f32` is 1 MiB (L2/L3).
 const NC: usize = 1024;
@@ -135,7 +139,9 @@ pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T
         c.fill(T::zero());
         return;
     }
-    if std::mem::size_of::<T>() == 4 {
+    if std::mem::size_of::<T>() == 4 && simd::has_avx512f() {
+        blocked::<T, 12, 32>(a, b, c);
+    } else if std::mem::size_of::<T>() == 4 {
         blocked::<T, 6, 16>(a, b, c);
     } else {
         blocked::<T, 6, 8>(a, b, c);
@@ -149,28 +155,48 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
     c: &mut [T],
 ) {
     let (k, n) = (a.cols, b.cols);
-    let panel = n.min(NC).next_multiple_of(NR) * k.min(KC);
-    with_scratch::<T, _>((&PACKED_B, B_BYTES), panel, |pb| {
+    // Steps along `k` are packed and computed in groups as deep as the panel buffer holds: the
+    // threads meet twice per group (packing done, rows done) rather than twice per step.
+    let widest = n.min(NC).next_multiple_of(NR);
+    let group = KC * (B_BYTES / std::mem::size_of::<T>() / (widest * KC)).max(1);
+    with_scratch::<T, _>((&PACKED_B, B_BYTES), widest * k.min(group), |pb| {
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
-            for pc in (0..k).step_by(KC) {
-                let kc = KC.min(k - pc);
-                let pb = &mut pb[..nc.next_multiple_of(NR) * kc];
-                let sliver = NR * kc;
-                threads::split_mut(pb, sliver, PACK_PER_PART.div_ceil(sliver), |start, part| {
-                    pack::<T, NR>(part, b.t(), (pc, kc), jc + start / kc);
-                });
+            let ncp = nc.next_multiple_of(NR);
+            for pg in (0..k).step_by(group) {
+                let gk = group.min(k - pg);
+                // Step `pc` of the group at `ncp * (pc - pg)`: its slivers, `NR * kc` each.
+                let pb = &mut pb[..ncp * gk];
+                let steps = gk.div_ceil(KC);
+                if steps >= threads::count() {
+                    threads::split_mut(pb, ncp * KC, 1, |start, part| {
+                        for (i, panel) in part.chunks_mut(ncp * KC).enumerate() {
+                            let pc = pg + start / ncp + i * KC;
+                            pack::<T, NR>(panel, b.t(), (pc, KC.min(k - pc)), jc);
+                        }
+                    });
+                } else {
+                    for pc in (pg..pg + gk).step_by(KC) {
+                        let kc = KC.min(k - pc);
+                        let panel = &mut pb[ncp * (pc - pg)..][..ncp * kc];
+                        let sliver = NR * kc;
+                        let per_part = PACK_PER_PART.div_ceil(sliver);
+                        threads::split_mut(panel, sliver, per_part, |start, part| {
+                            pack::<T, NR>(part, b.t(), (pc, kc), jc + start / kc);
+                        });
+                    }
+                }
                 let step = Step {
                     a,
                     pb,
                     cols: (jc, nc),
-                    depth: (pc, kc),
+                    depth: (pg, gk),
                     n,
                 };
-                let per_granule = MR * kc * nc;
+                let per_granule = MR * gk * nc;
                 threads::split_mut(c, MR * n, PER_PART.div_ceil(per_granule), |start, c| {
                     let rows = c.len() / n;
-                    let len = MC.min(rows).next_multiple_of(MR) * kc;
+                    let len = MC.min(rows).next_multiple_of(MR) * KC.min(gk);
                     with_scratch::<T, _>((&PACKED_A, A_BYTES), len, |pa| {
                         simd::dispatch_fma(Rows::<T, MR, NR> {
                             step,
@@ -210,14 +236,14 @@ fn with_scratch<T: Element, R>(
     })
 }
 
-/// One `KC`-deep step of one `NC`-column panel, with the panel of `b` packed.
+/// A group of `KC`-deep steps of one `NC`-column panel, with the panel of `b` packed for each.
 #[derive(Clone, Copy)]
 struct Step<'a, T> {
     a: Matrix<'a, T>,
     pb: &'a [T],
     /// The panel's first column and width.
     cols: (usize, usize),
-    /// The step's first index along `k` and depth.
+    /// The group's first index along `k` and depth.
     depth: (usize, usize),
     /// Columns of `c`.
     n: usize,
@@ -240,97 +266,115 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Rows<'_, T, MR,
         let Rows { step, first, c, pa } = self;
         let Step {
             a,
-            pb,
-            cols: (jc, _),
-            depth: (pc, kc),
+            pb: group,
+            cols: (jc, nc),
+            depth: (pg, gk),
             n,
         } = step;
         let rows = c.len() / n;
         let direct = a.cs == 1 && a.rs * std::mem::size_of::<T>() <= DIRECT_ROW_BYTES;
-        for ic in (0..rows).step_by(MC) {
-            let mc = MC.min(rows - ic);
-            let row0 = first + ic;
-            if !direct {
-                pack::<T, MR>(&mut pa[..mc.next_multiple_of(MR) * kc], a, (pc, kc), row0);
-            }
-            for (jr, b) in pb.chunks_exact(NR * kc).enumerate() {
-                let col = jc + jr * NR;
-                let width = NR.min(n - col);
+        let ncp = nc.next_multiple_of(NR);
+        for pc in (pg..pg + gk).step_by(KC) {
+            let kc = KC.min(pg + gk - pc);
+            let pb = &group[ncp * (pc - pg)..][..ncp * kc];
+            for ic in (0..rows).step_by(MC) {
+                let mc = MC.min(rows - ic);
+                let row0 = first + ic;
+                if !direct {
+                    pack::<T, MR>(&mut pa[..mc.next_multiple_of(MR) * kc], a, (pc, kc), row0);
+                }
                 for ir in (0..mc).step_by(MR) {
                     let height = MR.min(mc - ir);
                     let r = row0 + ir;
-                    let b = b.as_chunks::<NR>().0;
-                    let tile = match (direct, height == MR) {
-                        (true, true) => {
-                            let lines: [&[T]; MR] = std::array::from_fn(|i| a.row(r + i, pc, kc));
-                            tile::<T, MR, NR, FMA>(
+                    for (jr, b) in pb.chunks_exact(NR * kc).enumerate() {
+                        let col = jc + jr * NR;
+                        let width = NR.min(n - col);
+                        let b = b.as_chunks::<NR>().0;
+                        let out = Out {
+                            c: &mut c[(ic + ir) * n + col..],
+                            n,
+                            size: (height, width),
+                            add: pc > 0,
+                        };
+                        match (direct, height == MR) {
+                            (true, true) => {
+                                let lines: [&[T]; MR] =
+                                    std::array::from_fn(|i| a.row(r + i, pc, kc));
+                                tile::<T, MR, NR, FMA>(
+                                    kc,
+                                    b,
+                                    #[inline(always)]
+                                    |p| std::array::from_fn(|i| lines[i][p]),
+                                    out,
+                                )
+                            }
+                            (true, false) => tile::<T, MR, NR, FMA>(
                                 kc,
                                 b,
                                 #[inline(always)]
-                                |p| std::array::from_fn(|i| lines[i][p]),
-                            )
+                                |p| {
+                                    std::array::from_fn(|i| {
+                                        if i < height {
+                                            a.data[(r + i) * a.rs + pc + p]
+                                        } else {
+                                            T::zero()
+                                        }
+                                    })
+                                },
+                                out,
+                            ),
+                            (false, _) => {
+                                let sliver = &pa[ir * kc..][..MR * kc].as_chunks::<MR>().0[..kc];
+                                tile::<T, MR, NR, FMA>(
+                                    kc,
+                                    b,
+                                    #[inline(always)]
+                                    |p| sliver[p],
+                                    out,
+                                )
+                            }
                         }
-                        (true, false) => tile::<T, MR, NR, FMA>(
-                            kc,
-                            b,
-                            #[inline(always)]
-                            |p| {
-                                std::array::from_fn(|i| {
-                                    if i < height {
-                                        a.data[(r + i) * a.rs + pc + p]
-                                    } else {
-                                        T::zero()
-                                    }
-                                })
-                            },
-                        ),
-                        (false, _) => {
-                            let sliver = &pa[ir * kc..][..MR * kc].as_chunks::<MR>().0[..kc];
-                            tile::<T, MR, NR, FMA>(
-                                kc,
-                                b,
-                                #[inline(always)]
-                                |p| sliver[p],
-                            )
-                        }
-                    };
-                    store(
-                        &tile,
-                        &mut c[(ic + ir) * n + col..],
-                        n,
-                        (height, width),
-                        pc > 0,
-                    );
+                    }
                 }
             }
         }
     }
 }
 
-/// Writes (or with `add`, adds) the top-left `rows x cols` of `tile` into `c` from its start, rows
-/// `n` apart.
-#[inline(always)]
-fn store<T: Element, const MR: usize, const NR: usize>(
-    tile: &[[T; NR]; MR],
-    c: &mut [T],
-    n: usize,
-    (rows, cols): (usize, usize),
-    add: bool,
-) {
-    for (i, tile_row) in tile.iter().enumerate().take(rows) {
-        let out = &mut c[i * n..][..cols];
-        match (<&mut [T; NR]>::try_from(&mut *out), add) {
-            // A whole row of the tile: fixed-length moves, no `memcpy` call.
-            (Ok(out), false) => *out = *tile_row,
-            (Ok(out), true) => {
-                for (o, &t) in out.iter_mut().zip(tile_row) {
-                    *o = *o + t;
+/// Where a tile goes: the top-left `rows x cols` of it (`size`) into `c` from its start, rows `n`
+/// apart, written, or with `add` added to what is there (the sums of the earlier steps along `k`).
+pub(crate) struct Out<'a, T> {
+    pub(crate) c: &'a mut [T],
+    pub(crate) n: usize,
+    pub(crate) size: (usize, usize),
+    pub(crate) add: bool,
+}
+
+impl<T: Element> Out<'_, T> {
+    /// Writes `tile` (or adds it).
+    #[inline(always)]
+    pub(crate) fn store<const MR: usize, const NR: usize>(self, tile: &[[T; NR]; MR]) {
+        let Out {
+            c,
+            n,
+            size: (rows, cols),
+            add,
+        } = self;
+        for (i, tile_row) in tile.iter().enumerate().take(rows) {
+            let out = &mut c[i * n..][..cols];
+            match (<&mut [T; NR]>::try_from(&mut *out), add) {
+                // A whole row of the tile: fixed-length moves, no `memcpy` call.
+                (Ok(out), false) => *out = *tile_row,
+                (Ok(out), true) => {
+                    for (o, &t) in out.iter_mut().zip(tile_row) {
+                        *o = *o + t;
+                    }
                 }
-            }
-            (Err(_), false) => out.copy_from_slice(&tile_row[..cols]),
-            (Err(_), true) => {
-                for (o, &t) in out.iter_mut().zip(tile_row) {
-                    *o = *o + t;
+                (Err(_), false) => out.copy_from_slice(&tile_row[..cols]),
+                (Err(_), true) => {
+                    for (o, &t) in out.iter_mut().zip(tile_row) {
+                        *o = *o + t;
+                    }
                 }
             }
         }
@@ -347,7 +391,27 @@ fn pack<T: Element, const W: usize>(
     (p0, depth): (usize, usize),
     l0: usize,
 ) {
-    for (s, sliver) in dst.chunks_exact_mut(W * depth).enumerate() {
+    let mut full = 0;
+    if m.rs == 1 {
+        // The lines' elements of one step lie together (a row of `b`). Eight steps at a time,
+        // sliver by sliver: eight rows read side by side, each sliver written in order. A step
+        // at a time, the writes go to every sliver, a sliver's length apart, and step by step
+        // within a sliver the reads go a row apart: either way to addresses a multiple of 4 KiB
+        // apart, which share one set of the L1 cache and evict each other (packing a weight from
+        // memory ran at 5 GB/s).
+        full = (dst.len() / (W * depth)).min(m.rows.saturating_sub(l0) / W);
+        for p in (0..depth).step_by(8) {
+            let steps = 8.min(depth - p);
+            for s in 0..full {
+                let sliver = &mut dst[(s * depth + p) * W..][..steps * W];
+                for (q, step) in sliver.as_chunks_mut::<W>().0.iter_mut().enumerate() {
+                    let row = (p0 + p + q) * m.cs + l0 + s * W;
+                    step.copy_from_slice(&m.data[row..][..W]);
+                }
+            }
+        }
+    }
+    for (s, sliver) in dst.chunks_exact_mut(W * depth).enumerate().skip(full) {
         let first = l0 + s * W;
         let height = W.min(m.rows - first);
         let (sliver, _) = sliver.as_chunks_mut::<W>();
@@ -385,9 +449,47 @@ fn pack<T: Element, const W: usize>(
 }
 
 /// The `MR x NR` tile `sum_p a(p)[i] b[p][j]` over `p < depth`, of a sliver of `a` (column `p`
-/// given by `a(p)`) and a packed sliver `b`, held in registers.
+/// given by `a(p)`) and a packed sliver `b`, held in registers, then stored to `out`: 32 columns of
+/// `f32` by the AVX-512 tile of [`simd::tile_f32_avx512`], else a loop that LLVM vectorises.
 #[inline(always)]
 fn tile<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
+    depth: usize,
+    b: &[[T; NR]],
+    a: impl Fn(usize) -> [T; MR],
+    out: Out<'_, T>,
+) {
+    if FMA && NR == 32 && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+        // `T` is `f32` and `NR` 32: the casts are between identical types.
+        let Out { c, n, size, add } = out;
+        let wide = Out {
+            c: bytemuck::cast_slice_mut::<T, f32>(c),
+            n,
+            size,
+            add,
+        };
+        let Err(wide) = simd::tile_f32_avx512(
+            depth,
+            bytemuck::cast_slice(b),
+            #[inline(always)]
+            |p| bytemuck::cast::<[T; MR], [f32; MR]>(a(p)),
+            wide,
+        ) else {
+            return;
+        };
+        let out = Out {
+            c: bytemuck::cast_slice_mut::<f32, T>(wide.c),
+            n,
+            size,
+            add,
+        };
+        return out.store(&tile_sum::<T, MR, NR, FMA>(depth, b, a));
+    }
+    out.store(&tile_sum::<T, MR, NR, FMA>(depth, b, a));
+}
+
+/// The tile of [`tile`], as a loop that LLVM vectorises.
+#[inline(always)]
+fn tile_sum<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
     depth: usize,
     b: &[[T; NR]],
     a: impl Fn(usize) -> [T; MR],
@@ -428,21 +530,53 @@ mod tests {
 
     /// Largest error of `product` against a sum in `f64`, relative to `k` (each term is below 1),
     /// with each operand stored row-major (`false`) or as the transpose of a row-major matrix.
-    fn error<T: Element>((m, k, n): (usize, usize, usize), (ta, tb): (bool, bool)) -> f64 {
+    /// Sizes around the tiles (12 x 32 with AVX-512, 6 x 16, 6 x 8) and past each block edge (144
+    /// rows, 256 deep, 1024 columns), rows short enough to be read in place and long enough to be
+    /// packed; the large ones are split over threads.
+    const EDGE_SHAPES: [(usize, usize, usize); 13] = [
+        (1, 1, 1),
+        (5, 3, 7),
+        (6, 16, 16),
+        (7, 17, 33),
+        (11, 31, 31),
+        (12, 32, 32),
+        (25, 70, 65),
+        (13, 385, 9),
+        (150, 40, 17),
+        (145, 390, 20),
+        (7, 300, 1030),
+        (300, 64, 64),
+        (64, 1024, 40),
+    ];
+
+    /// Operands of `(m, k, n)`, each stored transposed if asked, and their product (into an output
+    /// that starts as garbage: every element must be written).
+    fn operands_and_product<T: Element>(
+        (m, k, n): (usize, usize, usize),
+        (ta, tb): (bool, bool),
+    ) -> (Vec<T>, Vec<T>, Vec<T>) {
         let (a_data, b_data) = (values::<T>(m * k, 1), values::<T>(k * n, 2));
-        let a = if ta {
-            Matrix::row_major(&a_data, k, m).t()
-        } else {
-            Matrix::row_major(&a_data, m, k)
-        };
-        let b = if tb {
-            Matrix::row_major(&b_data, n, k).t()
-        } else {
-            Matrix::row_major(&b_data, k, n)
-        };
-        // The output starts as garbage: every element must be written.
         let mut c = vec![T::from_f64(7.0); m * n];
-        product(a, b, &mut c);
+        product(
+            matrix(&a_data, (m, k), ta),
+            matrix(&b_data, (k, n), tb),
+            &mut c,
+        );
+        (a_data, b_data, c)
+    }
+
+    /// `data` as a `[rows, cols]` matrix, stored row-major or (`transposed`) column-major.
+    fn matrix<T>(data: &[T], (rows, cols): (usize, usize), transposed: bool) -> Matrix<'_, T> {
+        if transposed {
+            Matrix::row_major(data, cols, rows).t()
+        } else {
+            Matrix::row_major(data, rows, cols)
+        }
+    }
+
+    fn error<T: Element>((m, k, n): (usize, usize, usize), (ta, tb): (bool, bool)) -> f64 {
+        let (a_data, b_data, c) = operands_and_product::<T>((m, k, n), (ta, tb));
+        let (a, b) = (matrix(&a_data, (m, k), ta), matrix(&b_data, (k, n), tb));
         let mut worst = 0f64;
         for i in 0..m {
             for j in 0..n {
@@ -457,22 +591,7 @@ mod tests {
 
     #[test]
     fn products_of_every_edge_shape_and_layout_match_a_sum_in_f64() {
-        // Sizes around the tile (6 x 16 or 6 x 8) and past each block edge (144 rows, 256 deep,
-        // 1024 columns), rows short enough to be read in place and long enough to be packed; the
-        // large ones are split over threads.
-        let shapes = [
-            (1, 1, 1),
-            (5, 3, 7),
-            (6, 16, 16),
-            (7, 17, 33),
-            (13, 385, 9),
-            (150, 40, 17),
-            (145, 390, 20),
-            (7, 300, 1030),
-            (300, 64, 64),
-            (64, 1024, 40),
-        ];
-        for shape in shapes {
+        for shape in EDGE_SHAPES {
             for layout in [(false, false), (true, false), (false, true), (true, true)] {
                 let (e32, e64) = (error::<f32>(shape, layout), error::<f64>(shape, layout));
                 assert!(
@@ -483,6 +602,22 @@ mod tests {
                     e64 < 1e-14,
                     "f64 {shape:?} transposed {layout:?}: error {e64:e}"
                 );
+            }
+        }
+    }
+
+    /// The AVX-512 tile sums the same products in the same order as the others: the same bits
+    /// (where the CPU has AVX-512; elsewhere both runs take the same path).
+    #[test]
+    fn the_avx512_tile_gives_the_bits_of_the_avx2_tile() {
+        for shape in EDGE_SHAPES {
+            for layout in [(false, false), (true, false), (false, true), (true, true)] {
+                let wide = operands_and_product::<f32>(shape, layout).2;
+                let narrow = simd::with_widest(simd::Level::Avx2, || {
+                    operands_and_product::<f32>(shape, layout).2
+                });
+                let bits = |c: Vec<f32>| c.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+                assert_eq!(bits(wide), bits(narrow), "{shape:?} transposed {layout:?}");
             }
         }
     }

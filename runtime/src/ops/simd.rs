@@ -13,6 +13,7 @@
 //! The `unsafe` here is calling a function compiled for features the CPU is first checked to have.
 #![allow(unsafe_code)]
 
+use super::gemm::Out;
 use crate::threads;
 
 /// A loop to run at the widest vector width the CPU has. `run` must be `#[inline(always)]`, and so
@@ -50,6 +51,15 @@ fn note(level: Level) {
     USED.set(Some(level));
     #[cfg(not(test))]
     let _ = level;
+}
+
+/// Runs `f` with [`dispatch`] (and the products' choice of tile) held to `level` on this thread.
+#[cfg(test)]
+pub(crate) fn with_widest<R>(level: Level, f: impl FnOnce() -> R) -> R {
+    WIDEST.set(level);
+    let out = f();
+    WIDEST.set(Level::Avx512);
+    out
 }
 
 /// The widest level [`dispatch`] may use: all of them, except in a test that lowers it.
@@ -111,6 +121,78 @@ pub(crate) fn dispatch_fma<K: FmaKernel>(k: K) -> K::Out {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn avx2_fma<K: FmaKernel>(k: K) -> K::Out {
     k.run::<true>()
+}
+
+/// Whether the matrix products may use [`tile_f32_avx512`]: the CPU has AVX-512F.
+#[inline]
+pub(crate) fn has_avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return widest() >= Level::Avx512 && std::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The `MR x 32` tile `sum_p a(p)[i] b[p][j]` over `p < depth` of `f32` (as `ops::gemm`'s generic
+/// tile computes it), in two 512-bit registers per row, stored to `out`; `Err(out)` untouched if
+/// the CPU lacks AVX-512F. LLVM does not keep a tile this wide in registers when it vectorises the
+/// generic loop itself (it stored every accumulator at every step), so this one is written with
+/// AVX-512 intrinsics; the sums are the same FMAs in the same order, so the bits are the generic
+/// tile's with FMA.
+#[inline(always)]
+pub(crate) fn tile_f32_avx512<'c, const MR: usize>(
+    depth: usize,
+    b: &[[f32; 32]],
+    a: impl Fn(usize) -> [f32; MR],
+    out: Out<'c, f32>,
+) -> Result<(), Out<'c, f32>> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512f() {
+        // SAFETY: the CPU has AVX-512F (checked just above), the one feature `tile_avx512` is
+        // compiled for.
+        unsafe { tile_avx512(depth, b, a, out) };
+        return Ok(());
+    }
+    let _ = (depth, b, a);
+    Err(out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn tile_avx512<const MR: usize>(
+    depth: usize,
+    b: &[[f32; 32]],
+    a: impl Fn(usize) -> [f32; MR],
+    out: Out<'_, f32>,
+) {
+    use std::arch::x86_64::{
+        __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    };
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    for (p, b) in b[..depth].iter().enumerate() {
+        let [lo, hi]: [__m512; 2] = bytemuck::cast(*b);
+        let a = a(p);
+        for i in 0..MR {
+            let ai = _mm512_set1_ps(a[i]);
+            acc[i][0] = _mm512_fmadd_ps(ai, lo, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(ai, hi, acc[i][1]);
+        }
+    }
+    if out.size != (MR, 32) {
+        return out.store(&acc.map(bytemuck::cast::<[__m512; 2], [f32; 32]>));
+    }
+    // A whole tile: each row of `c` read (when adding) and written as two vectors.
+    for (i, acc) in acc.iter().enumerate() {
+        let row: &mut [f32; 32] = (&mut out.c[i * out.n..][..32])
+            .try_into()
+            .expect("32 columns");
+        let sum = if out.add {
+            let [lo, hi]: [__m512; 2] = bytemuck::cast(*row);
+            [_mm512_add_ps(lo, acc[0]), _mm512_add_ps(hi, acc[1])]
+        } else {
+            *acc
+        };
+        *row = bytemuck::cast(sum);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
