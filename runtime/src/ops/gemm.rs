@@ -528,8 +528,6 @@ mod tests {
             .collect()
     }
 
-    /// Largest error of `product` against a sum in `f64`, relative to `k` (each term is below 1),
-    /// with each operand stored row-major (`false`) or as the transpose of a row-major matrix.
     /// Sizes around the tiles (12 x 32 with AVX-512, 6 x 16, 6 x 8) and past each block edge (144
     /// rows, 256 deep, 1024 columns), rows short enough to be read in place and long enough to be
     /// packed; the large ones are split over threads.
@@ -574,6 +572,8 @@ mod tests {
         }
     }
 
+    /// Largest error of `product` against a sum in `f64`, relative to `k` (each term is below 1),
+    /// with each operand stored row-major (`false`) or as the transpose of a row-major matrix.
     fn error<T: Element>((m, k, n): (usize, usize, usize), (ta, tb): (bool, bool)) -> f64 {
         let (a_data, b_data, c) = operands_and_product::<T>((m, k, n), (ta, tb));
         let (a, b) = (matrix(&a_data, (m, k), ta), matrix(&b_data, (k, n), tb));

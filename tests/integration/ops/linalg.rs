@@ -3,6 +3,7 @@
 //! dimensions, batch axes or ranks do not fit, as errors and as panics.
 
 use ndarray::{ArrayD, IxDyn};
+use tensorscope::Scope;
 
 use super::{assert_close, assert_close_tol, assert_panics_with, matmul_ref, shape_mismatch};
 use crate::common::{assert_fully_written, test_pool};
@@ -141,69 +142,39 @@ fn matmul_inner_dimension_mismatch_names_both_shapes() {
         );
         assert_panics_with(&err, || drop(a.matmul(&b)));
 
-        let (a, b) = (s.zeros::<f32>(&[2, 3, 4]), s.zeros::<f32>(&[2, 5, 6]));
-        let err = a.try_matmul(&b).unwrap_err();
-        assert_eq!(
-            err,
-            shape_mismatch(
-                "matmul",
-                &[2, 3, 4],
-                &[2, 5, 6],
-                "inner dimensions differ (4 and 5)"
-            )
+        assert_matmul_refused(
+            s,
+            (&[2, 3, 4], &[2, 5, 6]),
+            "inner dimensions differ (4 and 5)",
         );
-        assert_panics_with(&err, || drop(a.matmul(&b)));
     });
 }
 
 #[test]
 fn matmul_batch_axes_that_do_not_broadcast_name_both_shapes() {
-    let pool = test_pool(16);
-    pool.scope(|s| {
-        let (a, b) = (s.zeros::<f32>(&[2, 3, 4]), s.zeros::<f32>(&[3, 4, 5]));
-        let err = a.try_matmul(&b).unwrap_err();
-        assert_eq!(
-            err,
-            shape_mismatch(
-                "matmul",
-                &[2, 3, 4],
-                &[3, 4, 5],
-                "batch axes [2] and [3] do not broadcast"
-            )
-        );
-        assert_panics_with(&err, || drop(a.matmul(&b)));
+    test_pool(16).scope(|s| {
+        let reason = "batch axes [2] and [3] do not broadcast";
+        assert_matmul_refused(s, (&[2, 3, 4], &[3, 4, 5]), reason);
     });
+}
+
+/// `a.matmul(&b)` of zeros of these shapes fails with a shape mismatch naming both and `reason`,
+/// and the panicking form panics with its message.
+fn assert_matmul_refused(s: &Scope<'_, '_>, (a, b): (&[usize], &[usize]), reason: &str) {
+    let (x, y) = (s.zeros::<f32>(a), s.zeros::<f32>(b));
+    let err = x.try_matmul(&y).unwrap_err();
+    assert_eq!(err, shape_mismatch("matmul", a, b, reason));
+    assert_panics_with(&err, || drop(x.matmul(&y)));
 }
 
 #[test]
 fn matmul_rejects_rank_1_operands_and_takes_a_rank_2_left_over_a_batch() {
     let pool = test_pool(16);
     pool.scope(|s| {
-        let v = s.zeros::<f32>(&[3]);
-        let m = s.zeros::<f32>(&[3, 2]);
-        let err = v.try_matmul(&m).unwrap_err();
-        assert_eq!(
-            err,
-            shape_mismatch(
-                "matmul",
-                &[3],
-                &[3, 2],
-                "operands need rank 2 or more, got ranks 1 and 2"
-            )
-        );
-        assert_panics_with(&err, || drop(v.matmul(&m)));
-
-        let m = s.zeros::<f32>(&[2, 3]);
-        let err = m.try_matmul(&v).unwrap_err();
-        assert_eq!(
-            err,
-            shape_mismatch(
-                "matmul",
-                &[2, 3],
-                &[3],
-                "operands need rank 2 or more, got ranks 2 and 1"
-            )
-        );
+        let reason = "operands need rank 2 or more, got ranks 1 and 2";
+        assert_matmul_refused(s, (&[3], &[3, 2]), reason);
+        let reason = "operands need rank 2 or more, got ranks 2 and 1";
+        assert_matmul_refused(s, (&[2, 3], &[3]), reason);
         // A matrix times a batch of matrices broadcasts the left one, as in PyTorch.
         let b3 = s.ones::<f32>(&[2, 3, 4]);
         let ones = s.ones::<f32>(&[2, 3]);
