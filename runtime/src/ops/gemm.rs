@@ -39,6 +39,10 @@ const NC: usize = 1024;
 /// Multiply-adds per part below which a product is not split over threads: waking a worker costs
 /// about as much as computing this many.
 pub(crate) const PER_PART: usize = 1 << 19;
+/// Rows of `c` the parts of a product with the 12-row tile are counted in: a part's last rows get
+/// a tile of 4 or 8 rows, so 256 rows split over two threads are 128 each, not 132 and 124 (a
+/// 12-row tile of which 4 rows are zeros costs as much as a full one).
+const PART_ROWS: usize = 4;
 /// Elements of `b` packed per part below which packing is not split over threads.
 const PACK_PER_PART: usize = 1 << 16;
 /// `a` is read in place, not packed, when its rows lie at most this many bytes apart: the
@@ -193,19 +197,25 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
                     depth: (pg, gk),
                     n,
                 };
-                let per_granule = MR * gk * nc;
-                threads::split_mut(c, MR * n, PER_PART.div_ceil(per_granule), |start, c| {
-                    let rows = c.len() / n;
-                    let len = MC.min(rows).next_multiple_of(MR) * KC.min(gk);
-                    with_scratch::<T, _>((&PACKED_A, A_BYTES), len, |pa| {
-                        simd::dispatch_fma(Rows::<T, MR, NR> {
-                            step,
-                            first: start / n,
-                            c,
-                            pa,
+                let part_rows = if MR == 12 { PART_ROWS } else { MR };
+                let per_granule = part_rows * gk * nc;
+                threads::split_mut(
+                    c,
+                    part_rows * n,
+                    PER_PART.div_ceil(per_granule),
+                    |start, c| {
+                        let rows = c.len() / n;
+                        let len = MC.min(rows).next_multiple_of(MR) * KC.min(gk);
+                        with_scratch::<T, _>((&PACKED_A, A_BYTES), len, |pa| {
+                            simd::dispatch_fma(Rows::<T, MR, NR> {
+                                step,
+                                first: start / n,
+                                c,
+                                pa,
+                            })
                         })
-                    })
-                });
+                    },
+                );
             }
         }
     });
@@ -296,7 +306,39 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Rows<'_, T, MR,
                             size: (height, width),
                             add: pc > 0,
                         };
+                        // The last rows of a part, when fewer than 12: a tile of 8 or 4 rows, not
+                        // 12 with zeros (parts are split by 4 rows; see `PART_ROWS`).
+                        let short = if MR == 12 && height <= 8 {
+                            Some(height)
+                        } else {
+                            None
+                        };
                         match (direct, height == MR) {
+                            (true, false) if short.is_some() => short_tile::<T, NR, FMA>(
+                                height,
+                                kc,
+                                b,
+                                #[inline(always)]
+                                |i, p| {
+                                    if i < height {
+                                        a.data[(r + i) * a.rs + pc + p]
+                                    } else {
+                                        T::zero()
+                                    }
+                                },
+                                out,
+                            ),
+                            (false, false) if short.is_some() => {
+                                let sliver = &pa[ir * kc..][..MR * kc].as_chunks::<MR>().0[..kc];
+                                short_tile::<T, NR, FMA>(
+                                    height,
+                                    kc,
+                                    b,
+                                    #[inline(always)]
+                                    |i, p| sliver[p][i],
+                                    out,
+                                )
+                            }
                             (true, true) => {
                                 let lines: [&[T]; MR] =
                                     std::array::from_fn(|i| a.row(r + i, pc, kc));
@@ -378,6 +420,35 @@ impl<T: Element> Out<'_, T> {
                 }
             }
         }
+    }
+}
+
+/// A tile of the last `height` (at most 8) rows of a part: 4 or 8 rows, element `(i, p)` of `a`
+/// given by `at`.
+#[inline(always)]
+fn short_tile<T: Element, const NR: usize, const FMA: bool>(
+    height: usize,
+    depth: usize,
+    b: &[[T; NR]],
+    at: impl Fn(usize, usize) -> T,
+    out: Out<'_, T>,
+) {
+    if height <= 4 {
+        tile::<T, 4, NR, FMA>(
+            depth,
+            b,
+            #[inline(always)]
+            |p| std::array::from_fn(|i| at(i, p)),
+            out,
+        )
+    } else {
+        tile::<T, 8, NR, FMA>(
+            depth,
+            b,
+            #[inline(always)]
+            |p| std::array::from_fn(|i| at(i, p)),
+            out,
+        )
     }
 }
 
