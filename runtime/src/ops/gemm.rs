@@ -14,7 +14,8 @@
 //! every thread then reads. Each thread computes its own rows, in `MC`-row blocks of `a` packed
 //! into `MR`-tall slivers (or read in place when `a`'s rows are short); each sliver of `a` stays
 //! in the L1 cache while the panel's slivers of `b` stream past it from L2, and every sliver pair
-//! is an `MR x NR` tile kept in registers and added to `c`.
+//! is an `MR x NR` tile kept in registers and added to `c` (with the 12-row tile, a part's last
+//! rows get a tile of 4 or 8).
 //!
 //! Operands are strided ([`Matrix`]), so a transposed operand is packed from where it lies instead
 //! of being copied first.
