@@ -144,7 +144,7 @@ pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T
         c.fill(T::zero());
         return;
     }
-    if std::mem::size_of::<T>() == 4 && simd::has_avx512f() {
+    if std::mem::size_of::<T>() == 4 && simd::has_avx512() {
         blocked::<T, 12, 32>(a, b, c);
     } else if std::mem::size_of::<T>() == 4 {
         blocked::<T, 6, 16>(a, b, c);
@@ -307,16 +307,17 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Rows<'_, T, MR,
                             size: (height, width),
                             add: pc > 0,
                         };
-                        // The last rows of a part, when fewer than 12: a tile of 8 or 4 rows, not
-                        // 12 with zeros (parts are split by 4 rows; see `PART_ROWS`).
-                        let short = if MR == 12 && height <= 8 {
-                            Some(height)
-                        } else {
-                            None
-                        };
-                        match (direct, height == MR) {
-                            (true, false) if short.is_some() => short_tile::<T, NR, FMA>(
-                                height,
+                        if direct && height == MR {
+                            let lines: [&[T]; MR] = std::array::from_fn(|i| a.row(r + i, pc, kc));
+                            tile::<T, MR, NR, FMA>(
+                                kc,
+                                b,
+                                #[inline(always)]
+                                |p| std::array::from_fn(|i| lines[i][p]),
+                                out,
+                            )
+                        } else if direct {
+                            partial_tile::<T, MR, NR, FMA>(
                                 kc,
                                 b,
                                 #[inline(always)]
@@ -328,51 +329,24 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Rows<'_, T, MR,
                                     }
                                 },
                                 out,
-                            ),
-                            (false, false) if short.is_some() => {
-                                let sliver = &pa[ir * kc..][..MR * kc].as_chunks::<MR>().0[..kc];
-                                short_tile::<T, NR, FMA>(
-                                    height,
-                                    kc,
-                                    b,
-                                    #[inline(always)]
-                                    |i, p| sliver[p][i],
-                                    out,
-                                )
-                            }
-                            (true, true) => {
-                                let lines: [&[T]; MR] =
-                                    std::array::from_fn(|i| a.row(r + i, pc, kc));
-                                tile::<T, MR, NR, FMA>(
-                                    kc,
-                                    b,
-                                    #[inline(always)]
-                                    |p| std::array::from_fn(|i| lines[i][p]),
-                                    out,
-                                )
-                            }
-                            (true, false) => tile::<T, MR, NR, FMA>(
-                                kc,
-                                b,
-                                #[inline(always)]
-                                |p| {
-                                    std::array::from_fn(|i| {
-                                        if i < height {
-                                            a.data[(r + i) * a.rs + pc + p]
-                                        } else {
-                                            T::zero()
-                                        }
-                                    })
-                                },
-                                out,
-                            ),
-                            (false, _) => {
-                                let sliver = &pa[ir * kc..][..MR * kc].as_chunks::<MR>().0[..kc];
+                            )
+                        } else {
+                            // Packed: rows past `height` are zeros.
+                            let sliver = &pa[ir * kc..][..MR * kc].as_chunks::<MR>().0[..kc];
+                            if height == MR {
                                 tile::<T, MR, NR, FMA>(
                                     kc,
                                     b,
                                     #[inline(always)]
                                     |p| sliver[p],
+                                    out,
+                                )
+                            } else {
+                                partial_tile::<T, MR, NR, FMA>(
+                                    kc,
+                                    b,
+                                    #[inline(always)]
+                                    |i, p| sliver[p][i],
                                     out,
                                 )
                             }
@@ -424,17 +398,18 @@ impl<T: Element> Out<'_, T> {
     }
 }
 
-/// A tile of the last `height` (at most 8) rows of a part: 4 or 8 rows, element `(i, p)` of `a`
-/// given by `at`.
+/// A tile of the last rows of a part, `out.size.0` of them, fewer than `MR` (element `(i, p)` of
+/// `a` given by `at`, zero past them): with the 12-row tile, one of 4 or 8 rows (a part's rows are
+/// counted by 4; see `PART_ROWS`), else `MR` rows.
 #[inline(always)]
-fn short_tile<T: Element, const NR: usize, const FMA: bool>(
-    height: usize,
+fn partial_tile<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
     depth: usize,
     b: &[[T; NR]],
     at: impl Fn(usize, usize) -> T,
     out: Out<'_, T>,
 ) {
-    if height <= 4 {
+    let height = out.size.0;
+    if MR == 12 && height <= 4 {
         tile::<T, 4, NR, FMA>(
             depth,
             b,
@@ -442,8 +417,16 @@ fn short_tile<T: Element, const NR: usize, const FMA: bool>(
             |p| std::array::from_fn(|i| at(i, p)),
             out,
         )
-    } else {
+    } else if MR == 12 && height <= 8 {
         tile::<T, 8, NR, FMA>(
+            depth,
+            b,
+            #[inline(always)]
+            |p| std::array::from_fn(|i| at(i, p)),
+            out,
+        )
+    } else {
+        tile::<T, MR, NR, FMA>(
             depth,
             b,
             #[inline(always)]

@@ -76,12 +76,7 @@ fn widest() -> Level {
 pub(crate) fn dispatch<K: Kernel>(k: K) -> K::Out {
     #[cfg(target_arch = "x86_64")]
     {
-        if widest() >= Level::Avx512
-            && std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("avx512dq")
-            && std::is_x86_feature_detected!("avx512bw")
-        {
+        if has_avx512() {
             note(Level::Avx512);
             // SAFETY: the CPU has every feature `avx512` is compiled for (checked just above),
             // which is the only requirement of calling it.
@@ -123,18 +118,23 @@ unsafe fn avx2_fma<K: FmaKernel>(k: K) -> K::Out {
     k.run::<true>()
 }
 
-/// Whether the matrix products may use [`tile_f32_avx512`]: the CPU has AVX-512F.
+/// Whether [`dispatch`] runs loops at the AVX-512 level, and the matrix products use
+/// [`tile_f32_avx512`]: the CPU has AVX-512 F, VL, DQ and BW (and no test lowered the level).
 #[inline]
-pub(crate) fn has_avx512f() -> bool {
+pub(crate) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
-    return widest() >= Level::Avx512 && std::is_x86_feature_detected!("avx512f");
+    return widest() >= Level::Avx512
+        && std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512vl")
+        && std::is_x86_feature_detected!("avx512dq")
+        && std::is_x86_feature_detected!("avx512bw");
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
 
 /// The `MR x 32` tile `sum_p a(p)[i] b[p][j]` over `p < depth` of `f32` (as `ops::gemm`'s generic
 /// tile computes it), in two 512-bit registers per row, stored to `out`; `Err(out)` untouched if
-/// the CPU lacks AVX-512F. LLVM does not keep a tile this wide in registers when it vectorises the
+/// the CPU lacks AVX-512. LLVM does not keep a tile this wide in registers when it vectorises the
 /// generic loop itself (it stored every accumulator at every step), so this one is written with
 /// AVX-512 intrinsics; the sums are the same FMAs in the same order, so the bits are the generic
 /// tile's with FMA.
@@ -146,9 +146,9 @@ pub(crate) fn tile_f32_avx512<'c, const MR: usize>(
     out: Out<'c, f32>,
 ) -> Result<(), Out<'c, f32>> {
     #[cfg(target_arch = "x86_64")]
-    if has_avx512f() {
-        // SAFETY: the CPU has AVX-512F (checked just above), the one feature `tile_avx512` is
-        // compiled for.
+    if has_avx512() {
+        // SAFETY: the CPU has AVX-512F (checked just above, with more), the one feature
+        // `tile_avx512` is compiled for.
         unsafe { tile_avx512(depth, b, a, out) };
         return Ok(());
     }
@@ -401,11 +401,7 @@ mod tests {
             if std::is_x86_feature_detected!("avx2") {
                 levels.push(Level::Avx2);
             }
-            if std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512vl")
-                && std::is_x86_feature_detected!("avx512dq")
-                && std::is_x86_feature_detected!("avx512bw")
-            {
+            if has_avx512() {
                 levels.push(Level::Avx512);
             }
         }
@@ -418,18 +414,18 @@ mod tests {
     /// gradient `w`, with `dispatch` held to `level`. Small enough to run as one part, on this
     /// thread.
     fn run(level: Level, xs: &[f32], w: &[f32], op: &Op) -> Vec<u32> {
-        WIDEST.set(level);
         let pool = Pool::with_max_memory_mb(16);
-        let out = pool.train(|s| {
-            let shape = [xs.len() / 100, 100];
-            let x = s.from_slice::<f32>(&shape, xs).requires_grad();
-            let y = op(&x);
-            let g = y.backward_with(&s.from_slice::<f32>(&shape, w)).unwrap();
-            let mut out = y.to_vec();
-            out.extend(g.of(&x).unwrap().to_vec());
-            out
+        let out = with_widest(level, || {
+            pool.train(|s| {
+                let shape = [xs.len() / 100, 100];
+                let x = s.from_slice::<f32>(&shape, xs).requires_grad();
+                let y = op(&x);
+                let g = y.backward_with(&s.from_slice::<f32>(&shape, w)).unwrap();
+                let mut out = y.to_vec();
+                out.extend(g.of(&x).unwrap().to_vec());
+                out
+            })
         });
-        WIDEST.set(Level::Avx512);
         assert_eq!(
             USED.get(),
             Some(level),
