@@ -7,10 +7,11 @@
 use tensorscope::prelude::*;
 use tensorscope::{PoolStats, ScopeStats};
 
+/// The block's weights: kept outside every scope, no ops.
 struct BlockParams {
     w1: Param,
     w2: Param,
-} // weights: kept outside every scope, no ops
+}
 
 #[dispose_scope]
 fn block<'a>(x: &Tensor<'a>, p: &BlockParams) -> Tensor<'a> {

@@ -69,6 +69,11 @@ impl<'s, T: Element> Gradients<'s, T> {
         self.slot(key)?.grad.as_ref()
     }
 
+    /// The source of the values the gradient under `key` was computed from, if known.
+    fn source(&self, key: u64) -> Option<u64> {
+        self.slot(key)?.source
+    }
+
     /// Where `key` is in the list, or where it would go.
     fn find(&self, key: u64) -> std::result::Result<usize, usize> {
         self.slots.binary_search_by_key(&key, |slot| slot.key)
@@ -103,9 +108,7 @@ impl<'s, T: Element> Gradients<'s, T> {
     /// Whether the gradient of `param` (if any) was computed from the values `param` holds now,
     /// rather than from another copy (a clone written after it, or written before it).
     pub(crate) fn is_of_current_values(&self, param: &Param<T>) -> bool {
-        self.slot(param.key())
-            .and_then(|slot| slot.source)
-            .is_none_or(|s| s == param.source())
+        self.source(param.key()).is_none_or(|s| s == param.source())
     }
 
     /// Adds `grad` to the gradient of `param`: how hand-written backward passes report theirs.
@@ -144,11 +147,7 @@ impl<'s, T: Element> Gradients<'s, T> {
         // Sorted by key, two sources of one key meet: no map to build.
         let mut seen: RecycledVec<(u64, u64, IxDyn)> = RecycledVec::new();
         for (key, source, shape) in leaves {
-            if self
-                .slot(key)
-                .and_then(|slot| slot.source)
-                .is_some_and(|e| e != source)
-            {
+            if self.source(key).is_some_and(|e| e != source) {
                 return Err(conflict(shape));
             }
             seen.push((key, source, IxDyn(shape)));
