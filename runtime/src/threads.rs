@@ -33,21 +33,40 @@ pub(crate) fn split_mut<T: Send>(
     f: impl Fn(usize, &mut [T]) + Sync,
 ) {
     let granules = data.len().div_ceil(granule.max(1));
-    let parts = count().min(granules / min_granules.max(1)).min(MAX_PARTS);
+    let parts = parts(granules, min_granules);
     if parts <= 1 {
         f(0, data);
         return;
     }
     let run = granules.div_ceil(parts) * granule;
-    let runs = data.len().div_ceil(run);
-    // One slot per run, each taken by exactly one part: disjoint `&mut` without `unsafe`.
-    let slots: [Mutex<Option<&mut [T]>>; MAX_PARTS] = std::array::from_fn(|_| Mutex::new(None));
-    for (slot, chunk) in slots.iter().zip(data.chunks_mut(run)) {
-        *lock(slot) = Some(chunk);
+    for_each_part(data.chunks_mut(run).enumerate(), |(i, run_data)| {
+        f(i * run, run_data)
+    });
+}
+
+/// How many parts `granules` of work are split into when each part must have at least
+/// `min_granules`: at most [`count`], at least 1.
+pub(crate) fn parts(granules: usize, min_granules: usize) -> usize {
+    count()
+        .min(granules / min_granules.max(1))
+        .clamp(1, MAX_PARTS)
+}
+
+/// Calls `f(part)` for every one of `parts` (at most [`MAX_PARTS`] of them; more are an error),
+/// each on a different thread, this one included; returns when all are done.
+pub(crate) fn for_each_part<P: Send>(parts: impl Iterator<Item = P>, f: impl Fn(P) + Sync) {
+    // One slot per part, each taken by exactly one thread: parts that are `&mut` borrows move to
+    // the threads without `unsafe`.
+    let slots: [Mutex<Option<P>>; MAX_PARTS] = std::array::from_fn(|_| Mutex::new(None));
+    let mut count = 0;
+    for part in parts {
+        assert!(count < MAX_PARTS, "more than {MAX_PARTS} parts");
+        *lock(&slots[count]) = Some(part);
+        count += 1;
     }
-    run_parts(runs, &|i| {
-        if let Some(chunk) = lock(&slots[i]).take() {
-            f(i * run, chunk);
+    run_parts(count, &|i| {
+        if let Some(part) = lock(&slots[i]).take() {
+            f(part);
         }
     });
 }

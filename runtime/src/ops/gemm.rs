@@ -1,6 +1,6 @@
 //! Matrix products of `f32` and `f64`: packed, cache-blocked kernels in the manner of BLIS and
-//! `matrixmultiply`, split by rows over the worker threads of [`crate::threads`]. The tile is
-//! chosen at run time: `12 x 32` of `f32` in AVX-512 registers, written with intrinsics
+//! `matrixmultiply`, split over the worker threads of [`crate::threads`]. The tile is chosen at run
+//! time: `12 x 32` of `f32` in AVX-512 registers, written with intrinsics
 //! ([`simd::tile_f32_avx512`]), on CPUs that have it; else `6 x 16` (`f32`) or `6 x 8` (`f64`) in
 //! safe Rust that compiles to AVX2 + FMA code, or to the baseline elsewhere.
 //!
@@ -8,14 +8,16 @@
 //! `gemm` several buffers and rayon jobs), the packing buffers are per thread, made once at their
 //! full size, so no product after a thread's first allocates.
 //!
-//! The blocking: `c` is computed in `NC`-column panels; each panel in `KC`-deep steps, packed in
-//! groups of steps as deep as the panel buffer holds (so that the threads meet twice per group,
-//! not per step): `KC x NC` of `b` per step, by all threads together, into `NR`-wide slivers that
-//! every thread then reads. Each thread computes its own rows, in `MC`-row blocks of `a` packed
-//! into `MR`-tall slivers (or read in place when `a`'s rows are short); each sliver of `a` stays
-//! in the L1 cache while the panel's slivers of `b` stream past it from L2, and every sliver pair
-//! is an `MR x NR` tile kept in registers and added to `c` (with the 12-row tile, a part's last
-//! rows get a tile of 4 or 8).
+//! The split: each thread computes a window of `c` ([`window::Window`]), its columns when `c` is
+//! at least as wide as tall, else its rows, and packs what that window reads itself, so that no
+//! packed block crosses between cores and the threads meet once per product.
+//!
+//! The blocking, within a thread's window: `NC`-column panels, each in `KC`-deep steps; per step,
+//! `KC x NC` of `b` packed into `NR`-wide slivers, and `MC`-row blocks of `a` packed into
+//! `MR`-tall slivers (or read in place when `a`'s rows are short); each sliver of `a` stays in the
+//! L1 cache while the panel's slivers of `b` stream past it from L2, and every sliver pair is an
+//! `MR x NR` tile kept in registers and added to `c` (with the 12-row tile, a part's last rows get
+//! a tile of 4 or 8).
 //!
 //! Operands are strided ([`Matrix`]), so a transposed operand is packed from where it lies instead
 //! of being copied first.
@@ -27,6 +29,9 @@ use super::simd::{self, FmaKernel};
 use crate::element::Element;
 use crate::pool::Block;
 use crate::threads;
+use window::Window;
+
+mod window;
 
 /// Rows of `a` per packed block: `MC x KC` of `f32` is 144 KiB, inside a core's L2 cache.
 const MC: usize = 144;
@@ -34,18 +39,16 @@ const MC: usize = 144;
 /// the slivers of `b` passing through (deeper steps measured slower with the AVX-512 tile: 384 and
 /// 512 lost 10-20% on M's product).
 const KC: usize = 256;
-/// Columns of `b` per packed panel: `KC x NC` of `f32` is 1 MiB (L2/L3).
+/// Columns of `b` per packed panel: `KC x NC` of `f32` is 1 MiB, inside a core's L2 cache.
 const NC: usize = 1024;
 
 /// Multiply-adds per part below which a product is not split over threads: waking a worker costs
 /// about as much as computing this many.
 pub(crate) const PER_PART: usize = 1 << 19;
-/// Rows of `c` the parts of a product with the 12-row tile are counted in: a part's last rows get
-/// a tile of 4 or 8 rows, so 256 rows split over two threads are 128 each, not 132 and 124 (a
-/// 12-row tile of which 4 rows are zeros costs as much as a full one).
+/// Rows of `c` the parts of a product split by rows are counted in, with the 12-row tile: a part's
+/// last rows get a tile of 4 or 8 rows, so 300 rows split over two threads are 152 and 148, not
+/// 156 and 144 (a 12-row tile of which 4 rows are zeros costs as much as a full one).
 const PART_ROWS: usize = 4;
-/// Elements of `b` packed per part below which packing is not split over threads.
-const PACK_PER_PART: usize = 1 << 16;
 /// `a` is read in place, not packed, when its rows lie at most this many bytes apart: the
 /// `MR` rows of a sliver then share a few cache lines' worth of sets instead of conflicting in one
 /// (rows 4 KiB apart all map to the same set of the L1 cache).
@@ -60,8 +63,7 @@ const B_BYTES: usize = NC * KC * 8;
 thread_local! {
     /// This thread's packing buffer for blocks of `a`.
     static PACKED_A: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
-    /// The packing buffer for panels of `b`, of the thread that called the product (its parts read
-    /// it on every thread).
+    /// This thread's packing buffer for panels of `b`.
     static PACKED_B: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -144,81 +146,70 @@ pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T
         c.fill(T::zero());
         return;
     }
+    let c = Window::new(c, n);
     if std::mem::size_of::<T>() == 4 && simd::has_avx512() {
-        blocked::<T, 12, 32>(a, b, c);
+        split::<T, 12, 32>(a, b, c);
     } else if std::mem::size_of::<T>() == 4 {
-        blocked::<T, 6, 16>(a, b, c);
+        split::<T, 6, 16>(a, b, c);
     } else {
-        blocked::<T, 6, 8>(a, b, c);
+        split::<T, 6, 8>(a, b, c);
     }
 }
 
-/// The product in panels of `b`: each panel packed by all threads, then each thread's rows.
+/// The product split over the threads: by columns of `c` when `c` is at least as wide as it is
+/// tall, else by rows. Each thread packs what its part reads, its columns of `b` and all of `a`
+/// (or its rows of `a` and all of `b`), the smaller operand packed by every thread: no packed
+/// block is shared between threads, so the threads meet once per product, not twice per panel,
+/// and each reads its packed blocks from its own core's caches.
+fn split<T: Element, const MR: usize, const NR: usize>(
+    a: Matrix<'_, T>,
+    b: Matrix<'_, T>,
+    c: Window<'_, T>,
+) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let each = |part: Window<'_, T>| blocked::<T, MR, NR>(a, b, part);
+    if n >= m {
+        let granules = n.div_ceil(NR);
+        let parts = threads::parts(granules, PER_PART.div_ceil(NR * m * k));
+        threads::for_each_part(c.split_columns(granules.div_ceil(parts) * NR), each);
+    } else {
+        let height = if MR == 12 { PART_ROWS } else { MR };
+        let granules = m.div_ceil(height);
+        let parts = threads::parts(granules, PER_PART.div_ceil(height * k * n));
+        threads::for_each_part(c.split_rows(granules.div_ceil(parts) * height), each);
+    }
+}
+
+/// One thread's part of the product, the rows and columns of `c`'s window: in panels of `NC`
+/// columns and steps of `KC` along `k`, each step's panel of `b` packed into this thread's buffer.
 fn blocked<T: Element, const MR: usize, const NR: usize>(
     a: Matrix<'_, T>,
     b: Matrix<'_, T>,
-    c: &mut [T],
+    mut c: Window<'_, T>,
 ) {
-    let (k, n) = (a.cols, b.cols);
-    // Steps along `k` are packed and computed in groups as deep as the panel buffer holds: the
-    // threads meet twice per group (packing done, rows done) rather than twice per step.
-    let widest = n.min(NC).next_multiple_of(NR);
-    let group = KC * (B_BYTES / std::mem::size_of::<T>() / (widest * KC)).max(1);
-    with_scratch::<T, _>((&PACKED_B, B_BYTES), widest * k.min(group), |pb| {
-        for jc in (0..n).step_by(NC) {
-            let nc = NC.min(n - jc);
-            let ncp = nc.next_multiple_of(NR);
-            for pg in (0..k).step_by(group) {
-                let gk = group.min(k - pg);
-                // Step `pc` of the group at `ncp * (pc - pg)`: its slivers, `NR * kc` each.
-                let pb = &mut pb[..ncp * gk];
-                let steps = gk.div_ceil(KC);
-                if steps >= threads::count() {
-                    threads::split_mut(pb, ncp * KC, 1, |start, part| {
-                        for (i, panel) in part.chunks_mut(ncp * KC).enumerate() {
-                            let pc = pg + start / ncp + i * KC;
-                            pack_wide::<T, NR>(panel, b.t(), (pc, KC.min(k - pc)), jc);
-                        }
+    let k = a.cols;
+    let (rows, cols) = (c.rows(), c.cols());
+    let widest = cols.len().min(NC).next_multiple_of(NR);
+    let tallest = rows.len().min(MC).next_multiple_of(MR);
+    with_scratch::<T, _>((&PACKED_B, B_BYTES), widest * k.min(KC), |pb| {
+        with_scratch::<T, _>((&PACKED_A, A_BYTES), tallest * k.min(KC), |pa| {
+            for jc in cols.clone().step_by(NC) {
+                let nc = NC.min(cols.end - jc);
+                for pc in (0..k).step_by(KC) {
+                    let kc = KC.min(k - pc);
+                    let pb = &mut pb[..nc.next_multiple_of(NR) * kc];
+                    pack_wide::<T, NR>(pb, b.t(), (pc, kc), jc);
+                    simd::dispatch_fma(Step::<T, MR, NR> {
+                        a,
+                        pb,
+                        cols: (jc, nc),
+                        depth: (pc, kc),
+                        c: &mut c,
+                        pa: &mut *pa,
                     });
-                } else {
-                    for pc in (pg..pg + gk).step_by(KC) {
-                        let kc = KC.min(k - pc);
-                        let panel = &mut pb[ncp * (pc - pg)..][..ncp * kc];
-                        let sliver = NR * kc;
-                        let per_part = PACK_PER_PART.div_ceil(sliver);
-                        threads::split_mut(panel, sliver, per_part, |start, part| {
-                            pack_wide::<T, NR>(part, b.t(), (pc, kc), jc + start / kc);
-                        });
-                    }
                 }
-                let step = Step {
-                    a,
-                    pb,
-                    cols: (jc, nc),
-                    depth: (pg, gk),
-                    n,
-                };
-                let part_rows = if MR == 12 { PART_ROWS } else { MR };
-                let per_granule = part_rows * gk * nc;
-                threads::split_mut(
-                    c,
-                    part_rows * n,
-                    PER_PART.div_ceil(per_granule),
-                    |start, c| {
-                        let rows = c.len() / n;
-                        let len = MC.min(rows).next_multiple_of(MR) * KC.min(gk);
-                        with_scratch::<T, _>((&PACKED_A, A_BYTES), len, |pa| {
-                            simd::dispatch_fma(Rows::<T, MR, NR> {
-                                step,
-                                first: start / n,
-                                c,
-                                pa,
-                            })
-                        })
-                    },
-                );
             }
-        }
+        })
     });
 }
 
@@ -247,109 +238,92 @@ fn with_scratch<T: Element, R>(
     })
 }
 
-/// A group of `KC`-deep steps of one `NC`-column panel, with the panel of `b` packed for each.
-#[derive(Clone, Copy)]
-struct Step<'a, T> {
+/// One `KC`-deep step of one `NC`-column panel of a thread's part, the panel of `b` packed.
+struct Step<'a, 'c, T, const MR: usize, const NR: usize> {
     a: Matrix<'a, T>,
     pb: &'a [T],
     /// The panel's first column and width.
     cols: (usize, usize),
-    /// The group's first index along `k` and depth.
+    /// The step's first index along `k` and depth.
     depth: (usize, usize),
-    /// Columns of `c`.
-    n: usize,
-}
-
-/// One thread's rows of a step: `c` holds them, from row `first`; `pa` is the thread's packing
-/// buffer for `a`.
-struct Rows<'a, T, const MR: usize, const NR: usize> {
-    step: Step<'a, T>,
-    first: usize,
-    c: &'a mut [T],
+    /// The thread's part of `c`: the step's sums for the panel's columns of it.
+    c: &'a mut Window<'c, T>,
+    /// This thread's packing buffer for `a`.
     pa: &'a mut [T],
 }
 
-impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Rows<'_, T, MR, NR> {
+impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Step<'_, '_, T, MR, NR> {
     type Out = ();
 
     #[inline(always)]
     fn run<const FMA: bool>(self) {
-        let Rows { step, first, c, pa } = self;
         let Step {
             a,
-            pb: group,
+            pb,
             cols: (jc, nc),
-            depth: (pg, gk),
-            n,
-        } = step;
-        let rows = c.len() / n;
+            depth: (pc, kc),
+            c,
+            pa,
+        } = self;
+        let rows = c.rows();
         let direct = a.cs == 1 && a.rs * std::mem::size_of::<T>() <= DIRECT_ROW_BYTES;
-        let ncp = nc.next_multiple_of(NR);
-        for pc in (pg..pg + gk).step_by(KC) {
-            let kc = KC.min(pg + gk - pc);
-            let pb = &group[ncp * (pc - pg)..][..ncp * kc];
-            for ic in (0..rows).step_by(MC) {
-                let mc = MC.min(rows - ic);
-                let row0 = first + ic;
-                if !direct {
-                    pack::<T, MR>(&mut pa[..mc.next_multiple_of(MR) * kc], a, (pc, kc), row0);
-                }
-                for ir in (0..mc).step_by(MR) {
-                    let height = MR.min(mc - ir);
-                    let r = row0 + ir;
-                    for (jr, b) in pb.chunks_exact(NR * kc).enumerate() {
-                        let col = jc + jr * NR;
-                        let width = NR.min(n - col);
-                        let b = b.as_chunks::<NR>().0;
-                        let out = Out {
-                            c: &mut c[(ic + ir) * n + col..],
-                            n,
-                            size: (height, width),
-                            add: pc > 0,
-                        };
-                        if direct && height == MR {
-                            let lines: [&[T]; MR] = std::array::from_fn(|i| a.row(r + i, pc, kc));
+        for ic in rows.clone().step_by(MC) {
+            let mc = MC.min(rows.end - ic);
+            if !direct {
+                pack::<T, MR>(&mut pa[..mc.next_multiple_of(MR) * kc], a, (pc, kc), ic);
+            }
+            for ir in (0..mc).step_by(MR) {
+                let height = MR.min(mc - ir);
+                let r = ic + ir;
+                for (jr, b) in pb.chunks_exact(NR * kc).enumerate() {
+                    let col = jc + jr * NR;
+                    let b = b.as_chunks::<NR>().0;
+                    let out = Out {
+                        c: c.sub(r..r + height, col..col + NR.min(jc + nc - col)),
+                        add: pc > 0,
+                    };
+                    if direct && height == MR {
+                        let lines: [&[T]; MR] = std::array::from_fn(|i| a.row(r + i, pc, kc));
+                        tile::<T, MR, NR, FMA>(
+                            kc,
+                            b,
+                            #[inline(always)]
+                            |p| std::array::from_fn(|i| lines[i][p]),
+                            out,
+                        )
+                    } else if direct {
+                        partial_tile::<T, MR, NR, FMA>(
+                            kc,
+                            b,
+                            #[inline(always)]
+                            |i, p| {
+                                if i < height {
+                                    a.data[(r + i) * a.rs + pc + p]
+                                } else {
+                                    T::zero()
+                                }
+                            },
+                            out,
+                        )
+                    } else {
+                        // Packed: rows past `height` are zeros.
+                        let sliver = &pa[ir * kc..][..MR * kc].as_chunks::<MR>().0[..kc];
+                        if height == MR {
                             tile::<T, MR, NR, FMA>(
                                 kc,
                                 b,
                                 #[inline(always)]
-                                |p| std::array::from_fn(|i| lines[i][p]),
+                                |p| sliver[p],
                                 out,
                             )
-                        } else if direct {
+                        } else {
                             partial_tile::<T, MR, NR, FMA>(
                                 kc,
                                 b,
                                 #[inline(always)]
-                                |i, p| {
-                                    if i < height {
-                                        a.data[(r + i) * a.rs + pc + p]
-                                    } else {
-                                        T::zero()
-                                    }
-                                },
+                                |i, p| sliver[p][i],
                                 out,
                             )
-                        } else {
-                            // Packed: rows past `height` are zeros.
-                            let sliver = &pa[ir * kc..][..MR * kc].as_chunks::<MR>().0[..kc];
-                            if height == MR {
-                                tile::<T, MR, NR, FMA>(
-                                    kc,
-                                    b,
-                                    #[inline(always)]
-                                    |p| sliver[p],
-                                    out,
-                                )
-                            } else {
-                                partial_tile::<T, MR, NR, FMA>(
-                                    kc,
-                                    b,
-                                    #[inline(always)]
-                                    |i, p| sliver[p][i],
-                                    out,
-                                )
-                            }
                         }
                     }
                 }
@@ -358,27 +332,25 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Rows<'_, T, MR,
     }
 }
 
-/// Where a tile goes: the top-left `rows x cols` of it (`size`) into `c` from its start, rows `n`
-/// apart, written, or with `add` added to what is there (the sums of the earlier steps along `k`).
+/// Where a tile goes: the window of `c` it covers (its top-left part, where `c` ends before the
+/// tile), written, or with `add` added to what is there (the sums of the earlier steps along `k`).
 pub(crate) struct Out<'a, T> {
-    pub(crate) c: &'a mut [T],
-    pub(crate) n: usize,
-    pub(crate) size: (usize, usize),
+    pub(crate) c: Window<'a, T>,
     pub(crate) add: bool,
 }
 
 impl<T: Element> Out<'_, T> {
+    /// The rows and columns of the tile that are stored.
+    #[inline(always)]
+    pub(crate) fn size(&self) -> (usize, usize) {
+        (self.c.rows().len(), self.c.cols().len())
+    }
+
     /// Writes `tile` (or adds it).
     #[inline(always)]
     pub(crate) fn store<const MR: usize, const NR: usize>(self, tile: &[[T; NR]; MR]) {
-        let Out {
-            c,
-            n,
-            size: (rows, cols),
-            add,
-        } = self;
-        for (i, tile_row) in tile.iter().enumerate().take(rows) {
-            let out = &mut c[i * n..][..cols];
+        let add = self.add;
+        for (out, tile_row) in self.c.into_rows().zip(tile) {
             match (<&mut [T; NR]>::try_from(&mut *out), add) {
                 // A whole row of the tile: fixed-length moves, no `memcpy` call.
                 (Ok(out), false) => *out = *tile_row,
@@ -387,7 +359,10 @@ impl<T: Element> Out<'_, T> {
                         *o = *o + t;
                     }
                 }
-                (Err(_), false) => out.copy_from_slice(&tile_row[..cols]),
+                (Err(_), false) => {
+                    let cols = out.len();
+                    out.copy_from_slice(&tile_row[..cols])
+                }
                 (Err(_), true) => {
                     for (o, &t) in out.iter_mut().zip(tile_row) {
                         *o = *o + t;
@@ -408,7 +383,7 @@ fn partial_tile<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
     at: impl Fn(usize, usize) -> T,
     out: Out<'_, T>,
 ) {
-    let height = out.size.0;
+    let height = out.size().0;
     if MR == 12 && height <= 4 {
         tile::<T, 4, NR, FMA>(
             depth,
@@ -535,27 +510,14 @@ fn tile<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
 ) {
     if FMA && NR == 32 && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
         // `T` is `f32` and `NR` 32: the casts are between identical types.
-        let Out { c, n, size, add } = out;
-        let wide = Out {
-            c: bytemuck::cast_slice_mut::<T, f32>(c),
-            n,
-            size,
-            add,
-        };
-        let Err(wide) = simd::tile_f32_avx512(
+        let Err(out) = simd::tile_f32_avx512(
             depth,
             bytemuck::cast_slice(b),
             #[inline(always)]
             |p| bytemuck::cast::<[T; MR], [f32; MR]>(a(p)),
-            wide,
+            out,
         ) else {
             return;
-        };
-        let out = Out {
-            c: bytemuck::cast_slice_mut::<f32, T>(wide.c),
-            n,
-            size,
-            add,
         };
         return out.store(&tile_sum::<T, MR, NR, FMA>(depth, b, a));
     }

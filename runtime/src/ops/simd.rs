@@ -14,6 +14,7 @@
 #![allow(unsafe_code)]
 
 use super::gemm::Out;
+use crate::element::Element;
 use crate::threads;
 
 /// A loop to run at the widest vector width the CPU has. `run` must be `#[inline(always)]`, and so
@@ -139,12 +140,12 @@ pub(crate) fn has_avx512() -> bool {
 /// AVX-512 intrinsics; the sums are the same FMAs in the same order, so the bits are the generic
 /// tile's with FMA.
 #[inline(always)]
-pub(crate) fn tile_f32_avx512<'c, const MR: usize>(
+pub(crate) fn tile_f32_avx512<'c, T: Element, const MR: usize>(
     depth: usize,
     b: &[[f32; 32]],
     a: impl Fn(usize) -> [f32; MR],
-    out: Out<'c, f32>,
-) -> Result<(), Out<'c, f32>> {
+    out: Out<'c, T>,
+) -> Result<(), Out<'c, T>> {
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: the CPU has AVX-512F (checked just above, with more), the one feature
@@ -158,11 +159,11 @@ pub(crate) fn tile_f32_avx512<'c, const MR: usize>(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn tile_avx512<const MR: usize>(
+fn tile_avx512<T: Element, const MR: usize>(
     depth: usize,
     b: &[[f32; 32]],
     a: impl Fn(usize) -> [f32; MR],
-    out: Out<'_, f32>,
+    out: Out<'_, T>,
 ) {
     use std::arch::x86_64::{
         __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_setzero_ps,
@@ -177,19 +178,23 @@ fn tile_avx512<const MR: usize>(
             acc[i][1] = _mm512_fmadd_ps(ai, hi, acc[i][1]);
         }
     }
-    if out.size != (MR, 32) {
-        return out.store(&acc.map(bytemuck::cast::<[__m512; 2], [f32; 32]>));
+    // `T` is `f32` (the casts check it).
+    if out.size() != (MR, 32) {
+        return out.store::<MR, 32>(&bytemuck::cast(acc));
     }
-    // A whole tile: each row of `c` read (when adding) and written as two vectors.
-    for (i, acc) in acc.iter().enumerate() {
-        let row: &mut [f32; 32] = (&mut out.c[i * out.n..][..32])
+    // A whole tile: each row of `c` read (when adding) and written as two vectors. (The sums are
+    // taken by value: iterated by reference, LLVM kept them in a stack array it zeroed on every
+    // call.)
+    let add = out.add;
+    for ([lo_sum, hi_sum], row) in acc.into_iter().zip(out.c.into_rows()) {
+        let row: &mut [f32; 32] = bytemuck::cast_slice_mut::<T, f32>(row)
             .try_into()
             .expect("32 columns");
-        let sum = if out.add {
+        let sum = if add {
             let [lo, hi]: [__m512; 2] = bytemuck::cast(*row);
-            [_mm512_add_ps(lo, acc[0]), _mm512_add_ps(hi, acc[1])]
+            [_mm512_add_ps(lo, lo_sum), _mm512_add_ps(hi, hi_sum)]
         } else {
-            *acc
+            [lo_sum, hi_sum]
         };
         *row = bytemuck::cast(sum);
     }
