@@ -306,12 +306,16 @@ pub(crate) fn relu<T: Element>(x: T) -> T {
     }
 }
 
-/// GELU of one value, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+/// GELU of one value, tanh approximation: `0.5 x (1 + tanh(u))`, `u = sqrt(2/pi) (x + 0.044715
+/// x^3)`, computed as `x / (1 + e^(-2u))`, the same function (`(1 + tanh(u)) / 2` is the logistic
+/// function of `2u`): one `exp` and one division, where `tanh` computes two forms and selects one,
+/// and no cancellation where `tanh(u)` nears -1 (the tail keeps its relative accuracy instead of
+/// rounding to 0).
 #[inline(always)]
 pub(crate) fn gelu<T: Element>(x: T) -> T {
-    let c = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
+    let c = T::from_f64(-2.0 * (2.0 / std::f64::consts::PI).sqrt());
     let k = T::from_f64(0.044_715);
-    T::from_f64(0.5) * x * (T::one() + (c * (x + k * x * x * x)).tanh_kernel())
+    x / (T::one() + (c * (x + k * x * x * x)).exp_kernel())
 }
 
 /// `d/dx` of the tanh-approximated GELU.

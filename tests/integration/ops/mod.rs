@@ -155,8 +155,10 @@ fn layer_norm_ref(x: &ArrayD<f64>, eps: f64) -> ArrayD<f64> {
 
 /// GELU in its tanh form, as `gelu` computes it.
 fn gelu_ref(x: f64) -> f64 {
-    let c = (2.0 / std::f64::consts::PI).sqrt();
-    0.5 * x * (1.0 + (c * (x + 0.044_715 * x.powi(3))).tanh())
+    // `0.5 x (1 + tanh(u))` as `x sigmoid(2u)`, the same function: in `f64` too, `1 + tanh(u)`
+    // cancels where `u` is very negative (at x = -7.2 it kept 1 significant bit).
+    let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044_715 * x.powi(3));
+    x / (1.0 + (-2.0 * u).exp())
 }
 
 /// The logistic function `1 / (1 + e^-x)`.
