@@ -472,6 +472,16 @@ fn pack<T: Element, const W: usize>(
                     .try_into()
                     .expect("W values");
             }
+        } else if m.cs == 1
+            && height == W
+            && W == 12
+            && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+            && simd::transpose_f32_12(
+                std::array::from_fn(|w| bytemuck::cast_slice(m.row(first + w, p0, depth))),
+                bytemuck::cast_slice_mut(sliver),
+            )
+        {
+            // Twelve lines of `f32`, transposed in registers.
         } else if m.cs == 1 {
             // Each line lies in order: read it in order, written `W` apart.
             for w in 0..W {
