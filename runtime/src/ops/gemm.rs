@@ -14,10 +14,10 @@
 //!
 //! The blocking, within a thread's window: `NC`-column panels, each in `KC`-deep steps; per step,
 //! `KC x NC` of `b` packed into `NR`-wide slivers, and `MC`-row blocks of `a` packed into
-//! `MR`-tall slivers (or read in place when `a`'s rows are short); each sliver of `a` stays in the
-//! L1 cache while the panel's slivers of `b` stream past it from L2, and every sliver pair is an
-//! `MR x NR` tile kept in registers and added to `c` (with the 12-row tile, a part's last rows get
-//! a tile of 4 or 8).
+//! `MR`-tall slivers (with the 6-row tiles, read in place when its rows are short); each sliver of
+//! `a` stays in the L1 cache while the panel's slivers of `b` stream past it from L2, and every
+//! sliver pair is an `MR x NR` tile kept in registers and added to `c` (with the 12-row tile, a
+//! part's last rows get a tile of 4 or 8).
 //!
 //! Operands are strided ([`Matrix`]), so a transposed operand is packed from where it lies instead
 //! of being copied first.
@@ -49,9 +49,12 @@ pub(crate) const PER_PART: usize = 1 << 19;
 /// last rows get a tile of 4 or 8 rows, so 300 rows split over two threads are 152 and 148, not
 /// 156 and 144 (a 12-row tile of which 4 rows are zeros costs as much as a full one).
 const PART_ROWS: usize = 4;
-/// `a` is read in place, not packed, when its rows lie at most this many bytes apart: the
-/// `MR` rows of a sliver then share a few cache lines' worth of sets instead of conflicting in one
-/// (rows 4 KiB apart all map to the same set of the L1 cache).
+/// With the 6-row tiles, `a` is read in place, not packed, when its rows lie at most this many
+/// bytes apart: the `MR` rows of a sliver then share a few cache lines' worth of sets instead of
+/// conflicting in one (rows 4 KiB apart all map to the same set of the L1 cache), and packing them
+/// one element at a time cost more than it saved. The 12-row tile always packs `a`: its packing is
+/// a transpose in registers ([`simd::transpose_f32_12`]), and reading in place measured slower at
+/// every shape tried (E's product 0.70 -> 0.60 ms, `[32, 128] x [128, 256]` 14 -> 10 µs).
 const DIRECT_ROW_BYTES: usize = 1024;
 
 /// Bytes of the largest block of `a` and panel of `b` a thread packs (of `f64`): the packing
@@ -266,7 +269,7 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Step<'_, '_, T,
             pa,
         } = self;
         let rows = c.rows();
-        let direct = a.cs == 1 && a.rs * std::mem::size_of::<T>() <= DIRECT_ROW_BYTES;
+        let direct = MR != 12 && a.cs == 1 && a.rs * std::mem::size_of::<T>() <= DIRECT_ROW_BYTES;
         for ic in rows.clone().step_by(MC) {
             let mc = MC.min(rows.end - ic);
             if !direct {
