@@ -515,6 +515,23 @@ mod tests {
     }
 
     #[test]
+    fn twelve_lines_transposed_step_by_step() {
+        // 19 steps: two blocks of eight in registers and three left over.
+        let data: Vec<Vec<f32>> = (0..12)
+            .map(|w| (0..19).map(|p| (100 * w + p) as f32).collect())
+            .collect();
+        let lines: [&[f32]; 12] = std::array::from_fn(|w| &data[w][..]);
+        let mut sliver = [[0.0f32; 12]; 19];
+        if transpose_f32_12(lines, &mut sliver) {
+            for (p, step) in sliver.iter().enumerate() {
+                assert_eq!(*step, std::array::from_fn(|w| data[w][p]), "step {p}");
+            }
+        } else {
+            assert_eq!(sliver, [[0.0; 12]; 19], "nothing written without AVX2");
+        }
+    }
+
+    #[test]
     fn every_level_gives_the_same_bits() {
         let mut xs: Vec<f32> = (0..8000).map(|i| (i as f32 - 4000.0) / 150.0).collect();
         xs.extend([
