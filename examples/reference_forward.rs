@@ -9,6 +9,11 @@
 //!
 //! `cargo run --release --example reference_forward -- <plain|pooled|prealloc> <M|E> [forwards]`
 //! runs one of them (20 forwards unless given), for timing or for `/usr/bin/time -v`.
+//!
+//! `cargo run --release --example reference_forward -- pooled <M|E> [forwards] --callers N` runs
+//! the pooled forward on N threads at once, each its own forwards on one shared model and pool
+//! (requests served side by side), and prints the median time of a forward and the forwards per
+//! second of all of them.
 
 #[path = "common/reference_model.rs"]
 mod reference_model;
@@ -19,7 +24,8 @@ use std::time::Instant;
 use reference_model::{Buffers, Shape};
 use tensorscope::prelude::*;
 
-const USAGE: &str = "usage: reference_forward [<plain|pooled|prealloc> <M|E> [forwards]]";
+const USAGE: &str =
+    "usage: reference_forward [<plain|pooled|prealloc> <M|E> [forwards] [--callers N]]";
 const VARIANTS: [&str; 3] = ["plain", "pooled", "prealloc"];
 
 fn main() {
@@ -42,6 +48,10 @@ fn main() {
     let row_only = match args.get(3).map(String::as_str) {
         None => false,
         Some("--row-only") if args.len() == 4 => true,
+        Some("--callers") if variant == "pooled" && args.len() == 5 => match args[4].parse() {
+            Ok(callers) if callers > 0 => return concurrent(shape, forwards, callers),
+            _ => fail("the number of callers must be a positive whole number"),
+        },
         Some(_) => fail(&format!("unexpected arguments: {}", args[3..].join(" "))),
     };
     let run = run(variant, shape, forwards);
@@ -127,6 +137,44 @@ fn run(variant: &str, shape: Shape, forwards: usize) -> Run {
         misses,
         peak_over_bound,
     }
+}
+
+/// Runs the pooled forward on `callers` threads at once, `forwards` each, on one model and one
+/// pool, and prints the median time of a forward and the forwards per second of them all.
+fn concurrent(shape: Shape, forwards: usize, callers: usize) {
+    let pool = Pool::with_max_memory_mb(4096);
+    let blocks = reference_model::pooled_params(&pool, shape, reference_model::BLOCKS);
+    let x = reference_model::pooled_input(&pool, shape);
+    let forward = || pool.scope(|s| reference_model::pooled(&blocks, &s.bind(&x)).as_slice()[0]);
+    forward(); // warm-up: the pool's buffers and the workers
+    let start = Instant::now();
+    let mut times: Vec<f64> = std::thread::scope(|t| {
+        let callers: Vec<_> = (0..callers)
+            .map(|_| {
+                t.spawn(|| {
+                    (0..forwards)
+                        .map(|_| {
+                            let t = Instant::now();
+                            assert!(forward().is_finite());
+                            t.elapsed().as_secs_f64() * 1e3
+                        })
+                        .collect::<Vec<f64>>()
+                })
+            })
+            .collect();
+        callers
+            .into_iter()
+            .flat_map(|c| c.join().expect("a caller panicked"))
+            .collect()
+    });
+    let wall = start.elapsed().as_secs_f64();
+    times.sort_by(f64::total_cmp);
+    println!(
+        "{callers} caller(s), pooled {}: median {:.2} ms per forward, {:.1} forwards/s in all",
+        shape.name,
+        times[times.len() / 2],
+        times.len() as f64 / wall
+    );
 }
 
 /// This process's peak resident set size in KiB (`VmHWM` of `/proc/self/status`; Linux only).

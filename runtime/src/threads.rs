@@ -1,70 +1,85 @@
 //! The worker threads that large ops split their work over: one per core beyond the caller's,
 //! started on first use, spinning briefly between jobs and then asleep, so that an op on a large
 //! tensor uses every core and a steady-state forward still makes no heap allocation (a job is a
-//! borrowed closure, handed over under a mutex; nothing is boxed or queued).
+//! borrowed closure, posted under a mutex into one of a fixed number of slots; nothing is boxed or
+//! queued).
 //!
-//! One op runs on the team at a time. A caller that finds it busy (another thread's op, or an op
-//! called from inside a part) runs its parts itself, one after another, so nesting and concurrent
-//! callers are always correct, only not faster.
+//! Up to [`MAX_JOBS`] ops, from different threads, run on the team at once: a worker takes parts
+//! of any posted job, and each caller runs parts of its own job and waits for the rest. An op called
+//! from inside a part (a nested op), or while every slot is taken, runs its parts itself, one after
+//! another, so nesting is always correct, only not faster.
 //!
 //! The number of threads is the machine's available parallelism, or `TENSORSCOPE_THREADS` if set
 //! (`1` runs everything on the calling thread).
 //!
-//! The one `unsafe` here lends a borrowed closure to the workers for the length of a call.
+//! The one `unsafe` here lends a borrowed closure to the workers for the length of a call; see
+//! [`Team::post`] for why that is sound on every path out of the call, panics included.
 #![allow(unsafe_code)]
 
+use std::any::Any;
 use std::cell::Cell;
+use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
-/// Threads an op may use, the caller's included.
-pub(crate) fn count() -> usize {
-    team().map_or(1, |t| t.workers + 1)
-}
-
-/// Splits `data` into at most [`count`] runs of whole `granule`s (the last may be short), each at
-/// least `min_granules` long, and calls `f(start, run)` for every run, `start` being the run's index
-/// in `data`; the runs go to different threads. Small data runs as one call on this thread.
+/// Splits `data` into runs of whole `granule`s (the last may be short), each at least
+/// `min_granules` long, and calls `f(start, run)` for every run, `start` being the run's index in
+/// `data`; the runs go to different threads (see [`for_each_part`]). Small data runs as one call
+/// on this thread; empty data, as none.
 pub(crate) fn split_mut<T: Send>(
     data: &mut [T],
     granule: usize,
     min_granules: usize,
     f: impl Fn(usize, &mut [T]) + Sync,
 ) {
-    let granules = data.len().div_ceil(granule.max(1));
-    let parts = parts(granules, min_granules);
-    if parts <= 1 {
-        f(0, data);
-        return;
+    let granule = granule.max(1);
+    let granules = data.len().div_ceil(granule);
+    for_each_part(
+        granules,
+        min_granules,
+        |parts| {
+            let run = granules.div_ceil(parts) * granule;
+            data.chunks_mut(run.max(1))
+                .enumerate()
+                .map(move |(i, run_data)| (i * run, run_data))
+        },
+        |(start, run_data)| f(start, run_data),
+    );
+}
+
+/// Runs an op of `granules` units of work, each part at least `min_granules` of them: `split(n)`
+/// makes the parts for `n` threads, and `f(part)` runs for each, on different threads, this one
+/// included; returns when all are done. `n` is 1 for work too small to split, and at most this
+/// caller's share of the team: the threads, divided evenly among the callers running ops this size
+/// or larger at the time (two requests served at once on two cores run one thread each rather
+/// than three threads on two cores, preempting each other's parts). A panic in any part is raised
+/// again here, with its payload, once every part has finished.
+pub(crate) fn for_each_part<P: Send, I: Iterator<Item = P>>(
+    granules: usize,
+    min_granules: usize,
+    split: impl FnOnce(usize) -> I,
+    f: impl Fn(P) + Sync,
+) {
+    let most = (granules / min_granules.max(1)).clamp(1, MAX_PARTS);
+    let team = team().filter(|_| most > 1 && !IN_PART.get());
+    let Some((team, busy)) = team.map(|team| (team, Busy::enter(team))) else {
+        return split(1).for_each(f);
+    };
+    let threads = most.min(busy.share());
+    if threads == 1 {
+        return split(1).for_each(f);
     }
-    let run = granules.div_ceil(parts) * granule;
-    for_each_part(data.chunks_mut(run).enumerate(), |(i, run_data)| {
-        f(i * run, run_data)
-    });
-}
-
-/// How many parts `granules` of work are split into when each part must have at least
-/// `min_granules`: at most [`count`], at least 1.
-pub(crate) fn parts(granules: usize, min_granules: usize) -> usize {
-    count()
-        .min(granules / min_granules.max(1))
-        .clamp(1, MAX_PARTS)
-}
-
-/// Calls `f(part)` for every one of `parts` (at most [`MAX_PARTS`] of them; more are an error),
-/// each on a different thread, this one included; returns when all are done.
-pub(crate) fn for_each_part<P: Send>(parts: impl Iterator<Item = P>, f: impl Fn(P) + Sync) {
     // One slot per part, each taken by exactly one thread: parts that are `&mut` borrows move to
     // the threads without `unsafe`.
     let slots: [Mutex<Option<P>>; MAX_PARTS] = std::array::from_fn(|_| Mutex::new(None));
     let mut count = 0;
-    for part in parts {
+    for part in split(threads) {
         assert!(count < MAX_PARTS, "more than {MAX_PARTS} parts");
         *lock(&slots[count]) = Some(part);
         count += 1;
     }
-    run_parts(count, &|i| {
+    team.run(count, &|i| {
         if let Some(part) = lock(&slots[i]).take() {
             f(part);
         }
@@ -74,71 +89,25 @@ pub(crate) fn for_each_part<P: Send>(parts: impl Iterator<Item = P>, f: impl Fn(
 /// The most parts an op is split into.
 const MAX_PARTS: usize = 64;
 
+/// The most jobs the team runs at once; a caller finding every slot taken runs its parts alone.
+/// Each concurrent caller of an op on a large tensor takes one (a server's requests on a shared
+/// model), so this is a bound on concurrent requests that get help, not on requests.
+const MAX_JOBS: usize = 8;
+
 /// Checks of an atomic a thread waiting for a job, or for a job's parts, makes before it sleeps:
 /// about 50 µs here (a `pause` each). Ops come one after another in a forward, so the next job usually arrives
 /// while a worker spins, and posting it costs a store instead of a wake-up through the kernel (a
 /// few µs each way, as long as a small product); a worker idle for longer sleeps.
 const SPINS: u32 = 1 << 11;
 
-/// Runs `f(0..parts)`, the parts spread over the team and this thread; returns when all are done.
-/// A panic in any part is raised again here, with its payload, once every part has finished.
-fn run_parts(parts: usize, f: &(dyn Fn(usize) + Sync)) {
-    let Some(team) = team().filter(|_| parts > 1) else {
-        return (0..parts).for_each(f);
-    };
-    if team
-        .busy
-        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        return (0..parts).for_each(f);
-    }
-    // SAFETY: the job's lifetime is erased so that the workers can hold it, and the erasure is
-    // sound because this function does not return, or unwind, until the job has been taken down
-    // again (`task = None` below) with every part finished: a worker only calls the job between
-    // claiming a part (under `team.job`'s lock, while the job is posted) and counting it finished
-    // (`team.unfinished`), and this function waits for `unfinished == 0` after catching any panic
-    // of this thread's own parts, before it takes the job down.
-    let task: Task = Task(unsafe {
-        std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
-    });
-    {
-        let mut job = lock(&team.job);
-        job.task = Some(task);
-        job.parts = parts;
-        job.next = 0;
-        team.unfinished.store(parts, Ordering::Release);
-        team.posted.fetch_add(1, Ordering::Release);
-        if job.sleepers > 0 {
-            team.start.notify_all();
-        }
-    }
-    // This thread takes parts too, then waits for the ones the workers took.
-    while team.run_one() {}
-    if !team.spin_until(|| team.unfinished.load(Ordering::Acquire) == 0) {
-        let mut job = lock(&team.job);
-        job.caller_sleeps = true;
-        while team.unfinished.load(Ordering::Acquire) > 0 {
-            job = team.done.wait(job).unwrap_or_else(PoisonError::into_inner);
-        }
-        job.caller_sleeps = false;
-    }
-    let panic = {
-        let mut job = lock(&team.job);
-        job.task = None;
-        job.panic.take()
-    };
-    team.busy.store(false, Ordering::Release);
-    if let Some(payload) = panic {
-        panic::resume_unwind(payload);
-    }
-}
+/// A panic's payload, carried from a part to the op's caller.
+type Payload = Box<dyn Any + Send>;
 
-/// A job: a borrowed closure with its lifetime erased (see [`run_parts`]).
+/// A job: a borrowed closure with its lifetime erased (see [`Team::post`]).
 #[derive(Clone, Copy)]
 struct Task(&'static (dyn Fn(usize) + Sync));
 
-/// The current job, shared by the caller and the workers.
+/// One slot of [`Jobs`]: a posted job, or none.
 #[derive(Default)]
 struct Job {
     task: Option<Task>,
@@ -146,51 +115,168 @@ struct Job {
     /// The next part to claim.
     next: usize,
     /// The payload of the first part that panicked.
-    panic: Option<Box<dyn std::any::Any + Send>>,
-    /// Workers asleep on `start`.
-    sleepers: usize,
-    /// The caller is asleep on `done`.
+    panic: Option<Payload>,
+    /// The job's caller is asleep on [`Team::done`].
     caller_sleeps: bool,
+}
+
+/// The jobs posted to the team, under one lock.
+#[derive(Default)]
+struct Jobs {
+    slots: [Job; MAX_JOBS],
+    /// The slot a worker looks at first for a part: the one after its last claim's, so that
+    /// concurrent jobs share the workers in turn.
+    turn: usize,
+    /// Workers asleep on [`Team::start`].
+    sleepers: usize,
 }
 
 struct Team {
     workers: usize,
-    job: Mutex<Job>,
+    /// Callers running an op large enough to split, split or not (see [`Busy`]).
+    callers: AtomicUsize,
+    jobs: Mutex<Jobs>,
     /// Jobs posted so far: a spinning worker watches it change.
     posted: AtomicU64,
-    /// Parts of the current job, claimed or not, that have not finished.
-    unfinished: AtomicUsize,
+    /// Per slot: the parts of its job, claimed or not, that have not finished. Outside the lock,
+    /// so that a caller can spin on it.
+    unfinished: [AtomicUsize; MAX_JOBS],
     /// Signalled when a job is posted while a worker sleeps.
     start: Condvar,
     /// Signalled when a job's last part finishes while its caller sleeps.
     done: Condvar,
-    /// A job is running: other callers run theirs alone.
-    busy: AtomicBool,
+}
+
+/// A posted job, held by the call that posted it until [`Posted::take_down`] has run: on return,
+/// or from `Drop` if the call unwinds.
+struct Posted<'t, 'f> {
+    team: &'t Team,
+    slot: usize,
+    /// Whether the job has been taken down.
+    down: bool,
+    /// The job is the caller's closure, borrowed for `'f`.
+    _job: PhantomData<&'f ()>,
 }
 
 impl Team {
-    /// Claims the next part of the current job and runs it, counting it finished; `false` if no
-    /// part is left to claim.
-    fn run_one(&self) -> bool {
-        let (task, i) = {
-            let mut job = lock(&self.job);
-            let (Some(task), i) = (job.task, job.next) else {
-                return false;
-            };
-            if i >= job.parts {
-                return false;
-            }
-            job.next += 1;
-            (task, i)
-        };
-        let result = panic::catch_unwind(AssertUnwindSafe(|| (task.0)(i)));
-        if let Err(payload) = result {
-            lock(&self.job).panic.get_or_insert(payload);
+    /// A team of `workers` threads, started now; it lives as long as the process.
+    fn start(workers: usize) -> &'static Team {
+        let team: &'static Team = Box::leak(Box::new(Team {
+            workers,
+            callers: AtomicUsize::new(0),
+            jobs: Mutex::default(),
+            posted: AtomicU64::new(0),
+            unfinished: Default::default(),
+            start: Condvar::new(),
+            done: Condvar::new(),
+        }));
+        for i in 0..workers {
+            // A worker that cannot start only leaves its parts to the others and the callers.
+            let _ = std::thread::Builder::new()
+                .name(format!("tensorscope-{i}"))
+                .spawn(|| team.work());
         }
-        if self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
+        team
+    }
+
+    /// Runs `f(0..parts)`, the parts spread over the team and this thread; returns when all are
+    /// done. A panic in any part is raised again here, with its payload, once every part has
+    /// finished. With every slot taken, this thread runs all the parts.
+    fn run(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) {
+        let Some(mut job) = self.post(parts, f) else {
+            return (0..parts).for_each(f);
+        };
+        // This thread takes parts of its own job too, then waits for the ones the workers took.
+        while self.run_one(Some(job.slot)) {}
+        if let Some(payload) = job.take_down() {
+            panic::resume_unwind(payload);
+        }
+    }
+
+    /// Posts `f` as a job of `parts` parts for the workers to take; `None` if every slot is taken.
+    ///
+    /// The job's lifetime is erased so that the workers can hold it. That is sound because the job
+    /// is taken down ([`Posted::take_down`]: no part is claimed once it starts, and it returns only
+    /// when every claimed part has finished) before `f`'s borrow ends, on every path out of
+    /// [`Team::run`]: `run` takes it down before it returns, and the [`Posted`]'s `Drop` does if
+    /// `run` unwinds instead. The `Posted` is `run`'s own local, never handed to other code, so
+    /// nothing can leak it (`mem::forget`) to skip that. A worker calls the job only between
+    /// claiming a part (under the lock, while the job is posted) and counting it finished. Nothing
+    /// in `run` is meant to unwind between the post and the take-down (parts run inside
+    /// `catch_unwind`, and a payload not passed on is dropped inside one too); the guard is there so
+    /// that soundness does not rest on that. If the process aborts instead, the workers end with it.
+    fn post<'f>(&self, parts: usize, f: &'f (dyn Fn(usize) + Sync)) -> Option<Posted<'_, 'f>> {
+        let mut jobs = lock(&self.jobs);
+        let slot = jobs.slots.iter().position(|job| job.task.is_none())?;
+        // SAFETY: the job is taken down before `'f` ends, on every path (see above).
+        let task = Task(unsafe {
+            std::mem::transmute::<&'f (dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
+        });
+        jobs.slots[slot] = Job {
+            task: Some(task),
+            parts,
+            ..Job::default()
+        };
+        self.unfinished[slot].store(parts, Ordering::Release);
+        self.posted.fetch_add(1, Ordering::Release);
+        if jobs.sleepers > 0 {
+            self.start.notify_all();
+        }
+        Some(Posted {
+            team: self,
+            slot,
+            down: false,
+            _job: PhantomData,
+        })
+    }
+
+    /// Claims the next part of the job in `slot` (of any job, in turn, if `None`).
+    fn claim(&self, slot: Option<usize>) -> Option<(Task, usize, usize)> {
+        let mut jobs = lock(&self.jobs);
+        let (first, looked_at) = slot.map_or((jobs.turn, MAX_JOBS), |s| (s, 1));
+        for s in (first..first + looked_at).map(|s| s % MAX_JOBS) {
+            let job = &mut jobs.slots[s];
+            let Some(task) = job.task.filter(|_| job.next < job.parts) else {
+                continue;
+            };
+            let part = job.next;
+            job.next += 1;
+            if slot.is_none() {
+                jobs.turn = (s + 1) % MAX_JOBS;
+            }
+            return Some((task, s, part));
+        }
+        None
+    }
+
+    /// Claims a part of the job in `slot` (of any job if `None`) and runs it, counting it
+    /// finished; `false` if there was no part to claim. Never unwinds: a part's panic is kept for
+    /// the job's caller.
+    fn run_one(&self, slot: Option<usize>) -> bool {
+        let Some((task, slot, part)) = self.claim(slot) else {
+            return false;
+        };
+        IN_PART.set(true);
+        let result = panic::catch_unwind(AssertUnwindSafe(|| (task.0)(part)));
+        IN_PART.set(false);
+        if let Err(payload) = result {
+            let refused = {
+                let mut jobs = lock(&self.jobs);
+                let kept = &mut jobs.slots[slot].panic;
+                if kept.is_none() {
+                    *kept = Some(payload);
+                    None
+                } else {
+                    Some(payload)
+                }
+            };
+            // Outside the lock: a payload's destructor is the user's code.
+            drop_payload(refused);
+        }
+        if self.unfinished[slot].fetch_sub(1, Ordering::AcqRel) == 1 {
             // The last part: wake the caller if it stopped spinning. Taking the lock orders this
             // after the caller's check of `unfinished` made under it.
-            if lock(&self.job).caller_sleeps {
+            if lock(&self.jobs).slots[slot].caller_sleeps {
                 self.done.notify_all();
             }
         }
@@ -208,29 +294,105 @@ impl Team {
         ready()
     }
 
-    /// A worker: takes parts of whatever job is posted, forever; between jobs it spins a while,
+    /// A worker: takes parts of whatever jobs are posted, forever; between jobs it spins a while,
     /// then sleeps until the next is posted.
     fn work(&self) {
         WORKER.set(true);
         crate::ops::reserve_scratch();
         loop {
             let seen = self.posted.load(Ordering::Acquire);
-            while self.run_one() {}
+            while self.run_one(None) {}
             if !self.spin_until(|| self.posted.load(Ordering::Acquire) != seen) {
-                let mut job = lock(&self.job);
-                job.sleepers += 1;
+                let mut jobs = lock(&self.jobs);
+                jobs.sleepers += 1;
                 while self.posted.load(Ordering::Acquire) == seen {
-                    job = self.start.wait(job).unwrap_or_else(PoisonError::into_inner);
+                    jobs = self
+                        .start
+                        .wait(jobs)
+                        .unwrap_or_else(PoisonError::into_inner);
                 }
-                job.sleepers -= 1;
+                jobs.sleepers -= 1;
             }
         }
+    }
+}
+
+/// A caller counted in [`Team::callers`] while it runs an op large enough to split.
+struct Busy<'t>(&'t Team);
+
+impl<'t> Busy<'t> {
+    fn enter(team: &'t Team) -> Self {
+        team.callers.fetch_add(1, Ordering::Relaxed);
+        Busy(team)
+    }
+
+    /// The threads this caller's op may use: the team's, divided evenly among the callers
+    /// running ops (rounded down: a thread left idle costs less than one more than the cores,
+    /// whose preempted parts stall every thread of their job), at least 1.
+    fn share(&self) -> usize {
+        let callers = self.0.callers.load(Ordering::Relaxed).max(1);
+        ((self.0.workers + 1) / callers).max(1)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.callers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Posted<'_, '_> {
+    /// Takes the job down: no part is claimed from now on, and once every claimed part has
+    /// finished the slot is free again. Returns the payload of the first part that panicked.
+    fn take_down(&mut self) -> Option<Payload> {
+        let (team, slot) = (self.team, self.slot);
+        let unfinished = &team.unfinished[slot];
+        {
+            // Parts nobody claimed will not run: there are some only if the caller is unwinding.
+            let mut jobs = lock(&team.jobs);
+            let job = &mut jobs.slots[slot];
+            unfinished.fetch_sub(job.parts - job.next, Ordering::AcqRel);
+            job.next = job.parts;
+        }
+        if !team.spin_until(|| unfinished.load(Ordering::Acquire) == 0) {
+            let mut jobs = lock(&team.jobs);
+            jobs.slots[slot].caller_sleeps = true;
+            while unfinished.load(Ordering::Acquire) > 0 {
+                jobs = team.done.wait(jobs).unwrap_or_else(PoisonError::into_inner);
+            }
+            jobs.slots[slot].caller_sleeps = false;
+        }
+        let mut jobs = lock(&team.jobs);
+        let job = &mut jobs.slots[slot];
+        job.task = None;
+        self.down = true;
+        job.panic.take()
+    }
+}
+
+impl Drop for Posted<'_, '_> {
+    /// Takes the job down if the caller leaves without doing so (by unwinding).
+    fn drop(&mut self) {
+        if !self.down {
+            drop_payload(self.take_down());
+        }
+    }
+}
+
+/// Drops a panic payload that is not passed on. Its destructor is the user's code and may panic
+/// in turn: that panic is caught, and its own payload is leaked rather than dropped (dropping it
+/// could panic again). No panic leaves this function, so a worker always counts its part finished.
+fn drop_payload(payload: Option<Payload>) {
+    if let Err(again) = panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
     }
 }
 
 thread_local! {
     /// This thread is one of the team's workers.
     static WORKER: Cell<bool> = const { Cell::new(false) };
+    /// This thread is running a part of a job: an op it calls runs its parts itself.
+    static IN_PART: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Whether this thread is one of the team's workers.
@@ -253,31 +415,16 @@ fn team() -> Option<&'static Team> {
             .filter(|&n| n > 0)
             .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
             .unwrap_or(1);
-        if threads <= 1 {
-            return None;
-        }
-        let team: &'static Team = Box::leak(Box::new(Team {
-            workers: threads - 1,
-            job: Mutex::default(),
-            posted: AtomicU64::new(0),
-            unfinished: AtomicUsize::new(0),
-            start: Condvar::new(),
-            done: Condvar::new(),
-            busy: AtomicBool::new(false),
-        }));
-        for i in 0..threads - 1 {
-            // A worker that cannot start only leaves its parts to the others and the caller.
-            let _ = std::thread::Builder::new()
-                .name(format!("tensorscope-{i}"))
-                .spawn(|| team.work());
-        }
-        Some(team)
+        (threads > 1).then(|| Team::start(threads - 1))
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn every_element_is_visited_once_with_its_index() {
@@ -332,5 +479,152 @@ mod tests {
             run.iter_mut().for_each(|v| *v = 3)
         });
         assert!(again.iter().all(|&v| v == 3));
+    }
+
+    /// Waits until `ready`, failing the test after 20 s rather than hanging it.
+    fn wait_until(what: &str, ready: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ready() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Asserts that no job is left posted on `team` and that each of its workers still takes
+    /// parts: a job of one part per thread, each waiting for all the others, completes.
+    fn assert_every_thread_serves(team: &'static Team) {
+        assert!(
+            lock(&team.jobs).slots.iter().all(|job| job.task.is_none()),
+            "a job was left posted"
+        );
+        let threads = team.workers + 1;
+        let started = AtomicUsize::new(0);
+        team.run(threads, &|_| {
+            started.fetch_add(1, SeqCst);
+            wait_until("every thread took a part", || {
+                started.load(SeqCst) == threads
+            });
+        });
+    }
+
+    /// Runs `f` on a thread of its own and fails if it has not returned within 60 s: a test of a
+    /// hang fails rather than hangs.
+    fn without_hanging(f: impl FnOnce() + Send + 'static) {
+        let (done, finished) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            f();
+            let _ = done.send(());
+        });
+        match finished.recv_timeout(Duration::from_secs(60)) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hung for 60 s"),
+            _ => thread.join().unwrap_or_else(|p| panic::resume_unwind(p)),
+        }
+    }
+
+    /// A panic payload whose destructor panics.
+    struct Bomb;
+
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("a panic payload that panics when dropped");
+        }
+    }
+
+    #[test]
+    fn payloads_that_panic_when_dropped_are_contained_on_every_thread() {
+        let team = Team::start(3);
+        without_hanging(move || {
+            for round in 0..20 {
+                let started = AtomicUsize::new(0);
+                let finished: [AtomicBool; 4] = Default::default();
+                let result = panic::catch_unwind(AssertUnwindSafe(|| {
+                    team.run(4, &|i| {
+                        // Each part runs on a thread of its own (the caller's and three workers'),
+                        // so four payloads meet the job: three are dropped where they were caught.
+                        started.fetch_add(1, SeqCst);
+                        wait_until("the four parts run at once", || started.load(SeqCst) == 4);
+                        std::thread::sleep(Duration::from_millis(1));
+                        finished[i].store(true, SeqCst);
+                        panic::panic_any(Bomb);
+                    })
+                }));
+                let payload = result.expect_err("a part's panic reaches the caller");
+                assert!(payload.is::<Bomb>(), "round {round}");
+                // Dropping it would panic: the payload passed on is the caller's to handle.
+                std::mem::forget(payload);
+                // The caller unwound only after every part had finished: `started` and `finished`,
+                // on its stack, outlived every use.
+                assert!(finished.iter().all(|f| f.load(SeqCst)), "round {round}");
+            }
+            assert_every_thread_serves(team);
+        });
+    }
+
+    #[test]
+    fn a_caller_unwinding_with_its_job_posted_waits_for_the_claimed_parts() {
+        /// Sets its flag when dropped: when the caller below starts to unwind.
+        struct SetOnDrop<'a>(&'a AtomicBool);
+        impl Drop for SetOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, SeqCst);
+            }
+        }
+        let team = Team::start(2);
+        let (started, finished) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let leaving = AtomicBool::new(false);
+        let part = |_| {
+            started.fetch_add(1, SeqCst);
+            wait_until("the caller unwinds", || leaving.load(SeqCst));
+            std::thread::sleep(Duration::from_millis(20));
+            finished.fetch_add(1, SeqCst);
+        };
+        let result = panic::catch_unwind(AssertUnwindSafe(|| {
+            let _job = team.post(8, &part).expect("a free slot");
+            let _leaving = SetOnDrop(&leaving); // dropped before the job
+            wait_until("both workers took a part", || started.load(SeqCst) == 2);
+            panic!("the caller leaves before its job is done");
+        }));
+        assert!(result.is_err());
+        // The parts the workers had claimed (one each, or two if one finished as the unwinding
+        // began) finished before the unwinding went on past the job; the rest never ran.
+        let done = finished.load(SeqCst);
+        assert_eq!(done, started.load(SeqCst));
+        assert!((2..=4).contains(&done), "{done} parts ran");
+        assert_every_thread_serves(team);
+    }
+
+    #[test]
+    fn a_job_posted_while_the_workers_are_busy_gets_them_once_free() {
+        let team = Team::start(1);
+        let release = AtomicBool::new(false);
+        let a_started = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            // Job A holds its caller and the one worker until released.
+            s.spawn(|| {
+                team.run(2, &|_| {
+                    a_started.fetch_add(1, SeqCst);
+                    wait_until("job A is released", || release.load(SeqCst));
+                })
+            });
+            wait_until("job A holds the worker", || a_started.load(SeqCst) == 2);
+            // Job B's two parts each wait for the other, so B needs a second thread: only the
+            // worker, once A lets it go, can be that thread.
+            let b = s.spawn(|| {
+                let b_started = AtomicUsize::new(0);
+                team.run(2, &|_| {
+                    b_started.fetch_add(1, SeqCst);
+                    wait_until("both parts of job B run at once", || {
+                        b_started.load(SeqCst) == 2
+                    });
+                })
+            });
+            wait_until("job B is posted", || {
+                let jobs = lock(&team.jobs);
+                jobs.slots.iter().filter(|job| job.task.is_some()).count() == 2
+            });
+            release.store(true, SeqCst);
+            b.join().expect("job B completes with the worker's help");
+        });
+        assert_every_thread_serves(team);
     }
 }

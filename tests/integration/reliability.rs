@@ -2,6 +2,7 @@
 //! training step, and the pool working on after budget exhaustion.
 
 use std::cell::Cell;
+use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -219,6 +220,38 @@ fn a_panic_in_a_checkpointed_training_step_leaves_the_pool_consistent() {
         next.is_finite() && next < first,
         "training goes on: {first} -> {next}"
     );
+}
+
+/// A panic payload whose destructor panics too.
+struct Bomb;
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        panic!("a panic payload that panics when dropped");
+    }
+}
+
+#[test]
+fn a_kernel_panicking_with_a_payload_that_panics_when_dropped_unwinds_cleanly() {
+    // Large enough that `map` splits its elements over every thread (2^16 or more each): with two
+    // or more threads, two parts panic and one payload is dropped where it was caught.
+    let len = 1 << 20;
+    let pool = Pool::with_max_memory_mb(64);
+    for _ in 0..10 {
+        let payload = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            pool.scope(|s| {
+                let x = s.ones::<f32>(&[len]);
+                let _ = x.map(|_| std::panic::panic_any(Bomb));
+            })
+        }))
+        .expect_err("the kernel's panic reaches the caller");
+        assert!(payload.is::<Bomb>());
+        std::mem::forget(payload); // dropping it would panic: it is the test's own to handle
+        assert_eq!(pool.stats().bytes_in_use, 0, "every buffer went back");
+    }
+    // The worker threads serve the next op, every element written.
+    let sum = pool.scope(|s| s.ones::<f32>(&[len]).map(|x| x * 3.0).sum_all().item());
+    assert_eq!(sum, 3.0 * len as f32);
 }
 
 #[test]

@@ -173,13 +173,15 @@ fn split<T: Element, const MR: usize, const NR: usize>(
     let each = |part: Window<'_, T>| blocked::<T, MR, NR>(a, b, part);
     if n >= m {
         let granules = n.div_ceil(NR);
-        let parts = threads::parts(granules, PER_PART.div_ceil(NR * m * k));
-        threads::for_each_part(c.split_columns(granules.div_ceil(parts) * NR), each);
+        let min = PER_PART.div_ceil(NR * m * k);
+        let split = |parts: usize| c.split_columns(granules.div_ceil(parts) * NR);
+        threads::for_each_part(granules, min, split, each);
     } else {
         let height = if MR == 12 { PART_ROWS } else { MR };
         let granules = m.div_ceil(height);
-        let parts = threads::parts(granules, PER_PART.div_ceil(height * k * n));
-        threads::for_each_part(c.split_rows(granules.div_ceil(parts) * height), each);
+        let min = PER_PART.div_ceil(height * k * n);
+        let split = |parts: usize| c.split_rows(granules.div_ceil(parts) * height);
+        threads::for_each_part(granules, min, split, each);
     }
 }
 
