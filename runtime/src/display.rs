@@ -77,17 +77,48 @@ impl Notation {
     }
 }
 
-/// The indices of an axis of length `len` that print, `None` standing for the `...` between.
-fn shown_indices(len: usize, summarize: bool) -> Vec<Option<usize>> {
-    if summarize && len > 2 * EDGE_ITEMS {
-        (0..EDGE_ITEMS)
-            .map(Some)
-            .chain([None])
-            .chain((len - EDGE_ITEMS..len).map(Some))
-            .collect()
-    } else {
-        (0..len).map(Some).collect()
+/// The indices of an axis that print: all of them, or, when summarized, the first and last
+/// [`EDGE_ITEMS`] with `...` between.
+#[derive(Clone, Copy)]
+struct Axis {
+    len: usize,
+    /// Elements between consecutive indices of the axis.
+    stride: usize,
+    summarized: bool,
+}
+
+impl Axis {
+    /// How many entries print, `...` counting as one.
+    fn entries(self) -> usize {
+        if self.summarized {
+            2 * EDGE_ITEMS + 1
+        } else {
+            self.len
+        }
     }
+
+    /// The index entry `n` shows, `None` for the `...`.
+    fn index(self, n: usize) -> Option<usize> {
+        match n {
+            _ if !self.summarized || n < EDGE_ITEMS => Some(n),
+            EDGE_ITEMS => None,
+            _ => Some(self.len - self.entries() + n),
+        }
+    }
+}
+
+/// One step of the walk over the shown values, in print order.
+enum Step {
+    /// The `[` of a block of an axis before the last.
+    Open,
+    /// Its `]`.
+    Close,
+    /// Between two entries of this axis (one before the last).
+    Separator(usize),
+    /// The `...` of an axis before the last.
+    Ellipsis,
+    /// A block of the last axis, whose index 0 is at this offset in the data.
+    Row(usize),
 }
 
 /// Writes `data`, row-major of `shape`, then `kind[shape; dtype]`: the `Display` of tensors and
@@ -98,25 +129,41 @@ pub(crate) fn fmt_values<T: DType>(
     shape: &[usize],
     data: &[T],
 ) -> fmt::Result {
-    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-    let footer = format!("{kind}[{}; {}]", dims.join(", "), T::NAME);
     if data.is_empty() {
         // Nothing to visit: an empty tensor's other axes may be 2^40 long.
-        return write!(f, "[]\n{footer}");
+        f.write_str("[]\n")?;
+        return write_footer(f, kind, shape, T::NAME);
     }
+    let summarize = data.len() > SUMMARIZE_ABOVE;
+    let mut axes: Vec<Axis> = Vec::with_capacity(shape.len());
+    let mut stride = 1;
+    for &len in shape.iter().rev() {
+        axes.push(Axis {
+            len,
+            stride,
+            summarized: summarize && len > 2 * EDGE_ITEMS,
+        });
+        // No overflow: the product of the lengths is `data.len()`.
+        stride *= len;
+    }
+    axes.reverse();
     let mut printer = Printer {
-        shape,
-        strides: strides(shape),
+        axes,
         data,
-        axes: shape
-            .iter()
-            .map(|&len| shown_indices(len, data.len() > SUMMARIZE_ABOVE))
-            .collect(),
         notation: Notation::Integer,
         width: 0,
     };
+
     let mut shown = Vec::new();
-    printer.visit(0, 0, &mut |i| shown.push(data[i]));
+    match data {
+        [x] if shape.is_empty() => shown.push(*x),
+        _ => printer.walk(|step| {
+            if let Step::Row(offset) = step {
+                shown.extend(printer.row(offset).flatten());
+            }
+            Ok(())
+        })?,
+    }
     printer.notation = Notation::choose(&shown, f.precision().unwrap_or(DEFAULT_PRECISION));
     printer.width = shown
         .iter()
@@ -125,82 +172,137 @@ pub(crate) fn fmt_values<T: DType>(
         .unwrap_or(0);
 
     let mut out = String::new();
-    match (shape, data) {
-        ([], [x]) => out.push_str(&printer.notation.text(*x)),
-        _ => printer.write_axis(&mut out, 0, 0)?,
+    match data {
+        [x] if shape.is_empty() => out.push_str(&printer.notation.text(*x)),
+        _ => printer.write_blocks(&mut out)?,
     }
-    write!(out, "\n{footer}")?;
+    out.push('\n');
+    write_footer(&mut out, kind, shape, T::NAME)?;
     f.write_str(&out)
 }
 
-/// Row-major strides of `shape`, in elements.
-fn strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
-    for axis in (0..shape.len().saturating_sub(1)).rev() {
-        strides[axis] = strides[axis + 1] * shape[axis + 1];
+/// Writes `kind[shape; dtype]`, the last line of every print.
+fn write_footer(out: &mut impl Write, kind: &str, shape: &[usize], dtype: &str) -> fmt::Result {
+    write!(out, "{kind}[")?;
+    for (axis, len) in shape.iter().enumerate() {
+        if axis > 0 {
+            out.write_str(", ")?;
+        }
+        write!(out, "{len}")?;
     }
-    strides
+    write!(out, "; {dtype}]")
+}
+
+/// Writes `c` `n` times, without making a string of them: a separator of a tensor of rank 100,000
+/// is 100,000 characters, and one string per axis would be quadratic in the rank.
+fn push_n(out: &mut String, c: char, n: usize) {
+    out.extend(std::iter::repeat_n(c, n));
 }
 
 struct Printer<'a, T> {
-    shape: &'a [usize],
-    strides: Vec<usize>,
+    /// Of rank 1 or more.
+    axes: Vec<Axis>,
     data: &'a [T],
-    /// The shown indices of each axis.
-    axes: Vec<Vec<Option<usize>>>,
     notation: Notation,
     /// The width every element is right-aligned to.
     width: usize,
 }
 
 impl<T: DType> Printer<'_, T> {
-    /// Calls `f` with the flat index of every shown element from `axis` on, in order.
-    fn visit(&self, axis: usize, offset: usize, f: &mut impl FnMut(usize)) {
-        if axis == self.shape.len() {
-            f(offset);
-            return;
-        }
-        for i in self.axes[axis].iter().flatten() {
-            self.visit(axis + 1, offset + i * self.strides[axis], f);
+    /// The shown values of the block of the last axis at `offset`, `None` for the `...`.
+    fn row(&self, offset: usize) -> impl Iterator<Item = Option<T>> + '_ {
+        let last = self.axes[self.axes.len() - 1];
+        (0..last.entries()).map(move |n| last.index(n).map(|i| self.data[offset + i * last.stride]))
+    }
+
+    /// Calls `step` with every step of printing the values, in order.
+    ///
+    /// An odometer over the axes before the last, not a recursion per axis: a one-element tensor of
+    /// rank 100,000 is valid, and its print must not need a stack frame per axis.
+    fn walk(&self, mut step: impl FnMut(Step) -> fmt::Result) -> fmt::Result {
+        let last = self.axes.len() - 1;
+        // The entry of each axis before the last being printed, and where the block of each axis
+        // being printed starts in the data.
+        let mut entry = vec![0; last];
+        let mut start = vec![0; last + 1];
+        // The axis whose block is to be printed from its first entry.
+        let mut axis = 0;
+        loop {
+            while axis < last {
+                step(Step::Open)?;
+                // Entry 0 always shows index 0.
+                entry[axis] = 0;
+                start[axis + 1] = start[axis];
+                axis += 1;
+            }
+            step(Step::Row(start[last]))?;
+            // The block of `axis` is done: move to the next entry of the innermost axis that has
+            // one, closing the blocks that are done.
+            'done: loop {
+                let Some(outer) = axis.checked_sub(1) else {
+                    return Ok(());
+                };
+                loop {
+                    entry[outer] += 1;
+                    if entry[outer] == self.axes[outer].entries() {
+                        step(Step::Close)?;
+                        axis = outer;
+                        continue 'done;
+                    }
+                    step(Step::Separator(outer))?;
+                    match self.axes[outer].index(entry[outer]) {
+                        Some(i) => {
+                            start[axis] = start[outer] + i * self.axes[outer].stride;
+                            break 'done;
+                        }
+                        None => step(Step::Ellipsis)?,
+                    }
+                }
+            }
         }
     }
 
-    /// Writes the sub-tensor at `offset` from `axis` on; `axis` brackets are open before it.
-    fn write_axis(&self, out: &mut String, axis: usize, offset: usize) -> fmt::Result {
-        let last = axis + 1 == self.shape.len();
-        let indent = " ".repeat(axis + 1);
-        out.push('[');
-        if last {
-            // Rows wrap at the line width, counting an element with its ", ".
-            let per_line = ((LINE_WIDTH.saturating_sub(axis)) / (self.width + 2)).max(1);
-            for (n, i) in self.axes[axis].iter().enumerate() {
-                if n > 0 {
+    /// Writes the values in their brackets.
+    fn write_blocks(&self, out: &mut String) -> fmt::Result {
+        let rank = self.axes.len();
+        self.walk(|step| {
+            match step {
+                Step::Open => out.push('['),
+                Step::Close => out.push(']'),
+                Step::Separator(axis) => {
+                    // A blank line between blocks per axis below the next: none between rows.
                     out.push(',');
-                    match n % per_line {
-                        0 => write!(out, "\n{indent}")?,
-                        _ => out.push(' '),
-                    }
+                    push_n(out, '\n', rank - axis - 1);
+                    push_n(out, ' ', axis + 1);
                 }
-                let text = match i {
-                    Some(i) => self
-                        .notation
-                        .text(self.data[offset + i * self.strides[axis]]),
-                    None => "...".to_string(),
-                };
-                write!(out, "{text:>width$}", width = self.width)?;
+                Step::Ellipsis => out.push_str("..."),
+                Step::Row(offset) => self.write_row(out, offset)?,
             }
-        } else {
-            // A blank line between blocks per axis below the next: none between rows.
-            let separator = format!(",{}{indent}", "\n".repeat(self.shape.len() - axis - 1));
-            for (n, i) in self.axes[axis].iter().enumerate() {
-                if n > 0 {
-                    out.push_str(&separator);
-                }
-                match i {
-                    Some(i) => self.write_axis(out, axis + 1, offset + i * self.strides[axis])?,
-                    None => out.push_str("..."),
+            Ok(())
+        })
+    }
+
+    /// Writes the block of the last axis at `offset`, with its brackets.
+    fn write_row(&self, out: &mut String, offset: usize) -> fmt::Result {
+        let axis = self.axes.len() - 1;
+        // Rows wrap at the line width, counting an element with its ", ".
+        let per_line = ((LINE_WIDTH.saturating_sub(axis)) / (self.width + 2)).max(1);
+        out.push('[');
+        for (n, value) in self.row(offset).enumerate() {
+            if n > 0 {
+                out.push(',');
+                if n % per_line == 0 {
+                    out.push('\n');
+                    push_n(out, ' ', axis + 1);
+                } else {
+                    out.push(' ');
                 }
             }
+            let text = match value {
+                Some(x) => self.notation.text(x),
+                None => "...".to_string(),
+            };
+            write!(out, "{text:>width$}", width = self.width)?;
         }
         out.push(']');
         Ok(())

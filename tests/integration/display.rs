@@ -199,3 +199,64 @@ fn a_param_prints_as_a_tensor_does() {
         "[[ 0.5000, -1.0000],\n [ 2.0000,  0.2500]]\nTensor[2, 2; f32]"
     );
 }
+
+/// Runs `f` on a thread with a stack of 2 MiB, the default of spawned threads, whatever
+/// `RUST_MIN_STACK` says: printing must not need a stack frame per axis.
+fn on_a_2_mib_stack(f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+#[test]
+fn a_one_element_tensor_of_rank_100_000_prints_on_a_default_stack() {
+    on_a_2_mib_stack(|| {
+        const RANK: usize = 100_000;
+        let pool = Pool::with_max_memory_mb(16);
+        pool.scope(|s| {
+            let t = s.from_slice::<f32>(&[1], &[1.0]).reshape(&[1; RANK]);
+            assert_eq!(t.ndim(), RANK);
+            let want = format!(
+                "{}1.0000{}\nTensor[{}; f32]",
+                "[".repeat(RANK),
+                "]".repeat(RANK),
+                vec!["1"; RANK].join(", ")
+            );
+            assert_eq!(t.to_string(), want);
+        });
+    });
+}
+
+#[test]
+fn a_tensor_of_rank_3002_prints_its_blocks_and_rows() {
+    on_a_2_mib_stack(|| {
+        // [2, 1 x 3000, 2]: two blocks of axis 0, each 3000 brackets deep around a row of 2.
+        const ONES: usize = 3000;
+        const RANK: usize = ONES + 2;
+        let mut shape = vec![1; RANK];
+        shape[0] = 2;
+        shape[RANK - 1] = 2;
+        let pool = Pool::with_max_memory_mb(16);
+        pool.scope(|s| {
+            let t = s.from_slice::<i32>(&[4], &[1, 2, 3, 4]).reshape(&shape);
+            // A row's elements wrap at 80 columns counting its indent of one space per axis: past
+            // 80 axes every element after the first starts a line of its own.
+            let row = |a: i32, b: i32| format!("[{a},\n{}{b}]", " ".repeat(RANK));
+            let block =
+                |a: i32, b: i32| format!("{}{}{}", "[".repeat(ONES), row(a, b), "]".repeat(ONES));
+            // Blocks of axis 0 are separated by a blank line per axis below the next.
+            let separator = format!(",{} ", "\n".repeat(RANK - 1));
+            let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+            let want = format!(
+                "[{}{separator}{}]\nTensor[{}; i32]",
+                block(1, 2),
+                block(3, 4),
+                dims.join(", ")
+            );
+            assert_eq!(t.to_string(), want);
+        });
+    });
+}

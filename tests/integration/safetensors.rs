@@ -588,7 +588,8 @@ fn a_truncated_file_is_corrupt_and_names_the_path() {
     assert_eq!(
         err.to_string(),
         format!(
-            "{} is not a valid safetensors file: incomplete metadata, file not fully covered",
+            "{} is not a valid safetensors file: tensor \"t\": offsets [36, 68) end past the \
+             data, which holds 64 bytes",
             file.shown()
         )
     );
@@ -596,17 +597,20 @@ fn a_truncated_file_is_corrupt_and_names_the_path() {
 
     std::fs::write(file.path(), &bytes[..20]).unwrap();
     let err = SafeTensorsFile::open(file.path()).unwrap_err();
+    let header_length = u64::from_le_bytes(bytes[..8].try_into().unwrap());
     assert_eq!(
         err.to_string(),
         format!(
-            "{} is not a valid safetensors file: invalid header length",
+            "{} is not a valid safetensors file: the header length is {header_length} bytes, but \
+             only 12 bytes follow it",
             file.shown()
         )
     );
     let err = SafeTensorsFile::from_bytes(bytes[..5].to_vec()).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "the bytes are not a valid safetensors file: header too small"
+        "the bytes are not a valid safetensors file: the file is 5 bytes, too short for the 8-byte \
+         header length"
     );
 }
 
@@ -649,4 +653,255 @@ fn io_errors_name_the_path() {
             ..
         }
     ));
+}
+
+/// A file written byte by byte: `header_length` as 8 little-endian bytes, then `header` and `data`
+/// as given (no padding), so the length may disagree with the header.
+fn crafted_file(header_length: u64, header: &str, data: &[u8]) -> Vec<u8> {
+    let mut bytes = header_length.to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    bytes.extend(data);
+    bytes
+}
+
+/// A file of `header` (its true length) and `data`.
+fn file_with_header(header: &str, data: &[u8]) -> Vec<u8> {
+    crafted_file(header.len() as u64, header, data)
+}
+
+/// Why [`SafeTensorsFile::from_bytes`] refuses `bytes`, checking it is `Corrupt` and that its
+/// message is the format's sentence around the reason.
+fn corrupt_reason(bytes: Vec<u8>) -> String {
+    let err = safetensors_err(SafeTensorsFile::from_bytes(bytes).unwrap_err());
+    let message = err.to_string();
+    match err {
+        SafeTensorsError::Corrupt { path: None, reason } => {
+            assert_eq!(
+                message,
+                format!("the bytes are not a valid safetensors file: {reason}")
+            );
+            reason
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+/// A U8 tensor's entry in a header.
+fn u8_entry(name: &str, len: usize, begin: usize, end: usize) -> String {
+    format!(r#""{name}":{{"dtype":"U8","shape":[{len}],"data_offsets":[{begin},{end}]}}"#)
+}
+
+#[test]
+fn offsets_that_end_near_usize_max_are_corrupt_not_a_panic() {
+    // 8 tensors of 2^61 - 1 bytes each, tiling [0, 2^64 - 8): each one's offsets are consistent
+    // with its shape and the next, and the `safetensors` crate, adding the header's length to the
+    // end, overflowed (a panic in a debug build).
+    let len = (1usize << 61) - 1;
+    let entries: Vec<String> = (0..8)
+        .map(|k| u8_entry(&format!("t{k}"), len, k * len, (k + 1) * len))
+        .collect();
+    let header = format!("{{{}}}", entries.join(","));
+    let reason = corrupt_reason(file_with_header(&header, &[]));
+    assert_eq!(
+        reason,
+        format!("tensor \"t0\": offsets [0, {len}) end past the data, which holds 0 bytes")
+    );
+}
+
+#[test]
+fn a_tensor_listed_twice_is_corrupt() {
+    // The crate kept the last entry of a name silently: here an F32 scalar where the first says 4 U8.
+    let header = format!(
+        r#"{{{},"w":{{"dtype":"F32","shape":[],"data_offsets":[0,4]}}}}"#,
+        u8_entry("w", 4, 0, 4)
+    );
+    let reason = corrupt_reason(file_with_header(&header, &[0; 4]));
+    assert_eq!(reason, "tensor \"w\" is listed twice in the header");
+}
+
+#[test]
+fn overlapping_offsets_are_corrupt() {
+    let header = format!("{{{},{}}}", u8_entry("b", 4, 2, 6), u8_entry("a", 4, 0, 4));
+    let reason = corrupt_reason(file_with_header(&header, &[0; 6]));
+    assert_eq!(
+        reason,
+        "tensor \"b\": offsets [2, 6) overlap tensor \"a\"'s [0, 4)"
+    );
+}
+
+#[test]
+fn bytes_no_tensor_holds_are_corrupt() {
+    let header = format!("{{{},{}}}", u8_entry("a", 2, 0, 2), u8_entry("b", 2, 4, 6));
+    let reason = corrupt_reason(file_with_header(&header, &[0; 6]));
+    assert_eq!(
+        reason,
+        "no tensor holds bytes [2, 4) of the data, between tensor \"a\" and tensor \"b\""
+    );
+    let header = format!("{{{}}}", u8_entry("b", 2, 2, 4));
+    let reason = corrupt_reason(file_with_header(&header, &[0; 4]));
+    assert_eq!(
+        reason,
+        "no tensor holds bytes [0, 2) of the data, before tensor \"b\""
+    );
+    let header = format!("{{{}}}", u8_entry("a", 2, 0, 2));
+    let reason = corrupt_reason(file_with_header(&header, &[0; 5]));
+    assert_eq!(
+        reason,
+        "no tensor holds bytes [2, 5) of the data, after tensor \"a\""
+    );
+}
+
+#[test]
+fn offsets_past_the_end_of_the_file_are_corrupt() {
+    let header = format!("{{{},{}}}", u8_entry("a", 4, 0, 4), u8_entry("b", 8, 4, 12));
+    let reason = corrupt_reason(file_with_header(&header, &[0; 8]));
+    assert_eq!(
+        reason,
+        "tensor \"b\": offsets [4, 12) end past the data, which holds 8 bytes"
+    );
+}
+
+#[test]
+fn a_shape_whose_element_count_overflows_is_corrupt() {
+    let header = format!(
+        r#"{{"a":{{"dtype":"U8","shape":[{},2],"data_offsets":[0,0]}}}}"#,
+        usize::MAX
+    );
+    let reason = corrupt_reason(file_with_header(&header, &[]));
+    assert_eq!(
+        reason,
+        format!(
+            "tensor \"a\": shape [{}, 2] has more elements than a usize can count",
+            usize::MAX
+        )
+    );
+}
+
+#[test]
+fn a_header_length_past_the_end_of_the_file_is_corrupt() {
+    let header = format!("{{{}}}", u8_entry("a", 1, 0, 1));
+    let bytes = crafted_file(1000, &header, &[7]);
+    let follow = bytes.len() - 8;
+    assert_eq!(
+        corrupt_reason(bytes),
+        format!("the header length is 1000 bytes, but only {follow} bytes follow it")
+    );
+    // Lengths that do not fit a usize on a 32-bit target, and u64::MAX.
+    for length in [1 << 40, u64::MAX] {
+        let reason = corrupt_reason(crafted_file(length, &header, &[7]));
+        assert_eq!(
+            reason,
+            format!("the header length is {length} bytes, but only {follow} bytes follow it")
+        );
+    }
+}
+
+#[test]
+fn every_other_fault_of_a_header_names_the_tensor_and_what_is_wrong() {
+    let cases: [(String, usize, &str); 12] = [
+        (
+            format!("{{{}}}", u8_entry("a", 4, 4, 0)),
+            4,
+            "tensor \"a\": offsets [4, 0) end before they begin",
+        ),
+        (
+            format!("{{{}}}", u8_entry("a", 3, 0, 4)),
+            4,
+            "tensor \"a\": shape [3] of U8 needs 3 bytes but its offsets [0, 4) hold 4",
+        ),
+        (
+            r#"{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}"#.to_string(),
+            2,
+            "tensor \"a\": shape [3] of F4 is 12 bits, not a whole number of bytes",
+        ),
+        (
+            format!(
+                r#"{{"a":{{"dtype":"U8","shape":[{}],"data_offsets":[0,0]}}}}"#,
+                usize::MAX / 4
+            ),
+            0,
+            "of U8 has more bits than a usize can count",
+        ),
+        (
+            r#"{"a":{"dtype":"U8","data_offsets":[0,0]}}"#.to_string(),
+            0,
+            "tensor \"a\": missing field `shape` at line 1 column",
+        ),
+        (
+            r#"{"a":{"dtype":"U8","shape":[],"dtype":"U8","data_offsets":[0,1]}}"#.to_string(),
+            1,
+            "tensor \"a\": duplicate field `dtype` at line 1 column",
+        ),
+        (
+            r#"{"a":{"dtype":"U7","shape":[1],"data_offsets":[0,1]}}"#.to_string(),
+            1,
+            "tensor \"a\": unknown variant `U7`",
+        ),
+        (
+            r#"{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}}"#.to_string(),
+            1,
+            "tensor \"a\": invalid value: integer `-1`, expected usize",
+        ),
+        (
+            // Past serde_json's nesting limit (128), which the crate's reading of the header meets.
+            format!(
+                r#"{{"a":{{"dtype":"U8","shape":[],"data_offsets":[0,1],"x":{}{}}}}}"#,
+                "[".repeat(200),
+                "]".repeat(200)
+            ),
+            1,
+            "tensor \"a\": recursion limit exceeded",
+        ),
+        (
+            r#"{"__metadata__":{"k":"1","k":"2"}}"#.to_string(),
+            0,
+            "metadata key \"k\" is listed twice in the header",
+        ),
+        (
+            r#"{"__metadata__":{"k":1}}"#.to_string(),
+            0,
+            "the header's \"__metadata__\" is not an object of strings: invalid type: integer `1`",
+        ),
+        (
+            r#"{"a":{"dtype":"U8","shape":[],"data_offsets":[0,1]}} x"#.to_string(),
+            1,
+            "the header is not a JSON object of tensors: trailing characters",
+        ),
+    ];
+    for (header, data_len, want) in cases {
+        let reason = corrupt_reason(file_with_header(&header, &vec![0; data_len]));
+        assert!(reason.contains(want), "{header}: {reason}");
+    }
+    let mut bytes = crafted_file(2, "{", &[]);
+    bytes.push(0xff);
+    assert_eq!(
+        corrupt_reason(bytes),
+        "the header is not UTF-8: invalid utf-8 sequence of 1 bytes from index 1"
+    );
+    let reason = corrupt_reason(file_with_header("{}", &[0; 3]));
+    assert_eq!(
+        reason,
+        "no tensor holds bytes [0, 3) of the data, and the header lists no tensor"
+    );
+}
+
+#[test]
+fn tensors_of_no_bytes_may_share_an_offset_as_the_format_allows() {
+    // The `safetensors` crate reads these; so must the check before it.
+    let header = format!(
+        "{{{},{},{},{}}}",
+        u8_entry("z", 0, 4, 4),
+        u8_entry("b", 4, 0, 4),
+        u8_entry("e", 0, 0, 0),
+        u8_entry("c", 0, 4, 4)
+    );
+    let file = SafeTensorsFile::from_bytes(file_with_header(&header, &[1, 2, 3, 4])).unwrap();
+    assert_eq!(file.names(), ["b", "c", "e", "z"]);
+    assert_eq!(file.shape("e").unwrap(), &[0]);
+    let pool = Pool::with_max_memory_mb(16);
+    assert_eq!(
+        file.param::<i32>(&pool, "b").unwrap().to_vec(),
+        [1, 2, 3, 4]
+    );
+    assert!(file.param::<i32>(&pool, "z").unwrap().to_vec().is_empty());
 }

@@ -1,6 +1,8 @@
 //! Weights in and out of safetensors files (documented in the `nn` module's docs, where rustdoc
 //! renders them).
 
+mod header;
+
 use std::any::TypeId;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -37,13 +39,15 @@ pub enum SafeTensorsError {
         /// The I/O error's message.
         message: String,
     },
-    /// The bytes are not a safetensors file: truncated, a header that is not the format's JSON,
-    /// byte ranges that do not fit the data.
+    /// The bytes are not a safetensors file: truncated, a header that is not the format's JSON, a
+    /// tensor listed twice, byte ranges that do not hold their tensor's shape, overlap, leave bytes
+    /// no tensor holds, or end past the file.
     #[error("{} not a valid safetensors file: {reason}", describe_source(path))]
     Corrupt {
         /// The file, or `None` for bytes given to [`SafeTensorsFile::from_bytes`].
         path: Option<PathBuf>,
-        /// What the `safetensors` crate found wrong.
+        /// What is wrong, naming the tensor at fault if there is one (`tensor "w" is listed twice
+        /// in the header`).
         reason: String,
     },
     /// The `safetensors` crate refused to write the tensors (a header beyond its 100 MB limit).
@@ -381,7 +385,8 @@ struct StoredTensor<'a> {
 impl SafeTensorsFile {
     /// Reads the file at `path` into memory and parses its header. Fails with
     /// [`SafeTensorsError::Io`] if it cannot be read, and [`SafeTensorsError::Corrupt`] if it is not
-    /// a safetensors file (truncated, a bad header, byte ranges that do not fit).
+    /// a safetensors file (truncated, a bad header, a tensor listed twice, byte ranges that do not
+    /// fit).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, NnError> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|e| SafeTensorsError::io("read", path, &e))?;
@@ -395,11 +400,14 @@ impl SafeTensorsFile {
     }
 
     fn parse(bytes: Vec<u8>, path: Option<&Path>) -> Result<Self, NnError> {
+        let corrupt = |reason| SafeTensorsError::Corrupt {
+            path: path.map(Path::to_path_buf),
+            reason,
+        };
+        // The crate can panic on a crafted header and keeps the last of two tensors of one name.
+        header::check(&bytes).map_err(corrupt)?;
         let (header_len, header) =
-            SafeTensors::read_metadata(&bytes).map_err(|e| SafeTensorsError::Corrupt {
-                path: path.map(Path::to_path_buf),
-                reason: e.to_string(),
-            })?;
+            SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
         let mut names = header.offset_keys();
         names.sort();
         let metadata = header.metadata().clone().unwrap_or_default();
