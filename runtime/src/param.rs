@@ -323,9 +323,9 @@ impl<T: DType> fmt::Display for Param<T> {
 }
 
 impl<T: DType> fmt::Debug for Param<T> {
+    /// As `Display`: ndarray's `Debug` recurses once per axis.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Param<{}>{:?} ", T::NAME, self.shape())?;
-        fmt::Debug::fmt(&self.view(), f)
+        fmt::Display::fmt(self, f)
     }
 }
 

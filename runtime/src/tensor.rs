@@ -86,8 +86,8 @@ use crate::storage::{Rented, Storage};
 /// - A rank-0 tensor prints its value alone (`2.5000` then `Tensor[; f32]`); one without elements
 ///   prints `[]`.
 ///
-/// [`Param`] prints the same way, its last line starting `Param[`. `Debug` (`{:?}`) prints
-/// ndarray's view of the data instead.
+/// [`Param`] prints the same way, its last line starting `Param[`. `Debug` (`{:?}`) prints the
+/// same as `Display`: no part of printing recurses per axis, so a valid tensor of any rank prints.
 ///
 /// # Lifetimes
 ///
@@ -561,9 +561,9 @@ impl<T: DType> fmt::Display for Tensor<'_, T> {
 }
 
 impl<T: DType> fmt::Debug for Tensor<'_, T> {
+    /// As `Display`: ndarray's `Debug` recurses once per axis.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor<{}>{:?} ", T::NAME, self.shape())?;
-        fmt::Debug::fmt(&self.view(), f)
+        fmt::Display::fmt(self, f)
     }
 }
 

@@ -226,6 +226,9 @@ fn a_one_element_tensor_of_rank_100_000_prints_on_a_default_stack() {
                 vec!["1"; RANK].join(", ")
             );
             assert_eq!(t.to_string(), want);
+            assert_eq!(format!("{t:?}"), want, "Debug prints as Display");
+            let p = t.detach();
+            assert_eq!(format!("{p:?}"), want.replace("Tensor[", "Param["));
         });
     });
 }
