@@ -190,12 +190,15 @@ pub enum Error {
         /// The parameter's shape.
         shape: Shape,
     },
-    /// An optimizer was given a gradient computed from other values than the parameter holds: the
-    /// forward used a clone of it that an earlier update (copy on write) left behind.
+    /// An optimizer was given a gradient computed from other values than the parameter holds now:
+    /// the parameter was written after the forward (an earlier step with these gradients, an
+    /// in-place write through `view_mut`, a load), or the forward used a clone of it that an
+    /// earlier update (copy on write) left behind. PyTorch's "modified by an inplace operation".
     #[error(
-        "optimizer: the gradient of parameter #{index} (shape {shape}) was computed from another copy \
-         of its values than the one being updated (a forward on a clone made before an update?); \
-         update the parameters the forward uses"
+        "optimizer: the gradient of parameter #{index} (shape {shape}) was computed from values it \
+         no longer holds: it was written after the forward (an earlier step with these gradients, \
+         an in-place write, a load), or the forward used a clone that an update left behind; \
+         compute the gradients again from the parameters as they are"
     )]
     StaleGradient {
         /// The parameter's position in the set given to the optimizer.

@@ -61,14 +61,16 @@ pub struct Param<T: DType = f32> {
     /// Identifies the parameter in [`Gradients`](crate::autograd::Gradients): kept by clones and
     /// by copy on write, new for every parameter made (and for [`Param::duplicate`]).
     key: u64,
-    /// Identifies the values: kept by clones, new for every buffer this handle takes (a copy on
-    /// write, a replacement). A number rather than the buffer's address, which a recycled record
-    /// would soon give to other values.
-    source: u64,
+    /// Identifies the values, as PyTorch's `_version` counter does: kept by clones until one is
+    /// written, new at every write (in place or by copy on write, an optimizer's update, a load).
+    /// A number from one process-wide counter rather than a count per parameter, so that two
+    /// handles of one parameter written apart never meet with the same version; and rather than
+    /// the buffer's address, which a recycled record would soon give to other values.
+    version: u64,
 }
 
-/// A fresh [`Param::source`].
-fn next_source() -> u64 {
+/// A fresh [`Param::version`].
+fn next_version() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
@@ -85,7 +87,7 @@ impl<T: DType> Param<T> {
             buf,
             dim: IxDyn(shape),
             key: crate::autograd::next_key(),
-            source: next_source(),
+            version: next_version(),
         }
     }
 
@@ -94,10 +96,11 @@ impl<T: DType> Param<T> {
         self.key
     }
 
-    /// Identifies the values behind this handle: equal for handles on one buffer, new after a copy
-    /// on write. A gradient records the source it was computed from.
-    pub(crate) fn source(&self) -> u64 {
-        self.source
+    /// Identifies the values behind this handle: equal for clones until one is written, new after
+    /// every write. A gradient records the version it was computed from, and an optimizer refuses
+    /// it for any other ([`Error::StaleGradient`](crate::Error::StaleGradient)).
+    pub(crate) fn version(&self) -> u64 {
+        self.version
     }
 
     /// An independent parameter holding a copy of these values: a new buffer of the same pool and
@@ -134,7 +137,7 @@ impl<T: DType> Param<T> {
             "a replacement buffer holds the parameter's shape"
         );
         self.buf = RecycledArc::new(buf);
-        self.source = next_source();
+        self.version = next_version();
     }
 
     /// The shared buffer, for tensors bound to this parameter.
@@ -244,14 +247,41 @@ impl<T: DType> Param<T> {
     /// A writable view, in place if this handle is the only one on the data (no clone, no bound
     /// tensor alive), else on a copy made first in a buffer of the same pool (copy on write), which
     /// this handle keeps. Fails only if that copy cannot be rented.
+    ///
+    /// The values count as written whether or not the view is: gradients computed before are of
+    /// other values from now on, and an optimizer refuses them
+    /// ([`Error::StaleGradient`](crate::Error::StaleGradient)), as PyTorch refuses a backward
+    /// through a tensor "modified by an inplace operation".
     pub fn try_view_mut(&mut self) -> Result<ArrayViewMutD<'_, T>> {
-        if self.buf.get_mut().is_none() {
-            self.buf = RecycledArc::new(self.copied()?);
-            self.source = next_source();
-        }
-        let buf = self.buf.get_mut().expect("unique after the copy");
-        Ok(ArrayViewMutD::from_shape(self.dim.clone(), buf)
+        let dim = self.dim.clone();
+        Ok(ArrayViewMutD::from_shape(dim, self.try_slice_mut()?)
             .expect("a parameter's buffer holds exactly its shape"))
+    }
+
+    /// The elements, writable, as [`Param::try_view_mut`] gives them (a new version).
+    pub(crate) fn try_slice_mut(&mut self) -> Result<&mut [T]> {
+        if let Some(copy) = self.copy_for_write()? {
+            self.buf = RecycledArc::new(copy);
+        }
+        self.version = next_version();
+        Ok(self.buf.get_mut().expect("unique after the copy"))
+    }
+
+    /// A copy of the values to write into, if another handle shares them (`None` if this one is
+    /// unique and can be written in place). Changes nothing: an optimizer rents every copy it
+    /// needs before it writes any parameter.
+    pub(crate) fn copy_for_write(&self) -> Result<Option<PoolBuffer<T>>> {
+        match RecycledArc::handles(&self.buf) {
+            1 => Ok(None),
+            _ => self.copied().map(Some),
+        }
+    }
+
+    /// Takes `copy`, a [`Param::copy_for_write`] of these values, as this handle's buffer, so that
+    /// the next write is in place; the values, and so the version, are the same.
+    pub(crate) fn take_copy(&mut self, copy: PoolBuffer<T>) {
+        debug_assert_eq!(copy.len(), self.len());
+        self.buf = RecycledArc::new(copy);
     }
 
     /// A writable view; see [`Param::try_view_mut`].
@@ -309,7 +339,7 @@ impl<T: DType> Clone for Param<T> {
             buf: self.buf.clone(),
             dim: self.dim.clone(),
             key: self.key,
-            source: self.source,
+            version: self.version,
         }
     }
 }

@@ -181,7 +181,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         let node = (autograd::mode() == Mode::Train).then(|| {
             Node::leaf(
                 param.key(),
-                Some((param.source(), IxDyn(param.shape()))),
+                Some((param.version(), IxDyn(param.shape()))),
                 scope,
             )
         });

@@ -277,7 +277,8 @@ fn a_gradient_of_values_an_update_left_behind_is_refused() {
         "{err}"
     );
     assert!(
-        err.to_string().contains("another copy of its values"),
+        err.to_string()
+            .contains("computed from values it no longer holds"),
         "{err}"
     );
     assert_eq!(
@@ -285,6 +286,132 @@ fn a_gradient_of_values_an_update_left_behind_is_refused() {
         [0.5; 2],
         "nothing changed"
     );
+}
+
+#[test]
+fn a_parameter_written_in_place_after_the_forward_refuses_its_gradient() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut w = Param::from_slice(&pool, &[2], &[1.0f32, 2.0]);
+    let mut sgd = Sgd::new(0.5, 0.0);
+    pool.train(|s| {
+        // `add` saves nothing of `w` for its backward: the graph holds no handle on it, so the
+        // write below is in place, on the very values the forward read.
+        let loss = (s.ones::<f32>(&[2]) + &w).sum_all();
+        w.view_mut()[[0]] = 5.0;
+        let grads = loss.backward().unwrap();
+        let err = sgd.step(&mut w, &grads).unwrap_err();
+        assert!(
+            matches!(&err, NnError::Tensor(Error::StaleGradient { index: 0, .. })),
+            "{err}"
+        );
+    });
+    assert_eq!(w.to_vec(), [5.0, 2.0], "the refused step changed nothing");
+}
+
+#[test]
+fn a_second_step_with_the_same_gradients_is_refused() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut set = vec![Param::from_slice(&pool, &[2], &[1.0f32, 2.0])];
+    let (mut sgd, mut adam) = (Sgd::new(0.5f32, 0.0), Adam::new(0.1f32));
+    for optimizer in [&mut sgd as &mut dyn Optimizer<f32>, &mut adam] {
+        pool.train(|s| {
+            let loss = (s.ones::<f32>(&[2]) * &set[0]).sum_all();
+            let grads = loss.backward().unwrap();
+            optimizer.step(&mut set, &grads).unwrap();
+            let once = set[0].to_vec();
+            let err = optimizer.step(&mut set, &grads).unwrap_err();
+            assert!(
+                matches!(&err, NnError::Tensor(Error::StaleGradient { index: 0, .. })),
+                "{err}"
+            );
+            assert_eq!(set[0].to_vec(), once, "the gradients were applied once");
+        });
+    }
+}
+
+#[test]
+fn gradients_of_a_parameter_written_between_two_backward_passes_do_not_add_up() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut w = Param::from_slice(&pool, &[2], &[1.0f32, 2.0]);
+    pool.train(|s| {
+        let mut grads = tensorscope::Gradients::new(s);
+        let loss = (s.ones::<f32>(&[2]) + &w).sum_all();
+        loss.backward_into(&mut grads).unwrap();
+        drop(loss);
+        w.view_mut()[[1]] = 0.0;
+        let loss = (s.ones::<f32>(&[2]) + &w).sum_all();
+        let err = loss.backward_into(&mut grads).unwrap_err();
+        assert!(matches!(err, Error::ParamUsedWithTwoValues { .. }), "{err}");
+        // Zeroed gradients are of any values: accumulation starts again.
+        grads.zero().unwrap();
+        loss.backward_into(&mut grads).unwrap();
+        assert_eq!(grads.get(&w).unwrap().to_vec(), [1.0, 1.0]);
+    });
+}
+
+#[test]
+fn a_refused_step_changes_nothing() {
+    let pool = Pool::with_max_memory_mb(16);
+    let mut w = Param::from_slice(&pool, &[3], &[1.0f32, 2.0, 3.0]);
+    let mut adam = Adam::new(0.1);
+    pool.train(|s| {
+        let loss = (s.ones::<f32>(&[3]) * &w).sum_all();
+        let grads = loss.backward().unwrap();
+        drop(loss);
+        // Listed twice: refused before anything is rented or copied.
+        let mut twice = vec![w.clone(), w.clone()];
+        let before = pool.stats();
+        let err = adam.step(&mut twice, &grads).unwrap_err();
+        assert!(
+            matches!(err, NnError::ParamListedTwice { index: 1, .. }),
+            "{err}"
+        );
+        assert!(twice[0].shares_buffer_with(&w), "no copy on write");
+        assert_eq!(
+            pool.stats().bytes_in_use,
+            before.bytes_in_use,
+            "no state made"
+        );
+        drop(twice);
+        // The same gradients then apply to the parameter alone, as a fresh optimizer's would.
+        let mut fresh = w.duplicate();
+        adam.step(&mut w, &grads).unwrap();
+        let mut fresh_grads = tensorscope::Gradients::new(s);
+        fresh_grads
+            .accumulate(&fresh, grads.get(&w).unwrap().clone())
+            .unwrap();
+        Adam::new(0.1).step(&mut fresh, &fresh_grads).unwrap();
+        assert_eq!(w.to_vec(), fresh.to_vec());
+    });
+}
+
+#[test]
+fn a_step_short_of_memory_changes_nothing() {
+    // Room for the parameters and their gradients, not for Adam's moments of both.
+    let pool = Pool::with_max_memory_mb(1);
+    let len = 40_000; // 160 KB a tensor: two parameters, two gradients, four moments = 1.28 MB
+    let mut set = vec![
+        Param::<f32>::zeros(&pool, &[len]),
+        Param::zeros(&pool, &[len]),
+    ];
+    let mut adam = Adam::new(0.1);
+    pool.scope(|s| {
+        let mut grads = tensorscope::Gradients::new(s);
+        for p in &set {
+            grads.accumulate(p, s.ones::<f32>(&[len])).unwrap();
+        }
+        let before = pool.stats().bytes_in_use;
+        let err = adam.step(&mut set, &grads).unwrap_err();
+        assert!(err.to_string().contains("budget exceeded"), "{err}");
+        assert_eq!(pool.stats().bytes_in_use, before, "no state kept");
+        assert!(set.iter().all(|p| p.as_slice().iter().all(|&x| x == 0.0)));
+        // With the gradients gone there is room: the step succeeds, each parameter's first.
+        drop(grads);
+        let mut grads = tensorscope::Gradients::new(s);
+        grads.accumulate(&set[0], s.ones::<f32>(&[len])).unwrap();
+        adam.step(&mut set, &grads).unwrap();
+        assert!((set[0].as_slice()[0] + 0.1).abs() < 1e-6);
+    });
 }
 
 #[test]

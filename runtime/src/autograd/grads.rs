@@ -32,8 +32,8 @@ struct Slot<'s, T: DType> {
     key: u64,
     /// `None` only inside [`Gradients::add`], while the sum is computed.
     grad: Option<Tensor<'s, T>>,
-    /// The parameter values the gradient was computed from ([`Param::source`]), until zeroed.
-    source: Option<u64>,
+    /// The parameter values the gradient was computed from ([`Param::version`]), until zeroed.
+    version: Option<u64>,
 }
 
 impl<'s, T: Element> Gradients<'s, T> {
@@ -69,9 +69,9 @@ impl<'s, T: Element> Gradients<'s, T> {
         self.slot(key)?.grad.as_ref()
     }
 
-    /// The source of the values the gradient under `key` was computed from, if known.
-    fn source(&self, key: u64) -> Option<u64> {
-        self.slot(key)?.source
+    /// The version of the values the gradient under `key` was computed from, if known.
+    fn version(&self, key: u64) -> Option<u64> {
+        self.slot(key)?.version
     }
 
     /// Where `key` is in the list, or where it would go.
@@ -100,7 +100,7 @@ impl<'s, T: Element> Gradients<'s, T> {
                 g.try_view_mut()?.fill(T::zero());
             }
             // Zeros are the gradient of any values: the next pass may use the updated parameters.
-            slot.source = None;
+            slot.version = None;
         }
         Ok(())
     }
@@ -108,7 +108,8 @@ impl<'s, T: Element> Gradients<'s, T> {
     /// Whether the gradient of `param` (if any) was computed from the values `param` holds now,
     /// rather than from another copy (a clone written after it, or written before it).
     pub(crate) fn is_of_current_values(&self, param: &Param<T>) -> bool {
-        self.source(param.key()).is_none_or(|s| s == param.source())
+        self.version(param.key())
+            .is_none_or(|s| s == param.version())
     }
 
     /// Adds `grad` to the gradient of `param`: how hand-written backward passes report theirs.
@@ -124,8 +125,8 @@ impl<'s, T: Element> Gradients<'s, T> {
                 reason: "a gradient must have its parameter's shape".into(),
             });
         }
-        self.check_sources([(param.key(), param.source(), param.shape())])?;
-        self.add(param.key(), Some(param.source()), grad.into_saved())
+        self.check_versions([(param.key(), param.version(), param.shape())])?;
+        self.add(param.key(), Some(param.version()), grad.into_saved())
     }
 
     /// Removes and returns the gradient under `key` (a checkpointed region's own leaves).
@@ -134,25 +135,25 @@ impl<'s, T: Element> Gradients<'s, T> {
         self.slots.remove(i).grad.map(Tensor::into_saved)
     }
 
-    /// Checks that no key of `leaves` (key, source, shape) meets two sources, among them or against
+    /// Checks that no key of `leaves` (key, version, shape) meets two versions, among them or against
     /// what is here: one parameter's gradient summed over two different copies of its values would
     /// be the gradient of neither.
-    pub(crate) fn check_sources<'a>(
+    pub(crate) fn check_versions<'a>(
         &self,
         leaves: impl IntoIterator<Item = (u64, u64, &'a [usize])>,
     ) -> Result<()> {
         let conflict = |shape: &[usize]| Error::ParamUsedWithTwoValues {
             shape: Shape::from(shape),
         };
-        // Sorted by key, two sources of one key meet: no map to build.
+        // Sorted by key, two versions of one key meet: no map to build.
         let mut seen: RecycledVec<(u64, u64, IxDyn)> = RecycledVec::new();
-        for (key, source, shape) in leaves {
-            if self.source(key).is_some_and(|e| e != source) {
+        for (key, version, shape) in leaves {
+            if self.version(key).is_some_and(|e| e != version) {
                 return Err(conflict(shape));
             }
-            seen.push((key, source, IxDyn(shape)));
+            seen.push((key, version, IxDyn(shape)));
         }
-        seen.sort_unstable_by_key(|&(key, source, _)| (key, source));
+        seen.sort_unstable_by_key(|&(key, version, _)| (key, version));
         match seen
             .windows(2)
             .find(|w| w[0].0 == w[1].0 && w[0].1 != w[1].1)
@@ -162,26 +163,26 @@ impl<'s, T: Element> Gradients<'s, T> {
         }
     }
 
-    /// Adds `grad` to the gradient under `key`, computed from the values `source` identifies (see
-    /// [`Gradients::check_sources`]); the sum is kept in this collection's scope.
+    /// Adds `grad` to the gradient under `key`, computed from the values `version` identifies (see
+    /// [`Gradients::check_versions`]); the sum is kept in this collection's scope.
     pub(crate) fn add(
         &mut self,
         key: u64,
-        source: Option<u64>,
+        version: Option<u64>,
         grad: Tensor<'static, T>,
     ) -> Result<()> {
         let i = self.find(key).unwrap_or_else(|i| {
             let slot = Slot {
                 key,
                 grad: None,
-                source: None,
+                version: None,
             };
             self.slots.insert(i, slot);
             i
         });
         let slot = &mut self.slots[i];
-        if source.is_some() {
-            slot.source = source;
+        if version.is_some() {
+            slot.version = version;
         }
         let total = match slot.grad.take() {
             // By value: written into the earlier gradient's buffer when it is the only handle.

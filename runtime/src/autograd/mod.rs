@@ -118,7 +118,7 @@ enum Kind<T: DType> {
     /// A parameter (with the identity of its values and its shape) or a marked tensor (`None`).
     Leaf {
         key: u64,
-        source: Option<(u64, IxDyn)>,
+        version: Option<(u64, IxDyn)>,
     },
     Op {
         /// The inputs' nodes.
@@ -141,10 +141,10 @@ impl<T: DType> Node<T> {
         })
     }
 
-    /// A leaf for `key` held by `owner`; `source` identifies the parameter values it was made
+    /// A leaf for `key` held by `owner`; `version` identifies the parameter values it was made
     /// from, with their shape (`None` for a marked tensor).
-    pub(crate) fn leaf(key: u64, source: Option<(u64, IxDyn)>, owner: &State) -> NodeRef<T> {
-        Node::new(Kind::Leaf { key, source }, owner)
+    pub(crate) fn leaf(key: u64, version: Option<(u64, IxDyn)>, owner: &State) -> NodeRef<T> {
+        Node::new(Kind::Leaf { key, version }, owner)
     }
 
     /// The leaf key, if this is a leaf.
@@ -184,10 +184,10 @@ impl<T: DType> Node<T> {
         matches!(self.kind, Kind::Leaf { .. })
     }
 
-    /// The leaf's key and source, if this is a leaf.
+    /// The leaf's key and version, if this is a leaf.
     pub(crate) fn leaf_parts(&self) -> Option<(u64, Option<(u64, IxDyn)>)> {
         match &self.kind {
-            Kind::Leaf { key, source } => Some((*key, source.clone())),
+            Kind::Leaf { key, version } => Some((*key, version.clone())),
             _ => None,
         }
     }
@@ -367,8 +367,8 @@ pub(crate) fn backward<T: Element>(
                 continue;
             };
             match &node.kind {
-                Kind::Leaf { key, source } => {
-                    grads.add(*key, source.as_ref().map(|(s, _)| *s), grad)?
+                Kind::Leaf { key, version } => {
+                    grads.add(*key, version.as_ref().map(|(s, _)| *s), grad)?
                 }
                 Kind::Taped { .. } => unreachable!("refused by the check"),
                 Kind::Op { inputs, rule } => {
@@ -411,11 +411,11 @@ fn check<T: Element>(order: &[NodeRef<T>], grads: &Gradients<'_, T>) -> Result<(
             Kind::Leaf { .. } => {}
         }
     }
-    grads.check_sources(order.iter().filter_map(|node| match &node.kind {
+    grads.check_versions(order.iter().filter_map(|node| match &node.kind {
         Kind::Leaf {
             key,
-            source: Some((source, shape)),
-        } => Some((*key, *source, shape.slice())),
+            version: Some((version, shape)),
+        } => Some((*key, *version, shape.slice())),
         _ => None,
     }))
 }

@@ -189,7 +189,7 @@ impl<T: Element> Keys<T> {
     fn outside(&mut self, node: Option<&NodeRef<T>>, value: &Saved<T>, at: &State) -> Saved<T> {
         let mut v = value.alias_in(at);
         v.node = node.map(|node| match node.leaf_parts() {
-            Some((key, source)) => Node::leaf(key, source, at),
+            Some((key, version)) => Node::leaf(key, version, at),
             None => {
                 let key = match self
                     .externals
@@ -385,7 +385,7 @@ impl<T: Element> Region<T> {
 
     /// Fails as the region's backward would, before any backward runs: with
     /// [`Error::NotDifferentiable`](crate::Error::NotDifferentiable) for an op without a derivative
-    /// its output depends on, and as [`Gradients::check_sources`] does for the parameters its steps
+    /// its output depends on, and as [`Gradients::check_versions`] does for the parameters its steps
     /// read.
     pub(crate) fn check(&self, grads: &Gradients<'_, T>) -> TensorResult<()> {
         if let Some(op) = self
@@ -398,11 +398,11 @@ impl<T: Element> Region<T> {
         let mut leaves = RecycledVec::new();
         for tape in &self.tapes {
             tape.borrow().for_each_outside(&mut |(node, _)| {
-                if let Some((key, Some((source, shape)))) = node.and_then(|n| n.leaf_parts()) {
-                    leaves.push((key, source, shape));
+                if let Some((key, Some((version, shape)))) = node.and_then(|n| n.leaf_parts()) {
+                    leaves.push((key, version, shape));
                 }
             });
         }
-        grads.check_sources(leaves.iter().map(|(k, s, shape)| (*k, *s, shape.slice())))
+        grads.check_versions(leaves.iter().map(|(k, s, shape)| (*k, *s, shape.slice())))
     }
 }

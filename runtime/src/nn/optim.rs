@@ -1,6 +1,5 @@
 //! Optimizers: they update the parameters of a store from their gradients, in place.
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
 use super::NnError;
@@ -42,7 +41,9 @@ impl<S> States<S> {
     }
 
     /// Calls `update(parameter, its state, its gradient)` for every parameter of `params` that has
-    /// a gradient, after making every missing state with `make` and every shared parameter writable.
+    /// a gradient, all or nothing: first every check, changing nothing; then every rent (states
+    /// made with `make`, copies of parameters another handle shares), kept aside until all have
+    /// succeeded; then the updates, which cannot fail.
     fn update_all<T: Element>(
         &mut self,
         params: &mut dyn Parameters<T>,
@@ -50,59 +51,90 @@ impl<S> States<S> {
         make: impl Fn(&Param<T>) -> Result<S, NnError>,
         mut update: impl FnMut(&mut [T], &mut S, &[T]),
     ) -> Result<(), NnError> {
+        self.check(params, grads)?;
+        // Empty in a steady-state step, when every state exists and the model owns its
+        // parameters: no heap allocation.
+        let mut states = Vec::new();
+        let mut copies = Vec::new();
         let mut failure = None;
         let mut index = 0;
-        self.seen.clear();
         params.for_each_param(&mut |p| {
             index += 1;
             if failure.is_some() || grads.get(p).is_none() {
                 return;
             }
-            let prepared = (|| {
-                if !self.seen.insert(p.key()) {
-                    return Err(NnError::ParamListedTwice {
-                        index: index - 1,
-                        shape: Shape::from(p.shape()),
-                    });
+            let rented = (|| {
+                if !self.by_key.contains_key(&p.key()) {
+                    states.push((p.key(), make(p)?));
                 }
-                if !grads.is_of_current_values(p) {
-                    return Err(Error::StaleGradient {
-                        index: index - 1,
-                        shape: Shape::from(p.shape()),
-                    }
-                    .into());
+                if let Some(copy) = p.copy_for_write()? {
+                    copies.push((index - 1, copy));
                 }
-                if let Entry::Vacant(slot) = self.by_key.entry(p.key()) {
-                    slot.insert(make(p)?);
-                }
-                // Copy on write now, so that the updates below cannot fail halfway.
-                p.try_view_mut()?;
                 Ok(())
             })();
-            if let Err(e) = prepared {
+            if let Err(e) = rented {
                 failure = Some(e);
             }
         });
         if let Some(e) = failure {
             return Err(e);
         }
+        self.by_key.extend(states);
+        let mut copies = copies.into_iter().peekable();
+        let mut index = 0;
         params.for_each_param(&mut |p| {
+            index += 1;
             let Some(g) = grads.get(p) else {
                 return;
             };
+            if let Some((_, copy)) = copies.next_if(|(i, _)| *i == index - 1) {
+                p.take_copy(copy);
+            }
             let state = self.by_key.get_mut(&p.key()).expect("made above");
-            // Unique since the first pass, so written in place: this cannot fail.
             update(slice_mut(p), state, g.as_slice());
         });
         Ok(())
     }
+
+    /// Fails with [`NnError::ParamListedTwice`] or [`Error::StaleGradient`] for the first
+    /// parameter of `params` with a gradient that is listed twice or whose gradient was computed
+    /// from other values than it holds.
+    fn check<T: Element>(
+        &mut self,
+        params: &mut dyn Parameters<T>,
+        grads: &Gradients<'_, T>,
+    ) -> Result<(), NnError> {
+        self.seen.clear();
+        let mut failure = None;
+        let mut index = 0;
+        params.for_each_param(&mut |p| {
+            index += 1;
+            if failure.is_some() || grads.get(p).is_none() {
+                return;
+            }
+            let (index, shape) = (index - 1, || Shape::from(p.shape()));
+            if !self.seen.insert(p.key()) {
+                let shape = shape();
+                failure = Some(NnError::ParamListedTwice { index, shape });
+            } else if !grads.is_of_current_values(p) {
+                failure = Some(
+                    Error::StaleGradient {
+                        index,
+                        shape: shape(),
+                    }
+                    .into(),
+                );
+            }
+        });
+        failure.map_or(Ok(()), Err)
+    }
 }
 
-/// The elements of `p`, writable (in place: every parameter an update writes is unique by then).
+/// The elements of `p`, writable: in place, since every parameter an update writes is unique by
+/// then (a new version).
 fn slice_mut<T: Element>(p: &mut Param<T>) -> &mut [T] {
-    p.view_mut()
-        .into_slice()
-        .expect("a parameter's elements are contiguous")
+    p.try_slice_mut()
+        .expect("a unique parameter is written in place")
 }
 
 /// Stochastic gradient descent with momentum (PyTorch's form):
