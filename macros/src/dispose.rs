@@ -318,15 +318,29 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
     let params: Vec<Param> = func.sig.inputs.iter().filter_map(classify).collect();
     let parent_param = parent_param(&params, &func.sig.output)?;
 
+    // A tensor as a reference, whatever form its parameter has.
+    let tensor_ref = |param: &Param| {
+        let ident = &param.pat.ident;
+        match param.kind {
+            Kind::TensorOwned => quote!(&#ident),
+            _ => quote!(#ident),
+        }
+    };
     let open = match parent_param {
-        Some(param) => {
+        Some(param) if param.kind == Kind::Scope => {
             let ident = &param.pat.ident;
-            let parent = match param.kind {
-                Kind::Scope => quote!(#private::Parent::of_scope(#ident)),
-                Kind::TensorRef => quote!(#private::Parent::of_tensor(#ident)),
-                Kind::TensorOwned => quote!(#private::Parent::of_tensor(&#ident)),
-            };
-            quote!(#parent.open)
+            quote!(#private::Parent::of_scope(#ident).open)
+        }
+        // The deepest scope of the tensor parameters that are rebound (so whose brands all outlive
+        // the result's): the caller's innermost scope among them, whichever argument it came in.
+        Some(param) => {
+            let first = tensor_ref(param);
+            let others = params
+                .iter()
+                .filter(|p| p.kind != Kind::Scope && !std::ptr::eq(*p, param))
+                .filter(|p| !p.pat.ident.to_string().starts_with('_'))
+                .map(tensor_ref);
+            quote!(#private::Parent::of_tensor(#first)#(.or_deeper(#others))*.open)
         }
         None => quote!(#private::open_root),
     };

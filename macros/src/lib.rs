@@ -42,12 +42,15 @@ mod item;
 /// ```
 ///
 /// **The parent scope** is that of the parameter carrying the return type's brand: a
-/// `&Scope<'a, '_>` parameter (which the body then sees as the child scope), else a `Tensor<'a>` or
-/// `&Tensor<'a>` parameter. A [`Param`](../tensorscope/struct.Param.html) carries no brand and is never the
-/// parent. If the return type names a lifetime that no such parameter carries (tensors inside a
-/// slice, an `Option`, a type alias or `self` are not looked into), or two brands at once, the macro
-/// says so at compile time; add a `s: &Scope<'a, '_>` parameter. A return type without lifetimes takes
-/// the first scope or tensor parameter, else runs in a new outermost scope on
+/// `&Scope<'a, '_>` parameter (which the body then sees as the child scope), else the deepest of
+/// the scopes of the tensor parameters, whatever their element types: a caller's
+/// `f(&outer_bias, &inner_x)` opens the child in the inner scope, under its budget, as
+/// `&outer_bias + &inner_x` rents there. A [`Param`](../tensorscope/struct.Param.html) carries no
+/// brand and is never the parent. If the return type names a lifetime that no such parameter carries
+/// (tensors inside a slice, an `Option`, a type alias or `self` are not looked into), or two brands
+/// at once, the macro says so at compile time; add a `s: &Scope<'a, '_>` parameter. A return type
+/// without lifetimes takes the first scope parameter, else the deepest tensor parameter's scope, else
+/// runs in a new outermost scope on
 /// [`current_pool`](../tensorscope/fn.current_pool.html), from which only values without a brand
 /// (numbers, `Vec`s, `Param`s) can be returned.
 ///

@@ -11,7 +11,7 @@ pub use crate::scope::Scope;
 pub use crate::tensor::Tensor;
 
 use crate::checkpoint;
-use crate::scope::{current_pool, run, ScopeState, State};
+use crate::scope::{current_pool, deeper, run, ScopeState, State};
 
 /// The scope a `#[dispose_scope]` function opens its child in, with `'p` the brand its return value
 /// escapes to. Holds no borrow, so the parameter it came from can be moved into the body.
@@ -33,6 +33,17 @@ impl<'p> Parent<'p> {
     pub fn of_tensor<T: DType>(tensor: &Tensor<'p, T>) -> Self {
         Parent {
             state: tensor.rents_in.clone(),
+            _brand: PhantomData,
+        }
+    }
+
+    /// This parent or the scope `tensor`'s ops rent in, whichever is deeper: with no `&Scope`
+    /// parameter, the child opens in the deepest scope of the tensor parameters, as an op's output
+    /// rents in the deepest of its operands' scopes. Called for every tensor parameter beside the
+    /// first: all of their brands outlive the result's (each is rebound into the child).
+    pub fn or_deeper<T: DType>(self, tensor: &Tensor<'p, T>) -> Self {
+        Parent {
+            state: deeper(&self.state, &tensor.rents_in).clone(),
             _brand: PhantomData,
         }
     }

@@ -500,3 +500,52 @@ fn a_budget_holds_whatever_the_order_of_weights_and_tensors() {
         assert_eq!(add_bias_first(&bias, &small).unwrap().shape(), &[2, 1024]);
     });
 }
+
+/// Two tensors in, their sum out: which argument comes from the caller's innermost scope varies.
+#[dispose_scope]
+fn sum_of<'a>(a: &Tensor<'a>, b: &Tensor<'a>) -> Tensor<'a> {
+    a + b
+}
+
+/// As `sum_of`, with the ids of a second element type as the first argument.
+#[dispose_scope]
+fn picked<'a>(ids: &Tensor<'a, i64>, table: &Tensor<'a>) -> Tensor<'a> {
+    table.index_select(0, ids) * 2.0
+}
+
+#[test]
+fn the_child_opens_in_the_deepest_scope_of_the_tensor_arguments() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|outer| {
+        let big = outer.ones::<f32>(&[1 << 18]); // 1 MiB
+        let table = outer.ones::<f32>(&[1 << 16, 4]); // 1 MiB
+                                                      // Under a 64 KiB budget, each argument order is refused: the child opens in the inner
+                                                      // scope, under its budget, whichever argument is the inner one.
+        outer.scope_with_budget(64 << 10, |inner| {
+            let one = inner.ones::<f32>(&[1]);
+            let ids = inner.from_slice::<i64>(&[1], &[3]);
+            for (name, result) in [
+                ("outer first", panic_message(|| drop(sum_of(&big, &one)))),
+                ("inner first", panic_message(|| drop(sum_of(&one, &big)))),
+            ] {
+                assert!(
+                    result.starts_with("scope budget exceeded"),
+                    "{name}: {result}"
+                );
+            }
+            // A small result fits, and is the inner scope's: its stats and last child show it.
+            let before = inner.stats();
+            let rows = picked(&ids, &table);
+            assert_eq!(rows.to_vec(), [2.0; 4]);
+            let child = inner
+                .last_child_stats()
+                .expect("the call's child is the inner scope's");
+            assert_eq!(
+                (child.rented, child.escaped),
+                (1, 1),
+                "the doubling is in place"
+            );
+            assert_eq!(inner.stats().adopted, before.adopted + 1);
+        });
+    });
+}

@@ -1,5 +1,6 @@
 //! Scopes and tensors working with the pool: reuse, steady state, escape accounting, panics, budgets.
 
+use tensorscope::ops::Cmp;
 use tensorscope::prelude::*;
 use tensorscope::{Error, PoolConfig};
 
@@ -323,4 +324,91 @@ fn escaping_a_bound_parameter_moves_no_accounting() {
     });
     assert_eq!((stats.adopted, stats.escaped, stats.leaked), (0, 0, 0));
     assert_eq!(values, vec![1.0; 16]);
+}
+
+/// Runs each `name: op;` with the stats of `outer` and `inner` read before and after: every op
+/// must rent in `inner` and nothing in `outer`.
+macro_rules! assert_rents_in {
+    ($outer:expr, $inner:expr, $($name:literal: $op:expr;)*) => {$(
+        let (outer_before, inner_before) = ($outer.stats().rented, $inner.stats().rented);
+        let result = $op;
+        assert!(result.is_ok(), "{}: {:?}", $name, result.err());
+        assert_eq!($outer.stats().rented, outer_before, "{}: rented in the outer scope", $name);
+        assert!($inner.stats().rented > inner_before, "{}: rented nothing in the inner scope", $name);
+    )*};
+}
+
+#[test]
+fn every_op_of_several_tensors_rents_in_the_deepest_of_their_scopes() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|outer| {
+        let o = outer.ones::<f32>(&[4, 4]);
+        let o_image = outer.ones::<f32>(&[1, 2, 5, 5]);
+        let o_kernel = outer.ones::<f32>(&[3, 2, 3, 3]);
+        let o_ids = outer.from_slice::<i64>(&[4], &[0, 1, 2, 3]);
+        let o_mask = outer.ones::<u8>(&[4, 4]);
+        let mut o_unique = Some(outer.ones::<f32>(&[4, 4]));
+        outer.scope(|inner| {
+            let i = inner.ones::<f32>(&[4, 4]);
+            let i_image = inner.ones::<f32>(&[1, 2, 5, 5]);
+            let i_kernel = inner.ones::<f32>(&[3, 2, 3, 3]);
+            let i_ids = inner.from_slice::<i64>(&[4], &[3, 2, 1, 0]);
+            let i_mask = inner.ones::<u8>(&[4, 4]);
+            // Whichever operand is the inner one, and whatever its element type.
+            assert_rents_in!(outer, inner,
+                "add": o.try_add(&i); "add, inner first": i.try_add(&o);
+                "sub": o.try_sub(&i); "mul": o.try_mul(&i); "div": o.try_div(&i);
+                "zip_map": o.try_zip_map(&i, |a, b| a - b);
+                "matmul": o.try_matmul(&i); "matmul, inner first": i.try_matmul(&o);
+                "conv2d": o_image.try_conv2d(&i_kernel, 1, 0);
+                "conv2d, inner first": i_image.try_conv2d(&o_kernel, 1, 0);
+                "mse": o.try_mse(&i); "mse, inner first": i.try_mse(&o);
+                "concat": Tensor::try_concat(&[&o, &i], 0);
+                "stack": Tensor::try_stack(&[&o, &i], 1);
+                "cmp": o.try_cmp(&i, Cmp::Lt); "cmp, inner first": i.try_cmp(&o, Cmp::Ge);
+                "where_cond, inner mask": i_mask.try_where_cond(&o, &o);
+                "where_cond, inner value": o_mask.try_where_cond(&o, &i);
+                "masked_fill, inner mask": o.try_masked_fill(&i_mask, 0.0);
+                "masked_fill, outer mask": i.try_masked_fill(&o_mask, 0.0);
+                "index_select, inner ids": o.try_index_select(0, &i_ids);
+                "index_select, outer ids": i.try_index_select(0, &o_ids);
+                "embedding, inner ids": o.try_embedding(&i_ids);
+                "gather, inner positions": o.try_gather(1, &i_ids.reshape(&[4, 1]));
+                "cross_entropy_ids, inner labels": o.try_cross_entropy_ids(&i_ids);
+                "cross_entropy_ids, outer labels": i.try_cross_entropy_ids(&o_ids);
+                // An outer tensor written in place (owned and unique) hands its result to the
+                // inner scope: the next op on it rents there.
+                "in place, then an op": (o_unique.take().expect("once") + &i).try_add(&i);
+            );
+        });
+    });
+}
+
+#[test]
+fn an_inner_budget_bounds_ops_on_outer_tensors() {
+    let pool = Pool::with_max_memory_mb(64);
+    pool.scope(|outer| {
+        let big = outer.ones::<f32>(&[1 << 18]); // 1 MiB
+        let logits = outer.zeros::<f32>(&[4096, 64]); // 1 MiB
+        outer.scope_with_budget(64 << 10, |inner| {
+            let mask = inner.ones::<u8>(&[1]);
+            let one = inner.ones::<f32>(&[1]);
+            let labels = inner.zeros::<i64>(&[4096]); // 32 KiB
+            let refused = |name: &str, result: tensorscope::Result<usize>| {
+                assert!(
+                    matches!(result, Err(Error::ScopeBudgetExceeded { limit: 65536, .. })),
+                    "{name}: {result:?}"
+                );
+            };
+            refused(
+                "masked_fill",
+                big.try_masked_fill(&mask, 0.0).map(|t| t.len()),
+            );
+            refused("add", big.try_add(&one).map(|t| t.len()));
+            refused(
+                "cross_entropy_ids",
+                logits.try_cross_entropy_ids(&labels).map(|t| t.len()),
+            );
+        });
+    });
 }

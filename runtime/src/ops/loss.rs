@@ -4,6 +4,7 @@ use super::Operand;
 use crate::autograd::{self, Recorder, Rule};
 use crate::element::Element;
 use crate::error::{or_panic, Error, Result, Shape};
+use crate::scope::{deeper, State};
 use crate::tensor::Tensor;
 use crate::TensorOps;
 
@@ -25,7 +26,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         let diff = autograd::with_mode(autograd::Mode::Off, || self.try_sub(target))?;
         let n = self.len();
         let total = diff.as_slice().iter().map(|&d| d * d).sum::<T>();
-        let loss = scalar_tensor(self, total / T::from_f64(n.max(1) as f64))?;
+        let loss = scalar_tensor(&diff, total / T::from_f64(n.max(1) as f64))?;
         Ok(autograd::finish(recorder, loss, |_| {
             Rule::Mse(diff.saved(), n)
         }))
@@ -46,8 +47,9 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// Softmax cross-entropy with the labels as a 1-D integer tensor, one per row (next-token ids:
     /// `ids.narrow(1, 1, t - 1).flatten()`); otherwise as [`Tensor::try_cross_entropy`]. A
     /// negative label is [`Error::IndexOutOfRange`], labels that are not 1-D
-    /// [`Error::InvalidShape`]. The labels are kept for backward as an alias, not a copy.
-    pub fn try_cross_entropy_ids(&self, labels: &Tensor<'_, i64>) -> Result<Tensor<'s, T>> {
+    /// [`Error::InvalidShape`]. The labels are kept for backward as an alias, not a copy. The loss
+    /// and what it keeps rent in the deeper of the two tensors' scopes, as every op's output does.
+    pub fn try_cross_entropy_ids(&self, labels: &Tensor<'s, i64>) -> Result<Tensor<'s, T>> {
         if labels.ndim() != 1 {
             return Err(Error::InvalidShape {
                 op: "cross_entropy",
@@ -66,7 +68,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
         let ids = labels.as_slice().iter().map(|&l| l as usize);
         self.check_cross_entropy(labels.len(), ids)?;
-        self.cross_entropy_of(labels.saved())
+        self.cross_entropy_of(labels.saved(), deeper(&self.rents_in, &labels.rents_in))
     }
 
     /// Softmax cross-entropy with integer-tensor labels; see [`Tensor::try_cross_entropy_ids`].
@@ -74,7 +76,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// # Panics
     /// For bad shapes or labels, with the error's message.
     #[track_caller]
-    pub fn cross_entropy_ids(&self, labels: &Tensor<'_, i64>) -> Tensor<'s, T> {
+    pub fn cross_entropy_ids(&self, labels: &Tensor<'s, i64>) -> Tensor<'s, T> {
         or_panic(self.try_cross_entropy_ids(labels))
     }
 
@@ -89,7 +91,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         for (id, &label) in ids.unique_slice_mut().iter_mut().zip(labels) {
             *id = label as i64;
         }
-        self.cross_entropy_of(ids)
+        self.cross_entropy_of(ids, &self.rents_in)
     }
 
     /// Checks logits `self` against `count` labels: 2-D, one label per row, each below the number
@@ -121,11 +123,17 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
     }
 
-    /// The loss of logits `[batch, classes]` against `labels`, checked: one per row, in range.
-    fn cross_entropy_of(&self, labels: Tensor<'static, i64>) -> Result<Tensor<'s, T>> {
+    /// The loss of logits `[batch, classes]` against `labels`, checked: one per row, in range;
+    /// rented in `scope`.
+    fn cross_entropy_of(
+        &self,
+        labels: Tensor<'static, i64>,
+        scope: &State,
+    ) -> Result<Tensor<'s, T>> {
         let (batch, classes) = (self.shape()[0], self.shape()[1]);
         let recorder = Recorder::of(&[self]);
-        let log_probs = autograd::with_mode(autograd::Mode::Off, || self.try_log_softmax(1))?;
+        let logits = self.alias_in(scope);
+        let log_probs = autograd::with_mode(autograd::Mode::Off, || logits.try_log_softmax(1))?;
         let n = T::from_f64(batch.max(1) as f64);
         let picked = labels
             .as_slice()
@@ -133,7 +141,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             .enumerate()
             .map(|(row, &label)| log_probs.as_slice()[row * classes + label as usize])
             .sum::<T>();
-        let loss = scalar_tensor(self, -picked / n)?;
+        let loss = scalar_tensor(&log_probs, -picked / n)?;
         Ok(autograd::finish(recorder, loss, |_| {
             Rule::CrossEntropy(log_probs.saved(), labels)
         }))

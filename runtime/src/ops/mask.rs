@@ -251,7 +251,8 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "the mask must broadcast to the tensor's shape".into(),
             });
         }
-        let mut out = Tensor::try_rent_in(&self.rents_in, self.shape())?;
+        let scope = deeper(&self.rents_in, &mask.rents_in);
+        let mut out = Tensor::try_rent_in(scope, self.shape())?;
         if !out.is_empty() {
             work::visit(rows(self.shape()));
             Zip::from(out.unique_view_mut())

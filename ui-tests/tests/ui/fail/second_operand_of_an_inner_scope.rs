@@ -1,0 +1,39 @@
+// Every operand of every op carries its scope's brand, whatever its element type (ids, labels and
+// masks included): an op on a tensor of an inner scope gives a tensor of that scope, which cannot
+// be returned from it (it would live in, and rent in, a scope that has ended). One case per op
+// family that takes a second tensor.
+use tensorscope::ops::Cmp;
+use tensorscope::prelude::*;
+
+fn main() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|outer| {
+        let table = outer.randn::<f32>(&[4, 3], 1);
+        let image = outer.randn::<f32>(&[1, 2, 5, 5], 2);
+        let _sum = outer.scope(|inner| &table + &inner.ones::<f32>(&[3]));
+        let _zipped = outer.scope(|inner| table.zip_map(&inner.ones::<f32>(&[3]), |a, b| a * b));
+        let _product = outer.scope(|inner| table.matmul(&inner.ones::<f32>(&[3, 2])));
+        let _convolved = outer.scope(|inner| image.conv2d(&inner.ones::<f32>(&[1, 2, 3, 3]), 1, 0));
+        let _error = outer.scope(|inner| table.mse(&inner.zeros::<f32>(&[4, 3])));
+        let _loss = outer.scope(|inner| {
+            let labels = inner.from_slice::<i64>(&[4], &[0, 1, 2, 0]);
+            table.cross_entropy_ids(&labels)
+        });
+        let _joined = outer.scope(|inner| Tensor::concat(&[&table, &inner.ones::<f32>(&[1, 3])], 0));
+        let _compared = outer.scope(|inner| table.cmp(&inner.zeros::<f32>(&[3]), Cmp::Gt));
+        let _chosen = outer.scope(|inner| inner.ones::<u8>(&[3]).where_cond(&table, &table));
+        let _masked = outer.scope(|inner| table.masked_fill(&inner.ones::<u8>(&[3]), 0.0));
+        let _rows = outer.scope(|inner| {
+            let ids = inner.from_slice::<i64>(&[2], &[1, 2]);
+            table.index_select(0, &ids)
+        });
+        let _picked = outer.scope(|inner| {
+            let at = inner.from_slice::<i64>(&[4, 1], &[0, 1, 2, 0]);
+            table.gather(1, &at)
+        });
+        let _embedded = outer.scope(|inner| {
+            let ids = inner.from_slice::<i64>(&[1, 2], &[3, 0]);
+            table.embedding(&ids)
+        });
+    });
+}
