@@ -358,27 +358,79 @@ impl Recurrent {
     }
 }
 
+/// How far the gradient of an RNN's shared weight under every policy is from the plain one, for
+/// `steps` steps of a `[batch, width]` state and a weight of seed `seed` scaled by
+/// `scale / sqrt(width)`: the largest difference over the largest gradient element (normwise), and
+/// the largest difference relative to its element (floored at 1e-3). The forward is exact.
+fn shared_weight_differences(
+    steps: usize,
+    width: usize,
+    batch: usize,
+    scale: f32,
+    seed: u64,
+) -> (f32, f32) {
+    // The plain graph of 10,000 steps of `[8, 64]` keeps about 40 MiB.
+    let pool = Pool::with_max_memory_mb(512);
+    let w = pool.scope(|s| {
+        (s.randn::<f32>(&[width, width], seed) * (scale / (width as f32).sqrt())).detach()
+    });
+    let model = Recurrent { w, steps };
+    let each = |f: &mut dyn FnMut(&Param)| f(&model.w);
+    let (loss, plain) = gradients(&pool, &[batch, width], |x| model.plain(x), each);
+    let largest = plain[0].iter().fold(0.0f32, |m, g| m.max(g.abs()));
+    let (mut normwise, mut elementwise) = (0.0f32, 0.0f32);
+    for policy in policies(steps, batch * width * 4) {
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy.clone()));
+        let (got_loss, got) = gradients(
+            &pool,
+            &[batch, width],
+            |x| model.forward(&mut ckpt, x),
+            each,
+        );
+        assert_eq!(got_loss, loss, "{policy:?}: the forward is exact");
+        for (a, b) in got[0].iter().zip(&plain[0]) {
+            normwise = normwise.max((a - b).abs() / largest);
+            elementwise = elementwise.max((a - b).abs() / b.abs().max(1e-3));
+        }
+    }
+    (normwise, elementwise)
+}
+
 #[test]
 fn a_weight_shared_by_every_step_gets_its_gradient_summed_per_segment() {
     // The plain graph adds the shared weight's per-use gradients in forward order; the region adds
-    // them segment by segment, last segment first: the same sum, associated differently.
-    let pool = Pool::with_max_memory_mb(64);
-    let model = Recurrent {
-        w: pool.scope(|s| (s.randn::<f32>(&[4, 4], 3) * 0.5).detach()),
-        steps: 16,
-    };
-    let each = |f: &mut dyn FnMut(&Param)| f(&model.w);
-    let (loss, plain) = gradients(&pool, &[2, 4], |x| model.plain(x), each);
-    for policy in policies(16, 2 * 4 * 4) {
-        let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy.clone()));
-        let (got_loss, got) = gradients(&pool, &[2, 4], |x| model.forward(&mut ckpt, x), each);
-        assert_eq!(got_loss, loss, "{policy:?}: the forward is exact");
-        let worst = got[0]
-            .iter()
-            .zip(&plain[0])
-            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
-            .fold(0.0f32, f32::max);
-        assert!(worst < 1e-5, "{policy:?}: {worst}");
+    // them segment by segment, last segment first: the same sum, associated differently, so the
+    // rounding grows with the steps that share the weight (as the square root of their number,
+    // measured: see `shared_weight_differences_by_steps`).
+    for steps in [16, 1000] {
+        let (normwise, _) = shared_weight_differences(steps, 16, 4, 1.0, 5);
+        let bound = 2.0 * (steps as f32).sqrt() * f32::EPSILON;
+        assert!(normwise <= bound, "{steps} steps: {normwise:e} > {bound:e}");
+    }
+}
+
+/// The table of how far a shared weight's checkpointed gradient is from the plain one, by the
+/// number of steps sharing it (README, "Checkpointing"): `cargo test --release --test integration
+/// checkpoint_training::shared_weight_differences_by_steps -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: prints a table"]
+fn shared_weight_differences_by_steps() {
+    println!("steps  normwise  elementwise  (worst of 5 shapes x 3 seeds x 4 policies)");
+    for steps in [16usize, 100, 1000, 10_000] {
+        let (mut normwise, mut elementwise) = (0.0f32, 0.0f32);
+        for (width, batch, scale) in [
+            (4, 2, 1.0),
+            (16, 4, 1.0),
+            (32, 8, 1.0),
+            (32, 8, 2.0),
+            (64, 8, 1.2),
+        ] {
+            for seed in [3, 5, 11] {
+                let (n, e) = shared_weight_differences(steps, width, batch, scale, seed);
+                (normwise, elementwise) = (normwise.max(n), elementwise.max(e));
+            }
+        }
+        println!("{steps:>5}  {normwise:>8.1e}  {elementwise:>11.1e}");
     }
 }
 
