@@ -45,6 +45,12 @@ pub trait DType:
     fn arange_at(start: Self, step: Self, i: usize) -> Self {
         Self::from_f64(start.to_f64() + i as f64 * step.to_f64())
     }
+
+    /// `self + x` as a backward adds gradients: the type's own addition for floats. Ops that move
+    /// elements (index, gather) have backward passes for every type, though only floats carry
+    /// gradients; for integers this adds wrapping, and is never used.
+    #[doc(hidden)]
+    fn add_gradient(self, x: Self) -> Self;
 }
 
 /// A floating-point element type: `f32`, `f64`, [`f16`](half::f16) and [`bf16`](half::bf16). Every
@@ -103,8 +109,14 @@ macro_rules! dtype {
                 $to
             }
             $(dtype!(@$integer);)?
+            #[inline(always)]
+            fn add_gradient(self, x: Self) -> Self {
+                dtype!(@add self, x $(, $integer)?)
+            }
         }
     };
+    (@add $a:ident, $b:ident) => { $a + $b };
+    (@add $a:ident, $b:ident, integer) => { $a.wrapping_add($b) };
     // Integers count and step exactly, in `i128` (in `f64`, `2^53 + 1` is lost).
     (@integer) => {
         fn arange_len(start: Self, end: Self, step: Self) -> Option<usize> {

@@ -266,3 +266,70 @@ pub(crate) fn or_panic<T>(r: Result<T>) -> T {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// The panicking twins of `try_` methods, one line each: `fn name(args) -> Out = try_name;` makes
+/// a `#[track_caller]` method that calls `try_name` with the same arguments and panics with the
+/// error's message, documented as such. Receivers `&self`, `&mut self` and `self`, and associated functions
+/// (`fn concat(..) -> Out = Self::try_concat;`), with simple generics (`<U: DType>`).
+macro_rules! panicking {
+    () => {};
+    ($(#[doc = $doc:literal])* $vis:vis fn $name:ident $(<$($lt:lifetime,)* $($g:ident: $b:path),+>)?
+        (&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty = $try:ident; $($rest:tt)*) => {
+        $(#[doc = $doc])*
+        #[doc = $crate::error::panicking!(@doc $try)]
+        ///
+        /// # Panics
+        /// Where that returns an error, with the error's message.
+        #[track_caller]
+        $vis fn $name $(<$($lt,)* $($g: $b),+>)? (&self $(, $arg: $ty)*) -> $ret {
+            $crate::error::or_panic(self.$try($($arg),*))
+        }
+        $crate::error::panicking!($($rest)*);
+    };
+    ($(#[doc = $doc:literal])* $vis:vis fn $name:ident $(<$($lt:lifetime,)* $($g:ident: $b:path),+>)?
+        (&mut self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty = $try:ident; $($rest:tt)*) => {
+        $(#[doc = $doc])*
+        #[doc = $crate::error::panicking!(@doc $try)]
+        ///
+        /// # Panics
+        /// Where that returns an error, with the error's message.
+        #[track_caller]
+        $vis fn $name $(<$($lt,)* $($g: $b),+>)? (&mut self $(, $arg: $ty)*) -> $ret {
+            $crate::error::or_panic(self.$try($($arg),*))
+        }
+        $crate::error::panicking!($($rest)*);
+    };
+    ($(#[doc = $doc:literal])* $vis:vis fn $name:ident $(<$($lt:lifetime,)* $($g:ident: $b:path),+>)?
+        (self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty = $try:ident; $($rest:tt)*) => {
+        $(#[doc = $doc])*
+        #[doc = $crate::error::panicking!(@doc $try)]
+        ///
+        /// # Panics
+        /// Where that returns an error, with the error's message.
+        #[track_caller]
+        $vis fn $name $(<$($lt,)* $($g: $b),+>)? (self $(, $arg: $ty)*) -> $ret {
+            $crate::error::or_panic(self.$try($($arg),*))
+        }
+        $crate::error::panicking!($($rest)*);
+    };
+    ($(#[doc = $doc:literal])* $vis:vis fn $name:ident $(<$($lt:lifetime,)* $($g:ident: $b:path),+>)?
+        ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = Self::$try:ident; $($rest:tt)*) => {
+        $(#[doc = $doc])*
+        #[doc = $crate::error::panicking!(@doc $try)]
+        ///
+        /// # Panics
+        /// Where that returns an error, with the error's message.
+        #[track_caller]
+        $vis fn $name $(<$($lt,)* $($g: $b),+>)? ($($arg: $ty),*) -> $ret {
+            $crate::error::or_panic(Self::$try($($arg),*))
+        }
+        $crate::error::panicking!($($rest)*);
+    };
+    (@doc $try:ident) => {
+        concat!(
+            "The panicking form of [`", stringify!($try), "`](Self::", stringify!($try),
+            "), which says what it does and what fails."
+        )
+    };
+}
+pub(crate) use panicking;

@@ -4,7 +4,7 @@ use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, AsArray, Dimension, IxDyn};
 use std::fmt;
 
 use crate::element::{DType, Element};
-use crate::error::{or_panic, Result};
+use crate::error::{panicking, Result};
 use crate::pool::{check_length, Pool, PoolBuffer};
 use crate::recycle::RecycledArc;
 
@@ -118,13 +118,9 @@ impl<T: DType> Param<T> {
         Ok(buf)
     }
 
-    /// An independent copy; see [`Param::try_duplicate`].
-    ///
-    /// # Panics
-    /// If the pool budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn duplicate(&self) -> Param<T> {
-        or_panic(self.try_duplicate())
+    panicking! {
+        /// An independent copy.
+        pub fn duplicate(&self) -> Param<T> = try_duplicate;
     }
 
     /// Gives this parameter the values in `buf` (of its shape). It stays the same parameter (same
@@ -161,13 +157,9 @@ impl<T: DType> Param<T> {
         Ok(Param::from_buffer(buf, array.shape()))
     }
 
-    /// A parameter holding a copy of `array`; see [`Param::try_from_array`].
-    ///
-    /// # Panics
-    /// On an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn from_array<'a, D: Dimension>(pool: &Pool, array: impl AsArray<'a, T, D>) -> Self {
-        or_panic(Param::try_from_array(pool, array))
+    panicking! {
+        /// A parameter holding a copy of `array`.
+        pub fn from_array<'a, D: Dimension>(pool: &Pool, array: impl AsArray<'a, T, D>) -> Self = Self::try_from_array;
     }
 
     /// A parameter of `shape` holding a copy of `data` in row-major order. Fails with
@@ -180,13 +172,9 @@ impl<T: DType> Param<T> {
         Ok(Param::from_buffer(buf, shape))
     }
 
-    /// A parameter of `shape` holding a copy of `data`; see [`Param::try_from_slice`].
-    ///
-    /// # Panics
-    /// If the length does not match the shape, or on an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn from_slice(pool: &Pool, shape: &[usize], data: &[T]) -> Self {
-        or_panic(Param::try_from_slice(pool, shape, data))
+    panicking! {
+        /// A parameter of `shape` holding a copy of `data`.
+        pub fn from_slice(pool: &Pool, shape: &[usize], data: &[T]) -> Self = Self::try_from_slice;
     }
 
     /// A parameter of zeros. Fails with a shape or budget error.
@@ -194,13 +182,9 @@ impl<T: DType> Param<T> {
         Ok(Param::from_buffer(pool.try_rent_zeroed::<T>(shape)?, shape))
     }
 
-    /// A parameter of zeros; see [`Param::try_zeros`].
-    ///
-    /// # Panics
-    /// On a bad shape or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn zeros(pool: &Pool, shape: &[usize]) -> Self {
-        or_panic(Param::try_zeros(pool, shape))
+    panicking! {
+        /// A parameter of zeros.
+        pub fn zeros(pool: &Pool, shape: &[usize]) -> Self = Self::try_zeros;
     }
 
     /// The shape, one length per axis.
@@ -284,13 +268,9 @@ impl<T: DType> Param<T> {
         self.buf = RecycledArc::new(copy);
     }
 
-    /// A writable view; see [`Param::try_view_mut`].
-    ///
-    /// # Panics
-    /// If a copy is needed and the pool budget is exhausted.
-    #[track_caller]
-    pub fn view_mut(&mut self) -> ArrayViewMutD<'_, T> {
-        or_panic(self.try_view_mut())
+    panicking! {
+        /// A writable view.
+        pub fn view_mut(&mut self) -> ArrayViewMutD<'_, T> = try_view_mut;
     }
 
     /// A copy converted to element type `U`, by the rules of [`Tensor::try_cast`](crate::Tensor::try_cast)

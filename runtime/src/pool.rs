@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::{fmt, mem};
 
 use crate::element::DType;
-use crate::error::{or_panic, Error, Result, Shape};
+use crate::error::{panicking, Error, Result, Shape};
 
 /// Alignment of every pooled buffer, in bytes (one cache line; enough for any SIMD width in use).
 pub const ALIGN: usize = 64;
@@ -468,22 +468,14 @@ impl Pool {
         Ok((buf, fresh))
     }
 
-    /// Rents a buffer; see [`Pool::try_rent`].
-    ///
-    /// # Panics
-    /// With the message of the [`Error`] that `try_rent` would return.
-    #[track_caller]
-    pub fn rent<T: DType>(&self, shape: &[usize]) -> PoolBuffer<T> {
-        or_panic(self.try_rent(shape))
+    panicking! {
+        /// Rents a buffer.
+        pub fn rent<T: DType>(&self, shape: &[usize]) -> PoolBuffer<T> = try_rent;
     }
 
-    /// Rents a zeroed buffer; see [`Pool::try_rent_zeroed`].
-    ///
-    /// # Panics
-    /// With the message of the [`Error`] that `try_rent_zeroed` would return.
-    #[track_caller]
-    pub fn rent_zeroed<T: DType>(&self, shape: &[usize]) -> PoolBuffer<T> {
-        or_panic(self.try_rent_zeroed(shape))
+    panicking! {
+        /// Rents a zeroed buffer.
+        pub fn rent_zeroed<T: DType>(&self, shape: &[usize]) -> PoolBuffer<T> = try_rent_zeroed;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -191,6 +191,41 @@ impl<P: Shared> Drop for Recycled<P> {
     }
 }
 
+/// A boxed value whose allocation is reused: a graph node's op record, a tape's step. Made by
+/// [`slot`] (from a spare box of its type, if this thread has one) and given back by
+/// [`recycle_slot`]; a trait object over it gives itself back from its own `recycle` method.
+pub(crate) struct Slot<V>(Option<V>);
+
+impl<V> Slot<V> {
+    /// The value; a slot is empty only while it waits among the spares.
+    pub(crate) fn get(&self) -> &V {
+        self.0.as_ref().expect("a slot in use holds its value")
+    }
+
+    /// The value, writable.
+    pub(crate) fn get_mut(&mut self) -> &mut V {
+        self.0.as_mut().expect("a slot in use holds its value")
+    }
+}
+
+/// A box holding `value`, in a spare box of its type if this thread has one.
+pub(crate) fn slot<V: 'static>(value: V) -> Box<Slot<V>> {
+    match take::<Box<Slot<V>>>() {
+        Some(mut spare) => {
+            spare.0 = Some(value);
+            spare
+        }
+        None => Box::new(Slot(Some(value))),
+    }
+}
+
+/// Drops the value in `slot` and keeps the box for the next [`slot`] of its type.
+pub(crate) fn recycle_slot<V: 'static>(mut slot: Box<Slot<V>>) {
+    // The value drops here, before the spares are borrowed: its own drop may recycle.
+    slot.0 = None;
+    keep(slot, RECORDS_KEPT);
+}
+
 /// A `Vec` whose buffer is reused: it starts from a spare buffer of this thread (empty, with the
 /// capacity an earlier list grew to) and gives its buffer back, emptied, when it drops.
 pub(crate) struct RecycledVec<X: 'static>(Vec<X>);

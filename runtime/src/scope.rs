@@ -12,7 +12,7 @@ use ndarray::{ArrayViewMutD, AsArray, Dimension};
 
 use crate::autograd::{self, Mode};
 use crate::element::{DType, Element};
-use crate::error::{or_panic, Error, Result};
+use crate::error::{panicking, Error, Result};
 use crate::escape::{Escape, EscapeTarget};
 use crate::init::SplitMix64;
 use crate::param::Param;
@@ -517,13 +517,9 @@ impl<'s, 'p> Scope<'s, 'p> {
         Tensor::try_rent_in(&self.state, shape)
     }
 
-    /// Rents a tensor with unspecified contents; see [`Scope::try_rent`].
-    ///
-    /// # Panics
-    /// With the message of the [`Error`] `try_rent` would return.
-    #[track_caller]
-    pub fn rent<T: DType>(&self, shape: &[usize]) -> Tensor<'s, T> {
-        or_panic(self.try_rent(shape))
+    panicking! {
+        /// Rents a tensor with unspecified contents.
+        pub fn rent<T: DType>(&self, shape: &[usize]) -> Tensor<'s, T> = try_rent;
     }
 
     /// Rents a tensor of `shape` and lets `kernel` write it: the way to fill a pooled buffer with a
@@ -540,17 +536,9 @@ impl<'s, 'p> Scope<'s, 'p> {
         Ok(t)
     }
 
-    /// Rents a tensor and fills it with `kernel`; see [`Scope::try_rent_with`].
-    ///
-    /// # Panics
-    /// On a bad shape or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn rent_with<T: DType>(
-        &self,
-        shape: &[usize],
-        kernel: impl FnOnce(ArrayViewMutD<'_, T>),
-    ) -> Tensor<'s, T> {
-        or_panic(self.try_rent_with(shape, kernel))
+    panicking! {
+        /// Rents a tensor and fills it with `kernel`.
+        pub fn rent_with<T: DType>(&self, shape: &[usize], kernel: impl FnOnce(ArrayViewMutD<'_, T>),) -> Tensor<'s, T> = try_rent_with;
     }
 
     /// A tensor of `shape` filled with `value`.
@@ -558,13 +546,9 @@ impl<'s, 'p> Scope<'s, 'p> {
         self.try_rent_with(shape, |mut v| v.fill(value))
     }
 
-    /// A tensor of `shape` filled with `value`; see [`Scope::try_full`].
-    ///
-    /// # Panics
-    /// On a bad shape or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn full<T: DType>(&self, shape: &[usize], value: T) -> Tensor<'s, T> {
-        or_panic(self.try_full(shape, value))
+    panicking! {
+        /// A tensor of `shape` filled with `value`.
+        pub fn full<T: DType>(&self, shape: &[usize], value: T) -> Tensor<'s, T> = try_full;
     }
 
     /// The values `start, start + step, ...` below `end` (above it for a negative step), as
@@ -584,13 +568,9 @@ impl<'s, 'p> Scope<'s, 'p> {
         })
     }
 
-    /// The values from `start` below `end` by `step`; see [`Scope::try_arange`].
-    ///
-    /// # Panics
-    /// For a zero or non-finite step or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn arange<T: DType>(&self, start: T, end: T, step: T) -> Tensor<'s, T> {
-        or_panic(self.try_arange(start, end, step))
+    panicking! {
+        /// The values from `start` below `end` by `step`.
+        pub fn arange<T: DType>(&self, start: T, end: T, step: T) -> Tensor<'s, T> = try_arange;
     }
 
     /// A tensor of zeros (see [`Pool::try_rent_zeroed`]).
@@ -598,13 +578,9 @@ impl<'s, 'p> Scope<'s, 'p> {
         Tensor::try_rent_zeroed_in(&self.state, shape)
     }
 
-    /// A tensor of zeros; see [`Scope::try_zeros`].
-    ///
-    /// # Panics
-    /// On a bad shape or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn zeros<T: DType>(&self, shape: &[usize]) -> Tensor<'s, T> {
-        or_panic(self.try_zeros(shape))
+    panicking! {
+        /// A tensor of zeros.
+        pub fn zeros<T: DType>(&self, shape: &[usize]) -> Tensor<'s, T> = try_zeros;
     }
 
     /// A tensor of ones.
@@ -625,16 +601,9 @@ impl<'s, 'p> Scope<'s, 'p> {
         Tensor::try_copy_of(&self.state, array.into())
     }
 
-    /// A tensor holding a copy of `array`; see [`Scope::try_tensor`].
-    ///
-    /// # Panics
-    /// On an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn tensor<'a, T: DType, D: Dimension>(
-        &self,
-        array: impl AsArray<'a, T, D>,
-    ) -> Tensor<'s, T> {
-        or_panic(self.try_tensor(array))
+    panicking! {
+        /// A tensor holding a copy of `array`.
+        pub fn tensor<'a, T: DType, D: Dimension>(&self, array: impl AsArray<'a, T, D>,) -> Tensor<'s, T> = try_tensor;
     }
 
     /// A tensor of `shape` holding a copy of `data` in row-major order. Fails with
@@ -648,13 +617,9 @@ impl<'s, 'p> Scope<'s, 'p> {
         Ok(t)
     }
 
-    /// A tensor of `shape` holding a copy of `data`; see [`Scope::try_from_slice`].
-    ///
-    /// # Panics
-    /// If the length does not match the shape, or on an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn from_slice<T: DType>(&self, shape: &[usize], data: &[T]) -> Tensor<'s, T> {
-        or_panic(self.try_from_slice(shape, data))
+    panicking! {
+        /// A tensor of `shape` holding a copy of `data`.
+        pub fn from_slice<T: DType>(&self, shape: &[usize], data: &[T]) -> Tensor<'s, T> = try_from_slice;
     }
 
     /// A tensor of standard normal samples from a deterministic generator seeded with `seed`
@@ -667,13 +632,9 @@ impl<'s, 'p> Scope<'s, 'p> {
         })
     }
 
-    /// Standard normal samples; see [`Scope::try_randn`].
-    ///
-    /// # Panics
-    /// On a bad shape or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn randn<T: Element>(&self, shape: &[usize], seed: u64) -> Tensor<'s, T> {
-        or_panic(self.try_randn(shape, seed))
+    panicking! {
+        /// Standard normal samples.
+        pub fn randn<T: Element>(&self, shape: &[usize], seed: u64) -> Tensor<'s, T> = try_randn;
     }
 
     /// A tensor of samples uniform in `[low, high)` from a deterministic generator seeded with `seed`.
@@ -693,19 +654,9 @@ impl<'s, 'p> Scope<'s, 'p> {
         })
     }
 
-    /// Uniform samples; see [`Scope::try_uniform`].
-    ///
-    /// # Panics
-    /// On a bad shape or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn uniform<T: Element>(
-        &self,
-        shape: &[usize],
-        low: f64,
-        high: f64,
-        seed: u64,
-    ) -> Tensor<'s, T> {
-        or_panic(self.try_uniform(shape, low, high, seed))
+    panicking! {
+        /// Uniform samples.
+        pub fn uniform<T: Element>(&self, shape: &[usize], low: f64, high: f64, seed: u64,) -> Tensor<'s, T> = try_uniform;
     }
 }
 

@@ -6,11 +6,11 @@ use std::marker::PhantomData;
 
 use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
-use crate::autograd::{self, Mode, Node, NodeRef, Recorder, Rule};
+use crate::autograd::{self, Mode, Node, NodeRef};
 use crate::element::DType;
-use crate::error::{or_panic, Error, Result, Shape};
+use crate::error::{panicking, Error, Result, Shape};
 use crate::param::Param;
-use crate::pool::{element_count, PoolBuffer};
+use crate::pool::PoolBuffer;
 use crate::recycle::RecycledArc;
 use crate::scope::{ScopeState, State};
 use crate::storage::{Rented, Storage};
@@ -217,6 +217,18 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
     }
 
+    /// This handle without its brand, graph kept (no new handle: a unique tensor stays unique): how
+    /// the op core holds inputs and gradients, which it never hands out.
+    pub(crate) fn into_unbranded(self) -> Tensor<'static, T> {
+        Tensor {
+            data: self.data,
+            rents_in: self.rents_in,
+            dim: self.dim,
+            node: self.node,
+            _brand: PhantomData,
+        }
+    }
+
     /// This handle without its graph and its brand (no new handle: a unique tensor stays unique).
     pub(crate) fn into_saved(self) -> Tensor<'static, T> {
         Tensor {
@@ -382,13 +394,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         Ok(self.unique_view_mut())
     }
 
-    /// A writable ndarray view; see [`Tensor::try_view_mut`].
-    ///
-    /// # Panics
-    /// If a copy is needed and the pool budget is exhausted.
-    #[track_caller]
-    pub fn view_mut(&mut self) -> ArrayViewMutD<'_, T> {
-        or_panic(self.try_view_mut())
+    panicking! {
+        /// A writable ndarray view.
+        pub fn view_mut(&mut self) -> ArrayViewMutD<'_, T> = try_view_mut;
     }
 
     /// Copies the data out into an owned ndarray array (not pooled).
@@ -401,35 +409,12 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.as_slice().to_vec()
     }
 
-    /// A zero-copy alias with a new shape holding the same number of elements.
-    ///
-    /// Fails with [`Error::ShapeMismatch`] if the element counts differ, [`Error::SizeOverflow`] if the
-    /// new shape is too large to address.
-    pub fn try_reshape(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
-        let count = element_count::<T>(shape)?;
-        if count != self.len() {
-            return Err(Error::ShapeMismatch {
-                op: "reshape",
-                lhs: Shape::from(self.shape()),
-                rhs: Shape::from(shape),
-                reason: format!("{} elements cannot be viewed as {count}", self.len()),
-            });
-        }
-        let recorder = Recorder::of(&[self]);
-        let mut alias = self.alias_in(&self.rents_in);
+    /// An alias of the same buffer with another shape (checked by the caller), whose ops rent in
+    /// `scope`.
+    pub(crate) fn reshaped<'t>(&self, scope: &State, shape: &[usize]) -> Tensor<'t, T> {
+        let mut alias = self.alias_in(scope);
         alias.dim = IxDyn(shape);
-        Ok(autograd::finish(recorder, alias, |_| {
-            Rule::Reshape(IxDyn(self.shape()))
-        }))
-    }
-
-    /// A zero-copy alias with a new shape; see [`Tensor::try_reshape`].
-    ///
-    /// # Panics
-    /// If the element counts differ, with the error's message.
-    #[track_caller]
-    pub fn reshape(&self, shape: &[usize]) -> Tensor<'s, T> {
-        or_panic(self.try_reshape(shape))
+        alias
     }
 
     /// A copy converted to element type `U`: between floats, rounding to nearest (`f32` to `f16`
@@ -451,13 +436,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         })
     }
 
-    /// A copy converted to element type `U`; see [`Tensor::try_cast`].
-    ///
-    /// # Panics
-    /// If the pool budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn cast<U: DType>(&self) -> Tensor<'s, U> {
-        or_panic(self.try_cast())
+    panicking! {
+        /// A copy converted to element type `U`.
+        pub fn cast<U: DType>(&self) -> Tensor<'s, U> = try_cast;
     }
 
     /// Bytes of the data itself, `len * size_of::<T>()` (the pool may hold a little more; see
@@ -526,22 +507,14 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
     }
 
-    /// The value of a tensor of one element (a loss, say); see [`Tensor::try_item`].
-    ///
-    /// # Panics
-    /// For a tensor of another size, with the error's message.
-    #[track_caller]
-    pub fn item(&self) -> T {
-        or_panic(self.try_item())
+    panicking! {
+        /// The value of a tensor of one element (a loss, say).
+        pub fn item(&self) -> T = try_item;
     }
 
-    /// The tensor's values as a [`Param`]; see [`Tensor::try_detach`].
-    ///
-    /// # Panics
-    /// If a copy is needed and the pool budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn detach(self) -> Param<T> {
-        or_panic(self.try_detach())
+    panicking! {
+        /// The tensor's values as a [`Param`].
+        pub fn detach(self) -> Param<T> = try_detach;
     }
 }
 

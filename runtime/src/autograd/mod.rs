@@ -33,7 +33,7 @@
 
 mod check;
 mod grads;
-mod rules;
+mod op;
 mod tape;
 
 use std::cell::{Cell, RefCell};
@@ -43,8 +43,9 @@ use ndarray::{Dimension, IxDyn};
 
 pub use check::{check_gradients, GradCheck};
 pub use grads::Gradients;
-pub(crate) use rules::{Rule, Saved, Scalar, Unary};
-pub(crate) use tape::{Arg, SharedTape, Tape};
+pub(crate) use op::{args, opaque, run, run_opaque, Arg, Recorded, Rule, RuleCell};
+pub use op::{Backward, Forward, Grads, Held, Op, Saved};
+pub(crate) use tape::{Arg as TapeArg, SharedTape, Tape};
 
 use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
@@ -124,7 +125,7 @@ enum Kind<T: DType> {
         /// The inputs' nodes.
         inputs: PerInput<NodeRef<T>>,
         /// Taken (and so released) when backward runs it.
-        rule: RefCell<Option<Rule<T>>>,
+        rule: RuleCell<T>,
     },
     /// A value of a layer step of a checkpointed region, recorded on the step's tape: the step's
     /// input (0) or the output of the tape's op `value - 1`.
@@ -169,13 +170,9 @@ impl<T: DType> Node<T> {
         }
     }
 
-    /// A node of the op that made a region's output: its graph inputs and the region's rule.
-    pub(crate) fn region(
-        inputs: PerInput<NodeRef<T>>,
-        rule: crate::checkpoint::Region<T>,
-        owner: &State,
-    ) -> NodeRef<T> {
-        let rule = RefCell::new(Some(Rule::Region(rule)));
+    /// A node of an op: its graph inputs and its record.
+    pub(crate) fn op(inputs: PerInput<NodeRef<T>>, rule: Rule<T>, owner: &State) -> NodeRef<T> {
+        let rule = RefCell::new(Some(rule));
         Node::new(Kind::Op { inputs, rule }, owner)
     }
 
@@ -225,31 +222,32 @@ impl<T: DType> Drop for Node<T> {
 pub(crate) struct Recorder<T: DType> {
     inputs: PerInput<NodeRef<T>>,
     /// For an op on a value of a layer step's tape: the tape and what the op reads.
-    tape: Option<(SharedTape<T>, PerInput<Arg<T>>)>,
+    tape: Option<(SharedTape<T>, PerInput<tape::Arg<T>>)>,
 }
 
 impl<T: DType> Recorder<T> {
     /// A recorder if recording is on and any of `inputs` carries a graph.
-    pub(crate) fn of(inputs: &[&Tensor<'_, T>]) -> Option<Self> {
-        if mode() == Mode::Off || inputs.iter().all(|t| t.node.is_none()) {
+    pub(crate) fn of<'a, 's: 'a>(
+        inputs: impl Iterator<Item = &'a Tensor<'s, T>> + Clone,
+    ) -> Option<Self> {
+        if mode() == Mode::Off || inputs.clone().all(|t| t.node.is_none()) {
             return None;
         }
         // The latest tape among the inputs': the step being recorded (a value of an earlier step
         // is an outside value, which the region refuses).
         let tape = inputs
-            .iter()
+            .clone()
             .filter_map(|t| t.node.as_ref()?.tape_value().map(|(tape, _)| tape))
             .max_by_key(|tape| tape.borrow().seq())
             .cloned();
         Some(match tape {
             Some(tape) => {
                 let args = inputs
-                    .iter()
                     .map(|t| match t.node.as_ref().and_then(|n| n.tape_value()) {
                         Some((on, value)) if SharedTape::ptr_eq(on, &tape) => {
-                            Some(Arg::Value(value))
+                            Some(tape::Arg::Value(value))
                         }
-                        _ => Some(Arg::Outside {
+                        _ => Some(tape::Arg::Outside {
                             node: t.node.clone(),
                             value: t.saved(),
                         }),
@@ -261,38 +259,11 @@ impl<T: DType> Recorder<T> {
                 }
             }
             None => Recorder {
-                inputs: inputs.iter().map(|t| t.node.clone()).collect(),
+                inputs: inputs.map(|t| t.node.clone()).collect(),
                 tape: None,
             },
         })
     }
-}
-
-/// Sets `out`'s node: the op's, with `rule()`, when `recorder` is given; none otherwise (an output
-/// written into an input's buffer must not keep that input's node).
-pub(crate) fn finish<'s, T: DType>(
-    recorder: Option<Recorder<T>>,
-    mut out: Tensor<'s, T>,
-    rule: impl FnOnce(&Tensor<'s, T>) -> Rule<T>,
-) -> Tensor<'s, T> {
-    out.node = recorder.map(|r| match r.tape {
-        // On a tape, only what it takes to run the op again is kept.
-        Some((tape, mut args)) => {
-            let value = tape.borrow_mut().push(&rule(&out), &out, &mut args);
-            Node::taped(&tape, value, &out.rents_in)
-        }
-        None => {
-            let rule = RefCell::new(Some(rule(&out)));
-            Node::new(
-                Kind::Op {
-                    inputs: r.inputs,
-                    rule,
-                },
-                &out.rents_in,
-            )
-        }
-    });
-    out
 }
 
 /// `out` marked as made by an op without a derivative, from inputs that carry a graph: a backward
@@ -302,7 +273,7 @@ pub(crate) fn barrier<'s, U: DType>(out: Tensor<'s, U>, op: &'static str) -> Ten
         inputs: PerInput::default(),
         tape: None,
     });
-    finish(recorder, out, |_| Rule::NotDifferentiable(op))
+    opaque(recorder, out, op)
 }
 
 /// Moves the accounting of what the graph under `node` saved to `target`, for the nodes held by
@@ -323,7 +294,7 @@ pub(crate) fn move_graph<T: DType>(node: &NodeRef<T>, target: &State) {
         match &node.kind {
             Kind::Op { inputs, rule } => {
                 if let Some(rule) = rule.borrow().as_ref() {
-                    rule.move_saved(target);
+                    rule.get().move_accounting(target);
                 }
                 pending.extend(inputs.iter().flatten().cloned());
             }
@@ -372,12 +343,9 @@ pub(crate) fn backward<T: Element>(
                 }
                 Kind::Taped { .. } => unreachable!("refused by the check"),
                 Kind::Op { inputs, rule } => {
-                    let rule = rule.borrow_mut().take().ok_or(Error::GraphConsumed)?;
+                    let mut rule = rule.borrow_mut().take().ok_or(Error::GraphConsumed)?;
                     let needs: Few<bool> = inputs.iter().map(Option::is_some).collect();
-                    let mut input_grads = match rule {
-                        Rule::Region(region) => region.backward(grad, &needs, at, grads)?,
-                        rule => rule.backward(grad, &needs, at)?,
-                    };
+                    let mut input_grads = rule.get_mut().backward(grad, &needs, at, grads)?;
                     for (input, g) in inputs.iter().zip(input_grads.iter_mut().map(Option::take)) {
                         if let (Some(input), Some(g)) = (input, g) {
                             let (_, slot) = input.walk.get();
@@ -403,9 +371,7 @@ fn check<T: Element>(order: &[NodeRef<T>], grads: &Gradients<'_, T>) -> Result<(
         match &node.kind {
             Kind::Op { rule, .. } => match rule.borrow().as_ref() {
                 None => return Err(Error::GraphConsumed),
-                Some(Rule::NotDifferentiable(op)) => return Err(Error::NotDifferentiable { op }),
-                Some(Rule::Region(region)) => region.check(grads)?,
-                Some(_) => {}
+                Some(rule) => rule.get().check(grads)?,
             },
             Kind::Taped { .. } => return Err(Error::BackwardInsideCheckpoint),
             Kind::Leaf { .. } => {}

@@ -3,7 +3,7 @@
 //! step's input when a backward needs the step.
 //!
 //! A region driver (`checkpoint::run_layers` in a recording forward) gives each layer step an input
-//! whose node starts a [`Tape`]. An op with an input on a tape records its [`Replay`] there: its
+//! whose node starts a [`Tape`]. An op with an input on a tape records its step there (the op without what it saved): its
 //! inputs are values of the tape (the step's input, or an earlier op's output) or values from
 //! outside (a parameter, a constant, a tensor computed before the region), kept as aliases. Nothing
 //! else is kept, so the step's temporaries go back to the pool as the forward drops them. Replaying
@@ -12,19 +12,14 @@
 
 use std::cell::RefCell;
 use std::ops::Range;
-use std::sync::Arc;
 
-use ndarray::{Dimension, IxDyn};
-
-use super::rules::Function;
-use super::{NodeRef, Rule, Scalar, Unary};
-use crate::element::{DType, Element};
-use crate::error::{Error, Result};
-use crate::ops::Binary;
+use super::op::{Inputs, Step};
+use super::NodeRef;
+use crate::element::DType;
+use crate::error::Result;
 use crate::recycle::{RecycledRc, RecycledVec};
 use crate::scope::State;
 use crate::tensor::Tensor;
-use crate::TensorOps;
 
 /// A value an op read, as the tape keeps it.
 pub(crate) enum Arg<T: DType> {
@@ -37,134 +32,10 @@ pub(crate) enum Arg<T: DType> {
     },
 }
 
-/// How to run an op again: the op and its arguments other than the input tensors.
-pub(crate) enum Replay<T: DType> {
-    Binary(Binary),
-    Scalar(Scalar, T),
-    Unary(Unary),
-    Map(Function<T>, Function<T>),
-    Clamp(T, T),
-    Softmax(usize),
-    LogSoftmax(usize),
-    LayerNorm(T),
-    RmsNorm(T),
-    GroupNorm(usize, T),
-    Sum(usize),
-    Mean(usize),
-    Matmul,
-    Permute(IxDyn),
-    Narrow(usize, usize, usize),
-    Reshape(IxDyn),
-    Concat(usize),
-    Conv2d(usize, usize),
-    Upsample(usize),
-    Mse,
-    CrossEntropy(Tensor<'static, i64>),
-    IndexSelect(usize, Tensor<'static, i64>),
-    Gather(usize, Tensor<'static, i64>),
-    Triangle(i64, bool),
-    /// `where_cond` with this mask, on the op's two inputs.
-    Where(Tensor<'static, u8>),
-    MaskedFill(Tensor<'static, u8>, T),
-    Pool2d(crate::ops::Pooling, usize, usize),
-    /// An op without a derivative (`map`, `map_lanes`, `zip_map`): it cannot be run again, so its
-    /// output is kept, and a backward that reaches it fails naming it, as without the tape.
-    Kept(&'static str, Tensor<'static, T>),
-}
-
-impl<T: Element> Replay<T> {
-    /// The op that made `rule` (whose output is `out`), without what the rule saved.
-    pub(crate) fn of(rule: &Rule<T>, out: &Tensor<'_, T>) -> Self {
-        let shape = out.shape();
-        match rule {
-            Rule::Add(..) => Replay::Binary(Binary::Add),
-            Rule::Sub(..) => Replay::Binary(Binary::Sub),
-            Rule::Mul(..) => Replay::Binary(Binary::Mul),
-            Rule::Div(..) => Replay::Binary(Binary::Div),
-            Rule::Scalar(kind, c, _) => Replay::Scalar(*kind, *c),
-            Rule::Unary(kind, _) => Replay::Unary(*kind),
-            Rule::Map(_, f, df) => Replay::Map(Arc::clone(f), Arc::clone(df)),
-            Rule::Clamp(_, min, max) => Replay::Clamp(*min, *max),
-            Rule::NotDifferentiable(op) => Replay::Kept(op, out.saved()),
-            Rule::Softmax(_, axis) => Replay::Softmax(*axis),
-            Rule::LogSoftmax(_, axis) => Replay::LogSoftmax(*axis),
-            Rule::LayerNorm(_, _, eps) => Replay::LayerNorm(*eps),
-            Rule::RmsNorm(_, eps) => Replay::RmsNorm(*eps),
-            Rule::GroupNorm(_, _, groups, eps) => Replay::GroupNorm(*groups, *eps),
-            Rule::Sum(axis, _) => Replay::Sum(*axis),
-            Rule::Mean(axis, _) => Replay::Mean(*axis),
-            Rule::Matmul(..) => Replay::Matmul,
-            Rule::Permute(axes) => Replay::Permute(axes.clone()),
-            Rule::Narrow(axis, start, _) => Replay::Narrow(*axis, *start, shape[*axis]),
-            Rule::Reshape(_) => Replay::Reshape(IxDyn(shape)),
-            Rule::Concat(axis, _) => Replay::Concat(*axis),
-            Rule::Conv2d(_, _, stride, padding) => Replay::Conv2d(*stride, *padding),
-            Rule::Upsample(scale) => Replay::Upsample(*scale),
-            Rule::Mse(..) => Replay::Mse,
-            Rule::CrossEntropy(_, labels) => Replay::CrossEntropy(labels.saved()),
-            Rule::IndexSelect(axis, ids, _) => Replay::IndexSelect(*axis, ids.saved()),
-            Rule::Gather(axis, index, _) => Replay::Gather(*axis, index.saved()),
-            Rule::Triangle(k, upper) => Replay::Triangle(*k, *upper),
-            Rule::Where(mask, ..) => Replay::Where(mask.saved()),
-            Rule::MaskedFill(mask, value) => Replay::MaskedFill(mask.saved(), *value),
-            Rule::Pool2d {
-                kind,
-                kernel,
-                stride,
-                ..
-            } => Replay::Pool2d(*kind, *kernel, *stride),
-            Rule::Region(_) => unreachable!("a region's output is never an op of a step"),
-        }
-    }
-
-    /// Runs the op on `args`; it records (and so builds a graph) if they carry nodes.
-    fn run(&self, args: &[Tensor<'static, T>]) -> Result<Tensor<'static, T>> {
-        let a = &args[0];
-        let b = || &args[1];
-        match self {
-            Replay::Binary(Binary::Add) => a.try_add(b()),
-            Replay::Binary(Binary::Sub) => a.try_sub(b()),
-            Replay::Binary(Binary::Mul) => a.try_mul(b()),
-            Replay::Binary(Binary::Div) => a.try_div(b()),
-            Replay::Binary(Binary::ZipMap) => Err(Error::NotDifferentiable { op: "zip_map" }),
-            // With recording on, a node whose backward fails naming the op.
-            Replay::Kept(op, value) => Ok(super::barrier(value.alias_in(&a.rents_in), op)),
-            Replay::Scalar(kind, c) => crate::ops::scalar_op(a, *kind, *c),
-            Replay::Unary(kind) => crate::ops::unary_op(a, *kind),
-            Replay::Map(f, df) => {
-                let (f, df) = (Arc::clone(f), Arc::clone(df));
-                a.try_map_with_derivative(move |x| f(x), move |x| df(x))
-            }
-            Replay::Clamp(min, max) => a.try_clamp(*min, *max),
-            Replay::Softmax(axis) => a.try_softmax(*axis),
-            Replay::LogSoftmax(axis) => a.try_log_softmax(*axis),
-            Replay::LayerNorm(eps) => a.try_layer_norm(*eps),
-            Replay::RmsNorm(eps) => a.try_rms_norm(*eps),
-            Replay::GroupNorm(groups, eps) => a.try_group_norm(*groups, *eps),
-            Replay::Sum(axis) => a.try_sum(*axis),
-            Replay::Mean(axis) => a.try_mean(*axis),
-            Replay::Matmul => a.try_matmul(b()),
-            Replay::Permute(axes) => a.try_permute(axes.slice()),
-            Replay::Narrow(axis, start, len) => a.try_narrow(*axis, *start, *len),
-            Replay::Reshape(shape) => a.try_reshape(shape.slice()),
-            Replay::Concat(axis) => Tensor::try_concat(&args.iter().collect::<Vec<_>>(), *axis),
-            Replay::Conv2d(stride, padding) => a.try_conv2d(b(), *stride, *padding),
-            Replay::Upsample(scale) => a.try_upsample_nearest2d(*scale),
-            Replay::Mse => a.try_mse(b()),
-            Replay::CrossEntropy(labels) => a.try_cross_entropy_ids(labels),
-            Replay::IndexSelect(axis, ids) => a.try_index_select(*axis, ids),
-            Replay::Gather(axis, index) => a.try_gather(*axis, index),
-            Replay::Triangle(k, upper) => a.triangle(*k, *upper),
-            Replay::Where(mask) => mask.try_where_cond(a, b()),
-            Replay::MaskedFill(mask, value) => a.try_masked_fill(mask, *value),
-            Replay::Pool2d(kind, kernel, stride) => a.pool2d(*kind, *kernel, *stride),
-        }
-    }
-}
-
-/// One recorded op: how to run it, and where its arguments are in the tape's list.
+/// One recorded op: how to run it (the op's record without what it saved), and where its
+/// arguments are in the tape's list.
 struct Op<T: DType> {
-    replay: Replay<T>,
+    step: Step<T>,
     args: Range<usize>,
 }
 
@@ -177,9 +48,6 @@ pub(crate) struct Tape<T: DType> {
     args: RecycledVec<Arg<T>>,
     /// What the step returned; `None` until the driver closes the tape.
     output: Option<Arg<T>>,
-    /// [`Replay::of`] for `T`: ops generic over every [`DType`] record through it, and only a float
-    /// tape is ever made.
-    replay_of: fn(&Rule<T>, &Tensor<'_, T>) -> Replay<T>,
 }
 
 /// A tape shared by the nodes of the step's tensors.
@@ -194,19 +62,13 @@ impl<T: DType> Tape<T> {
         self.seq
     }
 
-    /// Appends the op that made `out` by `rule`, reading `args` (taken out of the list); returns the
-    /// value index of its output.
-    pub(crate) fn push(
-        &mut self,
-        rule: &Rule<T>,
-        out: &Tensor<'_, T>,
-        args: &mut [Option<Arg<T>>],
-    ) -> usize {
-        let replay = (self.replay_of)(rule, out);
+    /// Appends an op, `step`, reading `args` (taken out of the list); returns the value index of
+    /// its output.
+    pub(crate) fn push(&mut self, step: Step<T>, args: &mut [Option<Arg<T>>]) -> usize {
         let start = self.args.len();
         self.args.extend(args.iter_mut().filter_map(Option::take));
         let args = start..self.args.len();
-        self.ops.push(Op { replay, args });
+        self.ops.push(Op { step, args });
         self.ops.len()
     }
 
@@ -220,21 +82,17 @@ impl<T: DType> Tape<T> {
         self.output = Some(output);
     }
 
-    /// Moves the accounting of every value the tape keeps (from outside the step, kept outputs,
-    /// and the ids and masks its ops read) to `target`, if `target` outlives their owners.
+    /// Moves the accounting of every value the tape keeps (from outside the step, and what its ops
+    /// hold: ids, masks, kept outputs) to `target`, if `target` outlives their owners.
     pub(crate) fn move_accounting(&self, target: &State) {
         self.for_each_outside(&mut |(_, value)| value.move_accounting(target));
         for op in &self.ops {
-            match &op.replay {
-                Replay::IndexSelect(_, ids) | Replay::Gather(_, ids) => ids.move_accounting(target),
-                Replay::Where(mask) | Replay::MaskedFill(mask, _) => mask.move_accounting(target),
-                _ => {}
-            }
+            op.step.get().move_accounting(target);
         }
     }
 
-    /// Calls `f` on every value from outside the step, and on every kept output (for moving their
-    /// accounting, and for finding the graph nodes the step reads).
+    /// Calls `f` on every value from outside the step (for moving their accounting, and for
+    /// finding the graph nodes the step reads).
     pub(crate) fn for_each_outside(&self, f: &mut dyn FnMut(Outside<'_, T>)) {
         let args = self.args.iter().chain(&self.output);
         for arg in args {
@@ -242,15 +100,8 @@ impl<T: DType> Tape<T> {
                 f((node.as_ref(), value));
             }
         }
-        for op in &self.ops {
-            if let Replay::Kept(_, value) = &op.replay {
-                f((None, value));
-            }
-        }
     }
-}
 
-impl<T: Element> Tape<T> {
     /// An empty tape, for a step whose input is value 0.
     pub(crate) fn new() -> SharedTape<T> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -259,7 +110,6 @@ impl<T: Element> Tape<T> {
             ops: RecycledVec::new(),
             args: RecycledVec::new(),
             output: None,
-            replay_of: Replay::of,
         }))
     }
 
@@ -271,7 +121,7 @@ impl<T: Element> Tape<T> {
         }
         for i in (0..self.ops.len()).rev() {
             // A kept output is not computed from its arguments.
-            if needed[i + 1] && !matches!(self.ops[i].replay, Replay::Kept(..)) {
+            if needed[i + 1] && self.ops[i].step.get().kept().is_none() {
                 for arg in self.args_of(&self.ops[i]) {
                     if let Arg::Value(v) = arg {
                         needed[*v] = true;
@@ -290,10 +140,7 @@ impl<T: Element> Tape<T> {
             .iter()
             .enumerate()
             .filter(|&(i, _)| needed[i + 1])
-            .find_map(|(_, op)| match &op.replay {
-                Replay::Kept(name, _) => Some(*name),
-                _ => None,
-            })
+            .find_map(|(_, op)| op.step.get().kept().map(|(name, _)| name))
     }
 
     /// Runs the step again from `input`, in `at`: the ops its output depends on, no others. Values
@@ -327,15 +174,19 @@ impl<T: Element> Tape<T> {
                 values.push(None);
                 continue;
             }
-            let args = self
+            let args: Inputs<T> = self
                 .args_of(op)
                 .iter()
-                .map(|arg| match arg {
-                    Arg::Value(v) => values[*v].clone().expect("read before its last reader"),
-                    Arg::Outside { node, value } => outside((node.as_ref(), value)).alias_in(at),
+                .map(|arg| {
+                    super::Arg::Owned(match arg {
+                        Arg::Value(v) => values[*v].clone().expect("read before its last reader"),
+                        Arg::Outside { node, value } => {
+                            outside((node.as_ref(), value)).alias_in(at)
+                        }
+                    })
                 })
-                .collect::<RecycledVec<_>>();
-            values.push(Some(op.replay.run(&args)?));
+                .collect();
+            values.push(Some(op.step.get().replay(args)?));
             for arg in self.args_of(op) {
                 if let Arg::Value(v) = arg {
                     if last_read[*v] == i + 1 {

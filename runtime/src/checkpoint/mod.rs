@@ -50,7 +50,6 @@ pub use config::{CheckpointConfig, Policy, Precision};
 pub(crate) use driver::run_layers;
 pub use error::{CheckpointError, Result};
 pub(crate) use install::with_active;
-pub(crate) use region::Region;
 pub use schedule::{binomial_recompute_steps, revolve_forward_steps};
 pub use sweep::ReverseReport;
 

@@ -24,11 +24,11 @@ use super::stored::ByLayer;
 use super::sweep::{check_shape, ReverseReport, Sweep};
 use super::{CheckpointError, Checkpointer, Result};
 use crate::autograd::{
-    self, Arg, Gradients, Mode, Node, NodeRef, PerInput, Saved, SharedTape, Tape,
+    self, Gradients, Mode, Node, NodeRef, PerInput, Recorded, Rule, SharedTape, Tape, TapeArg,
 };
 use crate::element::{DType, Element};
 use crate::error::Result as TensorResult;
-use crate::recycle::RecycledVec;
+use crate::recycle::{self, RecycledVec, Slot};
 use crate::scope::State;
 use crate::tensor::Tensor;
 use ndarray::{Dimension, IxDyn};
@@ -81,8 +81,8 @@ impl<T: Element> Recording<T> {
     pub(super) fn close<'s>(&mut self, y: Tensor<'s, T>) -> Tensor<'s, T> {
         let tape = self.tapes.last().expect("a step was opened");
         let output = match y.node.as_ref().and_then(|n| n.tape_value()) {
-            Some((on, value)) if SharedTape::ptr_eq(on, tape) => Arg::Value(value),
-            _ => Arg::Outside {
+            Some((on, value)) if SharedTape::ptr_eq(on, tape) => TapeArg::Value(value),
+            _ => TapeArg::Outside {
                 node: y.node.clone(),
                 value: y.saved(),
             },
@@ -142,13 +142,15 @@ impl<T: Element> Recording<T> {
             slots: ckpt.slots,
             report: ckpt.last_backward.clone(),
         };
-        x.node = Some(Node::region(inputs, region, &x.rents_in));
+        let rule = Rule::new(recycle::slot(region));
+        x.node = Some(Node::op(inputs, rule, &x.rents_in));
         Ok(x)
     }
 }
 
 /// The backward of a checkpointed region: what its forward recorded and stored. It is the rule of
-/// the region's graph node (`Rule::Region`); its lists are recycled, as the graph's are.
+/// the region's graph node, which autograd runs through [`Recorded`] as any op's record; its lists
+/// are recycled, as the graph's are.
 pub(crate) struct Region<T: DType> {
     /// The steps' ids in the stored maps and errors: their positions.
     ids: RecycledVec<usize>,
@@ -341,12 +343,33 @@ impl<T: Element> Region<T> {
     }
 }
 
-impl<T: DType> Region<T> {
+/// A value the region keeps, or a gradient it passes: an alias without a brand.
+type Saved<T> = Tensor<'static, T>;
+
+impl<T: Element> Recorded<T> for Slot<Region<T>> {
+    fn check(&self, grads: &Gradients<'_, T>) -> TensorResult<()> {
+        self.get().check(grads)
+    }
+
+    fn backward(
+        &mut self,
+        grad: Saved<T>,
+        needs: &[bool],
+        at: &State,
+        grads: &mut Gradients<'_, T>,
+    ) -> TensorResult<PerInput<Saved<T>>> {
+        self.get_mut().backward(grad, needs, at, grads)
+    }
+
     /// Moves the accounting of every tensor the region keeps to `target` (on escape).
-    pub(crate) fn move_saved(&self, target: &State) {
-        for tape in &self.tapes {
+    fn move_accounting(&self, target: &State) {
+        for tape in &self.get().tapes {
             tape.borrow().move_accounting(target);
         }
+    }
+
+    fn recycle(self: Box<Self>) {
+        recycle::recycle_slot(self)
     }
 }
 
@@ -354,8 +377,8 @@ impl<T: Element> Region<T> {
     /// The gradients of the region's graph inputs given `g`, the gradient of its output. It runs
     /// nested backward passes, so it adds the gradients of the parameters it reaches into `grads`
     /// itself.
-    pub(crate) fn backward(
-        mut self,
+    fn backward(
+        &mut self,
         g: Saved<T>,
         needs: &[bool],
         at: &State,
@@ -387,7 +410,7 @@ impl<T: Element> Region<T> {
     /// [`Error::NotDifferentiable`](crate::Error::NotDifferentiable) for an op without a derivative
     /// its output depends on, and as [`Gradients::check_versions`] does for the parameters its steps
     /// read.
-    pub(crate) fn check(&self, grads: &Gradients<'_, T>) -> TensorResult<()> {
+    fn check(&self, grads: &Gradients<'_, T>) -> TensorResult<()> {
         if let Some(op) = self
             .tapes
             .iter()

@@ -4,11 +4,10 @@
 use std::cell::RefCell;
 
 use super::NnError;
-use crate::autograd::Unary;
 use crate::checkpoint::{self, Checkpointer};
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
-use crate::ops::unary_op;
+use crate::ops::Unary;
 use crate::param::{Param, Parameters};
 use crate::pool::Pool;
 use crate::scope::Scope;
@@ -147,7 +146,7 @@ impl Activation {
 
 impl<T: Element> Module<T> for Activation {
     fn forward<'s>(&self, x: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        unary_op(x, self.0)
+        self.0.apply(x)
     }
 }
 

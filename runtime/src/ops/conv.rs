@@ -4,12 +4,175 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
 
-use super::{check_addressable, dimension_overflow, lane_op, work, Arg, Lane, Lanes, Operand};
-use crate::autograd::{self, Recorder, Rule};
+use super::lanes::LaneOp;
+use super::{check_addressable, dimension_overflow, work, Operand};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
-use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::deeper;
+use crate::error::{panicking, Error, Result, Shape};
 use crate::tensor::Tensor;
+
+/// 2-D convolution with a stride and zero padding.
+#[derive(Debug, Clone, Copy)]
+struct Conv2d {
+    stride: usize,
+    padding: usize,
+}
+
+impl<T: Element> Op<T> for Conv2d {
+    /// The input and the weight.
+    type Saved = (Saved<T>, Saved<T>);
+
+    fn name(&self) -> &'static str {
+        "conv2d"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let (x, weight) = (cx.input(0), cx.input(1));
+        let conv = Conv::new(x, weight, self.stride, self.padding)?;
+        let mut out = cx.rent(&conv.out_shape())?;
+        if !out.is_empty() {
+            let (rows, positions) = (conv.rows(), conv.positions());
+            let mut cols = cx.rent::<T>(&[rows, positions])?;
+            let kernel = ArrayView2::from_shape((conv.c_out, rows), weight.as_slice())
+                .expect("the weight holds c_out x rows elements");
+            let image_len = conv.c_in * conv.h * conv.w;
+            let out_len = conv.c_out * positions;
+            // Every image is visited by index, also an empty one (no channels, or no pixels but
+            // padding): its output is the product with all-zero patches, and must be written.
+            work::visit(conv.n);
+            for (i, out_image) in out.unique_slice_mut().chunks_exact_mut(out_len).enumerate() {
+                conv.im2col(
+                    &x.as_slice()[i * image_len..][..image_len],
+                    cols.unique_slice_mut(),
+                );
+                let patches = ArrayView2::from_shape((rows, positions), cols.as_slice())
+                    .expect("cols holds rows x positions");
+                let mut result = ArrayViewMut2::from_shape((conv.c_out, positions), out_image)
+                    .expect("the output image holds c_out x positions");
+                general_mat_mul(T::one(), &kernel, &patches, T::zero(), &mut result);
+            }
+        }
+        Ok((out, cx.saving().then(|| (cx.save(x), cx.save(weight)))))
+    }
+
+    /// `dW = sum_i g_i cols_i^T` and `dx_i = col2im(W^T g_i)`, each only if needed.
+    fn backward<'b>(
+        &self,
+        (x, weight): Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let (x, weight) = (x.get(cx), weight.get(cx));
+        let conv = Conv::new(&x, &weight, self.stride, self.padding)?;
+        let (rows, positions) = (conv.rows(), conv.positions());
+        let mut dx = cx.needs(0).then(|| cx.zeros::<T>(x.shape())).transpose()?;
+        let mut dw = cx
+            .needs(1)
+            .then(|| cx.zeros::<T>(weight.shape()))
+            .transpose()?;
+        if g.is_empty() || rows == 0 {
+            return Ok(Grads::from([dx, dw]));
+        }
+        let mut cols = cx.rent::<T>(&[rows, positions])?;
+        let kernel = ArrayView2::from_shape((conv.c_out, rows), weight.as_slice())
+            .expect("the weight holds c_out x rows elements");
+        let image_len = conv.c_in * conv.h * conv.w;
+        let out_len = conv.c_out * positions;
+        work::visit(conv.n);
+        for i in 0..conv.n {
+            let gi = ArrayView2::from_shape(
+                (conv.c_out, positions),
+                &g.as_slice()[i * out_len..][..out_len],
+            )
+            .expect("the gradient image holds c_out x positions");
+            if let Some(dw) = &mut dw {
+                conv.im2col(
+                    &x.as_slice()[i * image_len..][..image_len],
+                    cols.unique_slice_mut(),
+                );
+                let patches = ArrayView2::from_shape((rows, positions), cols.as_slice())
+                    .expect("cols holds rows x positions");
+                let mut acc = ArrayViewMut2::from_shape((conv.c_out, rows), dw.unique_slice_mut())
+                    .expect("the weight gradient holds c_out x rows");
+                general_mat_mul(T::one(), &gi, &patches.t(), T::one(), &mut acc);
+            }
+            if let Some(dx) = &mut dx {
+                let mut dcols =
+                    ArrayViewMut2::from_shape((rows, positions), cols.unique_slice_mut())
+                        .expect("cols holds rows x positions");
+                general_mat_mul(T::one(), &kernel.t(), &gi, T::zero(), &mut dcols);
+                conv.col2im(
+                    cols.as_slice(),
+                    &mut dx.unique_slice_mut()[i * image_len..][..image_len],
+                );
+            }
+        }
+        Ok(Grads::from([dx, dw]))
+    }
+}
+
+/// Nearest-neighbour upsampling by an integer scale.
+#[derive(Debug, Clone, Copy)]
+struct Upsample {
+    scale: usize,
+}
+
+impl<T: Element> Op<T> for Upsample {
+    type Saved = ();
+
+    fn name(&self) -> &'static str {
+        "upsample_nearest2d"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let (x, scale) = (cx.input(0), self.scale);
+        let [n, c, h, w] = nchw("upsample_nearest2d", x)?;
+        let overflow = || dimension_overflow("upsample_nearest2d", "scale", scale, x.shape());
+        let (ho, wo) = (
+            h.checked_mul(scale).ok_or_else(overflow)?,
+            w.checked_mul(scale).ok_or_else(overflow)?,
+        );
+        let out_shape = [n, c, ho, wo];
+        check_addressable::<T>(&out_shape, overflow)?;
+        let mut out = cx.rent(&out_shape)?;
+        if !out.is_empty() {
+            let src = x.as_slice();
+            work::visit(n * c);
+            for (plane, dst) in out.unique_slice_mut().chunks_exact_mut(ho * wo).enumerate() {
+                let input = &src[plane * h * w..][..h * w];
+                for (oy, row) in dst.chunks_exact_mut(wo).enumerate() {
+                    let in_row = &input[(oy / scale) * w..][..w];
+                    row.iter_mut()
+                        .enumerate()
+                        .for_each(|(ox, v)| *v = in_row[ox / scale]);
+                }
+            }
+        }
+        Ok((out, cx.saving().then_some(())))
+    }
+
+    /// Each input pixel gets the sum of its block.
+    fn backward<'b>(&self, (): (), g: Tensor<'b, T>, cx: &Backward<'b>) -> Result<Grads<'b, T>> {
+        let scale = self.scale;
+        let [n, c, ho, wo] = nchw("upsample_nearest2d backward", &g)?;
+        let (h, w) = (ho / scale, wo / scale);
+        let mut dx = cx.zeros::<T>(&[n, c, h, w])?;
+        if !dx.is_empty() {
+            work::visit(n * c);
+            let src = g.as_slice();
+            for (plane, dst) in dx.unique_slice_mut().chunks_exact_mut(h * w).enumerate() {
+                let block = &src[plane * ho * wo..][..ho * wo];
+                for (oy, row) in block.chunks_exact(wo).enumerate() {
+                    let in_row = &mut dst[(oy / scale) * w..][..w];
+                    for (ox, &v) in row.iter().enumerate() {
+                        in_row[ox / scale] = in_row[ox / scale] + v;
+                    }
+                }
+            }
+        }
+        Ok(Grads::from([Some(dx)]))
+    }
+}
 
 pub(crate) fn nchw<T: Element>(op: &'static str, t: &Tensor<'_, T>) -> Result<[usize; 4]> {
     match *t.shape() {
@@ -168,49 +331,9 @@ impl<'s, T: Element> Tensor<'s, T> {
         stride: usize,
         padding: usize,
     ) -> Result<Tensor<'s, T>> {
-        let weight = &*weight.bind_beside(self);
-        let conv = Conv::new(self, weight, stride, padding)?;
-        let scope = deeper(&self.rents_in, &weight.rents_in);
-        let mut out = Tensor::try_rent_in(scope, &conv.out_shape())?;
-        if !out.is_empty() {
-            let (rows, positions) = (conv.rows(), conv.positions());
-            let mut cols = Tensor::<T>::try_rent_in(scope, &[rows, positions])?;
-            let kernel = ArrayView2::from_shape((conv.c_out, rows), weight.as_slice())
-                .expect("the weight holds c_out x rows elements");
-            let image_len = conv.c_in * conv.h * conv.w;
-            let out_len = conv.c_out * positions;
-            // Every image is visited by index, also an empty one (no channels, or no pixels but
-            // padding): its output is the product with all-zero patches, and must be written.
-            work::visit(conv.n);
-            for (i, out_image) in out.unique_slice_mut().chunks_exact_mut(out_len).enumerate() {
-                conv.im2col(
-                    &self.as_slice()[i * image_len..][..image_len],
-                    cols.unique_slice_mut(),
-                );
-                let patches = ArrayView2::from_shape((rows, positions), cols.as_slice())
-                    .expect("cols holds rows x positions");
-                let mut result = ArrayViewMut2::from_shape((conv.c_out, positions), out_image)
-                    .expect("the output image holds c_out x positions");
-                general_mat_mul(T::one(), &kernel, &patches, T::zero(), &mut result);
-            }
-        }
-        Ok(autograd::finish(Recorder::of(&[self, weight]), out, |_| {
-            Rule::Conv2d(self.saved(), weight.saved(), stride, padding)
-        }))
-    }
-
-    /// 2-D convolution; see [`Tensor::try_conv2d`].
-    ///
-    /// # Panics
-    /// If the shapes do not fit or the budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn conv2d(
-        &self,
-        weight: &impl Operand<'s, T>,
-        stride: usize,
-        padding: usize,
-    ) -> Tensor<'s, T> {
-        or_panic(self.try_conv2d(weight, stride, padding))
+        let weight = weight.bind_beside(self);
+        let inputs = args([Arg::Borrowed(self), Arg::Borrowed(&*weight)]);
+        autograd::run(Conv2d { stride, padding }, inputs)
     }
 
     /// Group normalization of `[n, c, h, w]`: the channels are split into `groups` groups and each
@@ -218,7 +341,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// Scale and shift by broadcasting with `[c, 1, 1]` tensors. Fails with [`Error::InvalidShape`]
     /// if `groups` is zero or does not divide the channels.
     pub fn try_group_norm(&self, groups: usize, eps: T) -> Result<Tensor<'s, T>> {
-        let [_, c, h, w] = nchw("group_norm", self)?;
+        let [_, c, _, _] = nchw("group_norm", self)?;
         if groups == 0 || c % groups != 0 {
             return Err(Error::InvalidShape {
                 op: "group_norm",
@@ -226,21 +349,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: format!("{groups} groups do not divide {c} channels"),
             });
         }
-        let group = Lanes::runs((c / groups) * h * w);
-        let out = lane_op(Arg::Borrowed(self), group, Lane::LayerNorm(eps))?;
-        let recorder = Recorder::of(&[self]);
-        Ok(autograd::finish(recorder, out, |y| {
-            Rule::GroupNorm(self.saved(), y.saved(), groups, eps)
-        }))
-    }
-
-    /// Group normalization; see [`Tensor::try_group_norm`].
-    ///
-    /// # Panics
-    /// For a bad shape or group count, or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn group_norm(&self, groups: usize, eps: T) -> Tensor<'s, T> {
-        or_panic(self.try_group_norm(groups, eps))
+        LaneOp::groups(groups, eps).run(Arg::Borrowed(self))
     }
 
     /// Nearest-neighbour upsampling of `[n, c, h, w]` by an integer `scale`: `[n, c, scale h, scale w]`,
@@ -248,7 +357,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// scale or a tensor that is not 4-D, and with [`Error::DimensionOverflow`] for a scale that
     /// makes the output too large.
     pub fn try_upsample_nearest2d(&self, scale: usize) -> Result<Tensor<'s, T>> {
-        let [n, c, h, w] = nchw("upsample_nearest2d", self)?;
+        nchw("upsample_nearest2d", self)?;
         if scale == 0 {
             return Err(Error::InvalidShape {
                 op: "upsample_nearest2d",
@@ -256,122 +365,15 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "the scale must be at least 1".into(),
             });
         }
-        let overflow = || dimension_overflow("upsample_nearest2d", "scale", scale, self.shape());
-        let (ho, wo) = (
-            h.checked_mul(scale).ok_or_else(overflow)?,
-            w.checked_mul(scale).ok_or_else(overflow)?,
-        );
-        let out_shape = [n, c, ho, wo];
-        check_addressable::<T>(&out_shape, overflow)?;
-        let mut out = Tensor::try_rent_in(&self.rents_in, &out_shape)?;
-        if !out.is_empty() {
-            let src = self.as_slice();
-            work::visit(n * c);
-            for (plane, dst) in out.unique_slice_mut().chunks_exact_mut(ho * wo).enumerate() {
-                let input = &src[plane * h * w..][..h * w];
-                for (oy, row) in dst.chunks_exact_mut(wo).enumerate() {
-                    let in_row = &input[(oy / scale) * w..][..w];
-                    row.iter_mut()
-                        .enumerate()
-                        .for_each(|(ox, v)| *v = in_row[ox / scale]);
-                }
-            }
-        }
-        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Upsample(scale)
-        }))
+        autograd::run(Upsample { scale }, args([Arg::Borrowed(self)]))
     }
 
-    /// Nearest-neighbour upsampling; see [`Tensor::try_upsample_nearest2d`].
-    ///
-    /// # Panics
-    /// For a bad shape or scale, or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn upsample_nearest2d(&self, scale: usize) -> Tensor<'s, T> {
-        or_panic(self.try_upsample_nearest2d(scale))
+    panicking! {
+        /// 2-D convolution.
+        pub fn conv2d(&self, weight: &impl Operand<'s, T>, stride: usize, padding: usize) -> Tensor<'s, T> = try_conv2d;
+        /// Group normalization.
+        pub fn group_norm(&self, groups: usize, eps: T) -> Tensor<'s, T> = try_group_norm;
+        /// Nearest-neighbour upsampling.
+        pub fn upsample_nearest2d(&self, scale: usize) -> Tensor<'s, T> = try_upsample_nearest2d;
     }
-}
-
-/// The gradients of a convolution's input and weight (each only if asked for), given `g`, the
-/// gradient of its output, all rented in `g`'s scope: `dW = sum_i g_i cols_i^T` and
-/// `dx_i = col2im(W^T g_i)`.
-#[allow(clippy::type_complexity)]
-pub(crate) fn conv2d_backward<'s, T: Element>(
-    x: &Tensor<'s, T>,
-    weight: &Tensor<'s, T>,
-    g: &Tensor<'s, T>,
-    stride: usize,
-    padding: usize,
-    need_x: bool,
-    need_w: bool,
-) -> Result<(Option<Tensor<'s, T>>, Option<Tensor<'s, T>>)> {
-    let conv = Conv::new(x, weight, stride, padding)?;
-    let (rows, positions) = (conv.rows(), conv.positions());
-    let mut dx = need_x
-        .then(|| Tensor::try_rent_zeroed_in(&g.rents_in, x.shape()))
-        .transpose()?;
-    let mut dw = need_w
-        .then(|| Tensor::try_rent_zeroed_in(&g.rents_in, weight.shape()))
-        .transpose()?;
-    if g.is_empty() || rows == 0 {
-        return Ok((dx, dw));
-    }
-    let mut cols = Tensor::<T>::try_rent_in(&g.rents_in, &[rows, positions])?;
-    let kernel = ArrayView2::from_shape((conv.c_out, rows), weight.as_slice())
-        .expect("the weight holds c_out x rows elements");
-    let image_len = conv.c_in * conv.h * conv.w;
-    let out_len = conv.c_out * positions;
-    work::visit(conv.n);
-    for i in 0..conv.n {
-        let gi = ArrayView2::from_shape(
-            (conv.c_out, positions),
-            &g.as_slice()[i * out_len..][..out_len],
-        )
-        .expect("the gradient image holds c_out x positions");
-        if let Some(dw) = &mut dw {
-            conv.im2col(
-                &x.as_slice()[i * image_len..][..image_len],
-                cols.unique_slice_mut(),
-            );
-            let patches = ArrayView2::from_shape((rows, positions), cols.as_slice())
-                .expect("cols holds rows x positions");
-            let mut acc = ArrayViewMut2::from_shape((conv.c_out, rows), dw.unique_slice_mut())
-                .expect("the weight gradient holds c_out x rows");
-            general_mat_mul(T::one(), &gi, &patches.t(), T::one(), &mut acc);
-        }
-        if let Some(dx) = &mut dx {
-            let mut dcols = ArrayViewMut2::from_shape((rows, positions), cols.unique_slice_mut())
-                .expect("cols holds rows x positions");
-            general_mat_mul(T::one(), &kernel.t(), &gi, T::zero(), &mut dcols);
-            conv.col2im(
-                cols.as_slice(),
-                &mut dx.unique_slice_mut()[i * image_len..][..image_len],
-            );
-        }
-    }
-    Ok((dx, dw))
-}
-
-/// The gradient of nearest upsampling by `scale`: each input pixel gets the sum of its block.
-pub(crate) fn upsample_backward<'s, T: Element>(
-    g: &Tensor<'s, T>,
-    scale: usize,
-) -> Result<Tensor<'s, T>> {
-    let [n, c, ho, wo] = nchw("upsample_nearest2d backward", g)?;
-    let (h, w) = (ho / scale, wo / scale);
-    let mut dx = Tensor::try_rent_zeroed_in(&g.rents_in, &[n, c, h, w])?;
-    if !dx.is_empty() {
-        work::visit(n * c);
-        let src = g.as_slice();
-        for (plane, dst) in dx.unique_slice_mut().chunks_exact_mut(h * w).enumerate() {
-            let block = &src[plane * ho * wo..][..ho * wo];
-            for (oy, row) in block.chunks_exact(wo).enumerate() {
-                let in_row = &mut dst[(oy / scale) * w..][..w];
-                for (ox, &v) in row.iter().enumerate() {
-                    in_row[ox / scale] = in_row[ox / scale] + v;
-                }
-            }
-        }
-    }
-    Ok(dx)
 }

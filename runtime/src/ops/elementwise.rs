@@ -10,80 +10,297 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use ndarray::{Dimension, IxDyn, Zip};
 
-use super::tensor_ops::{scalar, unary};
-use super::{broadcast_shape, rows, simd, work, Arg, Operand};
-use crate::autograd::{self, Recorder, Rule, Scalar, Unary};
+use super::reduce::reduce_to;
+use super::tensor_ops::{map, Unary};
+use super::{broadcast_shape, rows, simd, work, Operand};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
-use crate::error::{or_panic, Result};
+use crate::error::{or_panic, panicking, Result};
 use crate::param::Param;
-use crate::scope::deeper;
+use crate::scope::State;
 use crate::tensor::Tensor;
 
-/// The binary ops, for their names and backward rules.
-#[derive(Clone, Copy)]
+/// `a + b`, `a - b`, `a * b`, `a / b` with broadcasting: one record for the four.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Binary {
     Add,
     Sub,
     Mul,
     Div,
-    /// A user's function: no derivative.
-    ZipMap,
 }
 
-impl Binary {
-    fn name(self) -> &'static str {
+impl<T: Element> Op<T> for Binary {
+    /// The inputs' shapes (to reduce a broadcast gradient to), and for `*` and `/` the inputs.
+    type Saved = (IxDyn, IxDyn, Option<(Saved<T>, Saved<T>)>);
+
+    fn name(&self) -> &'static str {
         match self {
             Binary::Add => "add",
             Binary::Sub => "sub",
             Binary::Mul => "mul",
             Binary::Div => "div",
-            Binary::ZipMap => "zip_map",
         }
     }
 
-    /// The rule, made from the inputs before the op runs (so what it saves is not overwritten).
-    fn rule<T: Element>(self, a: &Tensor<'_, T>, b: &Tensor<'_, T>) -> Rule<T> {
-        let shape = |t: &Tensor<'_, T>| IxDyn(t.shape());
-        match self {
-            Binary::Add => Rule::Add(shape(a), shape(b)),
-            Binary::Sub => Rule::Sub(shape(a), shape(b)),
-            Binary::Mul => Rule::Mul(a.saved(), b.saved()),
-            Binary::Div => Rule::Div(a.saved(), b.saved()),
-            Binary::ZipMap => Rule::NotDifferentiable("zip_map"),
-        }
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let (a, b) = (cx.input(0), cx.input(1));
+        let shape = broadcast_shape(Op::<T>::name(self), a.shape(), b.shape())?;
+        // Saved before the kernel runs: an alias keeps an input from being written over.
+        let saved = cx.saving().then(|| {
+            let values =
+                matches!(self, Binary::Mul | Binary::Div).then(|| (cx.save(a), cx.save(b)));
+            (IxDyn(a.shape()), IxDyn(b.shape()), values)
+        });
+        let (scope, shape) = (cx.scope().clone(), shape.slice());
+        let (a, b) = (cx.take(0), cx.take(1));
+        let out = match self {
+            Binary::Add => zip_kernel(
+                &scope,
+                shape,
+                a,
+                b,
+                #[inline(always)]
+                |x, y| x + y,
+            ),
+            Binary::Sub => zip_kernel(
+                &scope,
+                shape,
+                a,
+                b,
+                #[inline(always)]
+                |x, y| x - y,
+            ),
+            Binary::Mul => zip_kernel(
+                &scope,
+                shape,
+                a,
+                b,
+                #[inline(always)]
+                |x, y| x * y,
+            ),
+            Binary::Div => zip_kernel(
+                &scope,
+                shape,
+                a,
+                b,
+                #[inline(always)]
+                |x, y| x / y,
+            ),
+        }?;
+        Ok((out, saved))
+    }
+
+    fn backward<'b>(
+        &self,
+        (a_shape, b_shape, values): Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let (da, db) = match (self, values) {
+            (Binary::Add, _) => (
+                cx.needs(0).then(|| reduce_to(g.clone(), a_shape.slice())),
+                cx.needs(1).then(|| reduce_to(g, b_shape.slice())),
+            ),
+            (Binary::Sub, _) => (
+                cx.needs(0).then(|| reduce_to(g.clone(), a_shape.slice())),
+                cx.needs(1).then(|| reduce_to(negated(g)?, b_shape.slice())),
+            ),
+            (Binary::Mul, Some((a, b))) => {
+                let (a, b) = (a.get(cx), b.get(cx));
+                (
+                    cx.needs(0).then(|| reduce_to(g.try_mul(&b)?, a.shape())),
+                    cx.needs(1).then(|| reduce_to(g.try_mul(&a)?, b.shape())),
+                )
+            }
+            (Binary::Div, Some((a, b))) => {
+                let (a, b) = (a.get(cx), b.get(cx));
+                (
+                    cx.needs(0).then(|| reduce_to(g.try_div(&b)?, a.shape())),
+                    cx.needs(1).then(|| {
+                        // d(a / b)/db = -a / b^2
+                        let q = g.try_mul(&a)?.try_div(&b)?.try_div(&b)?;
+                        reduce_to(negated(q)?, b.shape())
+                    }),
+                )
+            }
+            (Binary::Mul | Binary::Div, None) => unreachable!("`*` and `/` save their inputs"),
+        };
+        Ok(Grads::from([da.transpose()?, db.transpose()?]))
     }
 }
 
-/// `f(a, b)` elementwise over the broadcast shape, written into a unique owned operand if one fits,
-/// with `op`'s backward rule recorded.
-pub(crate) fn zip_with<'s, T: Element>(
-    op: Binary,
-    a: Arg<'_, 's, T>,
-    b: Arg<'_, 's, T>,
-    f: impl Fn(T, T) -> T + Sync,
+/// `-g`, in `g`'s buffer when it is unique.
+fn negated<T: Element>(g: Tensor<'_, T>) -> Result<Tensor<'_, T>> {
+    autograd::run(Unary::Neg, args([Arg::Owned(g)]))
+}
+
+/// `x <op> c` (or `c <op> x`) for a scalar `c`: one record for every such op.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scalar<T> {
+    pub(crate) kind: ScalarKind,
+    pub(crate) c: T,
+}
+
+/// Which op a [`Scalar`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScalarKind {
+    /// `x + c` (and `c + x`).
+    Add,
+    /// `x - c`.
+    Sub,
+    /// `c - x`.
+    SubFrom,
+    /// `x * c` (and `c * x`).
+    Mul,
+    /// `x / c`.
+    Div,
+    /// `c / x`: its backward needs `x`.
+    DivInto,
+    /// `x ^ c`: its backward needs `x`.
+    Pow,
+}
+
+impl<T: Element> Op<T> for Scalar<T> {
+    /// The input, for `c / x` and `x ^ c`.
+    type Saved = Option<Saved<T>>;
+
+    fn name(&self) -> &'static str {
+        match self.kind {
+            ScalarKind::Pow => "pow",
+            _ => "scalar",
+        }
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        use ScalarKind::*;
+        let saves = matches!(self.kind, DivInto | Pow);
+        let saved = cx.saving().then(|| saves.then(|| cx.save(cx.input(0))));
+        let (scope, c) = (cx.scope().clone(), self.c);
+        let x = cx.take(0);
+        let out = match self.kind {
+            Add => map(
+                x,
+                &scope,
+                #[inline(always)]
+                move |v| v + c,
+            ),
+            Sub => map(
+                x,
+                &scope,
+                #[inline(always)]
+                move |v| v - c,
+            ),
+            SubFrom => map(
+                x,
+                &scope,
+                #[inline(always)]
+                move |v| c - v,
+            ),
+            Mul => map(
+                x,
+                &scope,
+                #[inline(always)]
+                move |v| v * c,
+            ),
+            Div => map(
+                x,
+                &scope,
+                #[inline(always)]
+                move |v| v / c,
+            ),
+            DivInto => map(
+                x,
+                &scope,
+                #[inline(always)]
+                move |v| c / v,
+            ),
+            Pow => map(
+                x,
+                &scope,
+                #[inline(always)]
+                move |v| v.powf(c),
+            ),
+        }?;
+        Ok((out, saved))
+    }
+
+    fn backward<'b>(
+        &self,
+        x: Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        use ScalarKind::*;
+        let (c, at, shape) = (self.c, cx.at(), IxDyn(g.shape()));
+        let x = || x.as_ref().expect("`c / x` and `x ^ c` save `x`").get(cx);
+        let shape = shape.slice();
+        let dx = match self.kind {
+            Add | Sub => g,
+            SubFrom => negated(g)?,
+            Mul => map(
+                Arg::Owned(g),
+                at,
+                #[inline(always)]
+                move |v| v * c,
+            )?,
+            Div => map(
+                Arg::Owned(g),
+                at,
+                #[inline(always)]
+                move |v| v / c,
+            )?,
+            DivInto => zip_kernel(
+                at,
+                shape,
+                Arg::Owned(g),
+                Arg::Owned(x()),
+                #[inline(always)]
+                move |g, x| -g * c / (x * x),
+            )?,
+            // `x^0` is constant: its gradient is 0, also at x = 0 (where `0 * 0^-1` is NaN).
+            Pow if c == T::zero() => map(
+                Arg::Owned(g),
+                at,
+                #[inline(always)]
+                |_| T::zero(),
+            )?,
+            Pow => zip_kernel(
+                at,
+                shape,
+                Arg::Owned(g),
+                Arg::Owned(x()),
+                #[inline(always)]
+                move |g, x| g * c * x.powf(c - T::one()),
+            )?,
+        };
+        Ok(Grads::from([Some(dx)]))
+    }
+}
+
+/// `x <kind> c` on a tensor given by value or by reference.
+pub(crate) fn scalar<'s, T: Element>(
+    x: Arg<'_, 's, T>,
+    kind: ScalarKind,
+    c: T,
 ) -> Result<Tensor<'s, T>> {
-    let shape = broadcast_shape(op.name(), a.tensor().shape(), b.tensor().shape())?;
-    let shape = shape.slice();
-    let recorder = Recorder::of(&[a.tensor(), b.tensor()]);
-    let rule = recorder.as_ref().map(|_| op.rule(a.tensor(), b.tensor()));
-    let out = zip_kernel(shape, a, b, f)?;
-    Ok(autograd::finish(recorder, out, |_| {
-        rule.expect("made when recording")
-    }))
+    autograd::run(Scalar { kind, c }, args([x]))
 }
 
+/// `f(a, b)` elementwise over the broadcast `shape`, written into a unique owned operand that has
+/// the output's shape, else into a new tensor of `scope`. Records nothing: the kernel of
+/// [`Binary`], `zip_map` and backward rules.
 // The closures that only call `f` are on purpose (see below).
 #[allow(clippy::redundant_closure)]
-fn zip_kernel<'s, T: Element>(
+pub(crate) fn zip_kernel<'s, T: Element>(
+    scope: &State,
     shape: &[usize],
     a: Arg<'_, 's, T>,
     b: Arg<'_, 's, T>,
     f: impl Fn(T, T) -> T + Sync,
 ) -> Result<Tensor<'s, T>> {
-    let scope = deeper(&a.tensor().rents_in, &b.tensor().rents_in).clone();
     if shape.contains(&0) {
         // Nothing to compute; a broadcast walk over the empty shape could still loop over rows.
-        return Tensor::try_rent_in(&scope, shape);
+        return Tensor::try_rent_in(scope, shape);
     }
     // The closures passed on call `f` itself: a `&F` passed as the function would be called
     // through core's out-of-line `Fn for &F` shim, outside the vectorised loop.
@@ -95,7 +312,7 @@ fn zip_kernel<'s, T: Element>(
                 #[inline(always)]
                 |x, y| f(x, y),
             );
-            return Ok(dst.with_scope(&scope));
+            return Ok(dst.with_scope(scope));
         }
         Err(a) => a,
     };
@@ -107,12 +324,12 @@ fn zip_kernel<'s, T: Element>(
                 #[inline(always)]
                 |y, x| f(x, y),
             );
-            return Ok(dst.with_scope(&scope));
+            return Ok(dst.with_scope(scope));
         }
         Err(b) => b,
     };
     let (a, b) = (a.tensor(), b.tensor());
-    let mut out = Tensor::try_rent_in(&scope, shape)?;
+    let mut out = Tensor::try_rent_in(scope, shape)?;
     if a.shape() == shape && b.shape() == shape {
         simd::zip_into(out.unique_slice_mut(), a.as_slice(), b.as_slice(), f);
     } else {
@@ -129,13 +346,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// `self + other` written into this tensor's buffer when it is the only handle on it.
     pub(crate) fn try_add_owned(self, other: &Tensor<'_, T>) -> Result<Tensor<'s, T>> {
         let other = other.alias_in(&self.rents_in);
-        zip_with(
-            Binary::Add,
-            Arg::Owned(self),
-            Arg::Borrowed(&other),
-            #[inline(always)]
-            |x, y| x + y,
-        )
+        autograd::run(Binary::Add, args([Arg::Owned(self), Arg::Borrowed(&other)]))
     }
 
     /// This tensor repeated along its length-1 axes (and new leading axes) to `shape`, in a new
@@ -188,25 +399,17 @@ impl<'s, T: Element> Tensor<'s, T> {
         f: impl Fn(T, T) -> T + Sync,
     ) -> Result<Tensor<'s, T>> {
         let other = other.bind_beside(self);
-        zip_with(
-            Binary::ZipMap,
-            Arg::Borrowed(self),
-            Arg::Borrowed(&other),
-            f,
-        )
+        let inputs = args([Arg::Borrowed(self), Arg::Borrowed(&*other)]);
+        autograd::run_opaque("zip_map", inputs, |cx| {
+            let shape = broadcast_shape("zip_map", cx.input(0).shape(), cx.input(1).shape())?;
+            let scope = cx.scope().clone();
+            zip_kernel(&scope, shape.slice(), cx.take(0), cx.take(1), f)
+        })
     }
 
-    /// `f(a, b)` elementwise with broadcasting; see [`Tensor::try_zip_map`].
-    ///
-    /// # Panics
-    /// If the shapes do not broadcast or the budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn zip_map(
-        &self,
-        other: &impl Operand<'s, T>,
-        f: impl Fn(T, T) -> T + Sync,
-    ) -> Tensor<'s, T> {
-        or_panic(self.try_zip_map(other, f))
+    panicking! {
+        /// `f(a, b)` elementwise with broadcasting.
+        pub fn zip_map(&self, other: &impl Operand<'s, T>, f: impl Fn(T, T) -> T + Sync) -> Tensor<'s, T> = try_zip_map;
     }
 }
 
@@ -218,7 +421,7 @@ macro_rules! binary_op {
             #[doc = "if the shapes do not broadcast."]
             pub fn $try_method(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
                 let other = other.bind_beside(self);
-                zip_with(Binary::$kind, Arg::Borrowed(self), Arg::Borrowed(&other), #[inline(always)] |x, y| x $op y)
+                autograd::run(Binary::$kind, args([Arg::Borrowed(self), Arg::Borrowed(&*other)]))
             }
         }
 
@@ -227,7 +430,7 @@ macro_rules! binary_op {
             #[track_caller]
             fn $method(self, rhs: &Param<T>) -> Tensor<'s, T> {
                 let rhs = self.bind(rhs);
-                or_panic(zip_with(Binary::$kind, Arg::Owned(self), Arg::Borrowed(&rhs), #[inline(always)] |x, y| x $op y))
+                or_panic(autograd::run(Binary::$kind, args([Arg::Owned(self), Arg::Borrowed(&rhs)])))
             }
         }
 
@@ -248,7 +451,7 @@ macro_rules! binary_op {
             type Output = Tensor<'s, T>;
             #[track_caller]
             fn $method(self, rhs: T) -> Tensor<'s, T> {
-                or_panic(scalar(Arg::Owned(self), Scalar::$scalar, rhs, move |x| x $op rhs))
+                or_panic(scalar(Arg::Owned(self), ScalarKind::$scalar, rhs))
             }
         }
 
@@ -256,7 +459,7 @@ macro_rules! binary_op {
             type Output = Tensor<'s, T>;
             #[track_caller]
             fn $method(self, rhs: T) -> Tensor<'s, T> {
-                or_panic(scalar(Arg::Borrowed(self), Scalar::$scalar, rhs, move |x| x $op rhs))
+                or_panic(scalar(Arg::Borrowed(self), ScalarKind::$scalar, rhs))
             }
         }
 
@@ -268,7 +471,7 @@ macro_rules! binary_op {
             type Output = Tensor<'s, T>;
             #[track_caller]
             fn $method(self, rhs: $R) -> Tensor<'s, T> {
-                or_panic(zip_with(Binary::$kind, Arg::$lw(self), Arg::$rw(rhs), #[inline(always)] |x, y| x $op y))
+                or_panic(autograd::run(Binary::$kind, args([Arg::$lw(self), Arg::$rw(rhs)])))
             }
         }
     };
@@ -277,7 +480,7 @@ macro_rules! binary_op {
             type Output = Tensor<'s, $t>;
             #[track_caller]
             fn $method(self, rhs: Tensor<'s, $t>) -> Tensor<'s, $t> {
-                or_panic(scalar(Arg::Owned(rhs), Scalar::$scalar_lhs, self, move |x| self $op x))
+                or_panic(scalar(Arg::Owned(rhs), ScalarKind::$scalar_lhs, self))
             }
         }
 
@@ -285,7 +488,7 @@ macro_rules! binary_op {
             type Output = Tensor<'s, $t>;
             #[track_caller]
             fn $method(self, rhs: &Tensor<'s, $t>) -> Tensor<'s, $t> {
-                or_panic(scalar(Arg::Borrowed(rhs), Scalar::$scalar_lhs, self, move |x| self $op x))
+                or_panic(scalar(Arg::Borrowed(rhs), ScalarKind::$scalar_lhs, self))
             }
         }
     };
@@ -300,7 +503,7 @@ impl<'s, T: Element> Neg for Tensor<'s, T> {
     type Output = Tensor<'s, T>;
     #[track_caller]
     fn neg(self) -> Tensor<'s, T> {
-        or_panic(unary(Arg::Owned(self), Unary::Neg))
+        or_panic(autograd::run(Unary::Neg, args([Arg::Owned(self)])))
     }
 }
 
@@ -308,6 +511,6 @@ impl<'s, T: Element> Neg for &Tensor<'s, T> {
     type Output = Tensor<'s, T>;
     #[track_caller]
     fn neg(self) -> Tensor<'s, T> {
-        or_panic(unary(Arg::Borrowed(self), Unary::Neg))
+        or_panic(autograd::run(Unary::Neg, args([Arg::Borrowed(self)])))
     }
 }

@@ -5,11 +5,133 @@
 use ndarray::{Axis, Dimension, IxDyn, Slice, Zip};
 
 use super::{check_axis, work, Dim};
-use crate::autograd::{self, Recorder, Rule};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Held, Op, Saved};
 use crate::element::DType;
-use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::deeper;
+use crate::error::{panicking, Error, Result, Shape};
 use crate::tensor::Tensor;
+
+/// `index_select` along an axis, by ids (checked).
+#[derive(Clone)]
+struct IndexSelect {
+    axis: usize,
+    ids: Saved<i64>,
+}
+
+impl<T: DType> Op<T> for IndexSelect {
+    /// The length of the input's axis.
+    type Saved = usize;
+
+    fn name(&self) -> &'static str {
+        "index_select"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let (x, axis, ids) = (cx.input(0), self.axis, self.ids.as_slice());
+        let mut shape = IxDyn(x.shape());
+        shape[axis] = ids.len();
+        let mut out = cx.rent(shape.slice())?;
+        if !out.is_empty() {
+            work::visit(ids.len());
+            let (src, mut dst) = (x.view(), out.unique_view_mut());
+            for (j, &id) in ids.iter().enumerate() {
+                dst.index_axis_mut(Axis(axis), j)
+                    .assign(&src.index_axis(Axis(axis), id as usize));
+            }
+        }
+        Ok((out, cx.saving().then(|| x.shape()[axis])))
+    }
+
+    /// Each id's gradient added to its position (repeated ids add up).
+    fn backward<'b>(
+        &self,
+        len: usize,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let axis = self.axis;
+        let mut shape = IxDyn(g.shape());
+        shape[axis] = len;
+        let mut dx = cx.zeros::<T>(shape.slice())?;
+        if !g.is_empty() {
+            let (src, mut dst) = (g.view(), dx.unique_view_mut());
+            for (j, &id) in self.ids.as_slice().iter().enumerate() {
+                Zip::from(dst.index_axis_mut(Axis(axis), id as usize))
+                    .and(src.index_axis(Axis(axis), j))
+                    .for_each(|d, &g| *d = d.add_gradient(g));
+            }
+        }
+        Ok(Grads::from([Some(dx)]))
+    }
+
+    fn held(&self) -> &dyn Held {
+        &self.ids
+    }
+}
+
+/// `gather` along an axis, by an index (checked).
+#[derive(Clone)]
+struct Gather {
+    axis: usize,
+    index: Saved<i64>,
+}
+
+impl<T: DType> Op<T> for Gather {
+    /// The input's shape.
+    type Saved = IxDyn;
+
+    fn name(&self) -> &'static str {
+        "gather"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let (x, axis, index) = (cx.input(0), self.axis, &self.index.0);
+        let mut out = cx.rent(index.shape())?;
+        if !out.is_empty() {
+            let src = x.view();
+            let src = src.slice_each_axis(cut_to(index.shape(), axis));
+            let idx = index.view();
+            let mut dst = out.unique_view_mut();
+            work::visit(idx.len() / index.shape()[axis].max(1));
+            Zip::from(dst.lanes_mut(Axis(axis)))
+                .and(idx.lanes(Axis(axis)))
+                .and(src.lanes(Axis(axis)))
+                .for_each(|mut o, i, s| {
+                    o.iter_mut().zip(i).for_each(|(o, &i)| *o = s[i as usize]);
+                });
+        }
+        Ok((out, cx.saving().then(|| IxDyn(x.shape()))))
+    }
+
+    /// Each gradient added to the position its value came from.
+    fn backward<'b>(
+        &self,
+        shape: IxDyn,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let (axis, index) = (self.axis, &self.index.0);
+        let mut dx = cx.zeros::<T>(shape.slice())?;
+        if !g.is_empty() {
+            let (src, idx) = (g.view(), index.view());
+            let mut dst = dx.unique_view_mut();
+            let mut dst = dst.slice_each_axis_mut(cut_to(index.shape(), axis));
+            Zip::from(dst.lanes_mut(Axis(axis)))
+                .and(idx.lanes(Axis(axis)))
+                .and(src.lanes(Axis(axis)))
+                .for_each(|mut d, i, g| {
+                    i.iter().zip(g).for_each(|(&i, &g)| {
+                        let d = &mut d[i as usize];
+                        *d = d.add_gradient(g);
+                    })
+                });
+        }
+        Ok(Grads::from([Some(dx)]))
+    }
+
+    fn held(&self) -> &dyn Held {
+        &self.index
+    }
+}
 
 /// Checks every index against `len`, the length of the axis it indexes.
 fn check_indices(op: &'static str, index: &Tensor<'_, i64>, axis: usize, len: usize) -> Result<()> {
@@ -52,31 +174,14 @@ impl<'s, T: DType> Tensor<'s, T> {
                 reason: "the ids must be 1-D".into(),
             });
         }
-        let len = self.shape()[axis];
-        check_indices(op, ids, axis, len)?;
-        let mut shape = IxDyn(self.shape());
-        shape[axis] = ids.len();
-        let mut out = Tensor::try_rent_in(deeper(&self.rents_in, &ids.rents_in), shape.slice())?;
-        if !out.is_empty() {
-            work::visit(ids.len());
-            let (src, mut dst) = (self.view(), out.unique_view_mut());
-            for (j, &id) in ids.as_slice().iter().enumerate() {
-                dst.index_axis_mut(Axis(axis), j)
-                    .assign(&src.index_axis(Axis(axis), id as usize));
-            }
-        }
-        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::IndexSelect(axis, ids.saved(), len)
-        }))
+        check_indices(op, ids, axis, self.shape()[axis])?;
+        let ids = Saved(ids.saved());
+        autograd::run(IndexSelect { axis, ids }, args([Arg::Borrowed(self)]))
     }
 
-    /// The positions `ids` of `axis`; see [`Tensor::try_index_select`].
-    ///
-    /// # Panics
-    /// For a bad axis or id, or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn index_select(&self, axis: impl Dim, ids: &Tensor<'s, i64>) -> Tensor<'s, T> {
-        or_panic(self.try_index_select(axis, ids))
+    panicking! {
+        /// The positions `ids` of `axis`.
+        pub fn index_select(&self, axis: impl Dim, ids: &Tensor<'s, i64>) -> Tensor<'s, T> = try_index_select;
     }
 
     /// The rows of this `[vocab, dim]` table for token `ids` of any shape: the result has shape
@@ -109,14 +214,9 @@ impl<'s, T: DType> Tensor<'s, T> {
             .try_reshape(shape.slice())
     }
 
-    /// The rows of this table for `ids`; see [`Tensor::try_embedding`].
-    ///
-    /// # Panics
-    /// For a table that is not 2-D, an id past the vocabulary, or an exhausted budget, with the
-    /// error's message.
-    #[track_caller]
-    pub fn embedding(&self, ids: &Tensor<'s, i64>) -> Tensor<'s, T> {
-        or_panic(self.try_embedding(ids))
+    panicking! {
+        /// The rows of this table for `ids`.
+        pub fn embedding(&self, ids: &Tensor<'s, i64>) -> Tensor<'s, T> = try_embedding;
     }
 
     /// One value per position of `index` (PyTorch's `gather`): `out[.., i, ..] = self[.., index[..,
@@ -139,43 +239,20 @@ impl<'s, T: DType> Tensor<'s, T> {
                 ),
             });
         }
-        let len = self.shape()[axis];
-        check_indices("gather", index, axis, len)?;
-        let mut out = Tensor::try_rent_in(deeper(&self.rents_in, &index.rents_in), index.shape())?;
-        if !out.is_empty() {
-            let src = self.view();
-            let src = src.slice_each_axis(cut_to(index.shape(), axis));
-            let idx = index.view();
-            let mut dst = out.unique_view_mut();
-            work::visit(idx.len() / index.shape()[axis].max(1));
-            Zip::from(dst.lanes_mut(Axis(axis)))
-                .and(idx.lanes(Axis(axis)))
-                .and(src.lanes(Axis(axis)))
-                .for_each(|mut o, i, s| {
-                    o.iter_mut().zip(i).for_each(|(o, &i)| *o = s[i as usize]);
-                });
-        }
-        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Gather(axis, index.saved(), IxDyn(self.shape()))
-        }))
+        check_indices("gather", index, axis, self.shape()[axis])?;
+        let index = Saved(index.saved());
+        autograd::run(Gather { axis, index }, args([Arg::Borrowed(self)]))
     }
 
-    /// One value per position of `index` along `axis`; see [`Tensor::try_gather`].
-    ///
-    /// # Panics
-    /// For a bad axis, shape or index, or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn gather(&self, axis: impl Dim, index: &Tensor<'s, i64>) -> Tensor<'s, T> {
-        or_panic(self.try_gather(axis, index))
+    panicking! {
+        /// One value per position of `index` along `axis`.
+        pub fn gather(&self, axis: impl Dim, index: &Tensor<'s, i64>) -> Tensor<'s, T> = try_gather;
     }
 }
 
 /// How to cut a view, on every axis but `axis`, to the lengths of `shape`: the lanes a gather of
 /// an index of `shape` reads (and its backward writes).
-pub(crate) fn cut_to(
-    shape: &[usize],
-    axis: usize,
-) -> impl Fn(ndarray::AxisDescription) -> Slice + '_ {
+fn cut_to(shape: &[usize], axis: usize) -> impl Fn(ndarray::AxisDescription) -> Slice + '_ {
     move |d| match d.axis.index() {
         a if a == axis => Slice::from(..),
         a => Slice::from(..shape[a]),

@@ -13,7 +13,8 @@
 
 use std::cell::RefCell;
 
-use super::{simd, work, Arg};
+use super::{simd, work};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -136,7 +137,7 @@ fn norm_backward_lane<T: Element>(d: &mut [T], x: &[T], xhat: &[T], eps: T) {
     }
 }
 
-/// The kernels of the lane ops a tensor records (and replays).
+/// The kernels of the lane ops.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Lane<T> {
     /// Softmax.
@@ -151,46 +152,125 @@ pub(crate) enum Lane<T> {
 
 /// Where the lanes of a tensor lie in its buffer: `len` elements each, `stride` apart.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Lanes {
+struct Lanes {
     len: usize,
     stride: usize,
 }
 
 impl Lanes {
     /// The lanes along `axis` (checked) of a tensor of `shape`.
-    pub(crate) fn along(shape: &[usize], axis: usize) -> Self {
+    fn along(shape: &[usize], axis: usize) -> Self {
         Lanes {
             len: shape[axis],
             stride: shape[axis + 1..].iter().product(),
         }
     }
 
-    /// The lanes along the last axis of a tensor of `shape` (not rank 0).
-    pub(crate) fn last(shape: &[usize]) -> Self {
-        Lanes::along(shape, shape.len() - 1)
-    }
-
     /// The consecutive runs of `len` elements of the buffer (a group of group norm).
-    pub(crate) fn runs(len: usize) -> Self {
+    fn runs(len: usize) -> Self {
         Lanes { len, stride: 1 }
     }
 }
 
-/// `kind` of every lane of `src`, in place when `src` can be written.
-pub(crate) fn lane_op<'s, T: Element>(
-    src: Arg<'_, 's, T>,
-    lanes: Lanes,
+/// A lane op with its lanes: one record for softmax, log-softmax, and layer, RMS and group norm.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LaneOp<T> {
     kind: Lane<T>,
-) -> Result<Tensor<'s, T>> {
-    let mut out = src.into_writable_copy()?;
-    along(
-        &mut out,
-        [],
-        lanes,
-        #[inline(always)]
-        |lane, []| forward(kind, lane),
-    );
-    Ok(out)
+    span: Span,
+}
+
+/// Which lanes a [`LaneOp`] works on.
+#[derive(Debug, Clone, Copy)]
+enum Span {
+    /// Along an axis.
+    Along(usize),
+    /// The groups of group norm: each (image, group) of `[n, c, h, w]`, a contiguous run.
+    Groups(usize),
+}
+
+impl<T: Element> LaneOp<T> {
+    /// `kind` along `axis` (checked).
+    pub(crate) fn along(kind: Lane<T>, axis: usize) -> Self {
+        LaneOp {
+            kind,
+            span: Span::Along(axis),
+        }
+    }
+
+    /// Layer norm of each of `groups` groups of every image of `[n, c, h, w]` (checked).
+    pub(crate) fn groups(groups: usize, eps: T) -> Self {
+        LaneOp {
+            kind: Lane::LayerNorm(eps),
+            span: Span::Groups(groups),
+        }
+    }
+
+    /// The op on `x`, recorded.
+    pub(crate) fn run<'s>(self, x: Arg<'_, 's, T>) -> Result<Tensor<'s, T>> {
+        autograd::run(self, args([x]))
+    }
+
+    fn lanes(&self, shape: &[usize]) -> Lanes {
+        match self.span {
+            Span::Along(axis) => Lanes::along(shape, axis),
+            Span::Groups(groups) => {
+                let len = shape.iter().product::<usize>();
+                Lanes::runs(len / (shape[0] * groups).max(1))
+            }
+        }
+    }
+}
+
+impl<T: Element> Op<T> for LaneOp<T> {
+    /// The input (for the norms) and the output (for softmax, log-softmax, layer and group norm).
+    type Saved = (Option<Saved<T>>, Option<Saved<T>>);
+
+    fn name(&self) -> &'static str {
+        match (self.kind, self.span) {
+            (Lane::Softmax, _) => "softmax",
+            (Lane::LogSoftmax, _) => "log_softmax",
+            (Lane::LayerNorm(_), Span::Groups(_)) => "group_norm",
+            (Lane::LayerNorm(_), _) => "layer_norm",
+            (Lane::RmsNorm(_), _) => "rms_norm",
+        }
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let kind = self.kind;
+        let lanes = self.lanes(cx.input(0).shape());
+        // The input is saved before the kernel runs, so it is not written over.
+        let norm = matches!(kind, Lane::LayerNorm(_) | Lane::RmsNorm(_));
+        let x = (cx.saving() && norm).then(|| cx.save(cx.input(0)));
+        let scope = cx.scope().clone();
+        let mut out = cx.take(0).into_writable_copy(&scope)?;
+        along(
+            &mut out,
+            [],
+            lanes,
+            #[inline(always)]
+            |lane, []| forward(kind, lane),
+        );
+        let y = cx.saving() && !matches!(kind, Lane::RmsNorm(_));
+        let saved = cx.saving().then(|| (x, y.then(|| cx.save(&out))));
+        Ok((out, saved))
+    }
+
+    fn backward<'b>(
+        &self,
+        (x, y): Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let (x, y) = (x.map(|x| x.get(cx)), y.map(|y| y.get(cx)));
+        let (first, second) = match (x, y) {
+            (Some(x), y) => (x, y),
+            (None, Some(y)) => (y, None),
+            (None, None) => unreachable!("every lane op saves its input or its output"),
+        };
+        let lanes = self.lanes(first.shape());
+        let dx = lane_backward(self.kind, g, &first, second.as_ref(), lanes)?;
+        Ok(Grads::from([Some(dx)]))
+    }
 }
 
 /// `kind` of one lane, in place.
@@ -210,9 +290,9 @@ fn forward<T: Element>(kind: Lane<T>, lane: &mut [T]) {
 }
 
 /// The gradient of the input of `kind` over `lanes` given `g`, the gradient of its output, and
-/// what the rule saved: the output `y` for softmax and log-softmax, the input `x` for RMS norm,
+/// what the forward saved: the output `y` for softmax and log-softmax, the input `x` for RMS norm,
 /// and both (`x`, then `y`) for layer norm. Written over `g` when it is unique.
-pub(crate) fn lane_backward<'s, T: Element>(
+fn lane_backward<'s, T: Element>(
     kind: Lane<T>,
     g: Tensor<'s, T>,
     saved: &Tensor<'s, T>,

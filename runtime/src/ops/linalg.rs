@@ -8,13 +8,66 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn};
 
 use super::gemm::{self, Matrix};
+use super::reduce::reduce_to;
 use super::{broadcast_shape, work, Operand};
-use crate::autograd::{self, Recorder, Rule};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
-use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::deeper;
+use crate::error::{panicking, Error, Result, Shape};
+use crate::scope::{deeper, State};
 use crate::tensor::Tensor;
 use crate::threads;
+
+/// The matrix product.
+#[derive(Debug, Clone, Copy)]
+struct Matmul;
+
+impl<T: Element> Op<T> for Matmul {
+    /// Both operands.
+    type Saved = (Saved<T>, Saved<T>);
+
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let (a, b) = (cx.input(0), cx.input(1));
+        let out = matmul_kernel(a, b, cx.scope())?;
+        Ok((out, cx.saving().then(|| (cx.save(a), cx.save(b)))))
+    }
+
+    fn backward<'b>(
+        &self,
+        (a, b): Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let (a, b) = (a.get(cx), b.get(cx));
+        let (k, n) = (a.shape()[a.ndim() - 1], g.shape()[g.ndim() - 1]);
+        // One right matrix for every left one: the rows of every left matrix are the rows of one
+        // `[rows, k]` matrix, and the products read the transposes where they lie.
+        let one_matrix = b.shape()[..b.ndim() - 2].iter().all(|&l| l == 1);
+        let rows = a.shape()[..a.ndim() - 1].iter().product();
+        let matrix = |t: &Tensor<'b, T>, cols| t.try_reshape(&[rows, cols]);
+        let da = cx.needs(0).then(|| {
+            if one_matrix {
+                let b2 = b.try_reshape(&[k, n])?;
+                matmul_transposed((&matrix(&g, n)?, false), (&b2, true))?.try_reshape(a.shape())
+            } else {
+                reduce_to(g.try_matmul(&b.try_t()?)?, a.shape())
+            }
+        });
+        let db = cx.needs(1).then(|| {
+            if one_matrix {
+                // The batch sums in the one product.
+                matmul_transposed((&matrix(&a, k)?, true), (&matrix(&g, n)?, false))?
+                    .try_reshape(b.shape())
+            } else {
+                reduce_to(a.try_t()?.try_matmul(&g)?, b.shape())
+            }
+        });
+        Ok(Grads::from([da.transpose()?, db.transpose()?]))
+    }
+}
 
 fn matrix<T>(rows: usize, cols: usize, data: &[T]) -> ArrayView2<'_, T> {
     ArrayView2::from_shape((rows, cols), data).expect("matmul checked the operand sizes")
@@ -30,103 +83,99 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// Fails with [`Error::ShapeMismatch`] naming both shapes when an operand has rank below 2, the
     /// inner dimensions differ, or the batch axes do not broadcast.
     pub fn try_matmul(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
-        let other = &*other.bind_beside(self);
-        let recorder = Recorder::of(&[self, other]);
-        let out = self.matmul_kernel(other)?;
-        Ok(autograd::finish(recorder, out, |_| {
-            Rule::Matmul(self.saved(), other.saved())
-        }))
+        let other = other.bind_beside(self);
+        autograd::run(Matmul, args([Arg::Borrowed(self), Arg::Borrowed(&*other)]))
     }
 
-    fn matmul_kernel(&self, other: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        let mismatch = |reason: String| Error::ShapeMismatch {
-            op: "matmul",
-            lhs: Shape::from(self.shape()),
-            rhs: Shape::from(other.shape()),
-            reason,
-        };
-        let (a_batch, b_batch) = match (self.shape(), other.shape()) {
-            ([a_batch @ .., _, _], [b_batch @ .., _, _]) => (a_batch, b_batch),
-            _ => {
-                return Err(mismatch(format!(
-                    "operands need rank 2 or more, got ranks {} and {}",
-                    self.ndim(),
-                    other.ndim()
-                )))
-            }
-        };
-        let [m, k] = self.shape()[a_batch.len()..] else {
-            unreachable!("rank checked")
-        };
-        let [k2, n] = other.shape()[b_batch.len()..] else {
-            unreachable!("rank checked")
-        };
-        if k != k2 {
-            return Err(mismatch(format!("inner dimensions differ ({k} and {k2})")));
-        }
-        let batch = broadcast_shape("matmul", a_batch, b_batch).map_err(|_| {
-            mismatch(format!(
-                "batch axes {} and {} do not broadcast",
-                Shape::from(a_batch),
-                Shape::from(b_batch)
-            ))
-        })?;
-        let batch = batch.slice();
-        // Up to 4 axes held inline: no heap allocation.
-        let mut out_shape = IxDyn::zeros(batch.len() + 2);
-        out_shape.slice_mut()[..batch.len()].copy_from_slice(batch);
-        out_shape.slice_mut()[batch.len()..].copy_from_slice(&[m, n]);
-        let mut out =
-            Tensor::try_rent_in(deeper(&self.rents_in, &other.rents_in), out_shape.slice())?;
-        if out.is_empty() {
-            return Ok(out);
-        }
-        let count = |s: &[usize]| s.iter().product::<usize>();
-        let (a, b, c) = (self.as_slice(), other.as_slice(), out.unique_slice_mut());
-        if count(b_batch) == 1 && count(a_batch) == count(batch) {
-            // One right matrix for every left one: `[.., m, k]` is one `[rows, k]` matrix.
-            work::visit(1);
-            let rows = count(batch) * m;
-            product(&a[..rows * k], b, c, rows, k, n);
-            return Ok(out);
-        }
-        // The matrix of each operand for output matrix `i`: its index along each batch axis, or 0
-        // along an axis the operand broadcasts.
-        let (a_steps, b_steps) = (batch_steps(a_batch, batch), batch_steps(b_batch, batch));
-        work::visit(count(batch));
-        // Runs of whole matrices over the threads (attention's many small products would each be
-        // too small to split).
-        let min_matrices = gemm::PER_PART.div_ceil((m * k * n).max(1));
-        threads::split_mut(c, m * n, min_matrices, |start, c| {
-            for (j, c) in c.chunks_exact_mut(m * n).enumerate() {
-                let (mut ai, mut bi, mut rest) = (0, 0, start / (m * n) + j);
-                for axis in (0..batch.len()).rev() {
-                    let pos = rest % batch[axis];
-                    rest /= batch[axis];
-                    ai += pos * a_steps[axis];
-                    bi += pos * b_steps[axis];
-                }
-                let (am, bm) = (&a[ai * m * k..][..m * k], &b[bi * k * n..][..k * n]);
-                product(am, bm, c, m, k, n);
-            }
-        });
-        Ok(out)
+    panicking! {
+        /// The matrix product.
+        pub fn matmul(&self, other: &impl Operand<'s, T>) -> Tensor<'s, T> = try_matmul;
     }
+}
 
-    /// The matrix product; see [`Tensor::try_matmul`].
-    ///
-    /// # Panics
-    /// If the shapes do not fit or the budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn matmul(&self, other: &impl Operand<'s, T>) -> Tensor<'s, T> {
-        or_panic(self.try_matmul(other))
+/// `a b` with the batch axes broadcast, into a tensor of `scope`.
+fn matmul_kernel<'s, T: Element>(
+    this: &Tensor<'s, T>,
+    other: &Tensor<'s, T>,
+    scope: &State,
+) -> Result<Tensor<'s, T>> {
+    let mismatch = |reason: String| Error::ShapeMismatch {
+        op: "matmul",
+        lhs: Shape::from(this.shape()),
+        rhs: Shape::from(other.shape()),
+        reason,
+    };
+    let (a_batch, b_batch) = match (this.shape(), other.shape()) {
+        ([a_batch @ .., _, _], [b_batch @ .., _, _]) => (a_batch, b_batch),
+        _ => {
+            return Err(mismatch(format!(
+                "operands need rank 2 or more, got ranks {} and {}",
+                this.ndim(),
+                other.ndim()
+            )))
+        }
+    };
+    let [m, k] = this.shape()[a_batch.len()..] else {
+        unreachable!("rank checked")
+    };
+    let [k2, n] = other.shape()[b_batch.len()..] else {
+        unreachable!("rank checked")
+    };
+    if k != k2 {
+        return Err(mismatch(format!("inner dimensions differ ({k} and {k2})")));
     }
+    let batch = broadcast_shape("matmul", a_batch, b_batch).map_err(|_| {
+        mismatch(format!(
+            "batch axes {} and {} do not broadcast",
+            Shape::from(a_batch),
+            Shape::from(b_batch)
+        ))
+    })?;
+    let batch = batch.slice();
+    // Up to 4 axes held inline: no heap allocation.
+    let mut out_shape = IxDyn::zeros(batch.len() + 2);
+    out_shape.slice_mut()[..batch.len()].copy_from_slice(batch);
+    out_shape.slice_mut()[batch.len()..].copy_from_slice(&[m, n]);
+    let mut out = Tensor::try_rent_in(scope, out_shape.slice())?;
+    if out.is_empty() {
+        return Ok(out);
+    }
+    let count = |s: &[usize]| s.iter().product::<usize>();
+    let (a, b, c) = (this.as_slice(), other.as_slice(), out.unique_slice_mut());
+    if count(b_batch) == 1 && count(a_batch) == count(batch) {
+        // One right matrix for every left one: `[.., m, k]` is one `[rows, k]` matrix.
+        work::visit(1);
+        let rows = count(batch) * m;
+        product(&a[..rows * k], b, c, rows, k, n);
+        return Ok(out);
+    }
+    // The matrix of each operand for output matrix `i`: its index along each batch axis, or 0
+    // along an axis the operand broadcasts.
+    let (a_steps, b_steps) = (batch_steps(a_batch, batch), batch_steps(b_batch, batch));
+    work::visit(count(batch));
+    // Runs of whole matrices over the threads (attention's many small products would each be
+    // too small to split).
+    let min_matrices = gemm::PER_PART.div_ceil((m * k * n).max(1));
+    threads::split_mut(c, m * n, min_matrices, |start, c| {
+        for (j, c) in c.chunks_exact_mut(m * n).enumerate() {
+            let (mut ai, mut bi, mut rest) = (0, 0, start / (m * n) + j);
+            for axis in (0..batch.len()).rev() {
+                let pos = rest % batch[axis];
+                rest /= batch[axis];
+                ai += pos * a_steps[axis];
+                bi += pos * b_steps[axis];
+            }
+            let (am, bm) = (&a[ai * m * k..][..m * k], &b[bi * k * n..][..k * n]);
+            product(am, bm, c, m, k, n);
+        }
+    });
+    Ok(out)
 }
 
 /// `a b` of two matrices, either read as its transpose when asked (`ta`, `tb`): `[m, k] x [k, n]`
 /// after the transposes. The backward of [`Tensor::try_matmul`] multiplies by transposes, which the
 /// products of `f32` and `f64` read where they lie instead of copying them first.
-pub(crate) fn matmul_transposed<'s, T: Element>(
+fn matmul_transposed<'s, T: Element>(
     (a, ta): (&Tensor<'s, T>, bool),
     (b, tb): (&Tensor<'s, T>, bool),
 ) -> Result<Tensor<'s, T>> {

@@ -1,12 +1,121 @@
 //! Losses: a prediction and a target in, one value out, with their backward rules.
 
 use super::Operand;
-use crate::autograd::{self, Recorder, Rule};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Held, Op, Saved};
 use crate::element::Element;
-use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::{deeper, State};
+use crate::error::{panicking, Error, Result, Shape};
 use crate::tensor::Tensor;
 use crate::TensorOps;
+
+/// Mean squared error.
+#[derive(Debug, Clone, Copy)]
+struct Mse;
+
+impl<T: Element> Op<T> for Mse {
+    /// `prediction - target`.
+    type Saved = Saved<T>;
+
+    fn name(&self) -> &'static str {
+        "mse"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let diff = cx.input(0).try_sub(cx.input(1))?.with_scope(cx.scope());
+        let n = diff.len();
+        let total = diff.as_slice().iter().map(|&d| d * d).sum::<T>();
+        let loss = scalar_tensor(cx, total / T::from_f64(n.max(1) as f64))?;
+        Ok((loss, cx.saving().then(|| cx.save(&diff))))
+    }
+
+    /// `2 (prediction - target) / n` times the upstream gradient (1 for a loss), as `nn::mse` has
+    /// always scaled; its negation for the target.
+    fn backward<'b>(
+        &self,
+        diff: Saved<T>,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let n = diff.as_slice().len();
+        let scale = T::from_f64(2.0) / T::from_f64(n.max(1) as f64) * g.as_slice()[0];
+        let dp = diff.get(cx).try_map(
+            #[inline(always)]
+            |d| d * scale,
+        )?;
+        let dt = cx
+            .needs(1)
+            .then(|| {
+                (&dp).try_map(
+                    #[inline(always)]
+                    |v| -v,
+                )
+            })
+            .transpose()?;
+        Ok(Grads::from([cx.needs(0).then_some(dp), dt]))
+    }
+}
+
+/// Softmax cross-entropy of logits `[batch, classes]` against one label per row (held, checked).
+#[derive(Clone)]
+struct CrossEntropy {
+    labels: Saved<i64>,
+}
+
+impl<T: Element> Op<T> for CrossEntropy {
+    /// The log-probabilities.
+    type Saved = Saved<T>;
+
+    fn name(&self) -> &'static str {
+        "cross_entropy"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let logits = cx.input(0);
+        let (batch, classes) = (logits.shape()[0], logits.shape()[1]);
+        // Rented in the op's scope, which the labels' may make deeper than the logits'.
+        let log_probs = logits.alias_in(cx.scope()).try_log_softmax(1)?;
+        let n = T::from_f64(batch.max(1) as f64);
+        let picked = self
+            .labels
+            .as_slice()
+            .iter()
+            .enumerate()
+            .map(|(row, &label)| log_probs.as_slice()[row * classes + label as usize])
+            .sum::<T>();
+        let loss = scalar_tensor(cx, -picked / n)?;
+        Ok((loss, cx.saving().then(|| cx.save(&log_probs))))
+    }
+
+    /// `(softmax - one_hot(label)) / n` times the upstream gradient.
+    fn backward<'b>(
+        &self,
+        log_probs: Saved<T>,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let upstream = g.as_slice()[0];
+        let labels = self.labels.as_slice();
+        let n = T::from_f64(labels.len().max(1) as f64);
+        let mut grad = log_probs.get(cx).try_map(
+            #[inline(always)]
+            |lp| lp.exp_kernel() / n,
+        )?;
+        let classes = grad.shape().get(1).copied().unwrap_or(1);
+        let rows = grad.unique_slice_mut();
+        for (row, &label) in labels.iter().enumerate() {
+            let v = &mut rows[row * classes + label as usize];
+            *v = *v - T::one() / n;
+        }
+        let grad = grad.try_map(
+            #[inline(always)]
+            |v| v * upstream,
+        )?;
+        Ok(Grads::from([Some(grad)]))
+    }
+
+    fn held(&self) -> &dyn Held {
+        &self.labels
+    }
+}
 
 impl<'s, T: Element> Tensor<'s, T> {
     /// Mean squared error `mean((self - target)^2)` against a tensor or a [`Param`](crate::Param)
@@ -22,26 +131,14 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "prediction and target must have the same shape".into(),
             });
         }
-        let recorder = Recorder::of(&[self, target]);
-        let diff = autograd::with_mode(autograd::Mode::Off, || self.try_sub(target))?;
-        let n = self.len();
-        let total = diff.as_slice().iter().map(|&d| d * d).sum::<T>();
-        let loss = scalar_tensor(&diff, total / T::from_f64(n.max(1) as f64))?;
-        Ok(autograd::finish(recorder, loss, |_| {
-            Rule::Mse(diff.saved(), n)
-        }))
+        autograd::run(Mse, args([Arg::Borrowed(self), Arg::Borrowed(target)]))
     }
 
-    /// [`Tensor::try_mse`], panicking with the error's message.
-    #[track_caller]
-    pub fn mse(&self, target: &impl Operand<'s, T>) -> Tensor<'s, T> {
-        or_panic(self.try_mse(target))
-    }
-
-    /// [`Tensor::try_cross_entropy`], panicking with the error's message.
-    #[track_caller]
-    pub fn cross_entropy(&self, labels: &[usize]) -> Tensor<'s, T> {
-        or_panic(self.try_cross_entropy(labels))
+    panicking! {
+        /// Mean squared error against a tensor or a parameter.
+        pub fn mse(&self, target: &impl Operand<'s, T>) -> Tensor<'s, T> = try_mse;
+        /// Softmax cross-entropy against one label per row.
+        pub fn cross_entropy(&self, labels: &[usize]) -> Tensor<'s, T> = try_cross_entropy;
     }
 
     /// Softmax cross-entropy with the labels as a 1-D integer tensor, one per row (next-token ids:
@@ -68,16 +165,13 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
         let ids = labels.as_slice().iter().map(|&l| l as usize);
         self.check_cross_entropy(labels.len(), ids)?;
-        self.cross_entropy_of(labels.saved(), deeper(&self.rents_in, &labels.rents_in))
+        let labels = Saved(labels.saved());
+        autograd::run(CrossEntropy { labels }, args([Arg::Borrowed(self)]))
     }
 
-    /// Softmax cross-entropy with integer-tensor labels; see [`Tensor::try_cross_entropy_ids`].
-    ///
-    /// # Panics
-    /// For bad shapes or labels, with the error's message.
-    #[track_caller]
-    pub fn cross_entropy_ids(&self, labels: &Tensor<'s, i64>) -> Tensor<'s, T> {
-        or_panic(self.try_cross_entropy_ids(labels))
+    panicking! {
+        /// Softmax cross-entropy with integer-tensor labels.
+        pub fn cross_entropy_ids(&self, labels: &Tensor<'s, i64>) -> Tensor<'s, T> = try_cross_entropy_ids;
     }
 
     /// Softmax cross-entropy of logits `[batch, classes]` against one class label per row, averaged
@@ -91,7 +185,8 @@ impl<'s, T: Element> Tensor<'s, T> {
         for (id, &label) in ids.unique_slice_mut().iter_mut().zip(labels) {
             *id = label as i64;
         }
-        self.cross_entropy_of(ids, &self.rents_in)
+        let labels = Saved(ids.into_saved());
+        autograd::run(CrossEntropy { labels }, args([Arg::Borrowed(self)]))
     }
 
     /// Checks logits `self` against `count` labels: 2-D, one label per row, each below the number
@@ -122,35 +217,11 @@ impl<'s, T: Element> Tensor<'s, T> {
             None => Ok(()),
         }
     }
-
-    /// The loss of logits `[batch, classes]` against `labels`, checked: one per row, in range;
-    /// rented in `scope`.
-    fn cross_entropy_of(
-        &self,
-        labels: Tensor<'static, i64>,
-        scope: &State,
-    ) -> Result<Tensor<'s, T>> {
-        let (batch, classes) = (self.shape()[0], self.shape()[1]);
-        let recorder = Recorder::of(&[self]);
-        let logits = self.alias_in(scope);
-        let log_probs = autograd::with_mode(autograd::Mode::Off, || logits.try_log_softmax(1))?;
-        let n = T::from_f64(batch.max(1) as f64);
-        let picked = labels
-            .as_slice()
-            .iter()
-            .enumerate()
-            .map(|(row, &label)| log_probs.as_slice()[row * classes + label as usize])
-            .sum::<T>();
-        let loss = scalar_tensor(&log_probs, -picked / n)?;
-        Ok(autograd::finish(recorder, loss, |_| {
-            Rule::CrossEntropy(log_probs.saved(), labels)
-        }))
-    }
 }
 
-/// A tensor of shape `[]` holding `value`, in `like`'s scope.
-fn scalar_tensor<'s, T: Element>(like: &Tensor<'s, T>, value: T) -> Result<Tensor<'s, T>> {
-    let mut t = Tensor::try_rent_in(&like.rents_in, &[])?;
+/// A tensor of shape `[]` holding `value`, in the op's scope.
+fn scalar_tensor<'s, T: Element>(cx: &Forward<'s, T>, value: T) -> Result<Tensor<'s, T>> {
+    let mut t = cx.rent(&[])?;
     t.unique_slice_mut()[0] = value;
     Ok(t)
 }

@@ -18,12 +18,181 @@
 
 use ndarray::{Dimension, IxDyn, Zip};
 
+use super::reduce::reduce_to;
 use super::{broadcast_shape, rows, work};
-use crate::autograd::{self, Recorder, Rule};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Held, Op, Saved};
 use crate::element::{DType, Element};
-use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::deeper;
+use crate::error::{or_panic, panicking, Error, Result, Shape};
+use crate::scope::{deeper, State};
 use crate::tensor::Tensor;
+
+/// `tril(k)` (`upper: false`) or `triu(k)` of the last two axes.
+#[derive(Debug, Clone, Copy)]
+struct Triangle {
+    k: i64,
+    upper: bool,
+}
+
+impl<T: DType> Op<T> for Triangle {
+    type Saved = ();
+
+    fn name(&self) -> &'static str {
+        if self.upper {
+            "triu"
+        } else {
+            "tril"
+        }
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let out = triangle(cx.input(0), cx.scope(), self.k, self.upper)?;
+        Ok((out, cx.saving().then_some(())))
+    }
+
+    /// The same triangle of the gradient.
+    fn backward<'b>(&self, (): (), g: Tensor<'b, T>, cx: &Backward<'b>) -> Result<Grads<'b, T>> {
+        Ok(Grads::from([Some(triangle(
+            &g,
+            cx.at(),
+            self.k,
+            self.upper,
+        )?)]))
+    }
+}
+
+/// The triangle of `x` (its rank checked by the caller), in `scope`.
+fn triangle<'s, T: DType>(
+    x: &Tensor<'s, T>,
+    scope: &State,
+    k: i64,
+    upper: bool,
+) -> Result<Tensor<'s, T>> {
+    let [.., m, n] = *x.shape() else {
+        unreachable!("the rank is checked before the op runs")
+    };
+    let mut out = Tensor::try_rent_in(scope, x.shape())?;
+    if !out.is_empty() {
+        work::visit(x.len() / (m * n));
+        let keep = |i: usize, j: usize| {
+            let d = j as i64 - i as i64;
+            if upper {
+                d >= k
+            } else {
+                d <= k
+            }
+        };
+        let src = x.as_slice().chunks_exact(n);
+        for (r, (o, x)) in out
+            .unique_slice_mut()
+            .chunks_exact_mut(n)
+            .zip(src)
+            .enumerate()
+        {
+            let i = r % m;
+            for (j, (o, &x)) in o.iter_mut().zip(x).enumerate() {
+                *o = if keep(i, j) { x } else { T::zeroed() };
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `where_cond` by a mask (held).
+#[derive(Clone)]
+struct Where {
+    mask: Saved<u8>,
+}
+
+impl<T: Element> Op<T> for Where {
+    /// The two operands' shapes (to reduce a broadcast gradient to).
+    type Saved = (IxDyn, IxDyn);
+
+    fn name(&self) -> &'static str {
+        "where_cond"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let (mask, on_true, on_false) = (&self.mask.0, cx.input(0), cx.input(1));
+        let shape = broadcast_shape("where_cond", on_true.shape(), on_false.shape())?;
+        let shape = broadcast_shape("where_cond", mask.shape(), shape.slice())?;
+        let shape = shape.slice();
+        let mut out = cx.rent(shape)?;
+        if !out.is_empty() {
+            work::visit(rows(shape));
+            Zip::from(out.unique_view_mut())
+                .and_broadcast(&mask.view())
+                .and_broadcast(&on_true.view())
+                .and_broadcast(&on_false.view())
+                .for_each(|o, &m, &a, &b| *o = if m != 0 { a } else { b });
+        }
+        let saved = cx
+            .saving()
+            .then(|| (IxDyn(on_true.shape()), IxDyn(on_false.shape())));
+        Ok((out, saved))
+    }
+
+    /// The gradient to the operand each element came from.
+    fn backward<'b>(
+        &self,
+        (a, b): Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let mask = self.mask.get(cx);
+        let da = cx
+            .needs(0)
+            .then(|| reduce_to(select_grad(&g, &mask, true)?, a.slice()));
+        let db = cx
+            .needs(1)
+            .then(|| reduce_to(select_grad(&g, &mask, false)?, b.slice()));
+        Ok(Grads::from([da.transpose()?, db.transpose()?]))
+    }
+
+    fn held(&self) -> &dyn Held {
+        &self.mask
+    }
+}
+
+/// `masked_fill` by a mask (held) with a value.
+#[derive(Clone)]
+struct MaskedFill<T> {
+    mask: Saved<u8>,
+    value: T,
+}
+
+impl<T: Element> Op<T> for MaskedFill<T> {
+    type Saved = ();
+
+    fn name(&self) -> &'static str {
+        "masked_fill"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let (x, mask, value) = (cx.input(0), &self.mask.0, self.value);
+        let mut out = cx.rent(x.shape())?;
+        if !out.is_empty() {
+            work::visit(rows(x.shape()));
+            Zip::from(out.unique_view_mut())
+                .and(&x.view())
+                .and_broadcast(&mask.view())
+                .for_each(|o, &x, &m| *o = if m != 0 { value } else { x });
+        }
+        Ok((out, cx.saving().then_some(())))
+    }
+
+    /// The gradient where the mask kept the input, 0 where it filled.
+    fn backward<'b>(&self, (): (), g: Tensor<'b, T>, cx: &Backward<'b>) -> Result<Grads<'b, T>> {
+        Ok(Grads::from([Some(select_grad(
+            &g,
+            &self.mask.get(cx),
+            false,
+        )?)]))
+    }
+
+    fn held(&self) -> &dyn Held {
+        &self.mask
+    }
+}
 
 /// A comparison, for [`Tensor::cmp`] and [`Tensor::cmp_scalar`]. As in IEEE 754 and PyTorch, every
 /// comparison with NaN is false except `Ne`.
@@ -87,13 +256,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         Ok(out)
     }
 
-    /// The mask of `self <cmp> other`; see [`Tensor::try_cmp`].
-    ///
-    /// # Panics
-    /// If the shapes do not broadcast or the budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn cmp(&self, other: &Tensor<'s, T>, cmp: Cmp) -> Tensor<'s, u8> {
-        or_panic(self.try_cmp(other, cmp))
+    panicking! {
+        /// The mask of `self <cmp> other`.
+        pub fn cmp(&self, other: &Tensor<'s, T>, cmp: Cmp) -> Tensor<'s, u8> = try_cmp;
     }
 
     /// The mask of `self <cmp> value`. Fails only with a budget error.
@@ -106,13 +271,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         Ok(out)
     }
 
-    /// The mask of `self <cmp> value`; see [`Tensor::try_cmp_scalar`].
-    ///
-    /// # Panics
-    /// If the budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn cmp_scalar(&self, cmp: Cmp, value: T) -> Tensor<'s, u8> {
-        or_panic(self.try_cmp_scalar(cmp, value))
+    panicking! {
+        /// The mask of `self <cmp> value`.
+        pub fn cmp_scalar(&self, cmp: Cmp, value: T) -> Tensor<'s, u8> = try_cmp_scalar;
     }
 
     comparisons!(eq Eq "==", ne Ne "!=", lt Lt "<", le Le "<=", gt Gt ">", ge Ge ">=");
@@ -121,69 +282,35 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// `j - i <= k` and zeroed elsewhere; `k = 0` keeps the diagonal, `k = -1` drops it. Fails with
     /// [`Error::InvalidShape`] for a rank below 2.
     pub fn try_tril(&self, k: i64) -> Result<Tensor<'s, T>> {
-        self.triangle(k, false)
+        self.try_triangle(k, false)
     }
 
-    /// The lower triangle; see [`Tensor::try_tril`].
-    ///
-    /// # Panics
-    /// For a rank below 2 or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn tril(&self, k: i64) -> Tensor<'s, T> {
-        or_panic(self.try_tril(k))
+    panicking! {
+        /// The lower triangle.
+        pub fn tril(&self, k: i64) -> Tensor<'s, T> = try_tril;
     }
 
     /// The upper triangle of the last two axes (PyTorch's `triu`): element `(i, j)` is kept where
     /// `j - i >= k`; `ones.triu(1)` marks the future positions of a causal mask. Fails with
     /// [`Error::InvalidShape`] for a rank below 2.
     pub fn try_triu(&self, k: i64) -> Result<Tensor<'s, T>> {
-        self.triangle(k, true)
+        self.try_triangle(k, true)
     }
 
-    /// The upper triangle; see [`Tensor::try_triu`].
-    ///
-    /// # Panics
-    /// For a rank below 2 or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn triu(&self, k: i64) -> Tensor<'s, T> {
-        or_panic(self.try_triu(k))
+    panicking! {
+        /// The upper triangle.
+        pub fn triu(&self, k: i64) -> Tensor<'s, T> = try_triu;
     }
 
-    pub(crate) fn triangle(&self, k: i64, upper: bool) -> Result<Tensor<'s, T>> {
-        let [.., m, n] = *self.shape() else {
+    fn try_triangle(&self, k: i64, upper: bool) -> Result<Tensor<'s, T>> {
+        if self.ndim() < 2 {
             return Err(Error::InvalidShape {
                 op: if upper { "triu" } else { "tril" },
                 shape: Shape::from(self.shape()),
                 reason: "needs at least two axes".into(),
             });
-        };
-        let mut out = Tensor::try_rent_in(&self.rents_in, self.shape())?;
-        if !out.is_empty() {
-            work::visit(self.len() / (m * n));
-            let keep = |i: usize, j: usize| {
-                let d = j as i64 - i as i64;
-                if upper {
-                    d >= k
-                } else {
-                    d <= k
-                }
-            };
-            let src = self.as_slice().chunks_exact(n);
-            for (r, (o, x)) in out
-                .unique_slice_mut()
-                .chunks_exact_mut(n)
-                .zip(src)
-                .enumerate()
-            {
-                let i = r % m;
-                for (j, (o, &x)) in o.iter_mut().zip(x).enumerate() {
-                    *o = if keep(i, j) { x } else { T::zeroed() };
-                }
-            }
         }
-        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Triangle(k, upper)
-        }))
+        autograd::run(Triangle { k, upper }, args([Arg::Borrowed(self)]))
     }
 }
 
@@ -196,44 +323,14 @@ impl<'s> Tensor<'s, u8> {
         on_true: &Tensor<'s, T>,
         on_false: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
-        let shape = broadcast_shape("where_cond", on_true.shape(), on_false.shape())?;
-        let shape = broadcast_shape("where_cond", self.shape(), shape.slice())?;
-        let shape = shape.slice();
-        let scope = deeper(
-            deeper(&self.rents_in, &on_true.rents_in),
-            &on_false.rents_in,
-        );
-        let recorder = Recorder::of(&[on_true, on_false]);
-        let mut out = Tensor::try_rent_in(scope, shape)?;
-        if !out.is_empty() {
-            work::visit(rows(shape));
-            Zip::from(out.unique_view_mut())
-                .and_broadcast(&self.view())
-                .and_broadcast(&on_true.view())
-                .and_broadcast(&on_false.view())
-                .for_each(|o, &m, &a, &b| *o = if m != 0 { a } else { b });
-        }
-        Ok(autograd::finish(recorder, out, |_| {
-            Rule::Where(
-                self.saved(),
-                IxDyn(on_true.shape()),
-                IxDyn(on_false.shape()),
-            )
-        }))
+        let mask = Saved(self.saved());
+        let inputs = args([Arg::Borrowed(on_true), Arg::Borrowed(on_false)]);
+        autograd::run(Where { mask }, inputs)
     }
 
-    /// `on_true` where this mask is non-zero and `on_false` elsewhere; see
-    /// [`Tensor::try_where_cond`].
-    ///
-    /// # Panics
-    /// If the shapes do not broadcast or the budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn where_cond<T: Element>(
-        &self,
-        on_true: &Tensor<'s, T>,
-        on_false: &Tensor<'s, T>,
-    ) -> Tensor<'s, T> {
-        or_panic(self.try_where_cond(on_true, on_false))
+    panicking! {
+        /// `on_true` where this mask is non-zero and `on_false` elsewhere; see
+        pub fn where_cond<T: Element>(&self, on_true: &Tensor<'s, T>, on_false: &Tensor<'s, T>,) -> Tensor<'s, T> = try_where_cond;
     }
 }
 
@@ -251,37 +348,23 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "the mask must broadcast to the tensor's shape".into(),
             });
         }
-        let scope = deeper(&self.rents_in, &mask.rents_in);
-        let mut out = Tensor::try_rent_in(scope, self.shape())?;
-        if !out.is_empty() {
-            work::visit(rows(self.shape()));
-            Zip::from(out.unique_view_mut())
-                .and(&self.view())
-                .and_broadcast(&mask.view())
-                .for_each(|o, &x, &m| *o = if m != 0 { value } else { x });
-        }
-        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::MaskedFill(mask.saved(), value)
-        }))
+        let mask = Saved(mask.saved());
+        autograd::run(MaskedFill { mask, value }, args([Arg::Borrowed(self)]))
     }
 
-    /// A copy with `value` where `mask` is non-zero; see [`Tensor::try_masked_fill`].
-    ///
-    /// # Panics
-    /// If the mask does not broadcast or the budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn masked_fill(&self, mask: &Tensor<'s, u8>, value: T) -> Tensor<'s, T> {
-        or_panic(self.try_masked_fill(mask, value))
+    panicking! {
+        /// A copy with `value` where `mask` is non-zero.
+        pub fn masked_fill(&self, mask: &Tensor<'s, u8>, value: T) -> Tensor<'s, T> = try_masked_fill;
     }
 }
 
 /// `g` where `mask` (broadcast to `g`'s shape) is non-zero if `keep_set`, or zero if not; zero
 /// elsewhere: the gradient that reaches the operand an element was taken from.
-pub(crate) fn select_grad<T: Element>(
-    g: &Tensor<'static, T>,
-    mask: &Tensor<'static, u8>,
+fn select_grad<'b, T: Element>(
+    g: &Tensor<'b, T>,
+    mask: &Tensor<'b, u8>,
     keep_set: bool,
-) -> Result<Tensor<'static, T>> {
+) -> Result<Tensor<'b, T>> {
     let mut out = Tensor::try_rent_in(&g.rents_in, g.shape())?;
     if !out.is_empty() {
         Zip::from(out.unique_view_mut())

@@ -81,18 +81,12 @@ mod shape;
 pub(crate) mod simd;
 mod tensor_ops;
 
-pub(crate) use conv::{conv2d_backward, upsample_backward};
-pub(crate) use elementwise::Binary;
 pub(crate) use gemm::reserve_scratch;
-pub(crate) use index::cut_to;
-pub(crate) use lanes::{lane_backward, lane_op, Lane, Lanes};
-pub(crate) use linalg::matmul_transposed;
 pub use mask::Cmp;
-pub(crate) use pool2d::{pool2d_backward, Pooling};
 pub use tensor_ops::TensorOps;
-pub(crate) use tensor_ops::{clamp_backward, scalar_op, unary_backward, unary_op};
+pub(crate) use tensor_ops::Unary;
 
-use ndarray::{Dimension, IxDyn};
+use ndarray::IxDyn;
 
 use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
@@ -221,45 +215,6 @@ pub(crate) mod sealed {
     }
 }
 
-/// An op's input, borrowed or owned; an owned unique tensor can be written in place.
-pub(crate) enum Arg<'r, 's, T: Element> {
-    Owned(Tensor<'s, T>),
-    Borrowed(&'r Tensor<'s, T>),
-}
-
-impl<'s, T: Element> Arg<'_, 's, T> {
-    pub(crate) fn tensor(&self) -> &Tensor<'s, T> {
-        match self {
-            Arg::Owned(t) => t,
-            Arg::Borrowed(t) => t,
-        }
-    }
-
-    /// The tensor itself if it is owned, unique and of `shape`, so its buffer can be the output.
-    pub(crate) fn into_writable(self, shape: &[usize]) -> std::result::Result<Tensor<'s, T>, Self> {
-        match self {
-            Arg::Owned(t) if t.is_unique() && t.shape() == shape => Ok(t),
-            other => Err(other),
-        }
-    }
-
-    /// A tensor to write the result into: the operand itself if it can be written in place, else a
-    /// fresh rent of the same shape holding a copy.
-    pub(crate) fn into_writable_copy(self) -> Result<Tensor<'s, T>> {
-        let shape = IxDyn(self.tensor().shape());
-        let shape = shape.slice();
-        match self.into_writable(shape) {
-            Ok(t) => Ok(t),
-            Err(src) => {
-                let src = src.tensor();
-                let mut out = Tensor::try_rent_in(&src.rents_in, shape)?;
-                out.unique_slice_mut().copy_from_slice(src.as_slice());
-                Ok(out)
-            }
-        }
-    }
-}
-
 /// The NumPy broadcast of two shapes: axes aligned from the right, each pair equal or one of them 1.
 /// An `IxDyn`, which holds up to 4 axes without a heap allocation (`.slice()` for the lengths).
 pub(crate) fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<IxDyn> {
@@ -342,6 +297,7 @@ pub(crate) fn check_axis<T: DType>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ndarray::Dimension;
 
     #[test]
     fn broadcast_follows_numpy() {

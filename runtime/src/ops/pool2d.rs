@@ -4,16 +4,24 @@
 
 use super::conv::nchw;
 use super::{beats, work};
-use crate::autograd::{self, Recorder, Rule};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
-use crate::error::{or_panic, Error, Result};
+use crate::error::{panicking, Error, Result};
 use crate::tensor::Tensor;
 
 /// Which pooling: the window's max (its backward needs the positions) or its mean.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pooling {
+enum Pooling {
     Max,
     Avg,
+}
+
+/// A pooling with its window.
+#[derive(Debug, Clone, Copy)]
+struct Pool2d {
+    kind: Pooling,
+    kernel: usize,
+    stride: usize,
 }
 
 impl Pooling {
@@ -43,65 +51,36 @@ fn pooled(op: &'static str, len: usize, kernel: usize, stride: usize) -> Result<
     Ok((len - kernel) / stride + 1)
 }
 
-impl<'s, T: Element> Tensor<'s, T> {
-    /// The max of each `kernel x kernel` window of `[n, c, h, w]`, windows `stride` apart:
-    /// `[n, c, (h - kernel) / stride + 1, (w - kernel) / stride + 1]` (PyTorch's `max_pool2d` with
-    /// no padding). A window holding NaN gives NaN. The gradient goes to each window's max (the
-    /// first, among equal values). Fails with [`Error::InvalidShape`] for a tensor that is not
-    /// 4-D, [`Error::InvalidArgument`] for a zero kernel or stride or a kernel larger than the
-    /// image.
-    pub fn try_max_pool2d(&self, kernel: usize, stride: usize) -> Result<Tensor<'s, T>> {
-        self.pool2d(Pooling::Max, kernel, stride)
+impl<T: Element> Op<T> for Pool2d {
+    /// The max's position in its plane (max pooling) and the input's shape.
+    type Saved = (Option<Saved<i64>>, [usize; 4]);
+
+    fn name(&self) -> &'static str {
+        self.kind.op()
     }
 
-    /// The max of each window; see [`Tensor::try_max_pool2d`].
-    ///
-    /// # Panics
-    /// For a bad shape, kernel or stride, or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn max_pool2d(&self, kernel: usize, stride: usize) -> Tensor<'s, T> {
-        or_panic(self.try_max_pool2d(kernel, stride))
-    }
-
-    /// The mean of each `kernel x kernel` window of `[n, c, h, w]`, windows `stride` apart
-    /// (PyTorch's `avg_pool2d` with no padding). Fails as [`Tensor::try_max_pool2d`].
-    pub fn try_avg_pool2d(&self, kernel: usize, stride: usize) -> Result<Tensor<'s, T>> {
-        self.pool2d(Pooling::Avg, kernel, stride)
-    }
-
-    /// The mean of each window; see [`Tensor::try_avg_pool2d`].
-    ///
-    /// # Panics
-    /// For a bad shape, kernel or stride, or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn avg_pool2d(&self, kernel: usize, stride: usize) -> Tensor<'s, T> {
-        or_panic(self.try_avg_pool2d(kernel, stride))
-    }
-
-    pub(crate) fn pool2d(
-        &self,
-        kind: Pooling,
-        kernel: usize,
-        stride: usize,
-    ) -> Result<Tensor<'s, T>> {
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let Pool2d {
+            kind,
+            kernel,
+            stride,
+        } = *self;
+        let x = cx.input(0);
         let op = kind.op();
-        let [n, c, h, w] = nchw(op, self)?;
+        let [n, c, h, w] = nchw(op, x)?;
         let (ho, wo) = (
             pooled(op, h, kernel, stride)?,
             pooled(op, w, kernel, stride)?,
         );
-        let recorder = Recorder::of(&[self]);
-        let mut out = Tensor::try_rent_in(&self.rents_in, &[n, c, ho, wo])?;
-        // The max's position in its plane, for the backward (only when recording).
-        let mut at = match (kind, &recorder) {
-            (Pooling::Max, Some(_)) => {
-                Some(Tensor::<i64>::try_rent_in(&self.rents_in, &[n, c, ho, wo])?)
-            }
+        let mut out = cx.rent::<T>(&[n, c, ho, wo])?;
+        // The max's position in its plane, for the backward (only when it will run).
+        let mut at = match (kind, cx.saving()) {
+            (Pooling::Max, true) => Some(cx.rent::<i64>(&[n, c, ho, wo])?),
             _ => None,
         };
         if !out.is_empty() {
             work::visit(n * c);
-            let src = self.as_slice();
+            let src = x.as_slice();
             let scale = T::from_f64(1.0 / (kernel * kernel) as f64);
             let mut positions = at
                 .as_mut()
@@ -131,54 +110,91 @@ impl<'s, T: Element> Tensor<'s, T> {
                 }
             }
         }
-        Ok(autograd::finish(recorder, out, |_| Rule::Pool2d {
+        let saved = cx
+            .saving()
+            .then(|| (at.as_ref().map(|at| cx.save(at)), [n, c, h, w]));
+        Ok((out, saved))
+    }
+
+    /// The gradient to each window's max, or spread over the window.
+    fn backward<'b>(
+        &self,
+        (at, input): Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let Pool2d {
             kind,
             kernel,
             stride,
-            at: at.map(Tensor::into_saved),
-            input: [n, c, h, w],
-        }))
-    }
-}
-
-/// The gradient of a pooling of an `input`-shaped image, given `g`.
-pub(crate) fn pool2d_backward<T: Element>(
-    g: &Tensor<'static, T>,
-    kind: Pooling,
-    kernel: usize,
-    stride: usize,
-    at: Option<&Tensor<'static, i64>>,
-    input: [usize; 4],
-) -> Result<Tensor<'static, T>> {
-    let [_, _, h, w] = input;
-    let [_, _, ho, wo] = nchw(kind.op(), g)?;
-    let mut dx = Tensor::try_rent_zeroed_in(&g.rents_in, &input)?;
-    if dx.is_empty() || g.is_empty() {
-        return Ok(dx);
-    }
-    let scale = T::from_f64(1.0 / (kernel * kernel) as f64);
-    let planes = dx
-        .unique_slice_mut()
-        .chunks_exact_mut(h * w)
-        .zip(g.as_slice().chunks_exact(ho * wo));
-    for (plane, (d, gp)) in planes.enumerate() {
-        for (o, &gv) in gp.iter().enumerate() {
-            match kind {
-                Pooling::Max => {
-                    let at = at.expect("a recorded max pooling keeps the positions");
-                    let i = at.as_slice()[plane * ho * wo + o] as usize;
-                    d[i] = d[i] + gv;
-                }
-                Pooling::Avg => {
-                    let (y0, x0) = ((o / wo) * stride, (o % wo) * stride);
-                    for y in y0..y0 + kernel {
-                        for v in &mut d[y * w + x0..][..kernel] {
-                            *v = *v + gv * scale;
+        } = *self;
+        let [_, _, h, w] = input;
+        let [_, _, ho, wo] = nchw(kind.op(), &g)?;
+        let mut dx = cx.zeros::<T>(&input)?;
+        if dx.is_empty() || g.is_empty() {
+            return Ok(Grads::from([Some(dx)]));
+        }
+        let scale = T::from_f64(1.0 / (kernel * kernel) as f64);
+        let planes = dx
+            .unique_slice_mut()
+            .chunks_exact_mut(h * w)
+            .zip(g.as_slice().chunks_exact(ho * wo));
+        for (plane, (d, gp)) in planes.enumerate() {
+            for (o, &gv) in gp.iter().enumerate() {
+                match kind {
+                    Pooling::Max => {
+                        let at = at
+                            .as_ref()
+                            .expect("a recorded max pooling keeps the positions");
+                        let i = at.as_slice()[plane * ho * wo + o] as usize;
+                        d[i] = d[i] + gv;
+                    }
+                    Pooling::Avg => {
+                        let (y0, x0) = ((o / wo) * stride, (o % wo) * stride);
+                        for y in y0..y0 + kernel {
+                            for v in &mut d[y * w + x0..][..kernel] {
+                                *v = *v + gv * scale;
+                            }
                         }
                     }
                 }
             }
         }
+        Ok(Grads::from([Some(dx)]))
     }
-    Ok(dx)
+}
+
+impl<'s, T: Element> Tensor<'s, T> {
+    /// The max of each `kernel x kernel` window of `[n, c, h, w]`, windows `stride` apart:
+    /// `[n, c, (h - kernel) / stride + 1, (w - kernel) / stride + 1]` (PyTorch's `max_pool2d` with
+    /// no padding). A window holding NaN gives NaN. The gradient goes to each window's max (the
+    /// first, among equal values). Fails with [`Error::InvalidShape`] for a tensor that is not
+    /// 4-D, [`Error::InvalidArgument`] for a zero kernel or stride or a kernel larger than the
+    /// image.
+    pub fn try_max_pool2d(&self, kernel: usize, stride: usize) -> Result<Tensor<'s, T>> {
+        let op = Pool2d {
+            kind: Pooling::Max,
+            kernel,
+            stride,
+        };
+        autograd::run(op, args([Arg::Borrowed(self)]))
+    }
+
+    /// The mean of each `kernel x kernel` window of `[n, c, h, w]`, windows `stride` apart
+    /// (PyTorch's `avg_pool2d` with no padding). Fails as [`Tensor::try_max_pool2d`].
+    pub fn try_avg_pool2d(&self, kernel: usize, stride: usize) -> Result<Tensor<'s, T>> {
+        let op = Pool2d {
+            kind: Pooling::Avg,
+            kernel,
+            stride,
+        };
+        autograd::run(op, args([Arg::Borrowed(self)]))
+    }
+
+    panicking! {
+        /// The max of each window.
+        pub fn max_pool2d(&self, kernel: usize, stride: usize) -> Tensor<'s, T> = try_max_pool2d;
+        /// The mean of each window.
+        pub fn avg_pool2d(&self, kernel: usize, stride: usize) -> Tensor<'s, T> = try_avg_pool2d;
+    }
 }

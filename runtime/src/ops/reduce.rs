@@ -4,10 +4,98 @@
 use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Zip};
 
 use super::{beats, check_axis, work, Dim};
-use crate::autograd::{self, Recorder, Rule};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op};
 use crate::element::{DType, Element};
-use crate::error::{or_panic, Result};
+use crate::error::{panicking, Result};
+use crate::scope::State;
 use crate::tensor::Tensor;
+use crate::TensorOps;
+
+/// `sum` or `mean` along an axis.
+#[derive(Debug, Clone, Copy)]
+struct Reduce {
+    axis: usize,
+    mean: bool,
+}
+
+impl<T: Element> Op<T> for Reduce {
+    /// The input's shape.
+    type Saved = IxDyn;
+
+    fn name(&self) -> &'static str {
+        if self.mean {
+            "mean"
+        } else {
+            "sum"
+        }
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let x = cx.input(0);
+        let out = if self.mean {
+            reduce(x, cx.scope(), self.axis, |sum, len| {
+                sum / T::from_f64(len as f64)
+            })
+        } else {
+            reduce(x, cx.scope(), self.axis, |sum, _| sum)
+        }?;
+        Ok((out, cx.saving().then(|| IxDyn(x.shape()))))
+    }
+
+    /// The gradient repeated along the reduced axis (divided by its length for a mean).
+    fn backward<'b>(
+        &self,
+        shape: IxDyn,
+        g: Tensor<'b, T>,
+        _: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let g = match self.mean {
+            true => {
+                let n = T::from_f64(shape[self.axis] as f64);
+                g.try_map(
+                    #[inline(always)]
+                    move |v| v / n,
+                )?
+            }
+            false => g,
+        };
+        Ok(Grads::from([Some(expand(g, self.axis, shape.slice())?)]))
+    }
+}
+
+/// `g` (a reduction's gradient, `shape` without `axis`) repeated along `axis` to `shape`.
+fn expand<'b, T: Element>(g: Tensor<'b, T>, axis: usize, shape: &[usize]) -> Result<Tensor<'b, T>> {
+    let mut kept = IxDyn(shape);
+    kept[axis] = 1;
+    g.try_reshape(kept.slice())?.try_broadcast_to(shape)
+}
+
+/// `g` summed over the axes along which an input of `shape` was broadcast to `g`'s shape.
+pub(crate) fn reduce_to<'b, T: Element>(
+    g: Tensor<'b, T>,
+    shape: &[usize],
+) -> Result<Tensor<'b, T>> {
+    if g.shape() == shape {
+        return Ok(g);
+    }
+    let lead = g.ndim() - shape.len();
+    let mut g = g;
+    if lead > 0 {
+        // The leading axes in one pass, as one axis of their product.
+        let mut flat = IxDyn::zeros(1 + shape.len());
+        flat[0] = g.shape()[..lead].iter().product();
+        flat.slice_mut()[1..].copy_from_slice(&g.shape()[lead..]);
+        g = g.try_reshape(flat.slice())?.try_sum(0)?;
+    }
+    for (axis, &len) in shape.iter().enumerate() {
+        if len == 1 && g.shape()[axis] != 1 {
+            let mut kept = IxDyn(g.shape());
+            kept[axis] = 1;
+            g = g.try_sum(axis)?.try_reshape(kept.slice())?;
+        }
+    }
+    Ok(g)
+}
 
 impl<'s, T: Element> Tensor<'s, T> {
     /// Sums along `axis` (negative counts from the back); the result has that axis removed (`[2, 3]`
@@ -15,38 +103,21 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
     pub fn try_sum(&self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = check_axis("sum", self, axis)?;
-        let out = self.reduce(axis, |lane_sum, _| lane_sum)?;
-        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Sum(axis, IxDyn(self.shape()))
-        }))
-    }
-
-    /// Sums along `axis`; see [`Tensor::try_sum`].
-    ///
-    /// # Panics
-    /// For a bad axis or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn sum(&self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_sum(axis))
+        autograd::run(Reduce { axis, mean: false }, args([Arg::Borrowed(self)]))
     }
 
     /// The mean along `axis`; the result has that axis removed. The mean over a zero-length axis is
     /// NaN, as 0/0. Fails with [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
     pub fn try_mean(&self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = check_axis("mean", self, axis)?;
-        let out = self.reduce(axis, |lane_sum, len| lane_sum / T::from_f64(len as f64))?;
-        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Mean(axis, IxDyn(self.shape()))
-        }))
+        autograd::run(Reduce { axis, mean: true }, args([Arg::Borrowed(self)]))
     }
 
-    /// The mean along `axis`; see [`Tensor::try_mean`].
-    ///
-    /// # Panics
-    /// For a bad axis or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn mean(&self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_mean(axis))
+    panicking! {
+        /// Sums along `axis`.
+        pub fn sum(&self, axis: impl Dim) -> Tensor<'s, T> = try_sum;
+        /// The mean along `axis`.
+        pub fn mean(&self, axis: impl Dim) -> Tensor<'s, T> = try_mean;
     }
 
     /// Sums along `axis`, keeping it with length 1 (PyTorch's `keepdim=True`), so the result
@@ -56,13 +127,9 @@ impl<'s, T: Element> Tensor<'s, T> {
         self.try_sum(axis)?.try_unsqueeze(axis)
     }
 
-    /// Sums along `axis`, keeping it; see [`Tensor::try_sum_keepdim`].
-    ///
-    /// # Panics
-    /// For a bad axis or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn sum_keepdim(&self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_sum_keepdim(axis))
+    panicking! {
+        /// Sums along `axis`, keeping it.
+        pub fn sum_keepdim(&self, axis: impl Dim) -> Tensor<'s, T> = try_sum_keepdim;
     }
 
     /// The mean along `axis`, keeping it with length 1. Fails as [`Tensor::try_mean`].
@@ -71,13 +138,9 @@ impl<'s, T: Element> Tensor<'s, T> {
         self.try_mean(axis)?.try_unsqueeze(axis)
     }
 
-    /// The mean along `axis`, keeping it; see [`Tensor::try_mean_keepdim`].
-    ///
-    /// # Panics
-    /// For a bad axis or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn mean_keepdim(&self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_mean_keepdim(axis))
+    panicking! {
+        /// The mean along `axis`, keeping it.
+        pub fn mean_keepdim(&self, axis: impl Dim) -> Tensor<'s, T> = try_mean_keepdim;
     }
 
     /// The sum of every element, as a rank-0 tensor (0 for an empty tensor). Fails only with a
@@ -86,13 +149,9 @@ impl<'s, T: Element> Tensor<'s, T> {
         self.flatten().try_sum(0)
     }
 
-    /// The sum of every element; see [`Tensor::try_sum_all`].
-    ///
-    /// # Panics
-    /// If the budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn sum_all(&self) -> Tensor<'s, T> {
-        or_panic(self.try_sum_all())
+    panicking! {
+        /// The sum of every element.
+        pub fn sum_all(&self) -> Tensor<'s, T> = try_sum_all;
     }
 
     /// The mean of every element, as a rank-0 tensor (NaN for an empty tensor). Fails only with a
@@ -101,47 +160,49 @@ impl<'s, T: Element> Tensor<'s, T> {
         self.flatten().try_mean(0)
     }
 
-    /// The mean of every element; see [`Tensor::try_mean_all`].
-    ///
-    /// # Panics
-    /// If the budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn mean_all(&self) -> Tensor<'s, T> {
-        or_panic(self.try_mean_all())
+    panicking! {
+        /// The mean of every element.
+        pub fn mean_all(&self) -> Tensor<'s, T> = try_mean_all;
     }
+}
 
-    /// `finish(sum of the lane, lane length)` for every lane along `axis` (checked).
-    fn reduce(&self, axis: usize, finish: impl Fn(T, usize) -> T) -> Result<Tensor<'s, T>> {
-        let view = self.view();
-        let shape = IxDyn(self.shape()).remove_axis(Axis(axis));
-        let len = self.shape()[axis];
-        let mut out = Tensor::try_rent_in(&self.rents_in, shape.slice())?;
-        if out.is_empty() {
-            return Ok(out);
-        }
-        let mut acc = out.unique_view_mut();
-        if len == 0 {
-            // Empty lanes: the sum is 0 (and the mean 0/0).
-            acc.fill(finish(T::zero(), 0));
-        } else if axis + 1 == self.ndim() {
-            // Contiguous lanes: one sum each.
-            work::visit(acc.len());
-            Zip::from(&mut acc)
-                .and(view.lanes(Axis(axis)))
-                .for_each(|o, lane| *o = finish(lane.sum(), len));
-        } else {
-            // Strided lanes would be read one element per cache line: add whole slices instead.
-            work::visit(len);
-            acc.fill(T::zero());
-            for slice in view.axis_iter(Axis(axis)) {
-                Zip::from(&mut acc)
-                    .and(&slice)
-                    .for_each(|o, &x| *o = *o + x);
-            }
-            acc.mapv_inplace(|sum| finish(sum, len));
-        }
-        Ok(out)
+/// `finish(sum of the lane, lane length)` for every lane along `axis` (checked) of `x`, into a
+/// tensor of `scope`.
+fn reduce<'s, T: Element>(
+    x: &Tensor<'s, T>,
+    scope: &State,
+    axis: usize,
+    finish: impl Fn(T, usize) -> T,
+) -> Result<Tensor<'s, T>> {
+    let view = x.view();
+    let shape = IxDyn(x.shape()).remove_axis(Axis(axis));
+    let len = x.shape()[axis];
+    let mut out = Tensor::try_rent_in(scope, shape.slice())?;
+    if out.is_empty() {
+        return Ok(out);
     }
+    let mut acc = out.unique_view_mut();
+    if len == 0 {
+        // Empty lanes: the sum is 0 (and the mean 0/0).
+        acc.fill(finish(T::zero(), 0));
+    } else if axis + 1 == x.ndim() {
+        // Contiguous lanes: one sum each.
+        work::visit(acc.len());
+        Zip::from(&mut acc)
+            .and(view.lanes(Axis(axis)))
+            .for_each(|o, lane| *o = finish(lane.sum(), len));
+    } else {
+        // Strided lanes would be read one element per cache line: add whole slices instead.
+        work::visit(len);
+        acc.fill(T::zero());
+        for slice in view.axis_iter(Axis(axis)) {
+            Zip::from(&mut acc)
+                .and(&slice)
+                .for_each(|o, &x| *o = *o + x);
+        }
+        acc.mapv_inplace(|sum| finish(sum, len));
+    }
+    Ok(out)
 }
 
 /// Which extreme a reduction looks for.
@@ -171,13 +232,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.arg_extreme(Extreme::Max, axis, false, true)
     }
 
-    /// The position of the largest value along `axis`; see [`Tensor::try_argmax`].
-    ///
-    /// # Panics
-    /// For a bad or empty axis, with the error's message.
-    #[track_caller]
-    pub fn argmax(&self, axis: impl Dim) -> Tensor<'s, i64> {
-        or_panic(self.try_argmax(axis))
+    panicking! {
+        /// The position of the largest value along `axis`.
+        pub fn argmax(&self, axis: impl Dim) -> Tensor<'s, i64> = try_argmax;
     }
 
     /// The position of the smallest value along `axis`, with that axis removed; as
@@ -186,13 +243,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.arg_extreme(Extreme::Min, axis, false, true)
     }
 
-    /// The position of the smallest value along `axis`; see [`Tensor::try_argmin`].
-    ///
-    /// # Panics
-    /// For a bad or empty axis, with the error's message.
-    #[track_caller]
-    pub fn argmin(&self, axis: impl Dim) -> Tensor<'s, i64> {
-        or_panic(self.try_argmin(axis))
+    panicking! {
+        /// The position of the smallest value along `axis`.
+        pub fn argmin(&self, axis: impl Dim) -> Tensor<'s, i64> = try_argmin;
     }
 
     /// The largest value along `axis`, with that axis removed (PyTorch's `max(dim).values`; NaN if
@@ -202,13 +255,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.extreme(Extreme::Max, axis, false)
     }
 
-    /// The largest value along `axis`; see [`Tensor::try_max`].
-    ///
-    /// # Panics
-    /// For a bad or empty axis, or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn max(&self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_max(axis))
+    panicking! {
+        /// The largest value along `axis`.
+        pub fn max(&self, axis: impl Dim) -> Tensor<'s, T> = try_max;
     }
 
     /// The largest value along `axis`, keeping it with length 1. Fails as [`Tensor::try_max`].
@@ -216,13 +265,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.extreme(Extreme::Max, axis, true)
     }
 
-    /// The largest value along `axis`, keeping it; see [`Tensor::try_max_keepdim`].
-    ///
-    /// # Panics
-    /// For a bad or empty axis, or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn max_keepdim(&self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_max_keepdim(axis))
+    panicking! {
+        /// The largest value along `axis`, keeping it.
+        pub fn max_keepdim(&self, axis: impl Dim) -> Tensor<'s, T> = try_max_keepdim;
     }
 
     /// The smallest value along `axis`, with that axis removed; as [`Tensor::try_max`] otherwise.
@@ -230,13 +275,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.extreme(Extreme::Min, axis, false)
     }
 
-    /// The smallest value along `axis`; see [`Tensor::try_min`].
-    ///
-    /// # Panics
-    /// For a bad or empty axis, or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn min(&self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_min(axis))
+    panicking! {
+        /// The smallest value along `axis`.
+        pub fn min(&self, axis: impl Dim) -> Tensor<'s, T> = try_min;
     }
 
     /// The smallest value along `axis`, keeping it with length 1. Fails as [`Tensor::try_min`].
@@ -244,13 +285,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.extreme(Extreme::Min, axis, true)
     }
 
-    /// The smallest value along `axis`, keeping it; see [`Tensor::try_min_keepdim`].
-    ///
-    /// # Panics
-    /// For a bad or empty axis, or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn min_keepdim(&self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_min_keepdim(axis))
+    panicking! {
+        /// The smallest value along `axis`, keeping it.
+        pub fn min_keepdim(&self, axis: impl Dim) -> Tensor<'s, T> = try_min_keepdim;
     }
 
     /// The extreme values: the input gathered at the extremes' positions, so the gradient follows

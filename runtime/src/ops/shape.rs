@@ -6,11 +6,208 @@
 use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Slice};
 
 use super::{check_addressable, check_axis, dimension_overflow, resolve_axis, work, Dim};
-use crate::autograd::{self, Recorder, Rule};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op};
 use crate::element::DType;
-use crate::error::{or_panic, Error, Result, Shape};
-use crate::scope::deeper;
+use crate::error::{or_panic, panicking, Error, Result, Shape};
+use crate::pool::element_count;
+use crate::scope::State;
 use crate::tensor::Tensor;
+
+/// `concat` along an axis.
+#[derive(Debug, Clone, Copy)]
+struct Concat {
+    axis: usize,
+}
+
+impl<T: DType> Op<T> for Concat {
+    /// The inputs' lengths along the axis.
+    type Saved = IxDyn;
+
+    fn name(&self) -> &'static str {
+        "concat"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let axis = self.axis;
+        let first = cx.input(0);
+        let joined = cx
+            .inputs()
+            .try_fold(0usize, |len, t| len.checked_add(t.shape()[axis]));
+        let overflow = || {
+            let total = cx
+                .inputs()
+                .map(|t| t.shape()[axis])
+                .fold(0usize, usize::saturating_add);
+            dimension_overflow("concat", "joined length", total, first.shape())
+        };
+        let mut shape = IxDyn(first.shape());
+        shape[axis] = joined.ok_or_else(overflow)?;
+        check_addressable::<T>(shape.slice(), overflow)?;
+        let mut out = cx.rent(shape.slice())?;
+        if !out.is_empty() {
+            let mut view = out.unique_view_mut();
+            let mut start = 0;
+            for t in cx.inputs().filter(|t| !t.is_empty()) {
+                work::visit(1);
+                let end = start + t.shape()[axis];
+                view.slice_axis_mut(Axis(axis), Slice::from(start..end))
+                    .assign(&t.view());
+                start = end;
+            }
+        }
+        let saved = cx.saving().then(|| {
+            let mut lengths = IxDyn::zeros(cx.len());
+            for (len, t) in lengths.slice_mut().iter_mut().zip(cx.inputs()) {
+                *len = t.shape()[axis];
+            }
+            lengths
+        });
+        Ok((out, saved))
+    }
+
+    /// The gradient's slices along the axis, one per input.
+    fn backward<'b>(
+        &self,
+        lengths: IxDyn,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let mut start = 0;
+        let parts = lengths.slice().iter().enumerate().map(|(i, &len)| {
+            start += len;
+            cx.needs(i)
+                .then(|| narrowed(&g, cx.at(), self.axis, start - len, len))
+                .transpose()
+        });
+        parts.collect::<Result<Grads<'b, T>>>()
+    }
+}
+
+/// `narrow(axis, start, len)`.
+#[derive(Debug, Clone, Copy)]
+struct Narrow {
+    axis: usize,
+    start: usize,
+    len: usize,
+}
+
+impl<T: DType> Op<T> for Narrow {
+    /// The input's length along the axis.
+    type Saved = usize;
+
+    fn name(&self) -> &'static str {
+        "narrow"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let x = cx.input(0);
+        let out = narrowed(x, cx.scope(), self.axis, self.start, self.len)?;
+        Ok((out, cx.saving().then(|| x.shape()[self.axis])))
+    }
+
+    /// The gradient in the narrowed positions, zeros elsewhere.
+    fn backward<'b>(
+        &self,
+        full: usize,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let Narrow { axis, start, len } = *self;
+        let mut shape = IxDyn(g.shape());
+        shape[axis] = full;
+        let mut dx = cx.zeros::<T>(shape.slice())?;
+        if !g.is_empty() {
+            dx.unique_view_mut()
+                .slice_axis_mut(Axis(axis), Slice::from(start..start + len))
+                .assign(&g.view());
+        }
+        Ok(Grads::from([Some(dx)]))
+    }
+}
+
+/// A copy of `len` positions of `axis` of `x` from `start` (checked by the caller), in `scope`.
+fn narrowed<'s, T: DType>(
+    x: &Tensor<'s, T>,
+    scope: &State,
+    axis: usize,
+    start: usize,
+    len: usize,
+) -> Result<Tensor<'s, T>> {
+    let mut shape = IxDyn(x.shape());
+    shape[axis] = len;
+    let mut out = Tensor::try_rent_in(scope, shape.slice())?;
+    if !out.is_empty() {
+        work::visit(1);
+        let view = x.view();
+        out.unique_view_mut()
+            .assign(&view.slice_axis(Axis(axis), Slice::from(start..start + len)));
+    }
+    Ok(out)
+}
+
+/// `permute(axes)`: axis `i` of the output is axis `axes[i]` of the input.
+#[derive(Debug, Clone)]
+struct Permute {
+    axes: IxDyn,
+}
+
+impl<T: DType> Op<T> for Permute {
+    type Saved = ();
+
+    fn name(&self) -> &'static str {
+        "permute"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let view = cx.input(0).view().permuted_axes(self.axes.clone());
+        let mut out = cx.rent(view.shape())?;
+        if !out.is_empty() {
+            work::visit(1);
+            out.unique_view_mut().assign(&view);
+        }
+        Ok((out, cx.saving().then_some(())))
+    }
+
+    /// The gradient permuted back.
+    fn backward<'b>(&self, (): (), g: Tensor<'b, T>, _: &Backward<'b>) -> Result<Grads<'b, T>> {
+        let mut inverse = self.axes.clone();
+        for (i, &a) in self.axes.slice().iter().enumerate() {
+            inverse[a] = i;
+        }
+        Ok(Grads::from([Some(g.try_permute(inverse.slice())?)]))
+    }
+}
+
+/// `reshape(shape)`: an alias with another shape.
+#[derive(Debug, Clone)]
+struct Reshape {
+    shape: IxDyn,
+}
+
+impl<T: DType> Op<T> for Reshape {
+    /// The input's shape.
+    type Saved = IxDyn;
+
+    fn name(&self) -> &'static str {
+        "reshape"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let x = cx.input(0);
+        let alias = x.reshaped(cx.scope(), self.shape.slice());
+        Ok((alias, cx.saving().then(|| IxDyn(x.shape()))))
+    }
+
+    /// The gradient reshaped back.
+    fn backward<'b>(
+        &self,
+        shape: IxDyn,
+        g: Tensor<'b, T>,
+        _: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        Ok(Grads::from([Some(g.try_reshape(shape.slice())?)]))
+    }
+}
 
 impl<'s, T: DType> Tensor<'s, T> {
     /// Joins `tensors` along `axis`. All must have the same rank and the same lengths on every other
@@ -21,8 +218,6 @@ impl<'s, T: DType> Tensor<'s, T> {
             return Err(Error::NoInputs { op: "concat" });
         };
         let axis = check_axis("concat", first, axis)?;
-        let mut joined = Some(first.shape()[axis]);
-        let mut scope = &first.rents_in;
         for t in rest {
             let reason = if t.ndim() != first.ndim() {
                 Some(format!("ranks differ ({} and {})", first.ndim(), t.ndim()))
@@ -45,45 +240,14 @@ impl<'s, T: DType> Tensor<'s, T> {
                     reason,
                 });
             }
-            joined = joined.and_then(|len| len.checked_add(t.shape()[axis]));
-            scope = deeper(scope, &t.rents_in);
         }
-        let overflow = || {
-            let lengths = tensors.iter().map(|t| t.shape()[axis]);
-            let total = lengths.fold(0usize, usize::saturating_add);
-            dimension_overflow("concat", "joined length", total, first.shape())
-        };
-        let mut shape = IxDyn(first.shape());
-        shape[axis] = joined.ok_or_else(overflow)?;
-        check_addressable::<T>(shape.slice(), overflow)?;
-        let mut out = Tensor::try_rent_in(scope, shape.slice())?;
-        if !out.is_empty() {
-            let mut view = out.unique_view_mut();
-            let mut start = 0;
-            for t in tensors.iter().filter(|t| !t.is_empty()) {
-                work::visit(1);
-                let end = start + t.shape()[axis];
-                view.slice_axis_mut(Axis(axis), Slice::from(start..end))
-                    .assign(&t.view());
-                start = end;
-            }
-        }
-        Ok(autograd::finish(Recorder::of(tensors), out, |_| {
-            let mut lengths = IxDyn::zeros(tensors.len());
-            for (len, t) in lengths.slice_mut().iter_mut().zip(tensors) {
-                *len = t.shape()[axis];
-            }
-            Rule::Concat(axis, lengths)
-        }))
+        let inputs = tensors.iter().map(|&t| Arg::Borrowed(t)).collect();
+        autograd::run(Concat { axis }, inputs)
     }
 
-    /// Joins `tensors` along `axis`; see [`Tensor::try_concat`].
-    ///
-    /// # Panics
-    /// If the shapes do not fit or the budget is exhausted, with the error's message.
-    #[track_caller]
-    pub fn concat(tensors: &[&Tensor<'s, T>], axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(Tensor::try_concat(tensors, axis))
+    panicking! {
+        /// Joins `tensors` along `axis`.
+        pub fn concat(tensors: &[&Tensor<'s, T>], axis: impl Dim) -> Tensor<'s, T> = Self::try_concat;
     }
 
     /// Stacks `tensors` along a new axis `axis` (`-1`: a new last axis): `n` tensors of shape `[a, b]`
@@ -110,14 +274,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         Tensor::try_concat(&lifted.iter().collect::<Vec<_>>(), axis)
     }
 
-    /// Stacks `tensors` along a new axis; see [`Tensor::try_stack`].
-    ///
-    /// # Panics
-    /// If the shapes differ, the axis is out of range or the budget is exhausted, with the error's
-    /// message.
-    #[track_caller]
-    pub fn stack(tensors: &[&Tensor<'s, T>], axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(Tensor::try_stack(tensors, axis))
+    panicking! {
+        /// Stacks `tensors` along a new axis.
+        pub fn stack(tensors: &[&Tensor<'s, T>], axis: impl Dim) -> Tensor<'s, T> = Self::try_stack;
     }
 
     /// A copy of positions `start..start + len` of `axis` (PyTorch's `narrow`, or `x[.., a..b, ..]`).
@@ -136,33 +295,12 @@ impl<'s, T: DType> Tensor<'s, T> {
                 ),
             });
         }
-        let out = self.narrow_kernel(axis, start, len)?;
-        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Narrow(axis, start, full)
-        }))
+        autograd::run(Narrow { axis, start, len }, args([Arg::Borrowed(self)]))
     }
 
-    /// A copy of positions `start..start + len` of `axis`; see [`Tensor::try_narrow`].
-    ///
-    /// # Panics
-    /// If the range does not fit, with the error's message.
-    #[track_caller]
-    pub fn narrow(&self, axis: impl Dim, start: usize, len: usize) -> Tensor<'s, T> {
-        or_panic(self.try_narrow(axis, start, len))
-    }
-
-    /// A copy of `len` positions of `axis` from `start` (checked by the caller), not recorded.
-    pub(crate) fn narrow_kernel(&self, axis: usize, start: usize, len: usize) -> Result<Self> {
-        let mut shape = IxDyn(self.shape());
-        shape[axis] = len;
-        let mut out = Tensor::try_rent_in(&self.rents_in, shape.slice())?;
-        if !out.is_empty() {
-            work::visit(1);
-            let view = self.view();
-            out.unique_view_mut()
-                .assign(&view.slice_axis(Axis(axis), Slice::from(start..start + len)));
-        }
-        Ok(out)
+    panicking! {
+        /// A copy of positions `start..start + len` of `axis`.
+        pub fn narrow(&self, axis: impl Dim, start: usize, len: usize) -> Tensor<'s, T> = try_narrow;
     }
 
     /// Splits `axis` into pieces of `size` positions (the last may be shorter; one empty piece for
@@ -187,13 +325,9 @@ impl<'s, T: DType> Tensor<'s, T> {
             .collect()
     }
 
-    /// Splits `axis` into pieces of `size` positions; see [`Tensor::try_split`].
-    ///
-    /// # Panics
-    /// For a bad axis, a size of 0 or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn split(&self, size: usize, axis: impl Dim) -> Vec<Tensor<'s, T>> {
-        or_panic(self.try_split(size, axis))
+    panicking! {
+        /// Splits `axis` into pieces of `size` positions.
+        pub fn split(&self, size: usize, axis: impl Dim) -> Vec<Tensor<'s, T>> = try_split;
     }
 
     /// Splits `axis` into `chunks` pieces of equal size (the last may be shorter, and there may be
@@ -216,13 +350,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
     }
 
-    /// Splits `axis` into `chunks` pieces; see [`Tensor::try_chunk`].
-    ///
-    /// # Panics
-    /// For a bad axis, 0 chunks or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn chunk(&self, chunks: usize, axis: impl Dim) -> Vec<Tensor<'s, T>> {
-        or_panic(self.try_chunk(chunks, axis))
+    panicking! {
+        /// Splits `axis` into `chunks` pieces.
+        pub fn chunk(&self, chunks: usize, axis: impl Dim) -> Vec<Tensor<'s, T>> = try_chunk;
     }
 
     /// A copy with the axes in the order `axes` (a permutation of `0..rank`, negative axes allowed):
@@ -251,25 +381,35 @@ impl<'s, T: DType> Tensor<'s, T> {
                 ),
             });
         }
-        let view = self.view().permuted_axes(resolved.clone());
-        let mut out = Tensor::try_rent_in(&self.rents_in, view.shape())?;
-        if !out.is_empty() {
-            work::visit(1);
-            out.unique_view_mut().assign(&view);
-        }
-        Ok(autograd::finish(Recorder::of(&[self]), out, |_| {
-            Rule::Permute(resolved)
-        }))
+        autograd::run(Permute { axes: resolved }, args([Arg::Borrowed(self)]))
     }
 
-    /// A copy with the axes in the order `axes`; see [`Tensor::try_permute`].
+    panicking! {
+        /// A copy with the axes in the order `axes`.
+        pub fn permute<D: Dim>(&self, axes: &[D]) -> Tensor<'s, T> = try_permute;
+    }
+
+    /// A zero-copy alias with a new shape holding the same number of elements.
     ///
-    /// # Panics
-    /// If `axes` is not a permutation of the axes, or the budget is exhausted, with the error's
-    /// message.
-    #[track_caller]
-    pub fn permute<D: Dim>(&self, axes: &[D]) -> Tensor<'s, T> {
-        or_panic(self.try_permute(axes))
+    /// Fails with [`Error::ShapeMismatch`] if the element counts differ, [`Error::SizeOverflow`] if the
+    /// new shape is too large to address.
+    pub fn try_reshape(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
+        let count = element_count::<T>(shape)?;
+        if count != self.len() {
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                lhs: Shape::from(self.shape()),
+                rhs: Shape::from(shape),
+                reason: format!("{} elements cannot be viewed as {count}", self.len()),
+            });
+        }
+        let shape = IxDyn(shape);
+        autograd::run(Reshape { shape }, args([Arg::Borrowed(self)]))
+    }
+
+    panicking! {
+        /// A zero-copy alias with a new shape.
+        pub fn reshape(&self, shape: &[usize]) -> Tensor<'s, T> = try_reshape;
     }
 
     /// A copy with axes `a` and `b` swapped (PyTorch's `transpose(a, b)`; `transpose(1, 2)` turns
@@ -285,13 +425,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.try_permute(axes.slice())
     }
 
-    /// A copy with axes `a` and `b` swapped; see [`Tensor::try_transpose`].
-    ///
-    /// # Panics
-    /// For a bad axis or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn transpose(&self, a: impl Dim, b: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_transpose(a, b))
+    panicking! {
+        /// A copy with axes `a` and `b` swapped.
+        pub fn transpose(&self, a: impl Dim, b: impl Dim) -> Tensor<'s, T> = try_transpose;
     }
 
     /// A copy with the last two axes swapped (`[.., m, n] -> [.., n, m]`), as candle's `t()` and
@@ -307,13 +443,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.try_transpose(-2, -1)
     }
 
-    /// A copy with the last two axes swapped; see [`Tensor::try_t`].
-    ///
-    /// # Panics
-    /// For a rank below 2 or an exhausted budget, with the error's message.
-    #[track_caller]
-    pub fn t(&self) -> Tensor<'s, T> {
-        or_panic(self.try_t())
+    panicking! {
+        /// A copy with the last two axes swapped.
+        pub fn t(&self) -> Tensor<'s, T> = try_t;
     }
 
     /// A zero-copy alias with a new axis of length 1 at `axis` (0 to the rank; `-1` appends one).
@@ -324,13 +456,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.try_reshape(shape.slice())
     }
 
-    /// A zero-copy alias with a new axis of length 1; see [`Tensor::try_unsqueeze`].
-    ///
-    /// # Panics
-    /// For a bad axis, with the error's message.
-    #[track_caller]
-    pub fn unsqueeze(&self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_unsqueeze(axis))
+    panicking! {
+        /// A zero-copy alias with a new axis of length 1.
+        pub fn unsqueeze(&self, axis: impl Dim) -> Tensor<'s, T> = try_unsqueeze;
     }
 
     /// A zero-copy alias without `axis`, which must have length 1. Unlike PyTorch, which returns
@@ -349,13 +477,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.try_reshape(IxDyn(self.shape()).remove_axis(Axis(axis)).slice())
     }
 
-    /// A zero-copy alias without `axis`; see [`Tensor::try_squeeze`].
-    ///
-    /// # Panics
-    /// If the axis does not exist or has a length other than 1, with the error's message.
-    #[track_caller]
-    pub fn squeeze(&self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_squeeze(axis))
+    panicking! {
+        /// A zero-copy alias without `axis`.
+        pub fn squeeze(&self, axis: impl Dim) -> Tensor<'s, T> = try_squeeze;
     }
 
     /// A zero-copy alias of all the elements as one axis (`[len]`).

@@ -1,34 +1,285 @@
 //! [`TensorOps`]: the ops that can write their output over their input (elementwise functions and
-//! per-lane kernels such as softmax and the norms), for `Tensor` and `&Tensor` alike.
+//! per-lane kernels such as softmax and the norms), for `Tensor` and `&Tensor` alike; and the
+//! records of the elementwise functions with a derivative.
 
 use std::sync::Arc;
 
-use ndarray::{ArrayViewMut1, Axis};
+use ndarray::{ArrayViewMut1, Axis, Dimension, IxDyn};
 
-use super::elementwise::{zip_with, Binary};
-use super::lanes::{lane_op, Lane, Lanes};
-use super::{check_axis, simd, work, Arg, Dim};
-use crate::autograd::{self, Recorder, Rule, Saved, Scalar, Unary};
+use super::elementwise::{scalar, zip_kernel, ScalarKind};
+use super::lanes::{Lane, LaneOp};
+use super::{check_axis, simd, work, Dim};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
-use crate::error::{or_panic, Result};
+use crate::error::{panicking, Result};
+use crate::scope::State;
 use crate::tensor::Tensor;
 
-/// An elementwise function with its rule, as a `try_` method and a panicking one.
+/// An elementwise function with a derivative: one record for all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unary {
+    Relu,
+    Gelu,
+    Silu,
+    Sigmoid,
+    Tanh,
+    Exp,
+    Neg,
+    Log,
+    Sqrt,
+    Abs,
+    GeluErf,
+    Erf,
+}
+
+impl Unary {
+    /// The function of every element of `x`, recorded (the `nn` activations).
+    pub(crate) fn apply<'s, T: Element>(self, x: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+        autograd::run(self, args([Arg::Borrowed(x)]))
+    }
+
+    /// Whether the backward needs the op's output (`true`) or its input (`false`); `Neg` needs
+    /// neither.
+    fn saves_output(self) -> bool {
+        matches!(
+            self,
+            Unary::Relu | Unary::Sigmoid | Unary::Tanh | Unary::Exp | Unary::Sqrt
+        )
+    }
+}
+
+impl<T: Element> Op<T> for Unary {
+    /// The input or the output (see [`Unary::saves_output`]); nothing for `Neg`.
+    type Saved = Option<Saved<T>>;
+
+    fn name(&self) -> &'static str {
+        match self {
+            Unary::Relu => "relu",
+            Unary::Gelu => "gelu",
+            Unary::Silu => "silu",
+            Unary::Sigmoid => "sigmoid",
+            Unary::Tanh => "tanh",
+            Unary::Exp => "exp",
+            Unary::Neg => "neg",
+            Unary::Log => "log",
+            Unary::Sqrt => "sqrt",
+            Unary::Abs => "abs",
+            Unary::GeluErf => "gelu_erf",
+            Unary::Erf => "erf",
+        }
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let kind = *self;
+        // The input is saved before the kernel runs, so it is not written over.
+        let input = (cx.saving() && !kind.saves_output() && kind != Unary::Neg)
+            .then(|| cx.save(cx.input(0)));
+        let scope = cx.scope().clone();
+        let src = cx.take(0);
+        // One instantiation of the loop per function, so that it inlines and vectorises (a
+        // function pointer would be called once per element). The function is a closure marked
+        // to inline: it then compiles inside the vectorised loop of every instruction set `simd`
+        // dispatches to, whichever codegen unit the loop lands in.
+        macro_rules! pointwise {
+            ($f:expr) => {
+                map(
+                    src,
+                    &scope,
+                    #[inline(always)]
+                    |x: T| $f(x),
+                )
+            };
+        }
+        let out = match kind {
+            Unary::Relu => pointwise!(relu),
+            Unary::Gelu => pointwise!(gelu),
+            Unary::Silu => pointwise!(silu),
+            Unary::Sigmoid => pointwise!(sigmoid),
+            Unary::Tanh => pointwise!(T::tanh_kernel),
+            Unary::Exp => pointwise!(T::exp_kernel),
+            Unary::Neg => pointwise!(|x: T| -x),
+            Unary::Log => pointwise!(T::ln_kernel),
+            Unary::Erf => pointwise!(T::erf_kernel),
+            Unary::Sqrt => pointwise!(T::sqrt),
+            Unary::Abs => pointwise!(T::abs),
+            Unary::GeluErf => pointwise!(gelu_erf),
+        }?;
+        let saved = cx.saving().then(|| {
+            if kind.saves_output() {
+                Some(cx.save(&out))
+            } else {
+                input
+            }
+        });
+        Ok((out, saved))
+    }
+
+    /// `g` times the derivative, in one vectorised loop, written over `g` when it is unique.
+    fn backward<'b>(
+        &self,
+        saved: Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let saved = saved.map(|s| s.get(cx));
+        let shape = IxDyn(g.shape());
+        macro_rules! times {
+            (|$g:ident, $s:ident| $e:expr) => {
+                zip_kernel(
+                    cx.at(),
+                    shape.slice(),
+                    Arg::Owned(g),
+                    Arg::Borrowed(saved.as_ref().expect("the forward saved what it needs")),
+                    #[inline(always)]
+                    |$g: T, $s: T| $e,
+                )
+            };
+        }
+        let dx =
+            match self {
+                Unary::Neg => map(
+                    Arg::Owned(g),
+                    cx.at(),
+                    #[inline(always)]
+                    |x: T| -x,
+                ),
+                // Written as the layers' hand-written backward passes were, for the same bits.
+                Unary::Relu => times!(|g, y| g * if y > T::zero() { T::one() } else { T::zero() }),
+                Unary::Gelu => times!(|g, x| g * gelu_grad(x)),
+                Unary::GeluErf => times!(|g, x| g * gelu_erf_grad(x)),
+                Unary::Silu => times!(|g, x| g * silu_grad(x)),
+                Unary::Sigmoid => times!(|g, y| g * y * (T::one() - y)),
+                Unary::Tanh => times!(|g, y| g * (T::one() - y * y)),
+                Unary::Exp => times!(|g, y| g * y),
+                Unary::Log => times!(|g, x| g / x),
+                Unary::Sqrt => times!(|g, y| g / (y + y)),
+                // 2 / sqrt(pi) e^{-x^2}
+                Unary::Erf => times!(|g, x| g
+                    * (T::from_f64(std::f64::consts::FRAC_2_SQRT_PI) * (-x * x).exp_kernel())),
+                // As PyTorch: the sign, 0 at 0.
+                Unary::Abs => times!(|g, x| if x > T::zero() {
+                    g
+                } else if x < T::zero() {
+                    -g
+                } else {
+                    x * g
+                }),
+            }?;
+        Ok(Grads::from([Some(dx)]))
+    }
+}
+
+/// A user's elementwise function or its derivative ([`TensorOps::map_with_derivative`]); `Sync`,
+/// since an elementwise loop may run on several threads.
+type Function<T> = Arc<dyn Fn(T) -> T + Send + Sync>;
+
+/// `map_with_derivative`: a user's function and its derivative.
+#[derive(Clone)]
+struct Map<T> {
+    f: Function<T>,
+    df: Function<T>,
+}
+
+impl<T: Element> Op<T> for Map<T> {
+    /// The input.
+    type Saved = Saved<T>;
+
+    fn name(&self) -> &'static str {
+        "map_with_derivative"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let saved = cx.saving().then(|| cx.save(cx.input(0)));
+        let (scope, f) = (cx.scope().clone(), &self.f);
+        let out = map(
+            cx.take(0),
+            &scope,
+            #[inline(always)]
+            |x| f(x),
+        )?;
+        Ok((out, saved))
+    }
+
+    fn backward<'b>(
+        &self,
+        x: Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let (x, df) = (x.get(cx), &self.df);
+        let shape = IxDyn(g.shape());
+        let dx = zip_kernel(
+            cx.at(),
+            shape.slice(),
+            Arg::Owned(g),
+            Arg::Borrowed(&x),
+            #[inline(always)]
+            |g, x| g * df(x),
+        )?;
+        Ok(Grads::from([Some(dx)]))
+    }
+}
+
+/// `clamp(min, max)`.
+#[derive(Clone, Copy)]
+struct Clamp<T> {
+    min: T,
+    max: T,
+}
+
+impl<T: Element> Op<T> for Clamp<T> {
+    /// The input.
+    type Saved = Saved<T>;
+
+    fn name(&self) -> &'static str {
+        "clamp"
+    }
+
+    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let saved = cx.saving().then(|| cx.save(cx.input(0)));
+        let (scope, Clamp { min, max }) = (cx.scope().clone(), *self);
+        let out = map(
+            cx.take(0),
+            &scope,
+            #[inline(always)]
+            move |x: T| clamp(x, min, max),
+        )?;
+        Ok((out, saved))
+    }
+
+    /// `g` where `min <= x <= max`, else 0.
+    fn backward<'b>(
+        &self,
+        x: Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let (x, Clamp { min, max }) = (x.get(cx), *self);
+        let shape = IxDyn(g.shape());
+        let dx = zip_kernel(
+            cx.at(),
+            shape.slice(),
+            Arg::Owned(g),
+            Arg::Borrowed(&x),
+            #[inline(always)]
+            |g: T, x: T| if x >= min && x <= max { g } else { T::zero() },
+        )?;
+        Ok(Grads::from([Some(dx)]))
+    }
+}
+
+/// An elementwise function with its record, as a `try_` method and a panicking one.
 macro_rules! elementwise {
     ($(#[doc = $doc:literal])* $name:ident $try_name:ident $kind:ident; $($rest:tt)*) => {
         $(#[doc = $doc])*
         /// Fails only if an output cannot be rented.
         fn $try_name(self) -> Result<Tensor<'s, T>> {
-            self.with_arg(|a| unary(a, Unary::$kind))
+            self.with_arg(|a| autograd::run(Unary::$kind, args([a])))
         }
 
-        $(#[doc = $doc])*
-        ///
-        /// # Panics
-        /// If the budget is exhausted, with the error's message.
-        #[track_caller]
-        fn $name(self) -> Tensor<'s, T> {
-            or_panic(self.$try_name())
+        panicking! {
+            $(#[doc = $doc])*
+            fn $name(self) -> Tensor<'s, T> = $try_name;
         }
 
         elementwise! { $($rest)* }
@@ -65,49 +316,27 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// derivative: a backward through the result fails ([`NotDifferentiable`](crate::Error::NotDifferentiable)); use
     /// [`TensorOps::try_map_with_derivative`] in a differentiated forward.
     fn try_map(self, f: impl Fn(T) -> T + Sync) -> Result<Tensor<'s, T>> {
-        self.with_arg(|a| map_recorded(a, f, |_| Rule::NotDifferentiable("map")))
+        self.with_arg(|a| {
+            autograd::run_opaque("map", args([a]), |cx| {
+                let scope = cx.scope().clone();
+                map(cx.take(0), &scope, f)
+            })
+        })
     }
 
-    /// Applies `f` to every element; see [`TensorOps::try_map`].
-    ///
-    /// # Panics
-    /// If an output cannot be rented (pool budget exhausted), with the error's message.
-    #[track_caller]
-    fn map(self, f: impl Fn(T) -> T + Sync) -> Tensor<'s, T> {
-        or_panic(self.try_map(f))
-    }
-
-    /// Applies `f` to every element, with `df` its derivative: backward multiplies the gradient by
-    /// `df(x)`. Fails only if an output cannot be rented.
+    /// Applies `f` to every element, differentiable with `df`, the derivative of `f`: a backward
+    /// through the result multiplies the gradient by `df(x)`, and a `#[checkpoint]` replays `f`.
+    /// Fails only if an output cannot be rented.
     fn try_map_with_derivative(
         self,
         f: impl Fn(T) -> T + Send + Sync + 'static,
         df: impl Fn(T) -> T + Send + Sync + 'static,
     ) -> Result<Tensor<'s, T>> {
-        self.with_arg(|a| {
-            let saved = Recorder::of(&[a.tensor()]).map(|_| a.tensor().saved());
-            let f = Arc::new(f);
-            let kernel = Arc::clone(&f);
-            map_recorded(
-                a,
-                move |x| kernel(x),
-                move |_| Rule::Map(saved.expect("saved when recording"), f, Arc::new(df)),
-            )
-        })
-    }
-
-    /// Applies `f` with derivative `df` to every element; see
-    /// [`TensorOps::try_map_with_derivative`].
-    ///
-    /// # Panics
-    /// If an output cannot be rented (pool budget exhausted), with the error's message.
-    #[track_caller]
-    fn map_with_derivative(
-        self,
-        f: impl Fn(T) -> T + Send + Sync + 'static,
-        df: impl Fn(T) -> T + Send + Sync + 'static,
-    ) -> Tensor<'s, T> {
-        or_panic(self.try_map_with_derivative(f, df))
+        let op = Map {
+            f: Arc::new(f),
+            df: Arc::new(df),
+        };
+        self.with_arg(|a| autograd::run(op, args([a])))
     }
 
     /// Applies `kernel` to every 1-D lane along `axis` of a copy of the tensor (or of the tensor itself
@@ -119,22 +348,26 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
         axis: impl Dim,
         kernel: impl FnMut(ArrayViewMut1<'_, T>),
     ) -> Result<Tensor<'s, T>> {
+        let axis = check_axis("map_lanes", self.as_tensor(), axis)?;
         self.with_arg(|a| {
-            let recorder = Recorder::of(&[a.tensor()]);
-            let out = map_lanes(a, axis, kernel)?;
-            Ok(autograd::finish(recorder, out, |_| {
-                Rule::NotDifferentiable("map_lanes")
-            }))
+            autograd::run_opaque("map_lanes", args([a]), |cx| {
+                let scope = cx.scope().clone();
+                map_lanes(cx.take(0), &scope, axis, kernel)
+            })
         })
     }
 
-    /// Applies `kernel` to every 1-D lane along `axis`; see [`TensorOps::try_map_lanes`].
-    ///
-    /// # Panics
-    /// For a bad axis or an exhausted budget, with the error's message.
-    #[track_caller]
-    fn map_lanes(self, axis: impl Dim, kernel: impl FnMut(ArrayViewMut1<'_, T>)) -> Tensor<'s, T> {
-        or_panic(self.try_map_lanes(axis, kernel))
+    panicking! {
+        /// Applies `f` to every element.
+        fn map(self, f: impl Fn(T) -> T + Sync) -> Tensor<'s, T> = try_map;
+        /// Applies `f` to every element, differentiable with `df`.
+        fn map_with_derivative(
+            self,
+            f: impl Fn(T) -> T + Send + Sync + 'static,
+            df: impl Fn(T) -> T + Send + Sync + 'static,
+        ) -> Tensor<'s, T> = try_map_with_derivative;
+        /// Applies `kernel` to every 1-D lane along `axis`.
+        fn map_lanes(self, axis: impl Dim, kernel: impl FnMut(ArrayViewMut1<'_, T>)) -> Tensor<'s, T> = try_map_lanes;
     }
 
     elementwise! {
@@ -168,16 +401,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// Every element to the power `p` (`powf`; a negative base with a fractional power is NaN).
     /// Fails only if an output cannot be rented.
     fn try_pow(self, p: T) -> Result<Tensor<'s, T>> {
-        self.with_arg(|a| scalar(a, Scalar::Pow, p, move |v| v.powf(p)))
-    }
-
-    /// Every element to the power `p`; see [`TensorOps::try_pow`].
-    ///
-    /// # Panics
-    /// If the budget is exhausted, with the error's message.
-    #[track_caller]
-    fn pow(self, p: T) -> Tensor<'s, T> {
-        or_panic(self.try_pow(p))
+        self.with_arg(|a| scalar(a, ScalarKind::Pow, p))
     }
 
     /// Every element limited to `[min, max]` (NaN stays NaN, as in PyTorch). The gradient passes
@@ -191,24 +415,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
                 reason: format!("min {min} is not at most max {max}"),
             });
         }
-        self.with_arg(|a| {
-            let x = Recorder::of(&[a.tensor()]).map(|_| a.tensor().saved());
-            map_recorded(
-                a,
-                #[inline(always)]
-                move |x: T| clamp(x, min, max),
-                |_| Rule::Clamp(x.expect("saved when recording"), min, max),
-            )
-        })
-    }
-
-    /// Every element limited to `[min, max]`; see [`TensorOps::try_clamp`].
-    ///
-    /// # Panics
-    /// If `min > max`, or the budget is exhausted, with the error's message.
-    #[track_caller]
-    fn clamp(self, min: T, max: T) -> Tensor<'s, T> {
-        or_panic(self.try_clamp(min, max))
+        self.with_arg(|a| autograd::run(Clamp { min, max }, args([a])))
     }
 
     /// RMS normalization over the last axis, without a scale: `x / sqrt(mean(x^2) + eps)`
@@ -216,60 +423,21 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// [`Error::InvalidShape`](crate::Error::InvalidShape) for a rank-0 tensor, or a budget error.
     fn try_rms_norm(self, eps: T) -> Result<Tensor<'s, T>> {
         let axis = last_axis("rms_norm", self.as_tensor())?;
-        self.with_arg(|a| {
-            recorded_lanes(a, axis, Lane::RmsNorm(eps), |x, _| {
-                Rule::RmsNorm(x.expect("saves the input"), eps)
-            })
-        })
-    }
-
-    /// RMS normalization over the last axis; see [`TensorOps::try_rms_norm`].
-    ///
-    /// # Panics
-    /// For a rank-0 tensor or an exhausted budget, with the error's message.
-    #[track_caller]
-    fn rms_norm(self, eps: T) -> Tensor<'s, T> {
-        or_panic(self.try_rms_norm(eps))
+        self.with_arg(|a| LaneOp::along(Lane::RmsNorm(eps), axis).run(a))
     }
 
     /// Softmax along `axis` (max-subtracted, so large inputs do not overflow). Fails with
     /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
     fn try_softmax(self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = check_axis("softmax", self.as_tensor(), axis)?;
-        self.with_arg(|a| {
-            recorded_lanes(a, axis, Lane::Softmax, |_, y| {
-                Rule::Softmax(y.saved(), axis)
-            })
-        })
-    }
-
-    /// Softmax along `axis`; see [`TensorOps::try_softmax`].
-    ///
-    /// # Panics
-    /// For a bad axis or an exhausted budget, with the error's message.
-    #[track_caller]
-    fn softmax(self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_softmax(axis))
+        self.with_arg(|a| LaneOp::along(Lane::Softmax, axis).run(a))
     }
 
     /// Log-softmax along `axis`, computed as `x - max - ln(sum(exp(x - max)))`. Fails with
     /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
     fn try_log_softmax(self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = check_axis("log_softmax", self.as_tensor(), axis)?;
-        self.with_arg(|a| {
-            recorded_lanes(a, axis, Lane::LogSoftmax, |_, y| {
-                Rule::LogSoftmax(y.saved(), axis)
-            })
-        })
-    }
-
-    /// Log-softmax along `axis`; see [`TensorOps::try_log_softmax`].
-    ///
-    /// # Panics
-    /// For a bad axis or an exhausted budget, with the error's message.
-    #[track_caller]
-    fn log_softmax(self, axis: impl Dim) -> Tensor<'s, T> {
-        or_panic(self.try_log_softmax(axis))
+        self.with_arg(|a| LaneOp::along(Lane::LogSoftmax, axis).run(a))
     }
 
     /// Layer normalization over the last axis, without affine parameters:
@@ -278,20 +446,22 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// [`Error::InvalidShape`](crate::Error::InvalidShape) for a rank-0 tensor.
     fn try_layer_norm(self, eps: T) -> Result<Tensor<'s, T>> {
         let axis = last_axis("layer_norm", self.as_tensor())?;
-        self.with_arg(|a| {
-            recorded_lanes(a, axis, Lane::LayerNorm(eps), |x, y| {
-                Rule::LayerNorm(x.expect("saves the input"), y.saved(), eps)
-            })
-        })
+        self.with_arg(|a| LaneOp::along(Lane::LayerNorm(eps), axis).run(a))
     }
 
-    /// Layer normalization over the last axis; see [`TensorOps::try_layer_norm`].
-    ///
-    /// # Panics
-    /// For a rank-0 tensor or an exhausted budget, with the error's message.
-    #[track_caller]
-    fn layer_norm(self, eps: T) -> Tensor<'s, T> {
-        or_panic(self.try_layer_norm(eps))
+    panicking! {
+        /// Every element to the power `p`.
+        fn pow(self, p: T) -> Tensor<'s, T> = try_pow;
+        /// Every element limited to `[min, max]`.
+        fn clamp(self, min: T, max: T) -> Tensor<'s, T> = try_clamp;
+        /// RMS normalization over the last axis.
+        fn rms_norm(self, eps: T) -> Tensor<'s, T> = try_rms_norm;
+        /// Softmax along `axis`.
+        fn softmax(self, axis: impl Dim) -> Tensor<'s, T> = try_softmax;
+        /// Log-softmax along `axis`.
+        fn log_softmax(self, axis: impl Dim) -> Tensor<'s, T> = try_log_softmax;
+        /// Layer normalization over the last axis.
+        fn layer_norm(self, eps: T) -> Tensor<'s, T> = try_layer_norm;
     }
 }
 
@@ -391,229 +561,22 @@ fn last_axis<T: Element>(op: &'static str, t: &Tensor<'_, T>) -> Result<usize> {
         })
 }
 
-/// The gradient of the input of the elementwise function `kind` given `g`, the gradient of its
-/// output, and what its rule saved (see [`Unary::saves_output`]): `g` times the derivative, in one
-/// vectorised loop, written over `g` when it is unique.
-pub(crate) fn unary_backward<'s, T: Element>(
-    kind: Unary,
-    g: Tensor<'s, T>,
-    saved: Option<&Tensor<'s, T>>,
-) -> Result<Tensor<'s, T>> {
-    macro_rules! times {
-        (|$g:ident, $s:ident| $e:expr) => {
-            zip_with(
-                Binary::ZipMap,
-                Arg::Owned(g),
-                Arg::Borrowed(saved.expect("the rule saved what it needs")),
-                #[inline(always)]
-                |$g: T, $s: T| $e,
-            )
-        };
-    }
-    match kind {
-        Unary::Neg => unary(Arg::Owned(g), Unary::Neg),
-        // Written as the layers' hand-written backward passes are, for the same bits.
-        Unary::Relu => times!(|g, y| g * if y > T::zero() { T::one() } else { T::zero() }),
-        Unary::Gelu => times!(|g, x| g * gelu_grad(x)),
-        Unary::GeluErf => times!(|g, x| g * gelu_erf_grad(x)),
-        Unary::Silu => times!(|g, x| g * silu_grad(x)),
-        Unary::Sigmoid => times!(|g, y| g * y * (T::one() - y)),
-        Unary::Tanh => times!(|g, y| g * (T::one() - y * y)),
-        Unary::Exp => times!(|g, y| g * y),
-        Unary::Log => times!(|g, x| g / x),
-        Unary::Sqrt => times!(|g, y| g / (y + y)),
-        // 2 / sqrt(pi) e^{-x^2}
-        Unary::Erf => times!(
-            |g, x| g * (T::from_f64(std::f64::consts::FRAC_2_SQRT_PI) * (-x * x).exp_kernel())
-        ),
-        // As PyTorch: the sign, 0 at 0.
-        Unary::Abs => times!(|g, x| if x > T::zero() {
-            g
-        } else if x < T::zero() {
-            -g
-        } else {
-            x * g
-        }),
-    }
-}
-
-/// The gradient of `clamp(x, min, max)`'s input: `g` where `min <= x <= max`, else 0.
-pub(crate) fn clamp_backward<'s, T: Element>(
-    g: Tensor<'s, T>,
-    x: &Tensor<'s, T>,
-    min: T,
-    max: T,
-) -> Result<Tensor<'s, T>> {
-    zip_with(
-        Binary::ZipMap,
-        Arg::Owned(g),
-        Arg::Borrowed(x),
-        #[inline(always)]
-        |g: T, x: T| if x >= min && x <= max { g } else { T::zero() },
-    )
-}
-
-/// The lane op `kind` along `axis` (checked) of `src`, with the rule `rule(x, y)` recorded: `x` is
-/// the input, saved before the kernel runs (so it is not overwritten) for the norms, whose
-/// backward needs it; `y` the output.
-fn recorded_lanes<'s, T: Element>(
+/// `f` of every element of `src`: in its buffer when it is owned and unique, else into a new
+/// tensor of `scope`. Records nothing.
+pub(crate) fn map<'s, T: Element>(
     src: Arg<'_, 's, T>,
-    axis: usize,
-    kind: Lane<T>,
-    rule: impl FnOnce(Option<Saved<T>>, &Tensor<'s, T>) -> Rule<T>,
-) -> Result<Tensor<'s, T>> {
-    let recorder = Recorder::of(&[src.tensor()]);
-    let saves_input = matches!(kind, Lane::LayerNorm(_) | Lane::RmsNorm(_));
-    let x = (recorder.is_some() && saves_input).then(|| src.tensor().saved());
-    let lanes = Lanes::along(src.tensor().shape(), axis);
-    let out = lane_op(src, lanes, kind)?;
-    Ok(autograd::finish(recorder, out, |y| rule(x, y)))
-}
-
-/// `f` of every element, in place when the input can be written, with `rule` recorded.
-fn map_recorded<'s, T: Element>(
-    src: Arg<'_, 's, T>,
-    f: impl Fn(T) -> T + Sync,
-    rule: impl FnOnce(&Tensor<'s, T>) -> Rule<T>,
-) -> Result<Tensor<'s, T>> {
-    let recorder = Recorder::of(&[src.tensor()]);
-    let out = map(src, f)?;
-    Ok(autograd::finish(recorder, out, rule))
-}
-
-/// An elementwise function with its rule; the input it needs is saved before the kernel runs, so
-/// it is not overwritten.
-pub(crate) fn unary<'s, T: Element>(src: Arg<'_, 's, T>, kind: Unary) -> Result<Tensor<'s, T>> {
-    let recording = Recorder::of(&[src.tensor()]).is_some();
-    let input =
-        (recording && !kind.saves_output() && kind != Unary::Neg).then(|| src.tensor().saved());
-    let rule = |y: &Tensor<'s, T>| {
-        let saved = if kind.saves_output() {
-            Some(y.saved())
-        } else {
-            input
-        };
-        Rule::Unary(kind, saved)
-    };
-    // One instantiation of the loop per function, so that it inlines and vectorises (a function
-    // pointer would be called once per element). The function is a closure marked to inline: it
-    // then compiles inside the vectorised loop of every instruction set `simd` dispatches to,
-    // whichever codegen unit the loop lands in.
-    macro_rules! pointwise {
-        ($f:expr) => {
-            map_recorded(
-                src,
-                #[inline(always)]
-                |x: T| $f(x),
-                rule,
-            )
-        };
-    }
-    match kind {
-        Unary::Relu => pointwise!(relu),
-        Unary::Gelu => pointwise!(gelu),
-        Unary::Silu => pointwise!(silu),
-        Unary::Sigmoid => pointwise!(sigmoid),
-        Unary::Tanh => pointwise!(T::tanh_kernel),
-        Unary::Exp => pointwise!(T::exp_kernel),
-        Unary::Neg => pointwise!(|x: T| -x),
-        Unary::Log => pointwise!(T::ln_kernel),
-        Unary::Erf => pointwise!(T::erf_kernel),
-        Unary::Sqrt => pointwise!(T::sqrt),
-        Unary::Abs => pointwise!(T::abs),
-        Unary::GeluErf => pointwise!(gelu_erf),
-    }
-}
-
-/// The elementwise function `kind` of `x`, as [`TensorOps`] runs it (for a replay).
-pub(crate) fn unary_op<'s, T: Element>(x: &Tensor<'s, T>, kind: Unary) -> Result<Tensor<'s, T>> {
-    unary(Arg::Borrowed(x), kind)
-}
-
-/// `x` with scalar `c` by `kind`, as the operators compute it (for a replay).
-pub(crate) fn scalar_op<'s, T: Element>(
-    x: &Tensor<'s, T>,
-    kind: Scalar,
-    c: T,
-) -> Result<Tensor<'s, T>> {
-    let x = Arg::Borrowed(x);
-    match kind {
-        Scalar::Add => scalar(
-            x,
-            kind,
-            c,
-            #[inline(always)]
-            move |v| v + c,
-        ),
-        Scalar::Sub => scalar(
-            x,
-            kind,
-            c,
-            #[inline(always)]
-            move |v| v - c,
-        ),
-        Scalar::SubFrom => scalar(
-            x,
-            kind,
-            c,
-            #[inline(always)]
-            move |v| c - v,
-        ),
-        Scalar::Mul => scalar(
-            x,
-            kind,
-            c,
-            #[inline(always)]
-            move |v| v * c,
-        ),
-        Scalar::Div => scalar(
-            x,
-            kind,
-            c,
-            #[inline(always)]
-            move |v| v / c,
-        ),
-        Scalar::DivInto => scalar(
-            x,
-            kind,
-            c,
-            #[inline(always)]
-            move |v| c / v,
-        ),
-        Scalar::Pow => scalar(
-            x,
-            kind,
-            c,
-            #[inline(always)]
-            move |v| v.powf(c),
-        ),
-    }
-}
-
-/// An op between a tensor and a scalar `c`, `f(x)`, with its rule.
-pub(crate) fn scalar<'s, T: Element>(
-    src: Arg<'_, 's, T>,
-    kind: Scalar,
-    c: T,
+    scope: &State,
     f: impl Fn(T) -> T + Sync,
 ) -> Result<Tensor<'s, T>> {
-    let x = (kind.saves_input() && Recorder::of(&[src.tensor()]).is_some())
-        .then(|| src.tensor().saved());
-    map_recorded(src, f, |_| Rule::Scalar(kind, c, x))
-}
-
-fn map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T + Sync) -> Result<Tensor<'s, T>> {
-    let shape = ndarray::IxDyn(src.tensor().shape());
-    let shape = ndarray::Dimension::slice(&shape);
-    match src.into_writable(shape) {
+    let shape = IxDyn(src.tensor().shape());
+    match src.into_writable(shape.slice()) {
         Ok(mut t) => {
             simd::map_in_place(t.unique_slice_mut(), f);
-            Ok(t)
+            Ok(t.with_scope(scope))
         }
         Err(src) => {
-            let src = src.tensor();
-            let mut out = Tensor::try_rent_in(&src.rents_in, shape)?;
-            simd::map_into(out.unique_slice_mut(), src.as_slice(), f);
+            let mut out = Tensor::try_rent_in(scope, shape.slice())?;
+            simd::map_into(out.unique_slice_mut(), src.tensor().as_slice(), f);
             Ok(out)
         }
     }
@@ -621,11 +584,11 @@ fn map<'s, T: Element>(src: Arg<'_, 's, T>, f: impl Fn(T) -> T + Sync) -> Result
 
 fn map_lanes<'s, T: Element>(
     src: Arg<'_, 's, T>,
-    axis: impl Dim,
+    scope: &State,
+    axis: usize,
     kernel: impl FnMut(ArrayViewMut1<'_, T>),
 ) -> Result<Tensor<'s, T>> {
-    let axis = check_axis("map_lanes", src.tensor(), axis)?;
-    let mut out = src.into_writable_copy()?;
+    let mut out = src.into_writable_copy(scope)?;
     if out.is_empty() {
         // No lane has an element: running the kernel on each of the (possibly 2^60) empty lanes
         // would be work without data.
@@ -651,7 +614,7 @@ fn map_lanes<'s, T: Element>(
 // The trait is sealed: it cannot be named outside the crate, so its crate-private `Arg` never
 // reaches a user even though `TensorOps` makes the method formally reachable.
 mod sealed {
-    use crate::ops::Arg;
+    use crate::autograd::Arg;
     use crate::{Element, Tensor};
 
     /// How a [`TensorOps`](super::TensorOps) receiver reaches the kernels: owned or borrowed.
