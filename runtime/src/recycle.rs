@@ -18,6 +18,7 @@
 
 use std::any::{Any, TypeId};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -33,8 +34,38 @@ const LISTS_KEPT: usize = 32;
 const LIST_BYTES_KEPT: usize = 1 << 20;
 
 thread_local! {
-    /// For each type `X` with spares, its `TypeId` and a `Vec<X>` of them.
-    static SPARES: RefCell<Vec<(TypeId, Box<dyn Any>)>> = const { RefCell::new(Vec::new()) };
+    /// For each type `X` with spares, a `Vec<X>` of them, found by `X`'s `TypeId`.
+    static SPARES: RefCell<HashMap<TypeId, Box<dyn Any>, ById>> =
+        RefCell::new(HashMap::with_hasher(ById));
+}
+
+/// Hashes a `TypeId` as the `u64` it writes, already a hash: one multiply-free step where the
+/// default hasher runs SipHash on every take and keep (one each per recorded op).
+#[derive(Clone, Copy, Default)]
+struct ById;
+
+impl std::hash::BuildHasher for ById {
+    type Hasher = IdHasher;
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(0)
+    }
+}
+
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Not how a `TypeId` hashes itself today, but correct for any bytes.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
 }
 
 /// A spare `X` of this thread, if there is one.
@@ -42,7 +73,7 @@ fn take<X: 'static>() -> Option<X> {
     SPARES
         .try_with(|spares| {
             let mut spares = spares.try_borrow_mut().ok()?;
-            let (_, list) = spares.iter_mut().find(|(id, _)| *id == TypeId::of::<X>())?;
+            let list = spares.get_mut(&TypeId::of::<X>())?;
             list.downcast_mut::<Vec<X>>()?.pop()
         })
         .ok()
@@ -57,19 +88,15 @@ fn keep<X: 'static>(spare: X, kept: usize) {
         let Ok(mut spares) = spares.try_borrow_mut() else {
             return Some(spare);
         };
-        let id = TypeId::of::<X>();
-        match spares.iter_mut().find(|(i, _)| *i == id) {
-            Some((_, list)) => match list.downcast_mut::<Vec<X>>() {
-                Some(list) if list.len() < kept => {
-                    list.push(spare);
-                    None
-                }
-                _ => Some(spare),
-            },
-            None => {
-                spares.push((id, Box::new(vec![spare])));
+        let list = spares
+            .entry(TypeId::of::<X>())
+            .or_insert_with(|| Box::new(Vec::<X>::new()));
+        match list.downcast_mut::<Vec<X>>() {
+            Some(list) if list.len() < kept => {
+                list.push(spare);
                 None
             }
+            _ => Some(spare),
         }
     });
     drop(rejected);
@@ -367,9 +394,8 @@ mod tests {
             (0..RECORDS_KEPT + 10).map(|_| RecycledRc::new(1)).collect();
         drop(records);
         let kept = SPARES.with_borrow(|spares| {
-            spares
-                .iter()
-                .find_map(|(_, list)| list.downcast_ref::<Vec<Rc<Option<u8>>>>().map(Vec::len))
+            let list = spares.get(&TypeId::of::<Rc<Option<u8>>>())?;
+            list.downcast_ref::<Vec<Rc<Option<u8>>>>().map(Vec::len)
         });
         assert_eq!(kept, Some(RECORDS_KEPT));
     }

@@ -326,6 +326,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     /// Sets the scope this handle's ops rent in.
+    #[inline]
     pub(crate) fn with_scope(mut self, scope: &State) -> Self {
         if !State::ptr_eq(&self.rents_in, scope) {
             self.rents_in = scope.clone();

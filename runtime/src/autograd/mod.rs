@@ -43,7 +43,7 @@ use ndarray::{Dimension, IxDyn};
 
 pub use check::{check_gradients, GradCheck};
 pub use grads::Gradients;
-pub(crate) use op::{args, opaque, run, run_opaque, Arg, Recorded, Rule, RuleCell};
+pub(crate) use op::{args, opaque, run, run_opaque, Arg, Inputs, Recorded, Rule, RuleCell};
 pub use op::{Backward, Forward, Grads, Held, Op, Saved};
 pub(crate) use tape::{Arg as TapeArg, SharedTape, Tape};
 
@@ -222,7 +222,7 @@ impl<T: DType> Drop for Node<T> {
 pub(crate) struct Recorder<T: DType> {
     inputs: PerInput<NodeRef<T>>,
     /// For an op on a value of a layer step's tape: the tape and what the op reads.
-    tape: Option<(SharedTape<T>, PerInput<tape::Arg<T>>)>,
+    tape: Option<(SharedTape<T>, RecycledVec<tape::Arg<T>>)>,
 }
 
 impl<T: DType> Recorder<T> {
@@ -245,12 +245,12 @@ impl<T: DType> Recorder<T> {
                 let args = inputs
                     .map(|t| match t.node.as_ref().and_then(|n| n.tape_value()) {
                         Some((on, value)) if SharedTape::ptr_eq(on, &tape) => {
-                            Some(tape::Arg::Value(value))
+                            tape::Arg::Value(value)
                         }
-                        _ => Some(tape::Arg::Outside {
+                        _ => tape::Arg::Outside {
                             node: t.node.clone(),
                             value: t.saved(),
-                        }),
+                        },
                     })
                     .collect();
                 Recorder {

@@ -18,7 +18,7 @@
 //!         "cube"
 //!     }
 //!
-//!     fn forward<'s>(&self, cx: &mut Forward<'s, f32>) -> Result<(Tensor<'s, f32>, Option<Saved<f32>>)> {
+//!     fn forward<'s>(&self, cx: &mut Forward<'_, 's, f32>) -> Result<(Tensor<'s, f32>, Option<Saved<f32>>)> {
 //!         let x = cx.input(0);
 //!         let y = x.try_zip_map(x, |a, _| a * a * a)?;
 //!         Ok((y, cx.saving().then(|| cx.save(x))))
@@ -45,7 +45,7 @@ use std::marker::PhantomData;
 
 use crate::element::DType;
 use crate::error::{Error, Result};
-use crate::recycle::{self, Few, Slot};
+use crate::recycle::{self, Few, RecycledVec, Slot};
 use crate::scope::{deeper, State};
 use crate::tensor::Tensor;
 
@@ -78,7 +78,10 @@ pub trait Op<T: DType>: Clone + 'static {
     /// ([`Forward::rent`]) or computed by other ops on the inputs, so that it belongs to the
     /// deepest of the inputs' scopes. Errors are the op's (shapes, values, budget).
     #[allow(clippy::type_complexity)]
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)>;
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)>;
 
     /// The gradients of the inputs given `grad`, the gradient of the output: one per input, in
     /// order, `None` for an input that needs none ([`Backward::needs`]). Saved tensors come back
@@ -104,7 +107,7 @@ pub struct Saved<U: DType>(pub(crate) Tensor<'static, U>);
 impl<U: DType> Saved<U> {
     /// The saved values as a tensor of the backward's scope (an alias, no copy).
     pub fn get<'b>(&self, cx: &Backward<'b>) -> Tensor<'b, U> {
-        self.0.alias_in(&cx.at)
+        self.0.alias_in(cx.at)
     }
 
     /// The shape.
@@ -226,12 +229,23 @@ held_tuple!(A 0, B 1, C 2);
 held_tuple!(A 0, B 1, C 2, D 3);
 
 /// The gradients of an op's inputs, one per input in order (`None` where none is needed): what
-/// [`Op::backward`] returns. Made from an array (`Grads::from([Some(dx), None])`) or an iterator.
+/// [`Op::backward`] returns. Made from an array of one or two (`Grads::from([Some(dx), None])`) or
+/// from an iterator.
 pub struct Grads<'b, T: DType>(pub(crate) PerInput<Tensor<'static, T>>, PhantomData<&'b ()>);
 
-impl<'b, T: DType, const N: usize> From<[Option<Tensor<'b, T>>; N]> for Grads<'b, T> {
-    fn from(grads: [Option<Tensor<'b, T>>; N]) -> Self {
-        grads.into_iter().collect()
+impl<'b, T: DType> From<[Option<Tensor<'b, T>>; 1]> for Grads<'b, T> {
+    fn from([grad]: [Option<Tensor<'b, T>>; 1]) -> Self {
+        Grads::from([grad, None])
+    }
+}
+
+impl<'b, T: DType> From<[Option<Tensor<'b, T>>; 2]> for Grads<'b, T> {
+    fn from(grads: [Option<Tensor<'b, T>>; 2]) -> Self {
+        // The brand is dropped inside the engine only: no `Grads` hands a tensor back out.
+        Grads(
+            Few::Two(grads.map(|g| g.map(Tensor::into_unbranded))),
+            PhantomData,
+        )
     }
 }
 
@@ -250,26 +264,70 @@ pub(crate) enum Arg<'r, 's, T: DType> {
     Borrowed(&'r Tensor<'s, T>),
 }
 
-/// The inputs of an op, as the core keeps them: handles without their brand (a borrowed input as
-/// an alias, which is never the only handle, so never written in place), held inline for one or
-/// two.
-pub(crate) struct Inputs<T: DType>(Few<Option<Tensor<'static, T>>>);
+/// The inputs of an op: one or two given owned or borrowed (held in place), any number borrowed
+/// (`concat`'s list), or any number owned (a checkpoint's replay of such an op, in a recycled list).
+pub(crate) enum Inputs<'r, 's, T: DType> {
+    Few([Option<Arg<'r, 's, T>>; 2]),
+    Slice(&'r [&'r Tensor<'s, T>]),
+    Owned(RecycledVec<Option<Tensor<'static, T>>>),
+}
 
-impl<'r, 's, T: DType> FromIterator<Arg<'r, 's, T>> for Inputs<T> {
-    fn from_iter<I: IntoIterator<Item = Arg<'r, 's, T>>>(iter: I) -> Self {
-        let inputs = iter.into_iter().map(|arg| {
-            Some(match arg {
-                Arg::Owned(t) => t.into_unbranded(),
-                Arg::Borrowed(t) => t.clone().into_unbranded(),
-            })
-        });
-        Inputs(inputs.collect())
+impl<'r, 's, T: DType> Inputs<'r, 's, T> {
+    /// The number of inputs.
+    #[inline]
+    fn len(&self) -> usize {
+        match self {
+            Inputs::Few([_, Some(_)]) => 2,
+            Inputs::Few([first, None]) => usize::from(first.is_some()),
+            Inputs::Slice(all) => all.len(),
+            Inputs::Owned(all) => all.len(),
+        }
+    }
+
+    /// Input `i`, unless taken.
+    #[inline]
+    fn get(&self, i: usize) -> Option<&Tensor<'s, T>> {
+        match self {
+            Inputs::Few(few) => few.get(i)?.as_ref().map(Arg::tensor),
+            Inputs::Slice(all) => all.get(i).copied(),
+            Inputs::Owned(all) => all.get(i)?.as_ref(),
+        }
+    }
+
+    /// Input `i`, taken (a borrowed one stays borrowed).
+    #[inline]
+    fn take(&mut self, i: usize) -> Option<Arg<'r, 's, T>> {
+        match self {
+            Inputs::Few(few) => few.get_mut(i)?.take(),
+            Inputs::Slice(all) => all.get(i).map(|&t| Arg::Borrowed(t)),
+            Inputs::Owned(all) => all.get_mut(i)?.take().map(Arg::Owned),
+        }
+    }
+
+    /// Owned inputs, in a recycled list when there are more than two: a replay's.
+    pub(crate) fn owned(inputs: impl ExactSizeIterator<Item = Tensor<'static, T>>) -> Self {
+        if inputs.len() <= 2 {
+            let mut few = [None, None];
+            for (slot, t) in few.iter_mut().zip(inputs) {
+                *slot = Some(Arg::Owned(t));
+            }
+            Inputs::Few(few)
+        } else {
+            Inputs::Owned(inputs.map(Some).collect())
+        }
     }
 }
 
-/// An op's inputs as the core takes them.
-pub(crate) fn args<'s, T: DType, const N: usize>(args: [Arg<'_, 's, T>; N]) -> Inputs<T> {
-    args.into_iter().collect()
+/// An op's inputs as the core takes them: one or two, owned or borrowed.
+#[inline(always)]
+pub(crate) fn args<'r, 's, T: DType, const N: usize>(
+    args: [Arg<'r, 's, T>; N],
+) -> Inputs<'r, 's, T> {
+    let mut few = [None, None];
+    for (slot, a) in few.iter_mut().zip(args) {
+        *slot = Some(a);
+    }
+    Inputs::Few(few)
 }
 
 impl<'s, T: DType> Arg<'_, 's, T> {
@@ -306,16 +364,14 @@ impl<'s, T: DType> Arg<'_, 's, T> {
 
 /// The forward of one op: its inputs, the scope its output belongs to, and whether the backward
 /// will run.
-pub struct Forward<'s, T: DType> {
-    inputs: Inputs<T>,
-    /// How many inputs there are (`inputs` pads a single one).
+pub struct Forward<'r, 's, T: DType> {
+    inputs: &'r mut Inputs<'r, 's, T>,
     count: usize,
     scope: State,
     saving: bool,
-    _brand: PhantomData<&'s ()>,
 }
 
-impl<'s, T: DType> Forward<'s, T> {
+impl<'r, 's, T: DType> Forward<'r, 's, T> {
     /// The number of inputs.
     pub fn len(&self) -> usize {
         self.count
@@ -331,7 +387,7 @@ impl<'s, T: DType> Forward<'s, T> {
     /// # Panics
     /// If there is no input `i`, or the op took it.
     pub fn input(&self, i: usize) -> &Tensor<'s, T> {
-        self.inputs.0[i].as_ref().expect("an input taken")
+        self.inputs.get(i).expect("an input of the op, not taken")
     }
 
     /// Whether the output will be differentiated: only then must the forward return what the
@@ -362,25 +418,25 @@ impl<'s, T: DType> Forward<'s, T> {
         &self.scope
     }
 
-    /// Input `i`, taken: owned, and so written in place if it is the only handle on its buffer
-    /// (which only an input the caller gave by value can be).
-    pub(crate) fn take<'r>(&mut self, i: usize) -> Arg<'r, 's, T> {
-        Arg::Owned(self.inputs.0[i].take().expect("an input taken twice"))
+    /// Input `i`, taken: as the caller gave it, owned (and so written in place if it is the only
+    /// handle on its buffer) or borrowed.
+    pub(crate) fn take(&mut self, i: usize) -> Arg<'r, 's, T> {
+        self.inputs.take(i).expect("an input of the op, not taken")
     }
 
     /// Every input, in order.
-    pub(crate) fn inputs(&self) -> impl Iterator<Item = &Tensor<'s, T>> + Clone + '_ {
-        self.inputs.0[..self.count]
-            .iter()
-            .map(|i| i.as_ref().expect("an input taken"))
+    pub(crate) fn inputs<'a>(
+        &'a self,
+    ) -> impl Iterator<Item = &'a Tensor<'s, T>> + Clone + use<'a, 'r, 's, T> {
+        (0..self.count).map(|i| self.input(i))
     }
 }
 
 /// The backward of one op: which inputs need a gradient, and the scope everything rents in.
 pub struct Backward<'b> {
-    needs: Few<bool>,
-    at: State,
-    _brand: std::marker::PhantomData<&'b ()>,
+    needs: &'b [bool],
+    /// Borrowed for `'b`, which also brands the backward's tensors: none outlives the call.
+    at: &'b State,
 }
 
 impl<'b> Backward<'b> {
@@ -391,18 +447,18 @@ impl<'b> Backward<'b> {
 
     /// Rents a tensor of zeros of `shape` in the backward's scope. Fails with a budget error.
     pub fn zeros<U: DType>(&self, shape: &[usize]) -> Result<Tensor<'b, U>> {
-        Tensor::try_rent_zeroed_in(&self.at, shape)
+        Tensor::try_rent_zeroed_in(self.at, shape)
     }
 
     /// Rents a tensor of `shape` with unspecified contents in the backward's scope. Fails with a
     /// budget error.
     pub fn rent<U: DType>(&self, shape: &[usize]) -> Result<Tensor<'b, U>> {
-        Tensor::try_rent_in(&self.at, shape)
+        Tensor::try_rent_in(self.at, shape)
     }
 
     /// The scope the backward runs in.
     pub(crate) fn at(&self) -> &State {
-        &self.at
+        self.at
     }
 }
 
@@ -435,7 +491,7 @@ pub(crate) trait Recorded<T: DType> {
 /// What a checkpoint's tape keeps of an op: how to run it again, without what it saved.
 pub(crate) trait Replayable<T: DType> {
     /// Runs the op again on `args` (recording if they carry graphs).
-    fn replay(&self, args: Inputs<T>) -> Result<Tensor<'static, T>>;
+    fn replay(&self, args: Inputs<'_, 'static, T>) -> Result<Tensor<'static, T>>;
 
     /// The output kept by an op that cannot run again (no derivative), with its name.
     fn kept(&self) -> Option<(&'static str, &Tensor<'static, T>)> {
@@ -514,11 +570,7 @@ impl<T: DType, O: Op<T>> Recorded<T> for Slot<Record<O, T>> {
     ) -> Result<PerInput<Tensor<'static, T>>> {
         let record = self.get_mut();
         let saved = record.saved.take().ok_or(Error::GraphConsumed)?;
-        let cx = Backward {
-            needs: needs.iter().copied().collect(),
-            at: at.clone(),
-            _brand: std::marker::PhantomData,
-        };
+        let cx = Backward { needs, at };
         Ok(record.op.backward(saved, grad, &cx)?.0)
     }
 
@@ -537,8 +589,8 @@ impl<T: DType, O: Op<T>> Recorded<T> for Slot<Record<O, T>> {
 }
 
 impl<T: DType, O: Op<T>> Replayable<T> for Slot<Record<O, T>> {
-    fn replay(&self, args: Inputs<T>) -> Result<Tensor<'static, T>> {
-        run(self.get().op.clone(), args)
+    fn replay(&self, args: Inputs<'_, 'static, T>) -> Result<Tensor<'static, T>> {
+        run(self.get().op.clone(), &mut { args })
     }
 
     fn move_accounting(&self, target: &State) {
@@ -591,13 +643,13 @@ impl<T: DType> Recorded<T> for Slot<Opaque<T>> {
 }
 
 impl<T: DType> Replayable<T> for Slot<Opaque<T>> {
-    fn replay(&self, args: Inputs<T>) -> Result<Tensor<'static, T>> {
+    fn replay(&self, args: Inputs<'_, 'static, T>) -> Result<Tensor<'static, T>> {
         let opaque = self.get();
         let kept = opaque
             .kept
             .as_ref()
             .expect("an opaque op on a tape keeps its output");
-        let at = &args.0[0].as_ref().expect("the step's input").rents_in;
+        let at = &args.get(0).expect("the step's input").rents_in;
         Ok(super::barrier(kept.alias_in(at), opaque.name))
     }
 
@@ -620,7 +672,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// that a backward differentiates through it and a `#[checkpoint]` replays it. The output
     /// belongs to the deepest of the inputs' scopes. Fails with the op's error.
     pub fn try_apply<O: Op<T>>(op: O, inputs: &[&Tensor<'s, T>]) -> Result<Tensor<'s, T>> {
-        run(op, inputs.iter().map(|&t| Arg::Borrowed(t)).collect())
+        run(op, &mut Inputs::Slice(inputs))
     }
 
     crate::error::panicking! {
@@ -631,9 +683,17 @@ impl<'s, T: DType> Tensor<'s, T> {
 
 /// Runs `op` on `inputs`, recording it if one of them carries a graph: the one way every op with a
 /// derivative runs.
-pub(crate) fn run<'s, T: DType, O: Op<T>>(op: O, inputs: Inputs<T>) -> Result<Tensor<'s, T>> {
+pub(crate) fn run<'r, 's, T: DType, O: Op<T>>(
+    op: O,
+    inputs: &'r mut Inputs<'r, 's, T>,
+) -> Result<Tensor<'s, T>> {
     let (recorder, mut cx) = prepare(inputs, op.held());
-    let (out, saved) = with_mode(Mode::Off, || op.forward(&mut cx))?;
+    // The op's own record is what counts: the ops its forward calls record nothing (they could
+    // only record when this op does).
+    let (out, saved) = match recorder {
+        Some(_) => with_mode(Mode::Off, || op.forward(&mut cx)),
+        None => op.forward(&mut cx),
+    }?;
     let out = out.with_scope(&cx.scope);
     Ok(finish(recorder, out, op, saved))
 }
@@ -641,33 +701,42 @@ pub(crate) fn run<'s, T: DType, O: Op<T>>(op: O, inputs: Inputs<T>) -> Result<Te
 /// Runs `kernel` on `inputs` as an op without a derivative (`map`, `zip_map`, `map_lanes`):
 /// recorded as such when an input carries a graph, so that a backward through its output fails
 /// naming `name` (and a tape keeps the output, since the kernel cannot run again).
-pub(crate) fn run_opaque<'s, T: DType>(
+pub(crate) fn run_opaque<'r, 's, T: DType>(
     name: &'static str,
-    inputs: Inputs<T>,
-    kernel: impl FnOnce(&mut Forward<'s, T>) -> Result<Tensor<'s, T>>,
+    inputs: &'r mut Inputs<'r, 's, T>,
+    kernel: impl FnOnce(&mut Forward<'r, 's, T>) -> Result<Tensor<'s, T>>,
 ) -> Result<Tensor<'s, T>> {
     let (recorder, mut cx) = prepare(inputs, &());
-    let out = with_mode(Mode::Off, || kernel(&mut cx))?.with_scope(&cx.scope);
+    let out = match recorder {
+        Some(_) => with_mode(Mode::Off, || kernel(&mut cx)),
+        None => kernel(&mut cx),
+    }?;
+    let out = out.with_scope(&cx.scope);
     Ok(opaque(recorder, out, name))
 }
 
 /// The recorder of an op on `inputs` (if it records) and its forward's context: the output's
 /// scope is the deepest of the inputs' and of `held`'s tensors' scopes, whatever their element
 /// types (the one rule for where a result of several tensors rents).
-fn prepare<'s, T: DType>(
-    inputs: Inputs<T>,
+#[inline(always)]
+fn prepare<'r, 's, T: DType>(
+    inputs: &'r mut Inputs<'r, 's, T>,
     held: &dyn Held,
-) -> (Option<Recorder<T>>, Forward<'s, T>) {
-    let tensors = || inputs.0.iter().flatten();
-    let recorder = Recorder::of(tensors());
-    let mut scope = tensors()
-        .map(|t| &t.rents_in)
-        .reduce(deeper)
-        .expect("an op has an input")
-        .clone();
+) -> (Option<Recorder<T>>, Forward<'r, 's, T>) {
+    let count = inputs.len();
+    // One pass for the deepest scope and whether any input carries a graph (the common case of
+    // an op that records nothing looks no further).
+    let (mut scope, mut graph) = (None, false);
+    for t in (0..count).filter_map(|i| inputs.get(i)) {
+        scope = Some(scope.map_or(&t.rents_in, |s| deeper(s, &t.rents_in)));
+        graph |= t.node.is_some();
+    }
+    let mut scope = scope.expect("an op has an input").clone();
     held.each(&mut |t| scope = deeper(&scope, t.scope()).clone());
+    let recorder = graph
+        .then(|| Recorder::of((0..count).filter_map(|i| inputs.get(i))))
+        .flatten();
     let saving = recorder.as_ref().is_some_and(Recorder::saves);
-    let count = tensors().count();
     (
         recorder,
         Forward {
@@ -675,7 +744,6 @@ fn prepare<'s, T: DType>(
             count,
             scope,
             saving,
-            _brand: PhantomData,
         },
     )
 }
@@ -722,8 +790,8 @@ impl<T: DType> Recorder<T> {
     /// saved.
     fn node<X: IntoRule<T>>(self, record: Box<X>, out: &Tensor<'_, T>) -> super::NodeRef<T> {
         match self.tape {
-            Some((tape, mut args)) => {
-                let value = tape.borrow_mut().push(Step(Some(record)), &mut args);
+            Some((tape, args)) => {
+                let value = tape.borrow_mut().push(Step(Some(record)), args);
                 Node::taped(&tape, value, &out.rents_in)
             }
             None => Node::op(self.inputs, Rule::new(record), &out.rents_in),

@@ -64,9 +64,10 @@ impl<T: DType> Tape<T> {
 
     /// Appends an op, `step`, reading `args` (taken out of the list); returns the value index of
     /// its output.
-    pub(crate) fn push(&mut self, step: Step<T>, args: &mut [Option<Arg<T>>]) -> usize {
+    pub(crate) fn push(&mut self, step: Step<T>, args: RecycledVec<Arg<T>>) -> usize {
         let start = self.args.len();
-        self.args.extend(args.iter_mut().filter_map(Option::take));
+        let mut args = args;
+        self.args.extend(args.drain(..));
         let args = start..self.args.len();
         self.ops.push(Op { step, args });
         self.ops.len()
@@ -174,18 +175,10 @@ impl<T: DType> Tape<T> {
                 values.push(None);
                 continue;
             }
-            let args: Inputs<T> = self
-                .args_of(op)
-                .iter()
-                .map(|arg| {
-                    super::Arg::Owned(match arg {
-                        Arg::Value(v) => values[*v].clone().expect("read before its last reader"),
-                        Arg::Outside { node, value } => {
-                            outside((node.as_ref(), value)).alias_in(at)
-                        }
-                    })
-                })
-                .collect();
+            let args = Inputs::owned(self.args_of(op).iter().map(|arg| match arg {
+                Arg::Value(v) => values[*v].clone().expect("read before its last reader"),
+                Arg::Outside { node, value } => outside((node.as_ref(), value)).alias_in(at),
+            }));
             values.push(Some(op.step.get().replay(args)?));
             for arg in self.args_of(op) {
                 if let Arg::Value(v) = arg {

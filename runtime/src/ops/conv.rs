@@ -26,7 +26,10 @@ impl<T: Element> Op<T> for Conv2d {
         "conv2d"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (x, weight) = (cx.input(0), cx.input(1));
         let conv = Conv::new(x, weight, self.stride, self.padding)?;
         let mut out = cx.rent(&conv.out_shape())?;
@@ -124,7 +127,10 @@ impl<T: Element> Op<T> for Upsample {
         "upsample_nearest2d"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (x, scale) = (cx.input(0), self.scale);
         let [n, c, h, w] = nchw("upsample_nearest2d", x)?;
         let overflow = || dimension_overflow("upsample_nearest2d", "scale", scale, x.shape());
@@ -332,7 +338,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         padding: usize,
     ) -> Result<Tensor<'s, T>> {
         let weight = weight.bind_beside(self);
-        let inputs = args([Arg::Borrowed(self), Arg::Borrowed(&*weight)]);
+        let inputs = &mut args([Arg::Borrowed(self), Arg::Borrowed(&*weight)]);
         autograd::run(Conv2d { stride, padding }, inputs)
     }
 
@@ -365,7 +371,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "the scale must be at least 1".into(),
             });
         }
-        autograd::run(Upsample { scale }, args([Arg::Borrowed(self)]))
+        autograd::run(Upsample { scale }, &mut args([Arg::Borrowed(self)]))
     }
 
     panicking! {

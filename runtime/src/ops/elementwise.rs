@@ -42,7 +42,10 @@ impl<T: Element> Op<T> for Binary {
         }
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (a, b) = (cx.input(0), cx.input(1));
         let shape = broadcast_shape(Op::<T>::name(self), a.shape(), b.shape())?;
         // Saved before the kernel runs: an alias keeps an input from being written over.
@@ -51,11 +54,11 @@ impl<T: Element> Op<T> for Binary {
                 matches!(self, Binary::Mul | Binary::Div).then(|| (cx.save(a), cx.save(b)));
             (IxDyn(a.shape()), IxDyn(b.shape()), values)
         });
-        let (scope, shape) = (cx.scope().clone(), shape.slice());
         let (a, b) = (cx.take(0), cx.take(1));
+        let (scope, shape) = (cx.scope(), shape.slice());
         let out = match self {
             Binary::Add => zip_kernel(
-                &scope,
+                scope,
                 shape,
                 a,
                 b,
@@ -63,7 +66,7 @@ impl<T: Element> Op<T> for Binary {
                 |x, y| x + y,
             ),
             Binary::Sub => zip_kernel(
-                &scope,
+                scope,
                 shape,
                 a,
                 b,
@@ -71,7 +74,7 @@ impl<T: Element> Op<T> for Binary {
                 |x, y| x - y,
             ),
             Binary::Mul => zip_kernel(
-                &scope,
+                scope,
                 shape,
                 a,
                 b,
@@ -79,7 +82,7 @@ impl<T: Element> Op<T> for Binary {
                 |x, y| x * y,
             ),
             Binary::Div => zip_kernel(
-                &scope,
+                scope,
                 shape,
                 a,
                 b,
@@ -131,7 +134,7 @@ impl<T: Element> Op<T> for Binary {
 
 /// `-g`, in `g`'s buffer when it is unique.
 fn negated<T: Element>(g: Tensor<'_, T>) -> Result<Tensor<'_, T>> {
-    autograd::run(Unary::Neg, args([Arg::Owned(g)]))
+    autograd::run(Unary::Neg, &mut args([Arg::Owned(g)]))
 }
 
 /// `x <op> c` (or `c <op> x`) for a scalar `c`: one record for every such op.
@@ -171,52 +174,55 @@ impl<T: Element> Op<T> for Scalar<T> {
         }
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         use ScalarKind::*;
         let saves = matches!(self.kind, DivInto | Pow);
         let saved = cx.saving().then(|| saves.then(|| cx.save(cx.input(0))));
-        let (scope, c) = (cx.scope().clone(), self.c);
         let x = cx.take(0);
+        let (scope, c) = (cx.scope(), self.c);
         let out = match self.kind {
             Add => map(
                 x,
-                &scope,
+                scope,
                 #[inline(always)]
                 move |v| v + c,
             ),
             Sub => map(
                 x,
-                &scope,
+                scope,
                 #[inline(always)]
                 move |v| v - c,
             ),
             SubFrom => map(
                 x,
-                &scope,
+                scope,
                 #[inline(always)]
                 move |v| c - v,
             ),
             Mul => map(
                 x,
-                &scope,
+                scope,
                 #[inline(always)]
                 move |v| v * c,
             ),
             Div => map(
                 x,
-                &scope,
+                scope,
                 #[inline(always)]
                 move |v| v / c,
             ),
             DivInto => map(
                 x,
-                &scope,
+                scope,
                 #[inline(always)]
                 move |v| c / v,
             ),
             Pow => map(
                 x,
-                &scope,
+                scope,
                 #[inline(always)]
                 move |v| v.powf(c),
             ),
@@ -283,7 +289,7 @@ pub(crate) fn scalar<'s, T: Element>(
     kind: ScalarKind,
     c: T,
 ) -> Result<Tensor<'s, T>> {
-    autograd::run(Scalar { kind, c }, args([x]))
+    autograd::run(Scalar { kind, c }, &mut args([x]))
 }
 
 /// `f(a, b)` elementwise over the broadcast `shape`, written into a unique owned operand that has
@@ -346,7 +352,10 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// `self + other` written into this tensor's buffer when it is the only handle on it.
     pub(crate) fn try_add_owned(self, other: &Tensor<'_, T>) -> Result<Tensor<'s, T>> {
         let other = other.alias_in(&self.rents_in);
-        autograd::run(Binary::Add, args([Arg::Owned(self), Arg::Borrowed(&other)]))
+        autograd::run(
+            Binary::Add,
+            &mut args([Arg::Owned(self), Arg::Borrowed(&other)]),
+        )
     }
 
     /// This tensor repeated along its length-1 axes (and new leading axes) to `shape`, in a new
@@ -399,11 +408,11 @@ impl<'s, T: Element> Tensor<'s, T> {
         f: impl Fn(T, T) -> T + Sync,
     ) -> Result<Tensor<'s, T>> {
         let other = other.bind_beside(self);
-        let inputs = args([Arg::Borrowed(self), Arg::Borrowed(&*other)]);
+        let inputs = &mut args([Arg::Borrowed(self), Arg::Borrowed(&*other)]);
         autograd::run_opaque("zip_map", inputs, |cx| {
             let shape = broadcast_shape("zip_map", cx.input(0).shape(), cx.input(1).shape())?;
-            let scope = cx.scope().clone();
-            zip_kernel(&scope, shape.slice(), cx.take(0), cx.take(1), f)
+            let (a, b) = (cx.take(0), cx.take(1));
+            zip_kernel(cx.scope(), shape.slice(), a, b, f)
         })
     }
 
@@ -421,7 +430,7 @@ macro_rules! binary_op {
             #[doc = "if the shapes do not broadcast."]
             pub fn $try_method(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
                 let other = other.bind_beside(self);
-                autograd::run(Binary::$kind, args([Arg::Borrowed(self), Arg::Borrowed(&*other)]))
+                autograd::run(Binary::$kind, &mut args([Arg::Borrowed(self), Arg::Borrowed(&*other)]))
             }
         }
 
@@ -430,7 +439,7 @@ macro_rules! binary_op {
             #[track_caller]
             fn $method(self, rhs: &Param<T>) -> Tensor<'s, T> {
                 let rhs = self.bind(rhs);
-                or_panic(autograd::run(Binary::$kind, args([Arg::Owned(self), Arg::Borrowed(&rhs)])))
+                or_panic(autograd::run(Binary::$kind, &mut args([Arg::Owned(self), Arg::Borrowed(&rhs)])))
             }
         }
 
@@ -471,7 +480,7 @@ macro_rules! binary_op {
             type Output = Tensor<'s, T>;
             #[track_caller]
             fn $method(self, rhs: $R) -> Tensor<'s, T> {
-                or_panic(autograd::run(Binary::$kind, args([Arg::$lw(self), Arg::$rw(rhs)])))
+                or_panic(autograd::run(Binary::$kind, &mut args([Arg::$lw(self), Arg::$rw(rhs)])))
             }
         }
     };
@@ -503,7 +512,7 @@ impl<'s, T: Element> Neg for Tensor<'s, T> {
     type Output = Tensor<'s, T>;
     #[track_caller]
     fn neg(self) -> Tensor<'s, T> {
-        or_panic(autograd::run(Unary::Neg, args([Arg::Owned(self)])))
+        or_panic(autograd::run(Unary::Neg, &mut args([Arg::Owned(self)])))
     }
 }
 
@@ -511,6 +520,6 @@ impl<'s, T: Element> Neg for &Tensor<'s, T> {
     type Output = Tensor<'s, T>;
     #[track_caller]
     fn neg(self) -> Tensor<'s, T> {
-        or_panic(autograd::run(Unary::Neg, args([Arg::Borrowed(self)])))
+        or_panic(autograd::run(Unary::Neg, &mut args([Arg::Borrowed(self)])))
     }
 }

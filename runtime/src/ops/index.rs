@@ -25,7 +25,10 @@ impl<T: DType> Op<T> for IndexSelect {
         "index_select"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (x, axis, ids) = (cx.input(0), self.axis, self.ids.as_slice());
         let mut shape = IxDyn(x.shape());
         shape[axis] = ids.len();
@@ -83,7 +86,10 @@ impl<T: DType> Op<T> for Gather {
         "gather"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (x, axis, index) = (cx.input(0), self.axis, &self.index.0);
         let mut out = cx.rent(index.shape())?;
         if !out.is_empty() {
@@ -176,7 +182,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
         check_indices(op, ids, axis, self.shape()[axis])?;
         let ids = Saved(ids.saved());
-        autograd::run(IndexSelect { axis, ids }, args([Arg::Borrowed(self)]))
+        autograd::run(IndexSelect { axis, ids }, &mut args([Arg::Borrowed(self)]))
     }
 
     panicking! {
@@ -241,7 +247,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
         check_indices("gather", index, axis, self.shape()[axis])?;
         let index = Saved(index.saved());
-        autograd::run(Gather { axis, index }, args([Arg::Borrowed(self)]))
+        autograd::run(Gather { axis, index }, &mut args([Arg::Borrowed(self)]))
     }
 
     panicking! {

@@ -207,7 +207,7 @@ impl<T: Element> LaneOp<T> {
 
     /// The op on `x`, recorded.
     pub(crate) fn run<'s>(self, x: Arg<'_, 's, T>) -> Result<Tensor<'s, T>> {
-        autograd::run(self, args([x]))
+        autograd::run(self, &mut args([x]))
     }
 
     fn lanes(&self, shape: &[usize]) -> Lanes {
@@ -235,14 +235,17 @@ impl<T: Element> Op<T> for LaneOp<T> {
         }
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let kind = self.kind;
         let lanes = self.lanes(cx.input(0).shape());
         // The input is saved before the kernel runs, so it is not written over.
         let norm = matches!(kind, Lane::LayerNorm(_) | Lane::RmsNorm(_));
         let x = (cx.saving() && norm).then(|| cx.save(cx.input(0)));
-        let scope = cx.scope().clone();
-        let mut out = cx.take(0).into_writable_copy(&scope)?;
+        let src = cx.take(0);
+        let mut out = src.into_writable_copy(cx.scope())?;
         along(
             &mut out,
             [],

@@ -29,7 +29,10 @@ impl<T: Element> Op<T> for Matmul {
         "matmul"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (a, b) = (cx.input(0), cx.input(1));
         let out = matmul_kernel(a, b, cx.scope())?;
         Ok((out, cx.saving().then(|| (cx.save(a), cx.save(b)))))
@@ -84,7 +87,10 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// inner dimensions differ, or the batch axes do not broadcast.
     pub fn try_matmul(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
         let other = other.bind_beside(self);
-        autograd::run(Matmul, args([Arg::Borrowed(self), Arg::Borrowed(&*other)]))
+        autograd::run(
+            Matmul,
+            &mut args([Arg::Borrowed(self), Arg::Borrowed(&*other)]),
+        )
     }
 
     panicking! {

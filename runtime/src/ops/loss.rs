@@ -19,7 +19,10 @@ impl<T: Element> Op<T> for Mse {
         "mse"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let diff = cx.input(0).try_sub(cx.input(1))?.with_scope(cx.scope());
         let n = diff.len();
         let total = diff.as_slice().iter().map(|&d| d * d).sum::<T>();
@@ -68,7 +71,10 @@ impl<T: Element> Op<T> for CrossEntropy {
         "cross_entropy"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let logits = cx.input(0);
         let (batch, classes) = (logits.shape()[0], logits.shape()[1]);
         // Rented in the op's scope, which the labels' may make deeper than the logits'.
@@ -131,7 +137,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "prediction and target must have the same shape".into(),
             });
         }
-        autograd::run(Mse, args([Arg::Borrowed(self), Arg::Borrowed(target)]))
+        autograd::run(Mse, &mut args([Arg::Borrowed(self), Arg::Borrowed(target)]))
     }
 
     panicking! {
@@ -166,7 +172,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         let ids = labels.as_slice().iter().map(|&l| l as usize);
         self.check_cross_entropy(labels.len(), ids)?;
         let labels = Saved(labels.saved());
-        autograd::run(CrossEntropy { labels }, args([Arg::Borrowed(self)]))
+        autograd::run(CrossEntropy { labels }, &mut args([Arg::Borrowed(self)]))
     }
 
     panicking! {
@@ -186,7 +192,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             *id = label as i64;
         }
         let labels = Saved(ids.into_saved());
-        autograd::run(CrossEntropy { labels }, args([Arg::Borrowed(self)]))
+        autograd::run(CrossEntropy { labels }, &mut args([Arg::Borrowed(self)]))
     }
 
     /// Checks logits `self` against `count` labels: 2-D, one label per row, each below the number
@@ -220,7 +226,7 @@ impl<'s, T: Element> Tensor<'s, T> {
 }
 
 /// A tensor of shape `[]` holding `value`, in the op's scope.
-fn scalar_tensor<'s, T: Element>(cx: &Forward<'s, T>, value: T) -> Result<Tensor<'s, T>> {
+fn scalar_tensor<'s, T: Element>(cx: &Forward<'_, 's, T>, value: T) -> Result<Tensor<'s, T>> {
     let mut t = cx.rent(&[])?;
     t.unique_slice_mut()[0] = value;
     Ok(t)

@@ -44,7 +44,10 @@ impl<T: DType> Op<T> for Triangle {
         }
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let out = triangle(cx.input(0), cx.scope(), self.k, self.upper)?;
         Ok((out, cx.saving().then_some(())))
     }
@@ -111,7 +114,10 @@ impl<T: Element> Op<T> for Where {
         "where_cond"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (mask, on_true, on_false) = (&self.mask.0, cx.input(0), cx.input(1));
         let shape = broadcast_shape("where_cond", on_true.shape(), on_false.shape())?;
         let shape = broadcast_shape("where_cond", mask.shape(), shape.slice())?;
@@ -167,7 +173,10 @@ impl<T: Element> Op<T> for MaskedFill<T> {
         "masked_fill"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (x, mask, value) = (cx.input(0), &self.mask.0, self.value);
         let mut out = cx.rent(x.shape())?;
         if !out.is_empty() {
@@ -310,7 +319,7 @@ impl<'s, T: DType> Tensor<'s, T> {
                 reason: "needs at least two axes".into(),
             });
         }
-        autograd::run(Triangle { k, upper }, args([Arg::Borrowed(self)]))
+        autograd::run(Triangle { k, upper }, &mut args([Arg::Borrowed(self)]))
     }
 }
 
@@ -324,7 +333,7 @@ impl<'s> Tensor<'s, u8> {
         on_false: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
         let mask = Saved(self.saved());
-        let inputs = args([Arg::Borrowed(on_true), Arg::Borrowed(on_false)]);
+        let inputs = &mut args([Arg::Borrowed(on_true), Arg::Borrowed(on_false)]);
         autograd::run(Where { mask }, inputs)
     }
 
@@ -349,7 +358,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             });
         }
         let mask = Saved(mask.saved());
-        autograd::run(MaskedFill { mask, value }, args([Arg::Borrowed(self)]))
+        autograd::run(MaskedFill { mask, value }, &mut args([Arg::Borrowed(self)]))
     }
 
     panicking! {

@@ -59,7 +59,10 @@ impl<T: Element> Op<T> for Pool2d {
         self.kind.op()
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let Pool2d {
             kind,
             kernel,
@@ -177,7 +180,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             kernel,
             stride,
         };
-        autograd::run(op, args([Arg::Borrowed(self)]))
+        autograd::run(op, &mut args([Arg::Borrowed(self)]))
     }
 
     /// The mean of each `kernel x kernel` window of `[n, c, h, w]`, windows `stride` apart
@@ -188,7 +191,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             kernel,
             stride,
         };
-        autograd::run(op, args([Arg::Borrowed(self)]))
+        autograd::run(op, &mut args([Arg::Borrowed(self)]))
     }
 
     panicking! {

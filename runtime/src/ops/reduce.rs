@@ -30,7 +30,10 @@ impl<T: Element> Op<T> for Reduce {
         }
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let x = cx.input(0);
         let out = if self.mean {
             reduce(x, cx.scope(), self.axis, |sum, len| {
@@ -103,14 +106,20 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
     pub fn try_sum(&self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = check_axis("sum", self, axis)?;
-        autograd::run(Reduce { axis, mean: false }, args([Arg::Borrowed(self)]))
+        autograd::run(
+            Reduce { axis, mean: false },
+            &mut args([Arg::Borrowed(self)]),
+        )
     }
 
     /// The mean along `axis`; the result has that axis removed. The mean over a zero-length axis is
     /// NaN, as 0/0. Fails with [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
     pub fn try_mean(&self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = check_axis("mean", self, axis)?;
-        autograd::run(Reduce { axis, mean: true }, args([Arg::Borrowed(self)]))
+        autograd::run(
+            Reduce { axis, mean: true },
+            &mut args([Arg::Borrowed(self)]),
+        )
     }
 
     panicking! {

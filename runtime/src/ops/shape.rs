@@ -6,7 +6,7 @@
 use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Slice};
 
 use super::{check_addressable, check_axis, dimension_overflow, resolve_axis, work, Dim};
-use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Inputs, Op};
 use crate::element::DType;
 use crate::error::{or_panic, panicking, Error, Result, Shape};
 use crate::pool::element_count;
@@ -27,7 +27,10 @@ impl<T: DType> Op<T> for Concat {
         "concat"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let axis = self.axis;
         let first = cx.input(0);
         let joined = cx
@@ -99,7 +102,10 @@ impl<T: DType> Op<T> for Narrow {
         "narrow"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let x = cx.input(0);
         let out = narrowed(x, cx.scope(), self.axis, self.start, self.len)?;
         Ok((out, cx.saving().then(|| x.shape()[self.axis])))
@@ -158,7 +164,10 @@ impl<T: DType> Op<T> for Permute {
         "permute"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let view = cx.input(0).view().permuted_axes(self.axes.clone());
         let mut out = cx.rent(view.shape())?;
         if !out.is_empty() {
@@ -192,7 +201,10 @@ impl<T: DType> Op<T> for Reshape {
         "reshape"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let x = cx.input(0);
         let alias = x.reshaped(cx.scope(), self.shape.slice());
         Ok((alias, cx.saving().then(|| IxDyn(x.shape()))))
@@ -241,8 +253,7 @@ impl<'s, T: DType> Tensor<'s, T> {
                 });
             }
         }
-        let inputs = tensors.iter().map(|&t| Arg::Borrowed(t)).collect();
-        autograd::run(Concat { axis }, inputs)
+        autograd::run(Concat { axis }, &mut Inputs::Slice(tensors))
     }
 
     panicking! {
@@ -295,7 +306,10 @@ impl<'s, T: DType> Tensor<'s, T> {
                 ),
             });
         }
-        autograd::run(Narrow { axis, start, len }, args([Arg::Borrowed(self)]))
+        autograd::run(
+            Narrow { axis, start, len },
+            &mut args([Arg::Borrowed(self)]),
+        )
     }
 
     panicking! {
@@ -381,7 +395,7 @@ impl<'s, T: DType> Tensor<'s, T> {
                 ),
             });
         }
-        autograd::run(Permute { axes: resolved }, args([Arg::Borrowed(self)]))
+        autograd::run(Permute { axes: resolved }, &mut args([Arg::Borrowed(self)]))
     }
 
     panicking! {
@@ -404,7 +418,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             });
         }
         let shape = IxDyn(shape);
-        autograd::run(Reshape { shape }, args([Arg::Borrowed(self)]))
+        autograd::run(Reshape { shape }, &mut args([Arg::Borrowed(self)]))
     }
 
     panicking! {

@@ -35,7 +35,7 @@ pub(crate) enum Unary {
 impl Unary {
     /// The function of every element of `x`, recorded (the `nn` activations).
     pub(crate) fn apply<'s, T: Element>(self, x: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        autograd::run(self, args([Arg::Borrowed(x)]))
+        autograd::run(self, &mut args([Arg::Borrowed(x)]))
     }
 
     /// Whether the backward needs the op's output (`true`) or its input (`false`); `Neg` needs
@@ -69,13 +69,16 @@ impl<T: Element> Op<T> for Unary {
         }
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let kind = *self;
         // The input is saved before the kernel runs, so it is not written over.
         let input = (cx.saving() && !kind.saves_output() && kind != Unary::Neg)
             .then(|| cx.save(cx.input(0)));
-        let scope = cx.scope().clone();
         let src = cx.take(0);
+        let scope = cx.scope();
         // One instantiation of the loop per function, so that it inlines and vectorises (a
         // function pointer would be called once per element). The function is a closure marked
         // to inline: it then compiles inside the vectorised loop of every instruction set `simd`
@@ -84,7 +87,7 @@ impl<T: Element> Op<T> for Unary {
             ($f:expr) => {
                 map(
                     src,
-                    &scope,
+                    scope,
                     #[inline(always)]
                     |x: T| $f(x),
                 )
@@ -188,7 +191,10 @@ impl<T: Element> Op<T> for Map<T> {
         "map_with_derivative"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let saved = cx.saving().then(|| cx.save(cx.input(0)));
         let (scope, f) = (cx.scope().clone(), &self.f);
         let out = map(
@@ -235,12 +241,16 @@ impl<T: Element> Op<T> for Clamp<T> {
         "clamp"
     }
 
-    fn forward<'s>(&self, cx: &mut Forward<'s, T>) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let saved = cx.saving().then(|| cx.save(cx.input(0)));
-        let (scope, Clamp { min, max }) = (cx.scope().clone(), *self);
+        let x = cx.take(0);
+        let (scope, Clamp { min, max }) = (cx.scope(), *self);
         let out = map(
-            cx.take(0),
-            &scope,
+            x,
+            scope,
             #[inline(always)]
             move |x: T| clamp(x, min, max),
         )?;
@@ -274,7 +284,7 @@ macro_rules! elementwise {
         $(#[doc = $doc])*
         /// Fails only if an output cannot be rented.
         fn $try_name(self) -> Result<Tensor<'s, T>> {
-            self.with_arg(|a| autograd::run(Unary::$kind, args([a])))
+            self.with_arg(|a| autograd::run(Unary::$kind, &mut args([a])))
         }
 
         panicking! {
@@ -317,9 +327,9 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     /// [`TensorOps::try_map_with_derivative`] in a differentiated forward.
     fn try_map(self, f: impl Fn(T) -> T + Sync) -> Result<Tensor<'s, T>> {
         self.with_arg(|a| {
-            autograd::run_opaque("map", args([a]), |cx| {
-                let scope = cx.scope().clone();
-                map(cx.take(0), &scope, f)
+            autograd::run_opaque("map", &mut args([a]), |cx| {
+                let x = cx.take(0);
+                map(x, cx.scope(), f)
             })
         })
     }
@@ -336,7 +346,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
             f: Arc::new(f),
             df: Arc::new(df),
         };
-        self.with_arg(|a| autograd::run(op, args([a])))
+        self.with_arg(|a| autograd::run(op, &mut args([a])))
     }
 
     /// Applies `kernel` to every 1-D lane along `axis` of a copy of the tensor (or of the tensor itself
@@ -350,9 +360,9 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
     ) -> Result<Tensor<'s, T>> {
         let axis = check_axis("map_lanes", self.as_tensor(), axis)?;
         self.with_arg(|a| {
-            autograd::run_opaque("map_lanes", args([a]), |cx| {
-                let scope = cx.scope().clone();
-                map_lanes(cx.take(0), &scope, axis, kernel)
+            autograd::run_opaque("map_lanes", &mut args([a]), |cx| {
+                let x = cx.take(0);
+                map_lanes(x, cx.scope(), axis, kernel)
             })
         })
     }
@@ -415,7 +425,7 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
                 reason: format!("min {min} is not at most max {max}"),
             });
         }
-        self.with_arg(|a| autograd::run(Clamp { min, max }, args([a])))
+        self.with_arg(|a| autograd::run(Clamp { min, max }, &mut args([a])))
     }
 
     /// RMS normalization over the last axis, without a scale: `x / sqrt(mean(x^2) + eps)`
