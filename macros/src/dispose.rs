@@ -251,14 +251,23 @@ fn check_supported(func: &ItemFn) -> syn::Result<()> {
     Ok(())
 }
 
+/// The named lifetimes of the return type, each once.
+fn returned_brands(output: &ReturnType) -> Vec<String> {
+    let ReturnType::Type(_, ty) = output else {
+        return Vec::new();
+    };
+    let mut returned = named_lifetimes(ty);
+    returned.dedup();
+    returned
+}
+
 /// The parameter whose scope the child is opened in, or `None` for a new outermost scope on the
 /// current pool (only for a return type that holds no brand).
 fn parent_param<'p>(params: &'p [Param], output: &ReturnType) -> syn::Result<Option<&'p Param>> {
     let ReturnType::Type(_, ty) = output else {
         return Ok(params.first());
     };
-    let mut returned = named_lifetimes(ty);
-    returned.dedup();
+    let returned = returned_brands(output);
     if returned.is_empty() {
         let parent = params
             .iter()
@@ -331,14 +340,21 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
             let ident = &param.pat.ident;
             quote!(#private::Parent::of_scope(#ident).open)
         }
-        // The deepest scope of the tensor parameters that are rebound (so whose brands all outlive
-        // the result's): the caller's innermost scope among them, whichever argument it came in.
+        // The deepest scope of the tensor parameters whose brands outlive the result's (those
+        // rebound, and those of the result's own brand): the caller's innermost scope among them,
+        // whichever argument it came in.
         Some(param) => {
             let first = tensor_ref(param);
+            // A parameter named `_x` is not rebound, so its brand is known to outlive the
+            // result's only when it is the result's own.
+            let returned = returned_brands(&func.sig.output);
             let others = params
                 .iter()
                 .filter(|p| p.kind != Kind::Scope && !std::ptr::eq(*p, param))
-                .filter(|p| !p.pat.ident.to_string().starts_with('_'))
+                .filter(|p| {
+                    !p.pat.ident.to_string().starts_with('_')
+                        || p.brand.as_ref().is_some_and(|b| returned.contains(b))
+                })
                 .map(tensor_ref);
             quote!(#private::Parent::of_tensor(#first)#(.or_deeper(#others))*.open)
         }

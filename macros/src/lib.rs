@@ -43,7 +43,8 @@ mod item;
 ///
 /// **The parent scope** is that of the parameter carrying the return type's brand: a
 /// `&Scope<'a, '_>` parameter (which the body then sees as the child scope), else the deepest of
-/// the scopes of the tensor parameters, whatever their element types: a caller's
+/// the scopes of the tensor parameters (one named `_x` counts when it has the return type's brand),
+/// whatever their element types: a caller's
 /// `f(&outer_bias, &inner_x)` opens the child in the inner scope, under its budget, as
 /// `&outer_bias + &inner_x` rents there. A [`Param`](../tensorscope/struct.Param.html) carries no
 /// brand and is never the parent. If the return type names a lifetime that no such parameter carries

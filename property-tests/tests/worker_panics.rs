@@ -113,10 +113,11 @@ proptest! {
             std::mem::forget(payload);
         }
         prop_assert_eq!(pool.stats().bytes_in_use, before, "every buffer went back");
-        // The workers serve the next op, and write all of its output (a poisoned rent shows NaN
-        // where a part did not write).
+        // The workers serve the next op, and write all of its output: `map` on a borrowed tensor
+        // writes a fresh rent, whose poison (NaN) shows wherever a part did not write.
         let (total, poisoned) = pool.scope(|s| {
-            let y = s.ones::<f32>(&[len]).map(|v| v * 2.0);
+            let x = s.ones::<f32>(&[len]);
+            let y = (&x).map(|v| v * 2.0);
             (y.sum_all().item(), y.as_slice().iter().filter(|v| v.is_nan()).count())
         });
         prop_assert_eq!((total, poisoned), (2.0 * len as f32, 0));

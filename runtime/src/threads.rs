@@ -10,7 +10,7 @@
 //! another, so nesting is always correct, only not faster.
 //!
 //! The number of threads is the machine's available parallelism, or `TENSORSCOPE_THREADS` if set
-//! (`1` runs everything on the calling thread).
+//! (`1` runs everything on the calling thread), at most 64 (the most parts an op is split into).
 //!
 //! The one `unsafe` here lends a borrowed closure to the workers for the length of a call; see
 //! [`Team::post`] for why that is sound on every path out of the call, panics included.
@@ -415,6 +415,8 @@ fn team() -> Option<&'static Team> {
             .filter(|&n| n > 0)
             .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
             .unwrap_or(1);
+        // More threads than an op has parts would never get one.
+        let threads = threads.min(MAX_PARTS);
         (threads > 1).then(|| Team::start(threads - 1))
     })
 }

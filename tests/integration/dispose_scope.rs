@@ -507,6 +507,12 @@ fn sum_of<'a>(a: &Tensor<'a>, b: &Tensor<'a>) -> Tensor<'a> {
     a + b
 }
 
+/// A mask through a parameter named as unused (`_m`) but used: it counts in the parent's choice.
+#[dispose_scope]
+fn masked<'a>(x: &Tensor<'a>, _m: &Tensor<'a, u8>) -> Tensor<'a> {
+    x.masked_fill(_m, 0.0)
+}
+
 /// As `sum_of`, with the ids of a second element type as the first argument.
 #[dispose_scope]
 fn picked<'a>(ids: &Tensor<'a, i64>, table: &Tensor<'a>) -> Tensor<'a> {
@@ -524,9 +530,11 @@ fn the_child_opens_in_the_deepest_scope_of_the_tensor_arguments() {
         outer.scope_with_budget(64 << 10, |inner| {
             let one = inner.ones::<f32>(&[1]);
             let ids = inner.from_slice::<i64>(&[1], &[3]);
+            let mask = inner.ones::<u8>(&[1]);
             for (name, result) in [
                 ("outer first", panic_message(|| drop(sum_of(&big, &one)))),
                 ("inner first", panic_message(|| drop(sum_of(&one, &big)))),
+                ("inner `_m`", panic_message(|| drop(masked(&big, &mask)))),
             ] {
                 assert!(
                     result.starts_with("scope budget exceeded"),

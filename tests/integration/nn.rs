@@ -7,7 +7,7 @@ use tensorscope::nn::{
     Sequential, Sgd,
 };
 use tensorscope::prelude::*;
-use tensorscope::{CheckpointConfig, Checkpointer, Error, Parameters, Policy};
+use tensorscope::{CheckpointConfig, Checkpointer, Error, Param, Parameters, Policy};
 
 #[test]
 fn params_are_found_by_name_in_registration_order() {
@@ -411,6 +411,66 @@ fn a_step_short_of_memory_changes_nothing() {
         grads.accumulate(&set[0], s.ones::<f32>(&[len])).unwrap();
         adam.step(&mut set, &grads).unwrap();
         assert!((set[0].as_slice()[0] + 0.1).abs() < 1e-6);
+    });
+}
+
+/// A parameter set that breaks `Parameters`' promise: each walk gives the parameter `pick` names
+/// for that walk (0, 1, 2, ...).
+struct Shifty {
+    params: Vec<Param>,
+    pick: fn(usize) -> usize,
+    walks: usize,
+}
+
+impl Parameters<f32> for Shifty {
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
+        let i = (self.pick)(self.walks);
+        self.walks += 1;
+        f(&mut self.params[i]);
+    }
+}
+
+#[test]
+fn a_parameter_set_that_changes_between_walks_is_refused() {
+    let pool = Pool::with_max_memory_mb(16);
+    let w = Param::from_slice(&pool, &[2], &[1.0f32, 2.0]);
+    pool.train(|s| {
+        let loss = (s.ones::<f32>(&[2]) * &w).sum_all();
+        let grads = loss.backward().unwrap();
+        // The third walk (the writes) gives a clone of `w` written after the backward: its
+        // gradient is stale, and the first two walks never saw it.
+        let mut stale = w.clone();
+        stale.view_mut()[[0]] = 100.0;
+        for (pick, changed_at) in [
+            (|walk| usize::from(walk >= 2)) as fn(usize) -> usize,
+            |walk| usize::from(walk >= 1),
+        ]
+        .into_iter()
+        .zip(["the writes", "the rents"])
+        {
+            let mut set = Shifty {
+                params: vec![w.clone(), stale.clone()],
+                pick,
+                walks: 0,
+            };
+            let err = Sgd::new(1.0f32, 0.0).step(&mut set, &grads).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    NnError::ParametersChanged {
+                        index: 0,
+                        updated: 0
+                    }
+                ),
+                "changed at {changed_at}: {err}"
+            );
+            assert_eq!(set.params[0].to_vec(), [1.0, 2.0]);
+            assert_eq!(
+                set.params[1].to_vec(),
+                [100.0, 2.0],
+                "the stale gradient was not applied"
+            );
+        }
     });
 }
 

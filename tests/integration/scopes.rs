@@ -390,6 +390,7 @@ fn an_inner_budget_bounds_ops_on_outer_tensors() {
     pool.scope(|outer| {
         let big = outer.ones::<f32>(&[1 << 18]); // 1 MiB
         let logits = outer.zeros::<f32>(&[4096, 64]); // 1 MiB
+        let total = outer.ones::<f32>(&[1 << 18]).requires_grad().sum_all(); // its gradient: 1 MiB
         outer.scope_with_budget(64 << 10, |inner| {
             let mask = inner.ones::<u8>(&[1]);
             let one = inner.ones::<f32>(&[1]);
@@ -409,6 +410,10 @@ fn an_inner_budget_bounds_ops_on_outer_tensors() {
                 "cross_entropy_ids",
                 logits.try_cross_entropy_ids(&labels).map(|t| t.len()),
             );
+            // A backward from an outer tensor with an inner seed: its gradients are the inner
+            // scope's, as the result of an op on the two would be.
+            let seed = inner.ones::<f32>(&[]);
+            refused("backward_with", total.backward_with(&seed).map(|g| g.len()));
         });
     });
 }

@@ -50,7 +50,7 @@ pub(crate) use tape::{Arg as TapeArg, SharedTape, Tape};
 use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
 use crate::recycle::{Few, RecycledRc, RecycledVec};
-use crate::scope::State;
+use crate::scope::{deeper, State};
 use crate::tensor::Tensor;
 
 /// What ops record on this thread.
@@ -468,12 +468,14 @@ impl<'s, T: Element> Tensor<'s, T> {
         }
         let mut seed = Tensor::try_rent_in(&self.rents_in, self.shape())?;
         seed.unique_slice_mut().fill(T::one());
-        self.backward_with_seed(seed, grads)
+        self.backward_with_seed(seed, &self.rents_in, grads)
     }
 
     /// Like [`Tensor::backward`] for an output of any shape, given the gradient of some scalar with
-    /// respect to it (`grad`, of this tensor's shape).
-    pub fn backward_with(&self, grad: &Tensor<'_, T>) -> Result<Gradients<'s, T>> {
+    /// respect to it (`grad`, of this tensor's shape). The gradients belong to the deeper of the
+    /// two tensors' scopes, and everything the backward rents is counted there, as an op's output
+    /// of two tensors is.
+    pub fn backward_with(&self, grad: &Tensor<'s, T>) -> Result<Gradients<'s, T>> {
         if grad.shape() != self.shape() {
             return Err(Error::ShapeMismatch {
                 op: "backward_with",
@@ -482,17 +484,20 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "the gradient must have the output's shape".into(),
             });
         }
-        let mut grads = Gradients::in_scope(&self.rents_in);
-        self.backward_with_seed(grad.saved().alias_in(&self.rents_in), &mut grads)?;
+        let at = deeper(&self.rents_in, &grad.rents_in);
+        let mut grads = Gradients::in_scope(at);
+        self.backward_with_seed(grad.saved().alias_in(at), at, &mut grads)?;
         Ok(grads)
     }
 
+    /// Runs the backward from this tensor with `seed` as its gradient, in `at`.
     fn backward_with_seed(
         &self,
         seed: Tensor<'static, T>,
+        at: &State,
         grads: &mut Gradients<'_, T>,
     ) -> Result<()> {
         let node = self.node.as_ref().ok_or(Error::NoGraph)?;
-        backward(node, seed, &self.rents_in, grads)
+        backward(node, seed, at, grads)
     }
 }

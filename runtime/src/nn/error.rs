@@ -29,6 +29,21 @@ pub enum NnError {
         /// Its shape.
         shape: Shape,
     },
+    /// An optimizer's walks over one parameter set met different parameters, or the same ones with
+    /// other values: a [`Parameters`](crate::Parameters) implementation must visit the same
+    /// parameters in the same order on every call. Nothing was updated if `updated` is 0; else the
+    /// first `updated` parameters with a gradient were, before the change was met.
+    #[error(
+        "the parameter set changed between the walks of one optimizer step at position {index} \
+         (Parameters::for_each_param must visit the same parameters in the same order on every \
+         call); {updated} parameters were updated before it was noticed"
+    )]
+    ParametersChanged {
+        /// The position in the set where the walks differ.
+        index: usize,
+        /// How many parameters were updated before.
+        updated: usize,
+    },
     /// An error of the checkpointer during a checkpointed forward.
     #[error(transparent)]
     Checkpoint(Box<crate::checkpoint::CheckpointError>),

@@ -30,6 +30,9 @@ struct States<S> {
     by_key: HashMap<u64, S>,
     /// The keys seen in the current step (kept to reuse its memory).
     seen: HashSet<u64>,
+    /// The key and version of each parameter with a gradient, in the order the step's first walk
+    /// met them: the later walks must meet the same, or the step stops (kept to reuse its memory).
+    walked: Vec<(u64, u64)>,
 }
 
 impl<S> States<S> {
@@ -37,13 +40,17 @@ impl<S> States<S> {
         States {
             by_key: HashMap::new(),
             seen: HashSet::new(),
+            walked: Vec::new(),
         }
     }
 
     /// Calls `update(parameter, its state, its gradient)` for every parameter of `params` that has
     /// a gradient, all or nothing: first every check, changing nothing; then every rent (states
     /// made with `make`, copies of parameters another handle shares), kept aside until all have
-    /// succeeded; then the updates, which cannot fail.
+    /// succeeded; then the updates, which cannot fail. Each walk over `params` must meet the
+    /// parameters the first met, with the same values ([`Parameters`] promises the same order on
+    /// every call); one that does not is [`NnError::ParametersChanged`], before anything is written
+    /// if the second walk notices it.
     fn update_all<T: Element>(
         &mut self,
         params: &mut dyn Parameters<T>,
@@ -57,13 +64,15 @@ impl<S> States<S> {
         let mut states = Vec::new();
         let mut copies = Vec::new();
         let mut failure = None;
-        let mut index = 0;
+        let (mut index, mut met) = (0, 0);
         params.for_each_param(&mut |p| {
             index += 1;
             if failure.is_some() || grads.get(p).is_none() {
                 return;
             }
+            met += 1;
             let rented = (|| {
+                self.same(met - 1, index - 1, p, 0)?;
                 if !self.by_key.contains_key(&p.key()) {
                     states.push((p.key(), make(p)?));
                 }
@@ -76,24 +85,66 @@ impl<S> States<S> {
                 failure = Some(e);
             }
         });
-        if let Some(e) = failure {
+        let missing = self.walked.len().saturating_sub(met);
+        if let Some(e) = failure
+            .take()
+            .or_else(|| (missing > 0).then(|| self.changed(met, 0)))
+        {
             return Err(e);
         }
         self.by_key.extend(states);
         let mut copies = copies.into_iter().peekable();
-        let mut index = 0;
+        let (mut index, mut met, mut updated) = (0, 0, 0);
         params.for_each_param(&mut |p| {
             index += 1;
             let Some(g) = grads.get(p) else {
                 return;
             };
+            met += 1;
+            if failure.is_some() {
+                return;
+            }
+            if let Err(e) = self.same(met - 1, index - 1, p, updated) {
+                failure = Some(e);
+                return;
+            }
             if let Some((_, copy)) = copies.next_if(|(i, _)| *i == index - 1) {
                 p.take_copy(copy);
             }
-            let state = self.by_key.get_mut(&p.key()).expect("made above");
+            let state = self
+                .by_key
+                .get_mut(&p.key())
+                .expect("made for every key walked");
             update(slice_mut(p), state, g.as_slice());
+            updated += 1;
         });
-        Ok(())
+        let missing = self.walked.len().saturating_sub(met);
+        failure
+            .or_else(|| (missing > 0).then(|| self.changed(met, updated)))
+            .map_or(Ok(()), Err)
+    }
+
+    /// Fails unless `p`, the `n`-th parameter with a gradient of this walk (at `index` in the
+    /// set), is the one the first walk met there, with the same values.
+    fn same<T: Element>(
+        &self,
+        n: usize,
+        index: usize,
+        p: &Param<T>,
+        updated: usize,
+    ) -> Result<(), NnError> {
+        match self.walked.get(n) {
+            Some(&walked) if walked == (p.key(), p.version()) => Ok(()),
+            _ => Err(NnError::ParametersChanged { index, updated }),
+        }
+    }
+
+    /// The error of a later walk that met fewer parameters with a gradient than the first: `met`.
+    fn changed(&self, met: usize, updated: usize) -> NnError {
+        NnError::ParametersChanged {
+            index: met,
+            updated,
+        }
     }
 
     /// Fails with [`NnError::ParamListedTwice`] or [`Error::StaleGradient`] for the first
@@ -105,6 +156,7 @@ impl<S> States<S> {
         grads: &Gradients<'_, T>,
     ) -> Result<(), NnError> {
         self.seen.clear();
+        self.walked.clear();
         let mut failure = None;
         let mut index = 0;
         params.for_each_param(&mut |p| {
@@ -112,6 +164,7 @@ impl<S> States<S> {
             if failure.is_some() || grads.get(p).is_none() {
                 return;
             }
+            self.walked.push((p.key(), p.version()));
             let (index, shape) = (index - 1, || Shape::from(p.shape()));
             if !self.seen.insert(p.key()) {
                 let shape = shape();

@@ -1,7 +1,7 @@
 // Every operand of every op carries its scope's brand, whatever its element type (ids, labels and
 // masks included): an op on a tensor of an inner scope gives a tensor of that scope, which cannot
 // be returned from it (it would live in, and rent in, a scope that has ended). One case per op
-// family that takes a second tensor.
+// family that takes a second tensor, and a backward's seed.
 use tensorscope::ops::Cmp;
 use tensorscope::prelude::*;
 
@@ -35,5 +35,7 @@ fn main() {
             let ids = inner.from_slice::<i64>(&[1, 2], &[3, 0]);
             table.embedding(&ids)
         });
+        let total = table.clone().requires_grad().sum_all();
+        let _gradients = outer.scope(|inner| total.backward_with(&inner.ones::<f32>(&[])).unwrap());
     });
 }
