@@ -69,6 +69,14 @@ pub struct Param<T: DType = f32> {
     version: u64,
 }
 
+/// A fresh key of a gradient's leaf: a parameter's (kept by its clones), a marked tensor's, a
+/// checkpointed region's inputs'. Unique in the process; parameters own the counter, since they are
+/// what most keys name.
+pub(crate) fn next_key() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A fresh [`Param::version`].
 fn next_version() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -86,7 +94,7 @@ impl<T: DType> Param<T> {
         Param {
             buf,
             dim: IxDyn(shape),
-            key: crate::autograd::next_key(),
+            key: next_key(),
             version: next_version(),
         }
     }

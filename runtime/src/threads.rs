@@ -298,7 +298,9 @@ impl Team {
     /// then sleeps until the next is posted.
     fn work(&self) {
         WORKER.set(true);
-        crate::ops::reserve_scratch();
+        if let Some(start) = WORKER_START.get() {
+            start();
+        }
         loop {
             let seen = self.posted.load(Ordering::Acquire);
             while self.run_one(None) {}
@@ -386,6 +388,18 @@ fn drop_payload(payload: Option<Payload>) {
     if let Err(again) = panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
         std::mem::forget(again);
     }
+}
+
+/// What every worker runs when it starts, registered by the layer that splits its work here (the
+/// ops: the products' packing buffers), so that which thread takes which part of a product never
+/// decides whether a step allocates. A hook rather than a call, so that this layer names none above.
+static WORKER_START: OnceLock<fn()> = OnceLock::new();
+
+/// Registers `hook` as what every worker runs when it starts; the first registration stands. It
+/// must come before the first split, which starts the workers.
+pub(crate) fn on_worker_start(hook: fn()) {
+    // A second registration is the same hook: nothing to do.
+    let _ = WORKER_START.set(hook);
 }
 
 thread_local! {

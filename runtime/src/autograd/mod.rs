@@ -37,7 +37,6 @@ mod op;
 mod tape;
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{Dimension, IxDyn};
 
@@ -89,13 +88,7 @@ pub(crate) fn with_mode<R>(mode: Mode, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Keys of leaves (parameters and marked tensors), unique in the process.
-static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
-
-/// A fresh leaf key.
-pub(crate) fn next_key() -> u64 {
-    NEXT_KEY.fetch_add(1, Ordering::Relaxed)
-}
+pub(crate) use crate::param::next_key;
 
 /// A node of a gradient graph: a leaf (a parameter or a marked tensor, by key) or the op that made a
 /// tensor, with the nodes of its inputs and the rule (and saved tensors) of its backward.

@@ -33,7 +33,6 @@
 
 mod config;
 mod driver;
-mod error;
 mod install;
 mod plan;
 mod region;
@@ -46,9 +45,9 @@ use std::rc::Rc;
 
 use ndarray::IxDyn;
 
+pub use crate::error::checkpoint::{CheckpointError, Result};
 pub use config::{CheckpointConfig, Policy, Precision};
 pub(crate) use driver::run_layers;
-pub use error::{CheckpointError, Result};
 pub(crate) use install::with_active;
 pub use schedule::{binomial_recompute_steps, revolve_forward_steps};
 pub use sweep::ReverseReport;

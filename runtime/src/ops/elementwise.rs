@@ -6,18 +6,17 @@
 //! work on the left (`2.0 * &x`). A by-value operand that is unique and already has the output's shape
 //! receives the result in place (a parameter never does).
 
-use std::ops::{Add, Div, Mul, Neg, Sub};
+use std::ops::{Add, Div, Mul, Sub};
 
 use ndarray::{Dimension, IxDyn, Zip};
 
+use super::pointwise::{map, zip_kernel};
 use super::reduce::reduce_to;
-use super::tensor_ops::{map, Unary};
-use super::{broadcast_shape, rows, simd, work, Operand};
+use super::{broadcast_shape, rows, work, Operand};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
 use crate::error::{or_panic, panicking, Result};
 use crate::param::Param;
-use crate::scope::State;
 use crate::tensor::Tensor;
 
 /// `a + b`, `a - b`, `a * b`, `a / b` with broadcasting: one record for the four.
@@ -106,7 +105,8 @@ impl<T: Element> Op<T> for Binary {
             ),
             (Binary::Sub, _) => (
                 cx.needs(0).then(|| reduce_to(g.clone(), a_shape.slice())),
-                cx.needs(1).then(|| reduce_to(negated(g)?, b_shape.slice())),
+                cx.needs(1)
+                    .then(|| reduce_to(negated(g, cx)?, b_shape.slice())),
             ),
             (Binary::Mul, Some((a, b))) => {
                 let (a, b) = (a.get(cx), b.get(cx));
@@ -122,7 +122,7 @@ impl<T: Element> Op<T> for Binary {
                     cx.needs(1).then(|| {
                         // d(a / b)/db = -a / b^2
                         let q = g.try_mul(&a)?.try_div(&b)?.try_div(&b)?;
-                        reduce_to(negated(q)?, b.shape())
+                        reduce_to(negated(q, cx)?, b.shape())
                     }),
                 )
             }
@@ -132,9 +132,14 @@ impl<T: Element> Op<T> for Binary {
     }
 }
 
-/// `-g`, in `g`'s buffer when it is unique.
-fn negated<T: Element>(g: Tensor<'_, T>) -> Result<Tensor<'_, T>> {
-    autograd::run(Unary::Neg, &mut args([Arg::Owned(g)]))
+/// `-g`, in `g`'s buffer when it is unique (a backward's: nothing records).
+fn negated<'b, T: Element>(g: Tensor<'b, T>, cx: &Backward<'b>) -> Result<Tensor<'b, T>> {
+    map(
+        Arg::Owned(g),
+        cx.at(),
+        #[inline(always)]
+        |v: T| -v,
+    )
 }
 
 /// `x <op> c` (or `c <op> x`) for a scalar `c`: one record for every such op.
@@ -242,7 +247,7 @@ impl<T: Element> Op<T> for Scalar<T> {
         let shape = shape.slice();
         let dx = match self.kind {
             Add | Sub => g,
-            SubFrom => negated(g)?,
+            SubFrom => negated(g, cx)?,
             Mul => map(
                 Arg::Owned(g),
                 at,
@@ -292,62 +297,6 @@ pub(crate) fn scalar<'s, T: Element>(
     autograd::run(Scalar { kind, c }, &mut args([x]))
 }
 
-/// `f(a, b)` elementwise over the broadcast `shape`, written into a unique owned operand that has
-/// the output's shape, else into a new tensor of `scope`. Records nothing: the kernel of
-/// [`Binary`], `zip_map` and backward rules.
-// The closures that only call `f` are on purpose (see below).
-#[allow(clippy::redundant_closure)]
-pub(crate) fn zip_kernel<'s, T: Element>(
-    scope: &State,
-    shape: &[usize],
-    a: Arg<'_, 's, T>,
-    b: Arg<'_, 's, T>,
-    f: impl Fn(T, T) -> T + Sync,
-) -> Result<Tensor<'s, T>> {
-    if shape.contains(&0) {
-        // Nothing to compute; a broadcast walk over the empty shape could still loop over rows.
-        return Tensor::try_rent_in(scope, shape);
-    }
-    // The closures passed on call `f` itself: a `&F` passed as the function would be called
-    // through core's out-of-line `Fn for &F` shim, outside the vectorised loop.
-    let a = match a.into_writable(shape) {
-        Ok(mut dst) => {
-            write_over(
-                &mut dst,
-                b.tensor(),
-                #[inline(always)]
-                |x, y| f(x, y),
-            );
-            return Ok(dst.with_scope(scope));
-        }
-        Err(a) => a,
-    };
-    let b = match b.into_writable(shape) {
-        Ok(mut dst) => {
-            write_over(
-                &mut dst,
-                a.tensor(),
-                #[inline(always)]
-                |y, x| f(x, y),
-            );
-            return Ok(dst.with_scope(scope));
-        }
-        Err(b) => b,
-    };
-    let (a, b) = (a.tensor(), b.tensor());
-    let mut out = Tensor::try_rent_in(scope, shape)?;
-    if a.shape() == shape && b.shape() == shape {
-        simd::zip_into(out.unique_slice_mut(), a.as_slice(), b.as_slice(), f);
-    } else {
-        work::visit(rows(shape));
-        Zip::from(out.unique_view_mut())
-            .and_broadcast(&a.view())
-            .and_broadcast(&b.view())
-            .for_each(|o, &x, &y| *o = f(x, y));
-    }
-    Ok(out)
-}
-
 impl<'s, T: Element> Tensor<'s, T> {
     /// `self + other` written into this tensor's buffer when it is the only handle on it.
     pub(crate) fn try_add_owned(self, other: &Tensor<'_, T>) -> Result<Tensor<'s, T>> {
@@ -370,31 +319,6 @@ impl<'s, T: Element> Tensor<'s, T> {
                 .for_each(|o, &x| *o = x);
         }
         Ok(out)
-    }
-}
-
-/// Whether `small` broadcasts over `big` as a repeated trailing block (`[64]` over `[n, 64]`), so
-/// that both can be walked as plain slices.
-fn is_trailing_block(big: &[usize], small: &[usize]) -> bool {
-    small.len() <= big.len() && big[big.len() - small.len()..] == *small && !small.is_empty()
-}
-
-/// `dst = f(dst, other)` elementwise, `other` broadcast to `dst`'s shape (already checked, and not
-/// empty).
-fn write_over<T: Element>(
-    dst: &mut Tensor<'_, T>,
-    other: &Tensor<'_, T>,
-    f: impl Fn(T, T) -> T + Sync,
-) {
-    if dst.shape() == other.shape() || is_trailing_block(dst.shape(), other.shape()) {
-        // The same shape, or a row vector (or trailing block) added to every row: contiguous
-        // chunks, no index math.
-        simd::zip_in_place(dst.unique_slice_mut(), other.as_slice(), f);
-    } else {
-        work::visit(rows(dst.shape()));
-        Zip::from(dst.unique_view_mut())
-            .and_broadcast(&other.view())
-            .for_each(|d, &o| *d = f(*d, o));
     }
 }
 
@@ -507,19 +431,3 @@ binary_op!(Add, add, try_add, Add, +, Add, Add);
 binary_op!(Sub, sub, try_sub, Sub, -, Sub, SubFrom);
 binary_op!(Mul, mul, try_mul, Mul, *, Mul, Mul);
 binary_op!(Div, div, try_div, Div, /, Div, DivInto);
-
-impl<'s, T: Element> Neg for Tensor<'s, T> {
-    type Output = Tensor<'s, T>;
-    #[track_caller]
-    fn neg(self) -> Tensor<'s, T> {
-        or_panic(autograd::run(Unary::Neg, &mut args([Arg::Owned(self)])))
-    }
-}
-
-impl<'s, T: Element> Neg for &Tensor<'s, T> {
-    type Output = Tensor<'s, T>;
-    #[track_caller]
-    fn neg(self) -> Tensor<'s, T> {
-        or_panic(autograd::run(Unary::Neg, &mut args([Arg::Borrowed(self)])))
-    }
-}

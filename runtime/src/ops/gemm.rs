@@ -25,10 +25,9 @@
 use std::cell::RefCell;
 use std::thread::LocalKey;
 
-use super::simd::{self, FmaKernel};
+use super::simd::{self, FmaKernel, TileOut as _};
 use crate::element::Element;
 use crate::pool::Block;
-use crate::threads;
 use window::Window;
 
 mod window;
@@ -175,13 +174,13 @@ fn split<T: Element, const MR: usize, const NR: usize>(
         let granules = n.div_ceil(NR);
         let min = PER_PART.div_ceil(NR * m * k);
         let split = |parts: usize| c.split_columns(granules.div_ceil(parts) * NR);
-        threads::for_each_part(granules, min, split, each);
+        super::for_each_part(granules, min, split, each);
     } else {
         let height = if MR == 12 { PART_ROWS } else { MR };
         let granules = m.div_ceil(height);
         let min = PER_PART.div_ceil(height * k * n);
         let split = |parts: usize| c.split_rows(granules.div_ceil(parts) * height);
-        threads::for_each_part(granules, min, split, each);
+        super::for_each_part(granules, min, split, each);
     }
 }
 
@@ -344,16 +343,19 @@ pub(crate) struct Out<'a, T> {
     pub(crate) add: bool,
 }
 
-impl<T: Element> Out<'_, T> {
-    /// The rows and columns of the tile that are stored.
+impl<'c, T: Element> simd::TileOut<'c, T> for Out<'c, T> {
     #[inline(always)]
-    pub(crate) fn size(&self) -> (usize, usize) {
+    fn size(&self) -> (usize, usize) {
         (self.c.rows().len(), self.c.cols().len())
     }
 
-    /// Writes `tile` (or adds it).
     #[inline(always)]
-    pub(crate) fn store<const MR: usize, const NR: usize>(self, tile: &[[T; NR]; MR]) {
+    fn adds(&self) -> bool {
+        self.add
+    }
+
+    #[inline(always)]
+    fn store<const MR: usize, const NR: usize>(self, tile: &[[T; NR]; MR]) {
         let add = self.add;
         for (out, tile_row) in self.c.into_rows().zip(tile) {
             match (<&mut [T; NR]>::try_from(&mut *out), add) {
@@ -375,6 +377,11 @@ impl<T: Element> Out<'_, T> {
                 }
             }
         }
+    }
+
+    #[inline(always)]
+    fn into_rows(self) -> impl Iterator<Item = &'c mut [T]> {
+        self.c.into_rows()
     }
 }
 

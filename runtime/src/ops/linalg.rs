@@ -15,7 +15,6 @@ use crate::element::Element;
 use crate::error::{panicking, Error, Result, Shape};
 use crate::scope::{deeper, State};
 use crate::tensor::Tensor;
-use crate::threads;
 
 /// The matrix product.
 #[derive(Debug, Clone, Copy)]
@@ -162,7 +161,7 @@ fn matmul_kernel<'s, T: Element>(
     // Runs of whole matrices over the threads (attention's many small products would each be
     // too small to split).
     let min_matrices = gemm::PER_PART.div_ceil((m * k * n).max(1));
-    threads::split_mut(c, m * n, min_matrices, |start, c| {
+    super::split_mut(c, m * n, min_matrices, |start, c| {
         for (j, c) in c.chunks_exact_mut(m * n).enumerate() {
             let (mut ai, mut bi, mut rest) = (0, 0, start / (m * n) + j);
             for axis in (0..batch.len()).rev() {

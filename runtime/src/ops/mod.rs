@@ -70,18 +70,17 @@ mod conv;
 mod elementwise;
 mod gemm;
 mod index;
-pub(crate) mod kernels;
 mod lanes;
 mod linalg;
 mod loss;
 pub mod mask;
+mod pointwise;
 mod pool2d;
 mod reduce;
 mod shape;
 pub(crate) mod simd;
 mod tensor_ops;
 
-pub(crate) use gemm::reserve_scratch;
 pub use mask::Cmp;
 pub use tensor_ops::TensorOps;
 pub(crate) use tensor_ops::Unary;
@@ -92,6 +91,7 @@ use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
 use crate::param::Param;
 use crate::tensor::Tensor;
+use crate::threads;
 
 /// Kernel visits, counted in debug builds: the lanes, slices, matrices and images that kernels loop
 /// over, counted before each loop starts. Every op returns before its loops when its output has no
@@ -213,6 +213,28 @@ pub(crate) mod sealed {
             Cow::Owned(beside.bind(self))
         }
     }
+}
+
+/// [`threads::split_mut`] for the ops: the workers start with the products' packing buffers.
+pub(crate) fn split_mut<T: Send>(
+    data: &mut [T],
+    granule: usize,
+    min_granules: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    threads::on_worker_start(gemm::reserve_scratch);
+    threads::split_mut(data, granule, min_granules, f)
+}
+
+/// [`threads::for_each_part`] for the ops: the workers start with the products' packing buffers.
+pub(crate) fn for_each_part<P: Send, I: Iterator<Item = P>>(
+    granules: usize,
+    min_granules: usize,
+    split: impl FnOnce(usize) -> I,
+    f: impl Fn(P) + Sync,
+) {
+    threads::on_worker_start(gemm::reserve_scratch);
+    threads::for_each_part(granules, min_granules, split, f)
 }
 
 /// The NumPy broadcast of two shapes: axes aligned from the right, each pair equal or one of them 1.

@@ -1,6 +1,6 @@
 //! Elementwise loops compiled three times (AVX-512, AVX2, baseline) and chosen at run time by the
 //! CPU's features, so that one build vectorises as wide as the machine allows: the kernels of
-//! `ops::kernels` run 2x faster with AVX2 and 4x faster with AVX-512 than with the SSE2 that every
+//! `element::kernels` run 2x faster with AVX2 and 4x faster with AVX-512 than with the SSE2 that every
 //! x86-64 has (measured in `docs/benchmarks.md`). Other targets run the baseline loop.
 //!
 //! The same IEEE operations run at every width (Rust never fuses `a * b + c` into an FMA on its
@@ -13,9 +13,7 @@
 //! The `unsafe` here is calling a function compiled for features the CPU is first checked to have.
 #![allow(unsafe_code)]
 
-use super::gemm::Out;
 use crate::element::Element;
-use crate::threads;
 
 /// A loop to run at the widest vector width the CPU has. `run` must be `#[inline(always)]`, and so
 /// must the closures it calls, so that the whole loop compiles inside each width's function rather
@@ -133,6 +131,19 @@ pub(crate) fn has_avx512() -> bool {
     false
 }
 
+/// Where a product's tile goes (`ops::gemm`'s output window implements it): the tile code here
+/// names no type of the product's, so the products depend on these loops and not the reverse.
+pub(crate) trait TileOut<'c, T: 'c>: Sized {
+    /// The rows and columns of the tile that are stored.
+    fn size(&self) -> (usize, usize);
+    /// Whether the sums are added to what is there (the sums of earlier steps along `k`).
+    fn adds(&self) -> bool;
+    /// Stores (or adds) `tile`, the part of it that fits.
+    fn store<const MR: usize, const NR: usize>(self, tile: &[[T; NR]; MR]);
+    /// The rows of the window the tile covers, first to last.
+    fn into_rows(self) -> impl Iterator<Item = &'c mut [T]>;
+}
+
 /// The `MR x 32` tile `sum_p a(p)[i] b[p][j]` over `p < depth` of `f32` (as `ops::gemm`'s generic
 /// tile computes it), in two 512-bit registers per row, stored to `out`; `Err(out)` untouched if
 /// the CPU lacks AVX-512. LLVM does not keep a tile this wide in registers when it vectorises the
@@ -140,12 +151,12 @@ pub(crate) fn has_avx512() -> bool {
 /// AVX-512 intrinsics; the sums are the same FMAs in the same order, so the bits are the generic
 /// tile's with FMA.
 #[inline(always)]
-pub(crate) fn tile_f32_avx512<'c, T: Element, const MR: usize>(
+pub(crate) fn tile_f32_avx512<'c, T: Element, O: TileOut<'c, T>, const MR: usize>(
     depth: usize,
     b: &[[f32; 32]],
     a: impl Fn(usize) -> [f32; MR],
-    out: Out<'c, T>,
-) -> Result<(), Out<'c, T>> {
+    out: O,
+) -> Result<(), O> {
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: the CPU has AVX-512F (checked just above, with more), the one feature
@@ -159,11 +170,11 @@ pub(crate) fn tile_f32_avx512<'c, T: Element, const MR: usize>(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn tile_avx512<T: Element, const MR: usize>(
+fn tile_avx512<'c, T: Element, O: TileOut<'c, T>, const MR: usize>(
     depth: usize,
     b: &[[f32; 32]],
     a: impl Fn(usize) -> [f32; MR],
-    out: Out<'_, T>,
+    out: O,
 ) {
     use std::arch::x86_64::{
         __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_setzero_ps,
@@ -185,8 +196,8 @@ fn tile_avx512<T: Element, const MR: usize>(
     // A whole tile: each row of `c` read (when adding) and written as two vectors. (The sums are
     // taken by value: iterated by reference, LLVM kept them in a stack array it zeroed on every
     // call.)
-    let add = out.add;
-    for ([lo_sum, hi_sum], row) in acc.into_iter().zip(out.c.into_rows()) {
+    let add = out.adds();
+    for ([lo_sum, hi_sum], row) in acc.into_iter().zip(out.into_rows()) {
         let row: &mut [f32; 32] = bytemuck::cast_slice_mut::<T, f32>(row)
             .try_into()
             .expect("32 columns");
@@ -299,7 +310,7 @@ pub(crate) fn map_in_place<T: Copy + Send>(xs: &mut [T], f: impl Fn(T) -> T + Sy
             }
         }
     }
-    threads::split_mut(xs, 1, PER_PART, |_, xs| dispatch(Map(xs, &f)));
+    super::split_mut(xs, 1, PER_PART, |_, xs| dispatch(Map(xs, &f)));
 }
 
 /// `dst[i] = f(src[i])`, split over the threads when large.
@@ -319,7 +330,7 @@ pub(crate) fn map_into<T: Copy + Sync, U: Send>(
             }
         }
     }
-    threads::split_mut(dst, 1, PER_PART, |start, dst| {
+    super::split_mut(dst, 1, PER_PART, |start, dst| {
         dispatch(Map(dst, &src[start..], &f))
     });
 }
@@ -402,13 +413,13 @@ pub(crate) fn zip_in_place<T: Copy + Send + Sync>(
     }
     if other.len() == dst.len() {
         // Same length: any split lines up.
-        threads::split_mut(dst, 1, PER_PART, |start, dst| {
+        super::split_mut(dst, 1, PER_PART, |start, dst| {
             dispatch(Zip(dst, &other[start..][..dst.len()], &f))
         });
     } else {
         // Runs of whole repeats of `other`.
         let repeats = PER_PART.div_ceil(other.len());
-        threads::split_mut(dst, other.len(), repeats, |_, dst| {
+        super::split_mut(dst, other.len(), repeats, |_, dst| {
             dispatch(Zip(dst, other, &f))
         });
     }
@@ -432,7 +443,7 @@ pub(crate) fn zip_into<T: Copy + Sync, U: Send>(
             }
         }
     }
-    threads::split_mut(dst, 1, PER_PART, |start, dst| {
+    super::split_mut(dst, 1, PER_PART, |start, dst| {
         dispatch(Zip(dst, &a[start..], &b[start..], &f))
     });
 }
@@ -458,7 +469,7 @@ pub(crate) fn lanes<T: Send + Sync, const N: usize>(
         }
     }
     let per_part = PER_PART.div_ceil(lane);
-    threads::split_mut(dst, lane, per_part, |start, dst| {
+    super::split_mut(dst, lane, per_part, |start, dst| {
         dispatch(Lanes(dst, srcs.map(|s| &s[start..]), lane, &kernel))
     });
 }

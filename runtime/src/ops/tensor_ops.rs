@@ -2,13 +2,15 @@
 //! per-lane kernels such as softmax and the norms), for `Tensor` and `&Tensor` alike; and the
 //! records of the elementwise functions with a derivative.
 
+use std::ops::Neg;
 use std::sync::Arc;
 
 use ndarray::{ArrayViewMut1, Axis, Dimension, IxDyn};
 
-use super::elementwise::{scalar, zip_kernel, ScalarKind};
+use super::elementwise::{scalar, ScalarKind};
 use super::lanes::{Lane, LaneOp};
-use super::{check_axis, simd, work, Dim};
+use super::pointwise::{map, zip_kernel};
+use super::{check_axis, work, Dim};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
 use crate::error::{panicking, Result};
@@ -571,27 +573,6 @@ fn last_axis<T: Element>(op: &'static str, t: &Tensor<'_, T>) -> Result<usize> {
         })
 }
 
-/// `f` of every element of `src`: in its buffer when it is owned and unique, else into a new
-/// tensor of `scope`. Records nothing.
-pub(crate) fn map<'s, T: Element>(
-    src: Arg<'_, 's, T>,
-    scope: &State,
-    f: impl Fn(T) -> T + Sync,
-) -> Result<Tensor<'s, T>> {
-    let shape = IxDyn(src.tensor().shape());
-    match src.into_writable(shape.slice()) {
-        Ok(mut t) => {
-            simd::map_in_place(t.unique_slice_mut(), f);
-            Ok(t.with_scope(scope))
-        }
-        Err(src) => {
-            let mut out = Tensor::try_rent_in(scope, shape.slice())?;
-            simd::map_into(out.unique_slice_mut(), src.tensor().as_slice(), f);
-            Ok(out)
-        }
-    }
-}
-
 fn map_lanes<'s, T: Element>(
     src: Arg<'_, 's, T>,
     scope: &State,
@@ -657,5 +638,21 @@ impl<'s, T: Element> TensorOps<'s, T> for Tensor<'s, T> {
 impl<'s, T: Element> TensorOps<'s, T> for &Tensor<'s, T> {
     fn as_tensor(&self) -> &Tensor<'s, T> {
         self
+    }
+}
+
+impl<'s, T: Element> Neg for Tensor<'s, T> {
+    type Output = Tensor<'s, T>;
+    #[track_caller]
+    fn neg(self) -> Tensor<'s, T> {
+        crate::error::or_panic(autograd::run(Unary::Neg, &mut args([Arg::Owned(self)])))
+    }
+}
+
+impl<'s, T: Element> Neg for &Tensor<'s, T> {
+    type Output = Tensor<'s, T>;
+    #[track_caller]
+    fn neg(self) -> Tensor<'s, T> {
+        crate::error::or_panic(autograd::run(Unary::Neg, &mut args([Arg::Borrowed(self)])))
     }
 }

@@ -1,9 +1,14 @@
-//! The one error type of the runtime.
+//! The runtime's errors, in one place: [`Error`], the checkpointer's [`CheckpointError`] (each
+//! wraps the other), and the panicking twins of the `try_` forms.
 //!
 //! Every fallible operation has a `try_` form returning [`Result`]; the panicking form panics with the
 //! same message, so the words a user reads are the same either way.
 
+pub(crate) mod checkpoint;
+
 use std::fmt;
+
+use checkpoint::CheckpointError;
 
 /// A shape, printed as `[2, 3]`.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -170,7 +175,7 @@ pub enum Error {
     /// The backward of a checkpointed region could not replay it (a recomputed activation of
     /// another shape, a checkpoint missing).
     #[error(transparent)]
-    Checkpoint(Box<crate::checkpoint::CheckpointError>),
+    Checkpoint(Box<CheckpointError>),
     /// A backward from a tensor computed inside a layer step of a checkpointed region: the step's
     /// graph exists only when the region replays it.
     #[error(

@@ -1,4 +1,7 @@
-//! Element types a tensor can hold.
+//! Element types a tensor can hold, and the scalar kernels of their transcendental functions
+//! ([`kernels`]).
+
+pub(crate) mod kernels;
 
 use std::fmt::{Debug, Display};
 
@@ -62,7 +65,7 @@ pub trait Element: DType + num_traits::Float + std::iter::Sum {
     const GEMM: bool = false;
 
     /// `tanh` as the ops compute it: for `f32`, `f16` and `bf16` a branch-free kernel that loops
-    /// vectorise (see `ops::kernels`); for `f64`, libm's.
+    /// vectorise (see `element::kernels`); for `f64`, libm's.
     #[doc(hidden)]
     fn tanh_kernel(self) -> Self;
 
@@ -140,7 +143,7 @@ dtype!(i64, "i64", |v| v as i64, |s| s as f64, integer);
 dtype!(i32, "i32", |v| v as i32, |s| f64::from(s), integer);
 dtype!(u8, "u8", |v| v as u8, |s| f64::from(s), integer);
 
-/// `f32` and the half types run the kernels of `ops::kernels`, the half types through `f32` (as
+/// `f32` and the half types run the kernels of [`kernels`], the half types through `f32` (as
 /// `half`'s own `tanh` goes through `f32`).
 macro_rules! f32_kernels {
     ($t:ty, $gemm:literal, |$x:ident| $to_f32:expr, |$y:ident| $from_f32:expr) => {
@@ -154,7 +157,7 @@ macro_rules! f32_kernels {
         #[inline(always)]
         fn $name(self) -> Self {
             let $x = self;
-            let $y = crate::ops::kernels::$kernel($to_f32);
+            let $y = kernels::$kernel($to_f32);
             $from_f32
         }
     )*};

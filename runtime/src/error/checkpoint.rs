@@ -1,8 +1,6 @@
-//! The checkpointer's errors.
+//! The checkpointer's errors, beside the runtime's own: each wraps the other.
 
-#[cfg(doc)]
-use super::{CheckpointConfig, Checkpointer, Policy};
-use crate::error::{Error, Shape};
+use super::{Error, Shape};
 
 /// Errors of the checkpointer; bad input is reported, never a panic.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -16,7 +14,7 @@ pub enum CheckpointError {
         /// The layers that have a checkpoint.
         stored: Vec<usize>,
     },
-    /// [`Checkpointer::get`] of a layer that has no stored activation.
+    /// [`Checkpointer::get`](crate::Checkpointer::get) of a layer that has no stored activation.
     #[error("no checkpoint is stored for layer {layer}; stored: {stored:?}")]
     NotStored {
         /// The layer asked for.
@@ -24,7 +22,7 @@ pub enum CheckpointError {
         /// The layers that have a checkpoint.
         stored: Vec<usize>,
     },
-    /// [`Checkpointer::reverse`] with checkpoints saved by hand but no forward pass: there is no
+    /// [`Checkpointer::reverse`](crate::Checkpointer::reverse) with checkpoints saved by hand but no forward pass: there is no
     /// layer list to replay.
     #[error(
         "reverse needs the layer list of a checkpointed_forward, but none ran; {stored} \
@@ -44,7 +42,7 @@ pub enum CheckpointError {
         /// How many layers the list has.
         count: usize,
     },
-    /// A save past [`CheckpointConfig::max_checkpoints`].
+    /// A save past [`CheckpointConfig::max_checkpoints`](crate::CheckpointConfig::max_checkpoints).
     #[error("saving layer {layer} would store {needed} checkpoints, past the limit of {limit}")]
     LimitExceeded {
         /// The layer being saved.
@@ -74,7 +72,7 @@ pub enum CheckpointError {
         /// What is wrong, with the first offending value.
         problem: String,
     },
-    /// Storing an activation would hold more pool bytes than [`Policy::Budget`] allows: the plan
+    /// Storing an activation would hold more pool bytes than [`Policy::Budget`](crate::Policy::Budget) allows: the plan
     /// counted slots of the input's size, and this activation is larger.
     #[error(
         "storing the input of layer {layer} ({bytes} bytes in the pool) would hold {needed} bytes \
