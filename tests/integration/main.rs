@@ -22,6 +22,8 @@ mod denoiser;
 mod gpt;
 #[path = "../../examples/common/pre_norm_mlp.rs"]
 mod pre_norm_mlp;
+#[path = "../../examples/common/swiglu.rs"]
+mod swiglu;
 #[path = "../../examples/common/transformer.rs"]
 mod transformer;
 
@@ -31,6 +33,7 @@ mod autograd;
 mod checkpoint;
 mod checkpoint_macro;
 mod checkpoint_training;
+mod custom_op;
 mod display;
 mod dispose_scope;
 mod gpt_parity;

@@ -66,24 +66,24 @@ pub trait Element: DType + num_traits::Float + std::iter::Sum {
 
     /// `tanh` as the ops compute it: for `f32`, `f16` and `bf16` a branch-free kernel that loops
     /// vectorise (see `element::kernels`); for `f64`, libm's.
-    #[doc(hidden)]
+    ///
+    /// For kernels of your own (the closure of [`Tensor::try_zip_map`](crate::Tensor::try_zip_map)
+    /// or [`TensorOps::try_map`](crate::TensorOps::try_map), an [`Op`](crate::autograd::Op)'s
+    /// forward): `Float::tanh` calls libm once per element, which stops the loop from vectorising;
+    /// these do not. Their errors against `f64` are tested and tabled in `docs/benchmarks.md`.
     fn tanh_kernel(self) -> Self;
 
     /// `e^x` as the ops compute it; see [`Element::tanh_kernel`].
-    #[doc(hidden)]
     fn exp_kernel(self) -> Self;
 
     /// The natural logarithm as the ops compute it; see [`Element::tanh_kernel`].
-    #[doc(hidden)]
     fn ln_kernel(self) -> Self;
 
     /// The error function as the ops compute it; see [`Element::tanh_kernel`].
-    #[doc(hidden)]
     fn erf_kernel(self) -> Self;
 
     /// `erfc(x) = 1 - erf(x)`, accurate relative to its value where it is small; see
     /// [`Element::tanh_kernel`].
-    #[doc(hidden)]
     fn erfc_kernel(self) -> Self;
 }
 
