@@ -12,9 +12,10 @@
 //!   with a `&Param` on the right (`&h + &bias`) and with an element scalar on the right
 //!   (`&x * 2.0`; `f32` and `f64` scalars also on the left, `2.0 * &x`); negation;
 //!   [`Tensor::try_add`], [`try_sub`](Tensor::try_sub), [`try_mul`](Tensor::try_mul),
-//!   [`try_div`](Tensor::try_div); [`Tensor::zip_map`] for a function of your own. A by-value
-//!   operand that is unique and already has the output's shape receives the result in place (a
-//!   parameter never does).
+//!   [`try_div`](Tensor::try_div); [`Tensor::maximum`], [`Tensor::minimum`] and
+//!   [`Tensor::pow_tensor`] with broadcasting; [`Tensor::zip_map`] for a function of your own. A
+//!   by-value operand that is unique and already has the output's shape receives the result in
+//!   place (a parameter never does).
 //! - **In place when they can** ([`TensorOps`], for `Tensor` and `&Tensor`): the activations
 //!   [`relu`](TensorOps::relu), [`gelu`](TensorOps::gelu), [`gelu_erf`](TensorOps::gelu_erf),
 //!   [`silu`](TensorOps::silu), [`sigmoid`](TensorOps::sigmoid) and [`tanh`](TensorOps::tanh);
