@@ -20,8 +20,9 @@
 //!   [`relu`](TensorOps::relu), [`gelu`](TensorOps::gelu), [`gelu_erf`](TensorOps::gelu_erf),
 //!   [`silu`](TensorOps::silu), [`sigmoid`](TensorOps::sigmoid) and [`tanh`](TensorOps::tanh);
 //!   [`exp`](TensorOps::exp), [`log`](TensorOps::log), [`erf`](TensorOps::erf),
-//!   [`sqrt`](TensorOps::sqrt), [`abs`](TensorOps::abs), [`pow`](TensorOps::pow),
-//!   [`clamp`](TensorOps::clamp), [`map`](TensorOps::map); along an axis
+//!   [`sqrt`](TensorOps::sqrt), [`abs`](TensorOps::abs), [`sin`](TensorOps::sin),
+//!   [`cos`](TensorOps::cos), [`pow`](TensorOps::pow), [`clamp`](TensorOps::clamp),
+//!   [`map`](TensorOps::map); along an axis
 //!   [`softmax`](TensorOps::softmax) and [`log_softmax`](TensorOps::log_softmax); over the last
 //!   axis [`layer_norm`](TensorOps::layer_norm) and [`rms_norm`](TensorOps::rms_norm). On an owned
 //!   tensor that is the only handle on its buffer they overwrite it; on a `&Tensor` they rent.
@@ -37,6 +38,8 @@
 //!   [`Tensor::chunk`], [`Tensor::permute`], [`Tensor::transpose`] and [`Tensor::t`] copy into the
 //!   pool; [`Tensor::reshape`], [`Tensor::squeeze`], [`Tensor::unsqueeze`] and
 //!   [`Tensor::flatten`] are zero-copy aliases.
+//! - **Rotary position embeddings**: [`Scope::rope_tables`](crate::Scope::rope_tables) and
+//!   [`Tensor::rope`], as Hugging Face's Llama.
 //! - **Indexing** by `i64` ids: [`Tensor::embedding`], [`Tensor::index_select`],
 //!   [`Tensor::gather`]. Every id is checked before anything is rented: one past the table is an
 //!   [`Error::IndexOutOfRange`] naming it.
@@ -78,6 +81,7 @@ mod loss;
 pub mod mask;
 mod pool2d;
 mod reduce;
+mod rope;
 mod shape;
 pub(crate) mod simd;
 mod tensor_ops;
