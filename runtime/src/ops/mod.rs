@@ -31,9 +31,11 @@
 //!   warm-up), `f16` and `bf16` on ndarray's `general_mat_mul`.
 //! - **Reductions**: [`Tensor::sum`] and [`Tensor::mean`] along an axis, with the axis kept
 //!   ([`sum_keepdim`](Tensor::sum_keepdim), [`mean_keepdim`](Tensor::mean_keepdim)) or of
-//!   everything ([`sum_all`](Tensor::sum_all), [`mean_all`](Tensor::mean_all)); [`Tensor::max`],
+//!   everything ([`sum_all`](Tensor::sum_all), [`mean_all`](Tensor::mean_all));
+//!   [`Tensor::logsumexp`], [`Tensor::var`], [`Tensor::std`], [`Tensor::max`] and
 //!   [`Tensor::min`] (and their `_keepdim` forms), [`Tensor::argmax`] and [`Tensor::argmin`] along
 //!   an axis.
+//! - **Scans**: [`Tensor::cumsum`] along an axis.
 //! - **Shape**: [`Tensor::concat`], [`Tensor::stack`], [`Tensor::narrow`], [`Tensor::split`],
 //!   [`Tensor::chunk`], [`Tensor::permute`], [`Tensor::transpose`] and [`Tensor::t`] copy into the
 //!   pool; [`Tensor::reshape`], [`Tensor::squeeze`], [`Tensor::unsqueeze`] and
@@ -82,6 +84,7 @@ pub mod mask;
 mod pool2d;
 mod reduce;
 mod rope;
+mod scan;
 mod shape;
 pub(crate) mod simd;
 mod tensor_ops;
