@@ -37,9 +37,11 @@
 //!   an axis.
 //! - **Scans**: [`Tensor::cumsum`] along an axis.
 //! - **Shape**: [`Tensor::concat`], [`Tensor::stack`], [`Tensor::narrow`], [`Tensor::split`],
-//!   [`Tensor::chunk`], [`Tensor::permute`], [`Tensor::transpose`] and [`Tensor::t`] copy into the
-//!   pool; [`Tensor::reshape`], [`Tensor::squeeze`], [`Tensor::unsqueeze`] and
-//!   [`Tensor::flatten`] are zero-copy aliases.
+//!   [`Tensor::chunk`], [`Tensor::permute`], [`Tensor::transpose`], [`Tensor::t`],
+//!   [`Tensor::repeat`] and [`Tensor::expand`] copy into the pool; [`Tensor::reshape`],
+//!   [`Tensor::squeeze`], [`Tensor::unsqueeze`] and [`Tensor::flatten`] are zero-copy aliases.
+//! - **Padding** of the last axes, in PyTorch's `F.pad` order: [`Tensor::pad`] with a value,
+//!   [`Tensor::pad_reflect`] with the mirrored values.
 //! - **Rotary position embeddings**: [`Scope::rope_tables`](crate::Scope::rope_tables) and
 //!   [`Tensor::rope`], as Hugging Face's Llama.
 //! - **Indexing** by `i64` ids: [`Tensor::embedding`], [`Tensor::index_select`],
@@ -81,6 +83,7 @@ mod lanes;
 mod linalg;
 mod loss;
 pub mod mask;
+mod pad;
 mod pool2d;
 mod reduce;
 mod rope;
