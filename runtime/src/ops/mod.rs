@@ -16,6 +16,9 @@
 //!   [`Tensor::pow_tensor`] with broadcasting; [`Tensor::zip_map`] for a function of your own. A
 //!   by-value operand that is unique and already has the output's shape receives the result in
 //!   place (a parameter never does).
+//! - **Integer arithmetic** on `i64` and `i32` tensors: `+ - *` with broadcasting and with a
+//!   scalar, wrapping as PyTorch's, and floor division ([`Tensor::div_floor`],
+//!   [`Tensor::div_floor_scalar`]); no gradient.
 //! - **In place when they can** ([`TensorOps`], for `Tensor` and `&Tensor`): the activations
 //!   [`relu`](TensorOps::relu), [`gelu`](TensorOps::gelu), [`gelu_erf`](TensorOps::gelu_erf),
 //!   [`silu`](TensorOps::silu), [`sigmoid`](TensorOps::sigmoid) and [`tanh`](TensorOps::tanh);
@@ -45,8 +48,8 @@
 //! - **Rotary position embeddings**: [`Scope::rope_tables`](crate::Scope::rope_tables) and
 //!   [`Tensor::rope`], as Hugging Face's Llama.
 //! - **Indexing** by `i64` ids: [`Tensor::embedding`], [`Tensor::index_select`],
-//!   [`Tensor::gather`]. Every id is checked before anything is rented: one past the table is an
-//!   [`Error::IndexOutOfRange`] naming it.
+//!   [`Tensor::gather`]; [`Tensor::one_hot`]. Every id is checked before anything is rented: one
+//!   past the table is an [`Error::IndexOutOfRange`] naming it.
 //! - **Masks** ([`mask`]): [`Tensor::eq`], [`ne`](Tensor::ne), [`lt`](Tensor::lt),
 //!   [`le`](Tensor::le), [`gt`](Tensor::gt), [`ge`](Tensor::ge), and [`Tensor::cmp`] with a
 //!   [`Cmp`] or [`Tensor::cmp_scalar`], give `u8` masks; [`Tensor::where_cond`],
@@ -78,6 +81,7 @@ mod conv;
 mod elementwise;
 mod gemm;
 mod index;
+mod integer;
 pub(crate) mod kernels;
 mod lanes;
 mod linalg;
