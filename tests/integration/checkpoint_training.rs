@@ -180,7 +180,7 @@ fn a_budget_backward_runs_revolves_forward_steps() {
 
 /// The loss and every gradient of one step of `forward` (a loss of the model's output against a
 /// fixed random target), each parameter listed by `each`.
-fn gradients(
+pub(crate) fn gradients(
     pool: &Pool,
     shape: &[usize],
     mut forward: impl for<'s> FnMut(Tensor<'s>) -> Tensor<'s>,

@@ -19,17 +19,22 @@ use crate::error::{or_panic, panicking, Result};
 use crate::param::Param;
 use crate::tensor::Tensor;
 
-/// `a + b`, `a - b`, `a * b`, `a / b` with broadcasting: one record for the four.
+/// `a + b`, `a - b`, `a * b`, `a / b`, `maximum(a, b)`, `minimum(a, b)` and `a ^ b` with
+/// broadcasting: one record for them all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Binary {
     Add,
     Sub,
     Mul,
     Div,
+    Maximum,
+    Minimum,
+    Pow,
 }
 
 impl<T: Element> Op<T> for Binary {
-    /// The inputs' shapes (to reduce a broadcast gradient to), and for `*` and `/` the inputs.
+    /// The inputs' shapes (to reduce a broadcast gradient to), and the inputs for the ops whose
+    /// derivative reads them (all but `+` and `-`).
     type Saved = (IxDyn, IxDyn, Option<(Saved<T>, Saved<T>)>);
 
     fn name(&self) -> &'static str {
@@ -38,6 +43,9 @@ impl<T: Element> Op<T> for Binary {
             Binary::Sub => "sub",
             Binary::Mul => "mul",
             Binary::Div => "div",
+            Binary::Maximum => "maximum",
+            Binary::Minimum => "minimum",
+            Binary::Pow => "pow",
         }
     }
 
@@ -49,8 +57,8 @@ impl<T: Element> Op<T> for Binary {
         let shape = broadcast_shape(Op::<T>::name(self), a.shape(), b.shape())?;
         // Saved before the kernel runs: an alias keeps an input from being written over.
         let saved = cx.saving().then(|| {
-            let values =
-                matches!(self, Binary::Mul | Binary::Div).then(|| (cx.save(a), cx.save(b)));
+            let reads = !matches!(self, Binary::Add | Binary::Sub);
+            let values = reads.then(|| (cx.save(a), cx.save(b)));
             (IxDyn(a.shape()), IxDyn(b.shape()), values)
         });
         let (a, b) = (cx.take(0), cx.take(1));
@@ -87,6 +95,31 @@ impl<T: Element> Op<T> for Binary {
                 b,
                 #[inline(always)]
                 |x, y| x / y,
+            ),
+            // NaN wins, as in `torch.maximum`: `x > NaN` is false, so a NaN `y` is taken.
+            Binary::Maximum => zip_kernel(
+                scope,
+                shape,
+                a,
+                b,
+                #[inline(always)]
+                |x, y| if x > y || x.is_nan() { x } else { y },
+            ),
+            Binary::Minimum => zip_kernel(
+                scope,
+                shape,
+                a,
+                b,
+                #[inline(always)]
+                |x, y| if x < y || x.is_nan() { x } else { y },
+            ),
+            Binary::Pow => zip_kernel(
+                scope,
+                shape,
+                a,
+                b,
+                #[inline(always)]
+                |x, y| x.powf(y),
             ),
         }?;
         Ok((out, saved))
@@ -126,10 +159,79 @@ impl<T: Element> Op<T> for Binary {
                     }),
                 )
             }
-            (Binary::Mul | Binary::Div, None) => unreachable!("`*` and `/` save their inputs"),
+            (Binary::Maximum | Binary::Minimum, Some((a, b))) => {
+                let (a, b) = (a.get(cx), b.get(cx));
+                let max = *self == Binary::Maximum;
+                (
+                    cx.needs(0)
+                        .then(|| grad_of(&g, &a, &b, a.shape(), |g, a, b| won(g, a, b, max))),
+                    cx.needs(1)
+                        .then(|| grad_of(&g, &a, &b, b.shape(), |g, a, b| won(g, b, a, max))),
+                )
+            }
+            // As PyTorch's `pow_backward_self` and `pow_backward_exponent`: `x^0` is constant (its
+            // gradient 0 even at x = 0, where `0 * 0^-1` is NaN), and `x^e` for `e >= 0` is taken
+            // as constant in `e` at x = 0 (where `0 * ln 0` is NaN).
+            (Binary::Pow, Some((x, e))) => {
+                let (x, e) = (x.get(cx), e.get(cx));
+                let zero = T::zero();
+                (
+                    cx.needs(0).then(|| {
+                        grad_of(&g, &x, &e, x.shape(), |g, x, e| match e == zero {
+                            true => zero,
+                            false => g * e * x.powf(e - T::one()),
+                        })
+                    }),
+                    cx.needs(1).then(|| {
+                        grad_of(&g, &x, &e, e.shape(), |g, x, e| {
+                            match e >= zero && x == zero {
+                                true => zero,
+                                false => g * x.powf(e) * x.ln(),
+                            }
+                        })
+                    }),
+                )
+            }
+            (_, None) => unreachable!("the ops whose derivative reads their inputs save them"),
         };
         Ok(Grads::from([da.transpose()?, db.transpose()?]))
     }
+}
+
+/// The share of `g` that reaches an input of `maximum` (`max`) or `minimum` holding `mine` against
+/// `other`, as PyTorch's derivatives: all of it where `mine` is taken, none where `other` is, half
+/// on a tie (and all of it where either is NaN, which compares neither way).
+#[inline(always)]
+fn won<T: Element>(g: T, mine: T, other: T, max: bool) -> T {
+    if mine == other {
+        g / T::from_f64(2.0)
+    } else if (max && mine < other) || (!max && mine > other) {
+        T::zero()
+    } else {
+        g
+    }
+}
+
+/// `f(g, a, b)` for every element of `g`, with `a` and `b` broadcast to its shape, summed to
+/// `shape`: the gradient of an input of shape `shape` of a binary op whose derivative reads both
+/// inputs.
+fn grad_of<'b, T: Element>(
+    g: &Tensor<'b, T>,
+    a: &Tensor<'b, T>,
+    b: &Tensor<'b, T>,
+    shape: &[usize],
+    f: impl Fn(T, T, T) -> T,
+) -> Result<Tensor<'b, T>> {
+    let mut out = Tensor::try_rent_in(&g.rents_in, g.shape())?;
+    if !out.is_empty() {
+        work::visit(rows(g.shape()));
+        Zip::from(out.unique_view_mut())
+            .and(&g.view())
+            .and_broadcast(&a.view())
+            .and_broadcast(&b.view())
+            .for_each(|o, &g, &a, &b| *o = f(g, a, b));
+    }
+    reduce_to(out, shape)
 }
 
 /// `-g`, in `g`'s buffer when it is unique (a backward's: nothing records).
@@ -323,6 +425,47 @@ impl<'s, T: Element> Tensor<'s, T> {
 }
 
 impl<'s, T: Element> Tensor<'s, T> {
+    /// `self <kind> other`, recorded.
+    fn binary(&self, kind: Binary, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
+        let other = other.bind_beside(self);
+        autograd::run(
+            kind,
+            &mut args([Arg::Borrowed(self), Arg::Borrowed(&*other)]),
+        )
+    }
+
+    /// The larger of `self` and `other` elementwise, with broadcasting, for a tensor or a
+    /// [`Param`] `other` (PyTorch's `torch.maximum`): NaN where either is NaN. The gradient goes to
+    /// the larger, split in half on a tie. Fails with
+    /// [`Error::ShapeMismatch`](crate::Error::ShapeMismatch) if the shapes do not broadcast.
+    pub fn try_maximum(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
+        self.binary(Binary::Maximum, other)
+    }
+
+    /// The smaller of `self` and `other` elementwise; as [`Tensor::try_maximum`] otherwise.
+    pub fn try_minimum(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
+        self.binary(Binary::Minimum, other)
+    }
+
+    /// `self` to the power `exponent` elementwise, with broadcasting (PyTorch's `torch.pow` of two
+    /// tensors; [`TensorOps::pow`](crate::TensorOps::pow) takes a number). Both operands get a
+    /// gradient: `e x^(e-1)` for the base and `x^e ln x` for the exponent, 0 for the base where
+    /// `e = 0` and for the exponent where `x = 0` and `e >= 0`, as in PyTorch (a negative base
+    /// gives NaN where the exponent is fractional, and in the exponent's gradient). Fails with
+    /// [`Error::ShapeMismatch`](crate::Error::ShapeMismatch) if the shapes do not broadcast.
+    pub fn try_pow_tensor(&self, exponent: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
+        self.binary(Binary::Pow, exponent)
+    }
+
+    panicking! {
+        /// The larger of `self` and `other` elementwise.
+        pub fn maximum(&self, other: &impl Operand<'s, T>) -> Tensor<'s, T> = try_maximum;
+        /// The smaller of `self` and `other` elementwise.
+        pub fn minimum(&self, other: &impl Operand<'s, T>) -> Tensor<'s, T> = try_minimum;
+        /// `self` to the power `exponent` elementwise.
+        pub fn pow_tensor(&self, exponent: &impl Operand<'s, T>) -> Tensor<'s, T> = try_pow_tensor;
+    }
+
     /// `f(a, b)` for every pair of elements of `self` and `other` broadcast together. Fails with
     /// [`Error::ShapeMismatch`](crate::Error::ShapeMismatch) if the shapes do not broadcast. `f` has
     /// no known derivative: a backward through the result fails.
@@ -353,8 +496,7 @@ macro_rules! binary_op {
             #[doc = "[`Param`] `other`. Fails with [`Error::ShapeMismatch`](crate::Error::ShapeMismatch)"]
             #[doc = "if the shapes do not broadcast."]
             pub fn $try_method(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
-                let other = other.bind_beside(self);
-                autograd::run(Binary::$kind, &mut args([Arg::Borrowed(self), Arg::Borrowed(&*other)]))
+                self.binary(Binary::$kind, other)
             }
         }
 

@@ -1,10 +1,10 @@
 //! Indexing by integer tensors: `index_select` and `embedding` (rows by id), `gather` (one
-//! position per lane). Every index is checked before any output is rented: an id past the table
+//! position per lane), `one_hot` (ids as rows of 0s and 1s). Every index is checked before any output is rented: an id past the table
 //! is an [`Error::IndexOutOfRange`] naming it, never a panic or a wrong row.
 
 use ndarray::{Axis, Dimension, IxDyn, Slice, Zip};
 
-use super::{check_axis, work, Dim};
+use super::{check_addressable, check_axis, dimension_overflow, work, Dim};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Held, Op, Saved};
 use crate::element::DType;
 use crate::error::{panicking, Error, Result, Shape};
@@ -253,6 +253,34 @@ impl<'s, T: DType> Tensor<'s, T> {
     panicking! {
         /// One value per position of `index` along `axis`.
         pub fn gather(&self, axis: impl Dim, index: &Tensor<'s, i64>) -> Tensor<'s, T> = try_gather;
+    }
+}
+
+impl<'s> Tensor<'s, i64> {
+    /// Every id as a row of `num_classes` zeros with a 1 at the id (PyTorch's `F.one_hot`): ids of
+    /// shape `[..]` give `[.., num_classes]`, as `i64`, in the ids' scope. Fails with
+    /// [`Error::IndexOutOfRange`] naming the first id outside `0..num_classes`, and
+    /// [`Error::DimensionOverflow`] for an output too large to address.
+    pub fn try_one_hot(&self, num_classes: usize) -> Result<Tensor<'s, i64>> {
+        check_indices("one_hot", self, self.ndim(), num_classes)?;
+        let mut shape = IxDyn(self.shape()).insert_axis(Axis(self.ndim()));
+        shape[self.ndim()] = num_classes;
+        let overflow = || dimension_overflow("one_hot", "num_classes", num_classes, self.shape());
+        check_addressable::<i64>(shape.slice(), overflow)?;
+        let mut out = Tensor::try_rent_zeroed_in(&self.rents_in, shape.slice())?;
+        if !out.is_empty() {
+            work::visit(self.len());
+            let rows = out.unique_slice_mut().chunks_exact_mut(num_classes);
+            for (row, &id) in rows.zip(self.as_slice()) {
+                row[id as usize] = 1;
+            }
+        }
+        Ok(out)
+    }
+
+    panicking! {
+        /// Every id as a row of `num_classes` zeros with a 1 at the id.
+        pub fn one_hot(&self, num_classes: usize) -> Tensor<'s, i64> = try_one_hot;
     }
 }
 

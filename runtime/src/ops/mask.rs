@@ -252,17 +252,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// where the comparison holds and 0 elsewhere, in the deeper of the operands' scopes. Masks
     /// carry no gradient. Fails with [`Error::ShapeMismatch`] if the shapes do not broadcast.
     pub fn try_cmp(&self, other: &Tensor<'s, T>, cmp: Cmp) -> Result<Tensor<'s, u8>> {
-        let shape = broadcast_shape("cmp", self.shape(), other.shape())?;
-        let shape = shape.slice();
-        let mut out = Tensor::<u8>::try_rent_in(deeper(&self.rents_in, &other.rents_in), shape)?;
-        if !out.is_empty() {
-            work::visit(rows(shape));
-            Zip::from(out.unique_view_mut())
-                .and_broadcast(&self.view())
-                .and_broadcast(&other.view())
-                .for_each(|o, &a, &b| *o = u8::from(cmp.holds(a, b)));
-        }
-        Ok(out)
+        zip_broadcast("cmp", self, other, |a, b| u8::from(cmp.holds(a, b)))
     }
 
     panicking! {
@@ -365,6 +355,28 @@ impl<'s, T: Element> Tensor<'s, T> {
         /// A copy with `value` where `mask` is non-zero.
         pub fn masked_fill(&self, mask: &Tensor<'s, u8>, value: T) -> Tensor<'s, T> = try_masked_fill;
     }
+}
+
+/// `f(a, b)` for every pair of elements of `a` and `b` broadcast together, in the deeper of their
+/// scopes. Records nothing: for results that carry no gradient (masks, integers). Fails with
+/// [`Error::ShapeMismatch`] naming `op` if the shapes do not broadcast.
+pub(crate) fn zip_broadcast<'s, T: DType, U: DType>(
+    op: &'static str,
+    a: &Tensor<'s, T>,
+    b: &Tensor<'s, T>,
+    f: impl Fn(T, T) -> U,
+) -> Result<Tensor<'s, U>> {
+    let shape = broadcast_shape(op, a.shape(), b.shape())?;
+    let shape = shape.slice();
+    let mut out = Tensor::<U>::try_rent_in(deeper(&a.rents_in, &b.rents_in), shape)?;
+    if !out.is_empty() {
+        work::visit(rows(shape));
+        Zip::from(out.unique_view_mut())
+            .and_broadcast(&a.view())
+            .and_broadcast(&b.view())
+            .for_each(|o, &a, &b| *o = f(a, b));
+    }
+    Ok(out)
 }
 
 /// `g` where `mask` (broadcast to `g`'s shape) is non-zero if `keep_set`, or zero if not; zero

@@ -12,15 +12,20 @@
 //!   with a `&Param` on the right (`&h + &bias`) and with an element scalar on the right
 //!   (`&x * 2.0`; `f32` and `f64` scalars also on the left, `2.0 * &x`); negation;
 //!   [`Tensor::try_add`], [`try_sub`](Tensor::try_sub), [`try_mul`](Tensor::try_mul),
-//!   [`try_div`](Tensor::try_div); [`Tensor::zip_map`] for a function of your own. A by-value
-//!   operand that is unique and already has the output's shape receives the result in place (a
-//!   parameter never does).
+//!   [`try_div`](Tensor::try_div); [`Tensor::maximum`], [`Tensor::minimum`] and
+//!   [`Tensor::pow_tensor`] with broadcasting; [`Tensor::zip_map`] for a function of your own. A
+//!   by-value operand that is unique and already has the output's shape receives the result in
+//!   place (a parameter never does).
+//! - **Integer arithmetic** on `i64` and `i32` tensors: `+ - *` with broadcasting and with a
+//!   scalar, wrapping as PyTorch's, and floor division ([`Tensor::div_floor`],
+//!   [`Tensor::div_floor_scalar`]); no gradient.
 //! - **In place when they can** ([`TensorOps`], for `Tensor` and `&Tensor`): the activations
 //!   [`relu`](TensorOps::relu), [`gelu`](TensorOps::gelu), [`gelu_erf`](TensorOps::gelu_erf),
 //!   [`silu`](TensorOps::silu), [`sigmoid`](TensorOps::sigmoid) and [`tanh`](TensorOps::tanh);
 //!   [`exp`](TensorOps::exp), [`log`](TensorOps::log), [`erf`](TensorOps::erf),
-//!   [`sqrt`](TensorOps::sqrt), [`abs`](TensorOps::abs), [`pow`](TensorOps::pow),
-//!   [`clamp`](TensorOps::clamp), [`map`](TensorOps::map); along an axis
+//!   [`sqrt`](TensorOps::sqrt), [`abs`](TensorOps::abs), [`sin`](TensorOps::sin),
+//!   [`cos`](TensorOps::cos), [`pow`](TensorOps::pow), [`clamp`](TensorOps::clamp),
+//!   [`map`](TensorOps::map); along an axis
 //!   [`softmax`](TensorOps::softmax) and [`log_softmax`](TensorOps::log_softmax); over the last
 //!   axis [`layer_norm`](TensorOps::layer_norm) and [`rms_norm`](TensorOps::rms_norm). On an owned
 //!   tensor that is the only handle on its buffer they overwrite it; on a `&Tensor` they rent.
@@ -29,16 +34,22 @@
 //!   warm-up), `f16` and `bf16` on ndarray's `general_mat_mul`.
 //! - **Reductions**: [`Tensor::sum`] and [`Tensor::mean`] along an axis, with the axis kept
 //!   ([`sum_keepdim`](Tensor::sum_keepdim), [`mean_keepdim`](Tensor::mean_keepdim)) or of
-//!   everything ([`sum_all`](Tensor::sum_all), [`mean_all`](Tensor::mean_all)); [`Tensor::max`],
+//!   everything ([`sum_all`](Tensor::sum_all), [`mean_all`](Tensor::mean_all));
+//!   [`Tensor::logsumexp`], [`Tensor::var`], [`Tensor::std`], [`Tensor::max`] and
 //!   [`Tensor::min`] (and their `_keepdim` forms), [`Tensor::argmax`] and [`Tensor::argmin`] along
 //!   an axis.
+//! - **Scans**: [`Tensor::cumsum`] along an axis.
 //! - **Shape**: [`Tensor::concat`], [`Tensor::stack`], [`Tensor::narrow`], [`Tensor::split`],
-//!   [`Tensor::chunk`], [`Tensor::permute`], [`Tensor::transpose`] and [`Tensor::t`] copy into the
-//!   pool; [`Tensor::reshape`], [`Tensor::squeeze`], [`Tensor::unsqueeze`] and
-//!   [`Tensor::flatten`] are zero-copy aliases.
+//!   [`Tensor::chunk`], [`Tensor::permute`], [`Tensor::transpose`], [`Tensor::t`],
+//!   [`Tensor::repeat`] and [`Tensor::expand`] copy into the pool; [`Tensor::reshape`],
+//!   [`Tensor::squeeze`], [`Tensor::unsqueeze`] and [`Tensor::flatten`] are zero-copy aliases.
+//! - **Padding** of the last axes, in PyTorch's `F.pad` order: [`Tensor::pad`] with a value,
+//!   [`Tensor::pad_reflect`] with the mirrored values.
+//! - **Rotary position embeddings**: [`Scope::rope_tables`](crate::Scope::rope_tables) and
+//!   [`Tensor::rope`], as Hugging Face's Llama.
 //! - **Indexing** by `i64` ids: [`Tensor::embedding`], [`Tensor::index_select`],
-//!   [`Tensor::gather`]. Every id is checked before anything is rented: one past the table is an
-//!   [`Error::IndexOutOfRange`] naming it.
+//!   [`Tensor::gather`]; [`Tensor::one_hot`]. Every id is checked before anything is rented: one
+//!   past the table is an [`Error::IndexOutOfRange`] naming it.
 //! - **Masks** ([`mask`]): [`Tensor::eq`], [`ne`](Tensor::ne), [`lt`](Tensor::lt),
 //!   [`le`](Tensor::le), [`gt`](Tensor::gt), [`ge`](Tensor::ge), and [`Tensor::cmp`] with a
 //!   [`Cmp`] or [`Tensor::cmp_scalar`], give `u8` masks; [`Tensor::where_cond`],
@@ -70,13 +81,18 @@ mod conv;
 mod elementwise;
 mod gemm;
 mod index;
+mod integer;
 mod lanes;
 mod linalg;
 mod loss;
 pub mod mask;
+mod moments;
+mod pad;
 mod pointwise;
 mod pool2d;
 mod reduce;
+mod rope;
+mod scan;
 mod shape;
 pub(crate) mod simd;
 mod tensor_ops;

@@ -1,10 +1,12 @@
 //! Reductions: sum and mean along an axis or over everything, with or without keeping the reduced
-//! axis; max and min along an axis, with the positions where they are (`argmax`, `argmin`).
+//! axis; `logsumexp` along an axis; max and min along an axis, with the positions where they are
+//! (`argmax`, `argmin`). The variance and standard deviation, composed of these and of
+//! elementwise ops, are in `ops::moments`.
 
 use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Zip};
 
-use super::{beats, check_axis, work, Dim};
-use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op};
+use super::{beats, check_axis, rows, work, Dim};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::{DType, Element};
 use crate::error::{panicking, Result};
 use crate::scope::State;
@@ -63,6 +65,65 @@ impl<T: Element> Op<T> for Reduce {
             false => g,
         };
         Ok(Grads::from([Some(expand(g, self.axis, shape.slice())?)]))
+    }
+}
+
+/// `logsumexp` along an axis.
+#[derive(Debug, Clone, Copy)]
+struct LogSumExp {
+    axis: usize,
+}
+
+impl<T: Element> Op<T> for LogSumExp {
+    /// The input and the output.
+    type Saved = (Saved<T>, Saved<T>);
+
+    fn name(&self) -> &'static str {
+        "logsumexp"
+    }
+
+    /// `ln(sum(e^(x - m))) + m` of every lane, `m` its largest element (0 if that is infinite, as
+    /// PyTorch), so that no `e^x` overflows.
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let (x, axis) = (cx.input(0), self.axis);
+        let shape = IxDyn(x.shape()).remove_axis(Axis(axis));
+        let mut out = cx.rent(shape.slice())?;
+        if !out.is_empty() {
+            work::visit(out.len());
+            Zip::from(out.unique_view_mut())
+                .and(x.view().lanes(Axis(axis)))
+                .for_each(|o, lane| {
+                    let max = lane.fold(T::neg_infinity(), |m, &v| if v > m { v } else { m });
+                    let shift = if max.is_infinite() { T::zero() } else { max };
+                    let sum = lane.fold(T::zero(), |s, &v| s + (v - shift).exp_kernel());
+                    *o = sum.ln_kernel() + shift;
+                });
+        }
+        let saved = cx.saving().then(|| (cx.save(x), cx.save(&out)));
+        Ok((out, saved))
+    }
+
+    /// `g e^(x - y)`: the gradient times the softmax of the lane.
+    fn backward<'b>(
+        &self,
+        (x, y): Self::Saved,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let (x, y, axis) = (x.get(cx), y.get(cx), Axis(self.axis));
+        let mut dx = cx.rent::<T>(x.shape())?;
+        if !dx.is_empty() {
+            work::visit(rows(x.shape()));
+            Zip::from(dx.unique_view_mut())
+                .and(&x.view())
+                .and_broadcast(&g.view().insert_axis(axis))
+                .and_broadcast(&y.view().insert_axis(axis))
+                .for_each(|d, &x, &g, &y| *d = g * (x - y).exp_kernel());
+        }
+        Ok(Grads::from([Some(dx)]))
     }
 }
 
@@ -150,6 +211,29 @@ impl<'s, T: Element> Tensor<'s, T> {
     panicking! {
         /// The mean along `axis`, keeping it.
         pub fn mean_keepdim(&self, axis: impl Dim) -> Tensor<'s, T> = try_mean_keepdim;
+    }
+
+    /// `ln(sum(e^x))` along `axis`, computed stably (shifted by the lane's largest element); the
+    /// result has that axis removed (PyTorch's `logsumexp`; `-inf` for an empty axis). Its gradient
+    /// is the softmax of the lane times the gradient. Fails with
+    /// [`Error::AxisOutOfRange`](crate::Error::AxisOutOfRange) for a bad axis.
+    pub fn try_logsumexp(&self, axis: impl Dim) -> Result<Tensor<'s, T>> {
+        let axis = check_axis("logsumexp", self, axis)?;
+        autograd::run(LogSumExp { axis }, &mut args([Arg::Borrowed(self)]))
+    }
+
+    /// `ln(sum(e^x))` along `axis`, keeping it with length 1. Fails as
+    /// [`Tensor::try_logsumexp`].
+    pub fn try_logsumexp_keepdim(&self, axis: impl Dim) -> Result<Tensor<'s, T>> {
+        let axis = check_axis("logsumexp", self, axis)?;
+        self.try_logsumexp(axis)?.try_unsqueeze(axis)
+    }
+
+    panicking! {
+        /// `ln(sum(e^x))` along `axis`.
+        pub fn logsumexp(&self, axis: impl Dim) -> Tensor<'s, T> = try_logsumexp;
+        /// `ln(sum(e^x))` along `axis`, keeping it.
+        pub fn logsumexp_keepdim(&self, axis: impl Dim) -> Tensor<'s, T> = try_logsumexp_keepdim;
     }
 
     /// The sum of every element, as a rank-0 tensor (0 for an empty tensor). Fails only with a

@@ -1,9 +1,9 @@
-//! Shape ops: joining, stacking, slicing, splitting, permuting and adding or removing axes of
-//! length 1. They move elements and do no arithmetic, so they work on every [`DType`]; slices and
-//! permutations are copies into the pool (the pooled tensor is always contiguous), while
-//! `squeeze`/`unsqueeze` are zero-copy aliases.
+//! Shape ops: joining, stacking, slicing, splitting, permuting, tiling (`repeat`, `expand`) and
+//! adding or removing axes of length 1. They move elements and do no arithmetic, so they work on
+//! every [`DType`]; slices, permutations and tilings are copies into the pool (the pooled tensor
+//! is always contiguous), while `squeeze`/`unsqueeze` are zero-copy aliases.
 
-use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Slice};
+use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Slice, Zip};
 
 use super::{check_addressable, check_axis, dimension_overflow, resolve_axis, work, Dim};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Inputs, Op};
@@ -185,6 +185,95 @@ impl<T: DType> Op<T> for Permute {
         }
         Ok(Grads::from([Some(g.try_permute(inverse.slice())?)]))
     }
+}
+
+/// `repeat(reps)`: the input, its shape led by 1s to the length of `reps`, tiled `reps[i]` times
+/// along axis `i`. `expand` is the same op on axes of length 1.
+#[derive(Debug, Clone)]
+struct Tile {
+    reps: IxDyn,
+    expand: bool,
+}
+
+impl<T: DType> Op<T> for Tile {
+    /// The input's shape.
+    type Saved = IxDyn;
+
+    fn name(&self) -> &'static str {
+        if self.expand {
+            "expand"
+        } else {
+            "repeat"
+        }
+    }
+
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, T>,
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+        let x = cx.input(0);
+        let [kept, tiled, shape] = tile_shapes(x.shape(), self.reps.slice());
+        let mut out = cx.rent(shape.slice())?;
+        if !out.is_empty() {
+            work::visit(super::rows(tiled.slice()));
+            let src = x
+                .view()
+                .into_shape_with_order(kept)
+                .expect("a pooled tensor is contiguous");
+            out.unique_view_mut()
+                .into_shape_with_order(tiled)
+                .expect("a pooled tensor is contiguous")
+                .assign(&src);
+        }
+        Ok((out, cx.saving().then(|| IxDyn(x.shape()))))
+    }
+
+    /// The gradient of every tile, summed.
+    fn backward<'b>(
+        &self,
+        shape: IxDyn,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
+        let [kept, tiled, _] = tile_shapes(shape.slice(), self.reps.slice());
+        let mut dx = cx.zeros::<T>(shape.slice())?;
+        if !g.is_empty() {
+            work::visit(self.reps.size());
+            let g = g.view().into_shape_with_order(tiled).expect("contiguous");
+            let mut dx = dx.unique_view_mut();
+            let mut dx = dx
+                .view_mut()
+                .into_shape_with_order(kept)
+                .expect("contiguous");
+            // Axis `2i` of `g` is the tile along axis `i`, axis `2i + 1` the position in it.
+            for tile in ndarray::indices(self.reps.clone()) {
+                let g = g.slice_each_axis(|d| match d.axis.index() {
+                    a if a % 2 == 0 => Slice::from(tile[a / 2]..=tile[a / 2]),
+                    _ => Slice::from(..),
+                });
+                Zip::from(&mut dx)
+                    .and(&g)
+                    .for_each(|d, &g| *d = d.add_gradient(g));
+            }
+        }
+        Ok(Grads::from([Some(dx)]))
+    }
+}
+
+/// For an input of `shape` tiled `reps` times (`reps` at least as long): the input's shape led by
+/// 1s with a 1 before every axis (`[1, s0, 1, s1, ..]`), the output's as tiles and positions in a
+/// tile (`[r0, s0, r1, s1, ..]`), and the output's (`[r0 s0, r1 s1, ..]`).
+fn tile_shapes(shape: &[usize], reps: &[usize]) -> [IxDyn; 3] {
+    let n = reps.len();
+    let (mut kept, mut tiled, mut out) =
+        (IxDyn::zeros(2 * n), IxDyn::zeros(2 * n), IxDyn::zeros(n));
+    for (i, &r) in reps.iter().enumerate() {
+        let s = (i + shape.len()).checked_sub(n).map_or(1, |j| shape[j]);
+        (kept[2 * i], kept[2 * i + 1]) = (1, s);
+        (tiled[2 * i], tiled[2 * i + 1]) = (r, s);
+        out[i] = r * s;
+    }
+    [kept, tiled, out]
 }
 
 /// `reshape(shape)`: an alias with another shape.
@@ -494,6 +583,83 @@ impl<'s, T: DType> Tensor<'s, T> {
     panicking! {
         /// A zero-copy alias without `axis`.
         pub fn squeeze(&self, axis: impl Dim) -> Tensor<'s, T> = try_squeeze;
+    }
+
+    /// The tensor tiled `reps[i]` times along axis `i` (PyTorch's `Tensor.repeat`): `[1, 2]`
+    /// repeated `[2, 2]` is `[[1, 2, 1, 2], [1, 2, 1, 2]]`. `reps` may be longer than the rank: the
+    /// shape is then led by axes of length 1. The gradient of every tile is summed. Fails with
+    /// [`Error::InvalidArgument`] if `reps` is shorter than the rank, and
+    /// [`Error::DimensionOverflow`] for an output too large to address.
+    pub fn try_repeat(&self, reps: &[usize]) -> Result<Tensor<'s, T>> {
+        if reps.len() < self.ndim() {
+            return Err(Error::InvalidArgument {
+                op: "repeat",
+                arg: "reps",
+                reason: format!(
+                    "{} repetitions for a tensor of rank {}: one per axis at least",
+                    reps.len(),
+                    self.ndim()
+                ),
+            });
+        }
+        self.tile(IxDyn(reps), false)
+    }
+
+    panicking! {
+        /// The tensor tiled `reps[i]` times along axis `i`.
+        pub fn repeat(&self, reps: &[usize]) -> Tensor<'s, T> = try_repeat;
+    }
+
+    /// The tensor broadcast to `shape` (PyTorch's `expand`, with the lengths written out): its axes
+    /// of length 1 repeated, and new leading axes. A copy, for now. The gradient is summed over
+    /// the repeated axes. Fails with [`Error::ShapeMismatch`] if the tensor does not broadcast to
+    /// `shape`, and [`Error::DimensionOverflow`] for a shape too large to address.
+    pub fn try_expand(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {
+        let mismatch = |reason: String| Error::ShapeMismatch {
+            op: "expand",
+            lhs: Shape::from(self.shape()),
+            rhs: Shape::from(shape),
+            reason,
+        };
+        let Some(lead) = shape.len().checked_sub(self.ndim()) else {
+            return Err(mismatch("the shape has fewer axes than the tensor".into()));
+        };
+        let mut reps = IxDyn::zeros(shape.len());
+        for (i, &len) in shape.iter().enumerate() {
+            let from = i.checked_sub(lead).map_or(1, |j| self.shape()[j]);
+            reps[i] = match from {
+                _ if from == len => 1,
+                1 => len,
+                _ => {
+                    return Err(mismatch(format!(
+                        "axis {i} of the result has length {len}, which the input's {from} cannot \
+                         broadcast to"
+                    )))
+                }
+            };
+        }
+        self.tile(reps, true)
+    }
+
+    panicking! {
+        /// The tensor broadcast to `shape`.
+        pub fn expand(&self, shape: &[usize]) -> Tensor<'s, T> = try_expand;
+    }
+
+    /// `repeat(reps)`, or `expand` if `expand`, after checking that the output can be addressed.
+    fn tile(&self, reps: IxDyn, expand: bool) -> Result<Tensor<'s, T>> {
+        let op = if expand { "expand" } else { "repeat" };
+        let lead = reps.ndim() - self.ndim();
+        let mut shape = IxDyn::zeros(reps.ndim());
+        for (i, &r) in reps.slice().iter().enumerate() {
+            let len = i.checked_sub(lead).map_or(1, |j| self.shape()[j]);
+            let overflow = || dimension_overflow(op, "repetitions", r, self.shape());
+            shape[i] = len.checked_mul(r).ok_or_else(overflow)?;
+        }
+        let all = reps.size_checked().unwrap_or(usize::MAX);
+        let overflow = || dimension_overflow(op, "repetitions", all, self.shape());
+        check_addressable::<T>(shape.slice(), overflow)?;
+        autograd::run(Tile { reps, expand }, &mut args([Arg::Borrowed(self)]))
     }
 
     /// A zero-copy alias of all the elements as one axis (`[len]`).

@@ -32,6 +32,8 @@ pub(crate) enum Unary {
     Abs,
     GeluErf,
     Erf,
+    Sin,
+    Cos,
 }
 
 impl Unary {
@@ -68,6 +70,8 @@ impl<T: Element> Op<T> for Unary {
             Unary::Abs => "abs",
             Unary::GeluErf => "gelu_erf",
             Unary::Erf => "erf",
+            Unary::Sin => "sin",
+            Unary::Cos => "cos",
         }
     }
 
@@ -108,6 +112,8 @@ impl<T: Element> Op<T> for Unary {
             Unary::Sqrt => pointwise!(T::sqrt),
             Unary::Abs => pointwise!(T::abs),
             Unary::GeluErf => pointwise!(gelu_erf),
+            Unary::Sin => pointwise!(T::sin),
+            Unary::Cos => pointwise!(T::cos),
         }?;
         let saved = cx.saving().then(|| {
             if kind.saves_output() {
@@ -169,6 +175,8 @@ impl<T: Element> Op<T> for Unary {
                 } else {
                     x * g
                 }),
+                Unary::Sin => times!(|g, x| g * x.cos()),
+                Unary::Cos => times!(|g, x| -g * x.sin()),
             }?;
         Ok(Grads::from([Some(dx)]))
     }
@@ -408,6 +416,10 @@ pub trait TensorOps<'s, T: Element>: Sized + sealed::Sealed<'s, T> {
         sqrt try_sqrt Sqrt;
         /// The absolute value; its gradient is the sign (0 at 0, as PyTorch).
         abs try_abs Abs;
+        /// The sine (of radians).
+        sin try_sin Sin;
+        /// The cosine (of radians).
+        cos try_cos Cos;
     }
 
     /// Every element to the power `p` (`powf`; a negative base with a fractional power is NaN).

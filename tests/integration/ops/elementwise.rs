@@ -1,5 +1,5 @@
 //! Elementwise functions of one tensor (the activations, `exp`, `log`, `sqrt`, `pow`, `abs`,
-//! `clamp`, `gelu_erf`, `map`) in their borrowed, shared and unique forms, against `f64`: their
+//! `sin`, `cos`, `clamp`, `gelu_erf`, `map`) in their borrowed, shared and unique forms, against `f64`: their
 //! saturation at large magnitudes, NaN propagated as PyTorch does, and their errors. The binary ones
 //! are in `arithmetic`; the kernels' accuracy over whole ranges in `kernels`.
 
@@ -74,6 +74,15 @@ fn tanh_matches_f64_tanh() {
 fn exp_matches_f64_exp() {
     let pool = test_pool(16);
     pool.scope(|s| check_unary!(s, "exp", |t| t.exp(), f64::exp));
+}
+
+#[test]
+fn sin_and_cos_match_f64_in_every_form() {
+    let pool = test_pool(16);
+    pool.scope(|s| {
+        check_unary!(s, "sin", |t| t.sin(), f64::sin);
+        check_unary!(s, "cos", |t| t.cos(), f64::cos);
+    });
 }
 
 #[test]

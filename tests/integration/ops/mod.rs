@@ -17,6 +17,7 @@ mod kernels;
 mod lanes;
 mod linalg;
 mod mask;
+mod model_ops;
 mod reduce;
 mod shape;
 mod sizes;

@@ -85,6 +85,14 @@ fn ops_on_empty_tensors_do_no_work_however_long_their_other_axes() {
         let cube = s.zeros::<f32>(&[0, N, 1]);
         assert_eq!(cube.sum(1).shape(), &[0, 1]);
         assert_eq!(cube.mean(1).shape(), &[0, 1]);
+        assert_eq!(cube.cumsum(1).shape(), &[0, N, 1]);
+        assert_eq!(cube.logsumexp(1).shape(), &[0, 1]);
+        assert_eq!(cube.std(1, 1).shape(), &[0, 1]);
+        assert_eq!(tall.repeat(&[1, 2]).shape(), &[N, 0]);
+        assert_eq!(s.zeros::<f32>(&[0, 1]).expand(&[0, N]).shape(), &[0, N]);
+        assert_eq!(wide.pad(&[1, 1], 0.0).shape(), &[0, N + 2]);
+        assert_eq!(tall.maximum(&s.ones::<f32>(&[1, 1])).shape(), &[N, 0]);
+        assert_eq!(s.zeros::<i64>(&[0]).one_hot(N >> 4).shape(), &[0, N >> 4]);
         let product = s
             .zeros::<f32>(&[N, 0, 1])
             .matmul(&s.zeros::<f32>(&[N, 1, 0]));
