@@ -17,168 +17,141 @@ use crate::error::{panicking, Result};
 use crate::scope::State;
 use crate::tensor::Tensor;
 
-/// An elementwise function with a derivative: one record for all of them.
+/// What the backward of an elementwise function reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Unary {
-    Relu,
-    Gelu,
-    Silu,
-    Sigmoid,
-    Tanh,
-    Exp,
-    Neg,
-    Log,
-    Sqrt,
-    Abs,
-    GeluErf,
-    Erf,
-    Sin,
-    Cos,
+enum Saves {
+    Input,
+    Output,
+    Nothing,
+}
+
+/// The elementwise functions with a derivative as one record, [`Unary`], from a table of one row
+/// per function: its variant and name, what its backward reads (the input, the output or nothing),
+/// the function of one element and the gradient of one element from the output's gradient `g`
+/// and what was saved. The forward runs the function in one vectorised loop (in the input's buffer
+/// when it is unique), the backward the gradient in another (in `g`'s).
+macro_rules! unary {
+    ($(
+        $(#[doc = $doc:literal])*
+        $kind:ident $name:literal, saves $saves:ident, |$x:ident| $f:expr, |$g:ident $(, $s:ident)?| $df:expr;
+    )*) => {
+        /// An elementwise function with a derivative: one record for all of them.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum Unary {
+            $($(#[doc = $doc])* $kind,)*
+        }
+
+        impl Unary {
+            fn saves(self) -> Saves {
+                match self {
+                    $(Unary::$kind => Saves::$saves,)*
+                }
+            }
+        }
+
+        impl<T: Element> Op<T> for Unary {
+            /// The input or the output, as the table says; nothing for `Neg`.
+            type Saved = Option<Saved<T>>;
+
+            fn name(&self) -> &'static str {
+                match self {
+                    $(Unary::$kind => $name,)*
+                }
+            }
+
+            fn forward<'s>(
+                &self,
+                cx: &mut Forward<'_, 's, T>,
+            ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+                let saves = self.saves();
+                // The input is saved before the kernel runs, so it is not written over.
+                let input = (cx.saving() && saves == Saves::Input).then(|| cx.save(cx.input(0)));
+                let src = cx.take(0);
+                // One instantiation of the loop per function, so that it inlines and vectorises
+                // (a function pointer would be called once per element). The function is a closure
+                // marked to inline: it then compiles inside the vectorised loop of every
+                // instruction set `simd` dispatches to, whichever codegen unit the loop lands in.
+                let out = match self {
+                    $(Unary::$kind => map(src, cx.scope(), #[inline(always)] |$x: T| $f),)*
+                }?;
+                let saved = cx.saving().then(|| match saves {
+                    Saves::Output => Some(cx.save(&out)),
+                    Saves::Input | Saves::Nothing => input,
+                });
+                Ok((out, saved))
+            }
+
+            /// `g` times the derivative, in one vectorised loop, written over `g` when it is
+            /// unique.
+            fn backward<'b>(
+                &self,
+                saved: Self::Saved,
+                g: Tensor<'b, T>,
+                cx: &Backward<'b>,
+            ) -> Result<Grads<'b, T>> {
+                let saved = saved.map(|s| s.get(cx));
+                let shape = IxDyn(g.shape());
+                let dx = match self {
+                    $(Unary::$kind => unary!(@grad cx, shape, saved, g, |$g $(, $s)?| $df),)*
+                }?;
+                Ok(Grads::from([Some(dx)]))
+            }
+        }
+    };
+    (@grad $cx:ident, $shape:ident, $saved:ident, $grad:ident, |$g:ident, $s:ident| $df:expr) => {
+        zip_kernel(
+            $cx.at(),
+            $shape.slice(),
+            Arg::Owned($grad),
+            Arg::Borrowed($saved.as_ref().expect("the forward saved what it needs")),
+            #[inline(always)]
+            |$g: T, $s: T| $df,
+        )
+    };
+    (@grad $cx:ident, $shape:ident, $saved:ident, $grad:ident, |$g:ident| $df:expr) => {
+        map(Arg::Owned($grad), $cx.at(), #[inline(always)] |$g: T| $df)
+    };
+}
+
+// The gradients are written as the layers' hand-written backward passes were, for the same bits.
+unary! {
+    /// `max(x, 0)`.
+    Relu "relu", saves Output, |x| relu(x),
+        |g, y| g * if y > T::zero() { T::one() } else { T::zero() };
+    /// GELU, tanh approximation.
+    Gelu "gelu", saves Input, |x| gelu(x), |g, x| g * gelu_grad(x);
+    /// `x sigmoid(x)`.
+    Silu "silu", saves Input, |x| silu(x), |g, x| g * silu_grad(x);
+    /// `1 / (1 + e^-x)`.
+    Sigmoid "sigmoid", saves Output, |x| sigmoid(x), |g, y| g * y * (T::one() - y);
+    /// `tanh(x)`.
+    Tanh "tanh", saves Output, |x| x.tanh_kernel(), |g, y| g * (T::one() - y * y);
+    /// `e^x`.
+    Exp "exp", saves Output, |x| x.exp_kernel(), |g, y| g * y;
+    /// `-x`.
+    Neg "neg", saves Nothing, |x| -x, |g| -g;
+    /// `ln(x)`.
+    Log "log", saves Input, |x| x.ln_kernel(), |g, x| g / x;
+    /// The square root.
+    Sqrt "sqrt", saves Output, |x| x.sqrt(), |g, y| g / (y + y);
+    /// `|x|`; its gradient is the sign, 0 at 0, as PyTorch's.
+    Abs "abs", saves Input, |x| x.abs(),
+        |g, x| if x > T::zero() { g } else if x < T::zero() { -g } else { x * g };
+    /// GELU, exact.
+    GeluErf "gelu_erf", saves Input, |x| gelu_erf(x), |g, x| g * gelu_erf_grad(x);
+    /// The error function; its derivative is `2 / sqrt(pi) e^{-x^2}`.
+    Erf "erf", saves Input, |x| x.erf_kernel(),
+        |g, x| g * (T::from_f64(std::f64::consts::FRAC_2_SQRT_PI) * (-x * x).exp_kernel());
+    /// `sin(x)`.
+    Sin "sin", saves Input, |x| x.sin(), |g, x| g * x.cos();
+    /// `cos(x)`.
+    Cos "cos", saves Input, |x| x.cos(), |g, x| -g * x.sin();
 }
 
 impl Unary {
     /// The function of every element of `x`, recorded (the `nn` activations).
     pub(crate) fn apply<'s, T: Element>(self, x: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         autograd::run(self, &mut args([Arg::Borrowed(x)]))
-    }
-
-    /// Whether the backward needs the op's output (`true`) or its input (`false`); `Neg` needs
-    /// neither.
-    fn saves_output(self) -> bool {
-        matches!(
-            self,
-            Unary::Relu | Unary::Sigmoid | Unary::Tanh | Unary::Exp | Unary::Sqrt
-        )
-    }
-}
-
-impl<T: Element> Op<T> for Unary {
-    /// The input or the output (see [`Unary::saves_output`]); nothing for `Neg`.
-    type Saved = Option<Saved<T>>;
-
-    fn name(&self) -> &'static str {
-        match self {
-            Unary::Relu => "relu",
-            Unary::Gelu => "gelu",
-            Unary::Silu => "silu",
-            Unary::Sigmoid => "sigmoid",
-            Unary::Tanh => "tanh",
-            Unary::Exp => "exp",
-            Unary::Neg => "neg",
-            Unary::Log => "log",
-            Unary::Sqrt => "sqrt",
-            Unary::Abs => "abs",
-            Unary::GeluErf => "gelu_erf",
-            Unary::Erf => "erf",
-            Unary::Sin => "sin",
-            Unary::Cos => "cos",
-        }
-    }
-
-    fn forward<'s>(
-        &self,
-        cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
-        let kind = *self;
-        // The input is saved before the kernel runs, so it is not written over.
-        let input = (cx.saving() && !kind.saves_output() && kind != Unary::Neg)
-            .then(|| cx.save(cx.input(0)));
-        let src = cx.take(0);
-        let scope = cx.scope();
-        // One instantiation of the loop per function, so that it inlines and vectorises (a
-        // function pointer would be called once per element). The function is a closure marked
-        // to inline: it then compiles inside the vectorised loop of every instruction set `simd`
-        // dispatches to, whichever codegen unit the loop lands in.
-        macro_rules! pointwise {
-            ($f:expr) => {
-                map(
-                    src,
-                    scope,
-                    #[inline(always)]
-                    |x: T| $f(x),
-                )
-            };
-        }
-        let out = match kind {
-            Unary::Relu => pointwise!(relu),
-            Unary::Gelu => pointwise!(gelu),
-            Unary::Silu => pointwise!(silu),
-            Unary::Sigmoid => pointwise!(sigmoid),
-            Unary::Tanh => pointwise!(T::tanh_kernel),
-            Unary::Exp => pointwise!(T::exp_kernel),
-            Unary::Neg => pointwise!(|x: T| -x),
-            Unary::Log => pointwise!(T::ln_kernel),
-            Unary::Erf => pointwise!(T::erf_kernel),
-            Unary::Sqrt => pointwise!(T::sqrt),
-            Unary::Abs => pointwise!(T::abs),
-            Unary::GeluErf => pointwise!(gelu_erf),
-            Unary::Sin => pointwise!(T::sin),
-            Unary::Cos => pointwise!(T::cos),
-        }?;
-        let saved = cx.saving().then(|| {
-            if kind.saves_output() {
-                Some(cx.save(&out))
-            } else {
-                input
-            }
-        });
-        Ok((out, saved))
-    }
-
-    /// `g` times the derivative, in one vectorised loop, written over `g` when it is unique.
-    fn backward<'b>(
-        &self,
-        saved: Self::Saved,
-        g: Tensor<'b, T>,
-        cx: &Backward<'b>,
-    ) -> Result<Grads<'b, T>> {
-        let saved = saved.map(|s| s.get(cx));
-        let shape = IxDyn(g.shape());
-        macro_rules! times {
-            (|$g:ident, $s:ident| $e:expr) => {
-                zip_kernel(
-                    cx.at(),
-                    shape.slice(),
-                    Arg::Owned(g),
-                    Arg::Borrowed(saved.as_ref().expect("the forward saved what it needs")),
-                    #[inline(always)]
-                    |$g: T, $s: T| $e,
-                )
-            };
-        }
-        let dx =
-            match self {
-                Unary::Neg => map(
-                    Arg::Owned(g),
-                    cx.at(),
-                    #[inline(always)]
-                    |x: T| -x,
-                ),
-                // Written as the layers' hand-written backward passes were, for the same bits.
-                Unary::Relu => times!(|g, y| g * if y > T::zero() { T::one() } else { T::zero() }),
-                Unary::Gelu => times!(|g, x| g * gelu_grad(x)),
-                Unary::GeluErf => times!(|g, x| g * gelu_erf_grad(x)),
-                Unary::Silu => times!(|g, x| g * silu_grad(x)),
-                Unary::Sigmoid => times!(|g, y| g * y * (T::one() - y)),
-                Unary::Tanh => times!(|g, y| g * (T::one() - y * y)),
-                Unary::Exp => times!(|g, y| g * y),
-                Unary::Log => times!(|g, x| g / x),
-                Unary::Sqrt => times!(|g, y| g / (y + y)),
-                // 2 / sqrt(pi) e^{-x^2}
-                Unary::Erf => times!(|g, x| g
-                    * (T::from_f64(std::f64::consts::FRAC_2_SQRT_PI) * (-x * x).exp_kernel())),
-                // As PyTorch: the sign, 0 at 0.
-                Unary::Abs => times!(|g, x| if x > T::zero() {
-                    g
-                } else if x < T::zero() {
-                    -g
-                } else {
-                    x * g
-                }),
-                Unary::Sin => times!(|g, x| g * x.cos()),
-                Unary::Cos => times!(|g, x| -g * x.sin()),
-            }?;
-        Ok(Grads::from([Some(dx)]))
     }
 }
 
