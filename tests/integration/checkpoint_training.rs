@@ -41,7 +41,7 @@ fn step(pool: &Pool, model: &Model, ckpt: Option<&mut Checkpointer>) -> (f32, Ve
     })
 }
 
-fn policies(n: usize, activation: usize) -> Vec<Policy> {
+pub(crate) fn policies(n: usize, activation: usize) -> Vec<Policy> {
     vec![
         Policy::Every(4),
         Policy::Sqrt,
@@ -180,7 +180,7 @@ fn a_budget_backward_runs_revolves_forward_steps() {
 
 /// The loss and every gradient of one step of `forward` (a loss of the model's output against a
 /// fixed random target), each parameter listed by `each`.
-fn gradients(
+pub(crate) fn gradients(
     pool: &Pool,
     shape: &[usize],
     mut forward: impl for<'s> FnMut(Tensor<'s>) -> Tensor<'s>,

@@ -43,8 +43,9 @@
 //!   [`le`](Tensor::le), [`gt`](Tensor::gt), [`ge`](Tensor::ge), and [`Tensor::cmp`] with a
 //!   [`Cmp`] or [`Tensor::cmp_scalar`], give `u8` masks; [`Tensor::where_cond`],
 //!   [`Tensor::masked_fill`], [`Tensor::tril`], [`Tensor::triu`].
-//! - **Images**, `[n, c, h, w]`: [`Tensor::conv2d`], [`Tensor::group_norm`],
-//!   [`Tensor::upsample_nearest2d`], [`Tensor::max_pool2d`], [`Tensor::avg_pool2d`].
+//! - **Images**, `[n, c, h, w]`: [`Tensor::conv2d`] and [`Tensor::conv2d_with`] (dilation,
+//!   groups: [`ConvOptions`]), [`Tensor::group_norm`], [`Tensor::upsample_nearest2d`],
+//!   [`Tensor::max_pool2d`], [`Tensor::avg_pool2d`]; sequences, `[n, c, l]`: [`Tensor::conv1d`].
 //! - **Losses**: [`Tensor::mse`], [`Tensor::cross_entropy`] (labels as `&[usize]`) and
 //!   [`Tensor::cross_entropy_ids`] (labels as an `i64` tensor).
 //! - **Element types and kernels of your own**: [`Tensor::cast`]; [`TensorOps::map`],
@@ -81,6 +82,7 @@ mod shape;
 pub(crate) mod simd;
 mod tensor_ops;
 
+pub use conv::ConvOptions;
 pub(crate) use gemm::reserve_scratch;
 pub use mask::Cmp;
 pub use tensor_ops::TensorOps;

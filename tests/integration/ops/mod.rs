@@ -8,6 +8,8 @@
 //! sentinel. Gradients are checked in `autograd`.
 
 mod arithmetic;
+mod checks;
+mod conv;
 mod dtypes;
 mod elementwise;
 mod images;
