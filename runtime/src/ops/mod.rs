@@ -39,6 +39,8 @@
 //! - **Indexing** by `i64` ids: [`Tensor::embedding`], [`Tensor::index_select`],
 //!   [`Tensor::gather`]. Every id is checked before anything is rented: one past the table is an
 //!   [`Error::IndexOutOfRange`] naming it.
+//! - **Accumulation** at `i64` positions: [`Tensor::index_add`], [`Tensor::scatter_add`] (the
+//!   transposes of `index_select` and `gather`).
 //! - **Masks** ([`mask`]): [`Tensor::eq`], [`ne`](Tensor::ne), [`lt`](Tensor::lt),
 //!   [`le`](Tensor::le), [`gt`](Tensor::gt), [`ge`](Tensor::ge), and [`Tensor::cmp`] with a
 //!   [`Cmp`] or [`Tensor::cmp_scalar`], give `u8` masks; [`Tensor::where_cond`],
@@ -78,6 +80,7 @@ mod loss;
 pub mod mask;
 mod pool2d;
 mod reduce;
+mod scatter;
 mod shape;
 pub(crate) mod simd;
 mod tensor_ops;

@@ -20,6 +20,7 @@ mod lanes;
 mod linalg;
 mod mask;
 mod reduce;
+mod scatter;
 mod shape;
 mod sizes;
 
