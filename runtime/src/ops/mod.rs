@@ -32,6 +32,8 @@
 //!   everything ([`sum_all`](Tensor::sum_all), [`mean_all`](Tensor::mean_all)); [`Tensor::max`],
 //!   [`Tensor::min`] (and their `_keepdim` forms), [`Tensor::argmax`] and [`Tensor::argmin`] along
 //!   an axis.
+//! - **Sorting** along an axis: [`Tensor::sort`], [`Tensor::argsort`], [`Tensor::topk`] (NaN the
+//!   largest, ties in their original order).
 //! - **Shape**: [`Tensor::concat`], [`Tensor::stack`], [`Tensor::narrow`], [`Tensor::split`],
 //!   [`Tensor::chunk`], [`Tensor::permute`], [`Tensor::transpose`] and [`Tensor::t`] copy into the
 //!   pool; [`Tensor::reshape`], [`Tensor::squeeze`], [`Tensor::unsqueeze`] and
@@ -83,6 +85,7 @@ mod reduce;
 mod scatter;
 mod shape;
 pub(crate) mod simd;
+mod sort;
 mod tensor_ops;
 
 pub use conv::ConvOptions;

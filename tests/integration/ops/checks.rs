@@ -86,58 +86,66 @@ impl Fixture {
     }
 }
 
-/// One layer of a [`Stack`]: any function of the activation (closing over its parameters).
-pub(crate) type Layer = Box<dyn for<'a> Fn(Tensor<'a>) -> Tensor<'a>>;
+/// A layer of a [`Stack`]: its index, the activation and its weight.
+type Step<'f> = dyn for<'a> Fn(usize, Tensor<'a>, &Param) -> Tensor<'a> + 'f;
 
-/// `f` as a [`Layer`] (a closure passed here gets the signature for every lifetime).
-pub(crate) fn layer(f: impl for<'a> Fn(Tensor<'a>) -> Tensor<'a> + 'static) -> Layer {
-    Box::new(f)
-}
-
-/// Layers applied in turn, checkpointed.
+/// Layers applied in turn, checkpointed: `x = step(i, x, &weights[i])`.
 struct Stack<'l> {
-    layers: &'l [Layer],
+    weights: &'l [Param],
+    step: &'l Step<'l>,
 }
 
 impl Stack<'_> {
     #[checkpoint]
     fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
         let mut x = x;
-        for layer in self.layers {
-            x = layer(x);
+        for (i, w) in self.weights.iter().enumerate() {
+            x = (self.step)(i, x, w);
         }
         x
     }
+
+    fn plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
+        let each = self.weights.iter().enumerate();
+        each.fold(x, |x, (i, w)| (self.step)(i, x, w))
+    }
 }
 
-/// Asserts that `layers` (six or more), checkpointed under every policy, give the loss and the
-/// gradients of `params` bit for bit as the plain forward from a random input of `shape`. `before`
-/// runs before each forward (to seed the generator of ops that draw random numbers).
+/// Asserts that six layers `x = step(i, x, &w_i)`, each with a random weight of shape `weight`,
+/// checkpointed under every policy, give the loss and the weights' gradients bit for bit as the
+/// plain forward from a random input of shape `input`. `before` runs before each forward (to seed
+/// the generator of ops that draw random numbers).
 #[track_caller]
 pub(crate) fn assert_checkpoint_replays_exactly(
-    shape: &[usize],
-    layers: &[Layer],
-    params: &[&Param],
+    input: &[usize],
+    weight: &[usize],
+    step: impl for<'a> Fn(usize, Tensor<'a>, &Param) -> Tensor<'a>,
     before: impl Fn(),
 ) {
     let pool = Pool::with_max_memory_mb(64);
-    let each = |f: &mut dyn FnMut(&Param)| params.iter().for_each(|p| f(p));
+    let weights: Vec<Param> = (0..6)
+        .map(|i| pool.scope(|s| (s.randn::<f32>(weight, 40 + i) * 0.4).detach()))
+        .collect();
+    let stack = Stack {
+        weights: &weights,
+        step: &step,
+    };
+    let each = |f: &mut dyn FnMut(&Param)| weights.iter().for_each(&mut *f);
     let plain = gradients(
         &pool,
-        shape,
+        input,
         |x| {
             before();
-            layers.iter().fold(x, |x, layer| layer(x))
+            stack.plain(x)
         },
         each,
     );
-    let activation = shape.iter().product::<usize>() * 4;
-    for policy in policies(layers.len(), activation) {
+    let activation = input.iter().product::<usize>() * 4;
+    for policy in policies(weights.len(), activation) {
         let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy.clone()));
-        let stack = Stack { layers };
         let got = gradients(
             &pool,
-            shape,
+            input,
             |x| {
                 before();
                 stack.forward(&mut ckpt, x)

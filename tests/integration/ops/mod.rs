@@ -23,6 +23,7 @@ mod reduce;
 mod scatter;
 mod shape;
 mod sizes;
+mod sort;
 
 use ndarray::{stack, Array, Array2, ArrayD, Axis, Dimension, Ix2, Ix3};
 use tensorscope::prelude::*;
