@@ -50,6 +50,7 @@
 //! - **Images**, `[n, c, h, w]`: [`Tensor::conv2d`] and [`Tensor::conv2d_with`] (dilation,
 //!   groups: [`ConvOptions`]), [`Tensor::group_norm`], [`Tensor::upsample_nearest2d`],
 //!   [`Tensor::max_pool2d`], [`Tensor::avg_pool2d`]; sequences, `[n, c, l]`: [`Tensor::conv1d`].
+//! - **Dropout**: [`Tensor::dropout`], its mask replayed bit for bit under `#[checkpoint]`.
 //! - **Losses**: [`Tensor::mse`], [`Tensor::cross_entropy`] (labels as `&[usize]`) and
 //!   [`Tensor::cross_entropy_ids`] (labels as an `i64` tensor).
 //! - **Element types and kernels of your own**: [`Tensor::cast`]; [`TensorOps::map`],
@@ -72,6 +73,7 @@
 // The families are private: their ops are methods of `Tensor` and render on its page, so their
 // own pages would be empty. `mask` is public for `Cmp`.
 mod conv;
+mod dropout;
 mod elementwise;
 mod gemm;
 mod index;
@@ -89,6 +91,7 @@ mod sort;
 mod tensor_ops;
 
 pub use conv::ConvOptions;
+pub(crate) use dropout::check_probability;
 pub(crate) use gemm::reserve_scratch;
 pub use mask::Cmp;
 pub use tensor_ops::TensorOps;

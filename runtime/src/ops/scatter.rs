@@ -48,8 +48,8 @@ impl<T: DType> Op<T> for AddAt {
         &self,
         cx: &mut Forward<'_, 's, T>,
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
-        let scope = cx.scope().clone();
-        let mut out = cx.take(0).into_writable_copy(&scope)?;
+        let x = cx.take(0);
+        let mut out = x.into_writable_copy(cx.scope())?;
         let src = cx.input(1);
         if !src.is_empty() && !self.positions.0.is_empty() {
             self.kernel(Way::Add, out.unique_view_mut(), src.view());

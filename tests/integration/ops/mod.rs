@@ -10,6 +10,7 @@
 mod arithmetic;
 mod checks;
 mod conv;
+mod dropout;
 mod dtypes;
 mod elementwise;
 mod images;
