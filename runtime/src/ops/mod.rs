@@ -51,6 +51,8 @@
 //!   groups: [`ConvOptions`]), [`Tensor::group_norm`], [`Tensor::upsample_nearest2d`],
 //!   [`Tensor::max_pool2d`], [`Tensor::avg_pool2d`]; sequences, `[n, c, l]`: [`Tensor::conv1d`].
 //! - **Dropout**: [`Tensor::dropout`], its mask replayed bit for bit under `#[checkpoint]`.
+//! - **Sampling** for generation, seeded by a [`Generator`](crate::Generator):
+//!   [`Tensor::multinomial`], [`Tensor::sample_logits`] (temperature, top-k, top-p).
 //! - **Losses**: [`Tensor::mse`], [`Tensor::cross_entropy`] (labels as `&[usize]`) and
 //!   [`Tensor::cross_entropy_ids`] (labels as an `i64` tensor).
 //! - **Element types and kernels of your own**: [`Tensor::cast`]; [`TensorOps::map`],
@@ -84,6 +86,7 @@ mod loss;
 pub mod mask;
 mod pool2d;
 mod reduce;
+mod sample;
 mod scatter;
 mod shape;
 pub(crate) mod simd;

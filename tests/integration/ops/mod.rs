@@ -21,6 +21,7 @@ mod lanes;
 mod linalg;
 mod mask;
 mod reduce;
+mod sample;
 mod scatter;
 mod shape;
 mod sizes;
