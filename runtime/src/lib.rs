@@ -55,6 +55,7 @@ pub use checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Pr
 pub use element::{DType, Element};
 pub use error::{Error, Result, Shape};
 pub use escape::{Escape, EscapeTarget};
+pub use init::{manual_seed, Generator};
 pub use ops::{Operand, TensorOps};
 pub use param::{Param, Parameters};
 pub use pool::{

@@ -29,7 +29,7 @@ fn weights(shape: &[usize]) -> Param<f64> {
 
 /// Checks `f` of random inputs of `shapes` against finite differences.
 #[track_caller]
-fn check(
+pub(crate) fn check(
     what: &str,
     shapes: &[&[usize]],
     f: impl for<'s> Fn(&[Tensor<'s, f64>]) -> Result<Tensor<'s, f64>>,

@@ -41,7 +41,7 @@ fn step(pool: &Pool, model: &Model, ckpt: Option<&mut Checkpointer>) -> (f32, Ve
     })
 }
 
-fn policies(n: usize, activation: usize) -> Vec<Policy> {
+pub(crate) fn policies(n: usize, activation: usize) -> Vec<Policy> {
     vec![
         Policy::Every(4),
         Policy::Sqrt,

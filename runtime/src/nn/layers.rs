@@ -7,7 +7,7 @@ use super::NnError;
 use crate::checkpoint::{self, Checkpointer};
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
-use crate::ops::Unary;
+use crate::ops::{check_probability, Unary};
 use crate::param::{Param, Parameters};
 use crate::pool::Pool;
 use crate::scope::Scope;
@@ -196,6 +196,66 @@ impl<T: Element> Parameters<T> for LayerNorm<T> {
         f(&mut self.gamma);
         f(&mut self.beta);
     }
+}
+
+/// Dropout while training, the identity otherwise (PyTorch's `nn.Dropout`): in training mode,
+/// [`Tensor::dropout`] with probability `p`, its mask drawn from the thread's generator
+/// ([`manual_seed`](crate::manual_seed)). A new module is in training mode, as in PyTorch;
+/// [`Dropout::set_training`] switches it.
+///
+/// ```
+/// use tensorscope_runtime::nn::{Dropout, Module};
+/// use tensorscope_runtime::Pool;
+/// let pool = Pool::with_max_memory_mb(16);
+/// let mut dropout = Dropout::new(0.5).unwrap();
+/// pool.scope(|s| {
+///     let x = s.ones::<f32>(&[100]);
+///     assert!(dropout.forward(&x).unwrap().to_vec().contains(&0.0));
+///     dropout.set_training(false);
+///     assert_eq!(dropout.forward(&x).unwrap().to_vec(), vec![1.0; 100]);
+/// });
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    p: f64,
+    training: bool,
+}
+
+impl Dropout {
+    /// Dropout with probability `p`, in training mode. Fails with [`Error::InvalidArgument`] for a
+    /// `p` outside `[0, 1)`.
+    pub fn new(p: f64) -> Result<Self> {
+        check_probability("Dropout::new", p)?;
+        Ok(Dropout { p, training: true })
+    }
+
+    /// The probability of dropping an element.
+    pub fn p(&self) -> f64 {
+        self.p
+    }
+
+    /// Whether the module drops elements (training mode).
+    pub fn is_training(&self) -> bool {
+        self.training
+    }
+
+    /// Switches training mode on (dropping elements) or off (the identity).
+    pub fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+impl<T: Element> Module<T> for Dropout {
+    fn forward<'s>(&self, x: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+        match self.training {
+            true => x.try_dropout(self.p),
+            false => Ok(x.clone()),
+        }
+    }
+}
+
+impl<T: Element> Parameters<T> for Dropout {
+    fn for_each_param(&mut self, _: &mut dyn FnMut(&mut Param<T>)) {}
 }
 
 /// `y = x + inner(x)`.

@@ -1,7 +1,7 @@
 //! Modules, optimizers and named parameters for training.
 //!
 //! [`Module`]s ([`Linear`] over any leading batch axes, [`LayerNorm`], [`Activation`]s,
-//! [`Residual`], [`Sequential`]) are forward passes over the [`Param`](crate::Param)s they own; in
+//! [`Dropout`], [`Residual`], [`Sequential`]) are forward passes over the [`Param`](crate::Param)s they own; in
 //! a training scope their ops record a graph like any other ops, so [`Tensor::backward`](crate::Tensor::backward)
 //! differentiates a model written with them, with tensor ops, or with both. [`Optimizer`]s update
 //! any [`Parameters`](crate::Parameters) in place. A [`ParamStore`] keeps parameters by name, and
@@ -91,7 +91,7 @@ mod params;
 mod safetensors;
 
 pub use error::NnError;
-pub use layers::{Activation, LayerNorm, Linear, Module, Residual, Sequential};
+pub use layers::{Activation, Dropout, LayerNorm, Linear, Module, Residual, Sequential};
 pub use optim::{Adam, Optimizer, Sgd};
 pub use params::ParamStore;
 pub use safetensors::{

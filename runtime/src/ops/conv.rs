@@ -1,8 +1,11 @@
-//! Image ops on `[batch, channels, height, width]` tensors: convolution, group normalization and
-//! nearest-neighbour upsampling, with their backward kernels.
+//! Image ops on `[batch, channels, height, width]` tensors: convolution (with stride, padding,
+//! dilation and groups; 1-D convolution of `[batch, channels, length]` as images of height 1),
+//! group normalization and nearest-neighbour upsampling, with their backward kernels.
+
+use std::ops::Range;
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2};
+use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn};
 
 use super::lanes::LaneOp;
 use super::{check_addressable, dimension_overflow, work, Operand};
@@ -11,11 +14,46 @@ use crate::element::Element;
 use crate::error::{panicking, Error, Result, Shape};
 use crate::tensor::Tensor;
 
-/// 2-D convolution with a stride and zero padding.
+/// The options of a convolution ([`Tensor::conv2d_with`], [`Tensor::conv1d`]), as PyTorch's
+/// `Conv2d` and `Conv1d` take them: `stride`, zero `padding` on every side, `dilation` (the
+/// spacing between kernel taps) and `groups` (the input and output channels split into that many
+/// groups, each convolved with its own kernels: `groups = channels` is a depthwise convolution).
+/// [`ConvOptions::default`] is stride 1, padding 0, dilation 1, one group; name the options that
+/// differ:
+///
+/// ```
+/// use tensorscope_runtime::ops::ConvOptions;
+/// let options = ConvOptions { dilation: 2, groups: 4, ..ConvOptions::default() };
+/// assert_eq!((options.stride, options.padding), (1, 0));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConvOptions {
+    /// The step between output positions (at least 1).
+    pub stride: usize,
+    /// Zeros added on each side of each spatial axis.
+    pub padding: usize,
+    /// The spacing between kernel taps (at least 1; 1 is a dense kernel).
+    pub dilation: usize,
+    /// The number of channel groups (at least 1, dividing the input and output channels).
+    pub groups: usize,
+}
+
+impl Default for ConvOptions {
+    fn default() -> Self {
+        ConvOptions {
+            stride: 1,
+            padding: 0,
+            dilation: 1,
+            groups: 1,
+        }
+    }
+}
+
+/// A convolution: 2-D, or 1-D (`[n, c, l]` read as images of height 1, the kernel too).
 #[derive(Debug, Clone, Copy)]
 struct Conv2d {
-    stride: usize,
-    padding: usize,
+    one_d: bool,
+    options: ConvOptions,
 }
 
 impl<T: Element> Op<T> for Conv2d {
@@ -23,7 +61,11 @@ impl<T: Element> Op<T> for Conv2d {
     type Saved = (Saved<T>, Saved<T>);
 
     fn name(&self) -> &'static str {
-        "conv2d"
+        if self.one_d {
+            "conv1d"
+        } else {
+            "conv2d"
+        }
     }
 
     fn forward<'s>(
@@ -31,34 +73,31 @@ impl<T: Element> Op<T> for Conv2d {
         cx: &mut Forward<'_, 's, T>,
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (x, weight) = (cx.input(0), cx.input(1));
-        let conv = Conv::new(x, weight, self.stride, self.padding)?;
-        let mut out = cx.rent(&conv.out_shape())?;
+        let conv = Conv::new(self, x, weight)?;
+        let mut out = cx.rent(conv.out_shape().slice())?;
         if !out.is_empty() {
             let (rows, positions) = (conv.rows(), conv.positions());
             let mut cols = cx.rent::<T>(&[rows, positions])?;
-            let kernel = ArrayView2::from_shape((conv.c_out, rows), weight.as_slice())
-                .expect("the weight holds c_out x rows elements");
-            let image_len = conv.c_in * conv.h * conv.w;
-            let out_len = conv.c_out * positions;
-            // Every image is visited by index, also an empty one (no channels, or no pixels but
+            // Every image and group is visited, also an empty one (no channels, or no pixels but
             // padding): its output is the product with all-zero patches, and must be written.
-            work::visit(conv.n);
-            for (i, out_image) in out.unique_slice_mut().chunks_exact_mut(out_len).enumerate() {
-                conv.im2col(
-                    &x.as_slice()[i * image_len..][..image_len],
-                    cols.unique_slice_mut(),
-                );
+            work::visit(conv.n * conv.groups);
+            for block in conv.blocks() {
+                conv.im2col(&x.as_slice()[block.x], cols.unique_slice_mut());
+                let kernel = ArrayView2::from_shape((conv.og, rows), &weight.as_slice()[block.w])
+                    .expect("a group's kernels are og x rows");
                 let patches = ArrayView2::from_shape((rows, positions), cols.as_slice())
                     .expect("cols holds rows x positions");
-                let mut result = ArrayViewMut2::from_shape((conv.c_out, positions), out_image)
-                    .expect("the output image holds c_out x positions");
+                let out_group = &mut out.unique_slice_mut()[block.out];
+                let mut result = ArrayViewMut2::from_shape((conv.og, positions), out_group)
+                    .expect("a group's output is og x positions");
                 general_mat_mul(T::one(), &kernel, &patches, T::zero(), &mut result);
             }
         }
         Ok((out, cx.saving().then(|| (cx.save(x), cx.save(weight)))))
     }
 
-    /// `dW = sum_i g_i cols_i^T` and `dx_i = col2im(W^T g_i)`, each only if needed.
+    /// Per image and group, `dW_g += g_g cols_g^T` and `dx_g = col2im(W_g^T g_g)`, each only if
+    /// needed.
     fn backward<'b>(
         &self,
         (x, weight): Self::Saved,
@@ -66,7 +105,7 @@ impl<T: Element> Op<T> for Conv2d {
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
         let (x, weight) = (x.get(cx), weight.get(cx));
-        let conv = Conv::new(&x, &weight, self.stride, self.padding)?;
+        let conv = Conv::new(self, &x, &weight)?;
         let (rows, positions) = (conv.rows(), conv.positions());
         let mut dx = cx.needs(0).then(|| cx.zeros::<T>(x.shape())).transpose()?;
         let mut dw = cx
@@ -77,37 +116,27 @@ impl<T: Element> Op<T> for Conv2d {
             return Ok(Grads::from([dx, dw]));
         }
         let mut cols = cx.rent::<T>(&[rows, positions])?;
-        let kernel = ArrayView2::from_shape((conv.c_out, rows), weight.as_slice())
-            .expect("the weight holds c_out x rows elements");
-        let image_len = conv.c_in * conv.h * conv.w;
-        let out_len = conv.c_out * positions;
-        work::visit(conv.n);
-        for i in 0..conv.n {
-            let gi = ArrayView2::from_shape(
-                (conv.c_out, positions),
-                &g.as_slice()[i * out_len..][..out_len],
-            )
-            .expect("the gradient image holds c_out x positions");
+        work::visit(conv.n * conv.groups);
+        for block in conv.blocks() {
+            let gi = ArrayView2::from_shape((conv.og, positions), &g.as_slice()[block.out])
+                .expect("a group's gradient is og x positions");
             if let Some(dw) = &mut dw {
-                conv.im2col(
-                    &x.as_slice()[i * image_len..][..image_len],
-                    cols.unique_slice_mut(),
-                );
+                conv.im2col(&x.as_slice()[block.x.clone()], cols.unique_slice_mut());
                 let patches = ArrayView2::from_shape((rows, positions), cols.as_slice())
                     .expect("cols holds rows x positions");
-                let mut acc = ArrayViewMut2::from_shape((conv.c_out, rows), dw.unique_slice_mut())
-                    .expect("the weight gradient holds c_out x rows");
+                let dw_group = &mut dw.unique_slice_mut()[block.w.clone()];
+                let mut acc = ArrayViewMut2::from_shape((conv.og, rows), dw_group)
+                    .expect("a group's kernel gradient is og x rows");
                 general_mat_mul(T::one(), &gi, &patches.t(), T::one(), &mut acc);
             }
             if let Some(dx) = &mut dx {
+                let kernel = ArrayView2::from_shape((conv.og, rows), &weight.as_slice()[block.w])
+                    .expect("a group's kernels are og x rows");
                 let mut dcols =
                     ArrayViewMut2::from_shape((rows, positions), cols.unique_slice_mut())
                         .expect("cols holds rows x positions");
                 general_mat_mul(T::one(), &kernel.t(), &gi, T::zero(), &mut dcols);
-                conv.col2im(
-                    cols.as_slice(),
-                    &mut dx.unique_slice_mut()[i * image_len..][..image_len],
-                );
+                conv.col2im(cols.as_slice(), &mut dx.unique_slice_mut()[block.x]);
             }
         }
         Ok(Grads::from([dx, dw]))
@@ -191,112 +220,214 @@ pub(crate) fn nchw<T: Element>(op: &'static str, t: &Tensor<'_, T>) -> Result<[u
     }
 }
 
-/// The sizes of a convolution, checked: input `[n, c_in, h, w]`, weight `[c_out, c_in, kh, kw]`,
-/// output `[n, c_out, ho, wo]`. A patch matrix (im2col) has `rows = c_in kh kw` rows and
+/// The sizes of a convolution, checked: input `[n, c_in, h, w]`, weight `[c_out, c_in / groups,
+/// kh, kw]`, output `[n, c_out, ho, wo]` (a 1-D convolution has `h = kh = ho = 1`, and the height
+/// axis stride 1, no padding, no dilation). Each group has `cg = c_in / groups` input and
+/// `og = c_out / groups` output channels; its patch matrix (im2col) has `rows = cg kh kw` rows and
 /// `positions = ho wo` columns.
 struct Conv {
+    one_d: bool,
     n: usize,
-    c_in: usize,
     h: usize,
     w: usize,
-    c_out: usize,
+    groups: usize,
+    cg: usize,
+    og: usize,
     kh: usize,
     kw: usize,
-    stride: usize,
-    padding: usize,
+    /// Per spatial axis (height, width): stride, padding, dilation.
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
     ho: usize,
     wo: usize,
 }
 
+/// The ranges of one image and group: its input channels in the input, its output channels in the
+/// output, its kernels in the weight.
+struct Block {
+    x: Range<usize>,
+    out: Range<usize>,
+    w: Range<usize>,
+}
+
 impl Conv {
-    fn new<T: Element>(
-        x: &Tensor<'_, T>,
-        weight: &Tensor<'_, T>,
-        stride: usize,
-        padding: usize,
-    ) -> Result<Conv> {
-        let [n, c_in, h, w] = nchw("conv2d", x)?;
+    fn new<T: Element>(op: &Conv2d, x: &Tensor<'_, T>, weight: &Tensor<'_, T>) -> Result<Conv> {
+        let (name, one_d) = (Op::<T>::name(op), op.one_d);
+        let ConvOptions {
+            stride,
+            padding,
+            dilation,
+            groups,
+        } = op.options;
+        // A 1-D tensor `[a, b, l]` is read as `[a, b, 1, l]`: the same elements in the same order.
+        let dims = |t: &Tensor<'_, T>| match (one_d, t.shape()) {
+            (false, &[a, b, h, w]) => Some([a, b, h, w]),
+            (true, &[a, b, l]) => Some([a, b, 1, l]),
+            _ => None,
+        };
+        let Some([n, c_in, h, w]) = dims(x) else {
+            let reason = match one_d {
+                true => "expected [batch, channels, length]",
+                false => "expected [batch, channels, height, width]",
+            };
+            return Err(Error::InvalidShape {
+                op: name,
+                shape: Shape::from(x.shape()),
+                reason: reason.into(),
+            });
+        };
         let mismatch = |reason: String| Error::ShapeMismatch {
-            op: "conv2d",
+            op: name,
             lhs: Shape::from(x.shape()),
             rhs: Shape::from(weight.shape()),
             reason,
         };
-        let &[c_out, wc_in, kh, kw] = weight.shape() else {
-            return Err(mismatch(
-                "the weight must be [c_out, c_in, k_h, k_w]".into(),
-            ));
+        let Some([c_out, wc_in, kh, kw]) = dims(weight) else {
+            return Err(mismatch(match one_d {
+                true => "the weight must be [c_out, c_in / groups, k]".into(),
+                false => "the weight must be [c_out, c_in / groups, k_h, k_w]".into(),
+            }));
         };
-        if wc_in != c_in {
-            return Err(mismatch(format!(
-                "input channels differ ({c_in} and {wc_in})"
-            )));
+        let invalid = |arg, reason: String| Error::InvalidArgument {
+            op: name,
+            arg,
+            reason,
+        };
+        if groups == 0 {
+            return Err(invalid("groups", "must be at least 1".into()));
+        }
+        for (channels, side) in [(c_in, "input"), (c_out, "output")] {
+            if channels % groups != 0 {
+                return Err(invalid(
+                    "groups",
+                    format!("{groups} groups do not divide {channels} {side} channels"),
+                ));
+            }
+        }
+        if wc_in.checked_mul(groups) != Some(c_in) {
+            return Err(mismatch(match groups {
+                1 => format!("input channels differ ({c_in} and {wc_in})"),
+                _ => format!(
+                    "input channels differ ({c_in} and {wc_in} per group x {groups} groups)"
+                ),
+            }));
         }
         if stride == 0 {
             return Err(mismatch("stride must be at least 1".into()));
         }
-        let overflow = || dimension_overflow("conv2d", "padding", padding, x.shape());
-        let padded = |len: usize| {
-            padding
+        if dilation == 0 {
+            return Err(invalid("dilation", "must be at least 1".into()));
+        }
+        // The height of a 1-D convolution is 1, as is its kernel's: stride 1, no padding, no
+        // dilation along it.
+        let height = |value: usize, plain: usize| if one_d { plain } else { value };
+        let stride = [height(stride, 1), stride];
+        let padding = [height(padding, 0), padding];
+        let dilation = [height(dilation, 1), dilation];
+        let overflow = |operand, value| dimension_overflow(name, operand, value, x.shape());
+        // Per axis: the padded length and the span of the dilated kernel.
+        let fit = |axis: usize, len: usize, k: usize| -> Result<(usize, usize)> {
+            let (p, d) = (padding[axis], dilation[axis]);
+            let padded = p
                 .checked_mul(2)
                 .and_then(|p| p.checked_add(len))
-                .ok_or_else(overflow)
+                .ok_or_else(|| overflow("padding", p))?;
+            let span = k
+                .saturating_sub(1)
+                .checked_mul(d)
+                .and_then(|s| s.checked_add(1))
+                .ok_or_else(|| overflow("dilation", d))?;
+            Ok((padded, span))
         };
-        let (ph, pw) = (padded(h)?, padded(w)?);
-        if kh > ph || kw > pw || kh == 0 || kw == 0 {
+        let ((ph, sh), (pw, sw)) = (fit(0, h, kh)?, fit(1, w, kw)?);
+        if sh > ph || sw > pw || kh == 0 || kw == 0 {
+            let size = |a: usize, b: usize| match one_d {
+                true => format!("{b}-long"),
+                false => format!("{a}x{b}"),
+            };
+            let dilated = match dilation[1] {
+                1 => String::new(),
+                d => format!(" dilated by {d} (spanning {})", size(sh, sw)),
+            };
+            let image = if one_d { "sequence" } else { "image" };
             return Err(mismatch(format!(
-                "a {kh}x{kw} kernel does not fit a {ph}x{pw} padded image"
+                "a {} kernel{dilated} does not fit a {} padded {image}",
+                size(kh, kw),
+                size(ph, pw)
             )));
         }
-        let (ho, wo) = ((ph - kh) / stride + 1, (pw - kw) / stride + 1);
+        let (ho, wo) = ((ph - sh) / stride[0] + 1, (pw - sw) / stride[1] + 1);
         // Addressable, so `ho * wo` (both at least 1) cannot overflow.
-        check_addressable::<T>(&[n, c_out, ho, wo], overflow)?;
+        check_addressable::<T>(&[n, c_out, ho, wo], || overflow("padding", padding[1]))?;
         Ok(Conv {
+            one_d,
             n,
-            c_in,
             h,
             w,
-            c_out,
+            groups,
+            cg: wc_in,
+            og: c_out / groups,
             kh,
             kw,
             stride,
             padding,
+            dilation,
             ho,
             wo,
         })
     }
 
-    fn out_shape(&self) -> [usize; 4] {
-        [self.n, self.c_out, self.ho, self.wo]
+    fn out_shape(&self) -> IxDyn {
+        let c_out = self.og * self.groups;
+        match self.one_d {
+            true => IxDyn(&[self.n, c_out, self.wo]),
+            false => IxDyn(&[self.n, c_out, self.ho, self.wo]),
+        }
     }
 
     fn rows(&self) -> usize {
-        self.c_in * self.kh * self.kw
+        self.cg * self.kh * self.kw
     }
 
     fn positions(&self) -> usize {
         self.ho * self.wo
     }
 
-    /// Calls `f(patch row, patch column, image offset)` for every patch entry that lies inside the
-    /// image (the others are the zero border). A padded coordinate below `padding` or at
-    /// `padding + len` and past is in the border; `checked_sub` finds the first kind without casts.
+    /// Every image and group, in order.
+    fn blocks(&self) -> impl Iterator<Item = Block> + '_ {
+        let (x_len, out_len) = (self.cg * self.h * self.w, self.og * self.positions());
+        let w_len = self.og * self.rows();
+        (0..self.n * self.groups).map(move |i| {
+            let g = i % self.groups;
+            Block {
+                x: i * x_len..(i + 1) * x_len,
+                out: i * out_len..(i + 1) * out_len,
+                w: g * w_len..(g + 1) * w_len,
+            }
+        })
+    }
+
+    /// Calls `f(patch row, patch column, image offset)` for every patch entry of one group that
+    /// lies inside the image (the others are the zero border). A padded coordinate below `padding`
+    /// or at `padding + len` and past is in the border; `checked_sub` finds the first kind without
+    /// casts.
     fn for_each_tap(&self, mut f: impl FnMut(usize, usize, usize)) {
-        let inside = |o: usize, k: usize, len: usize| {
-            (o * self.stride + k)
-                .checked_sub(self.padding)
+        let inside = |axis: usize, o: usize, k: usize, len: usize| {
+            (o * self.stride[axis] + k * self.dilation[axis])
+                .checked_sub(self.padding[axis])
                 .filter(|&i| i < len)
         };
-        for c in 0..self.c_in {
+        for c in 0..self.cg {
             for ky in 0..self.kh {
                 for kx in 0..self.kw {
                     let row = (c * self.kh + ky) * self.kw + kx;
                     for oy in 0..self.ho {
-                        let Some(iy) = inside(oy, ky, self.h) else {
+                        let Some(iy) = inside(0, oy, ky, self.h) else {
                             continue;
                         };
                         for ox in 0..self.wo {
-                            if let Some(ix) = inside(ox, kx, self.w) {
+                            if let Some(ix) = inside(1, ox, kx, self.w) {
                                 f(row, oy * self.wo + ox, (c * self.h + iy) * self.w + ix);
                             }
                         }
@@ -306,7 +437,8 @@ impl Conv {
         }
     }
 
-    /// The patch matrix of one image (im2col), written whole: the border entries are zeros.
+    /// The patch matrix of one group of one image (im2col), written whole: the border entries are
+    /// zeros.
     fn im2col<T: Element>(&self, image: &[T], patches: &mut [T]) {
         patches.fill(T::zero());
         let positions = self.positions();
@@ -325,21 +457,89 @@ impl Conv {
 impl<'s, T: Element> Tensor<'s, T> {
     /// 2-D convolution (cross-correlation, as in PyTorch) of `[n, c_in, h, w]` with `weight`
     /// `[c_out, c_in, k_h, k_w]` (a tensor or a [`Param`](crate::Param)), zero `padding` on every
-    /// side and `stride`; the output is `[n, c_out, (h + 2 padding - k_h) / stride + 1, ...]`.
-    /// Computed by im2col: each image's patches go into one rented `[c_in k_h k_w, h_out w_out]`
-    /// matrix, multiplied by the weight straight into the output. Fails with
-    /// [`Error::InvalidShape`] or [`Error::ShapeMismatch`] naming both shapes (channels that differ,
-    /// a kernel larger than the padded image, a zero stride), and with
-    /// [`Error::DimensionOverflow`] for a padding that makes the output too large.
+    /// side and `stride`: [`Tensor::try_conv2d_with`] with those options, which says what fails.
     pub fn try_conv2d(
         &self,
         weight: &impl Operand<'s, T>,
         stride: usize,
         padding: usize,
     ) -> Result<Tensor<'s, T>> {
+        let options = ConvOptions {
+            stride,
+            padding,
+            ..ConvOptions::default()
+        };
+        self.try_conv2d_with(weight, options)
+    }
+
+    /// 2-D convolution (cross-correlation, as in PyTorch's `F.conv2d`) of `[n, c_in, h, w]` with
+    /// `weight` `[c_out, c_in / groups, k_h, k_w]` (a tensor or a [`Param`](crate::Param)) and
+    /// `options` (stride, zero padding, dilation, groups; see [`ConvOptions`]). The output is
+    /// `[n, c_out, h_out, w_out]`, with
+    /// `h_out = (h + 2 padding - dilation (k_h - 1) - 1) / stride + 1` and `w_out` alike. Computed by im2col: each image's patches of one group go into one
+    /// rented `[c_in / groups k_h k_w, h_out w_out]` matrix, multiplied by the group's kernels
+    /// straight into the output. Fails with [`Error::InvalidShape`] for an input that is not 4-D;
+    /// [`Error::InvalidArgument`] for zero groups or dilation, or groups that do not divide the
+    /// input or output channels; [`Error::ShapeMismatch`] naming both shapes (a weight that is not
+    /// 4-D, channels that differ, a kernel larger than the padded image, a zero stride); and
+    /// [`Error::DimensionOverflow`] for a padding or dilation that makes the sizes too large.
+    ///
+    /// ```
+    /// use tensorscope_runtime::ops::ConvOptions;
+    /// use tensorscope_runtime::Pool;
+    /// let pool = Pool::with_max_memory_mb(16);
+    /// pool.scope(|s| {
+    ///     // Depthwise: 4 channels, each with its own dilated 3x3 kernel.
+    ///     let x = s.ones::<f32>(&[1, 4, 8, 8]);
+    ///     let w = s.ones::<f32>(&[4, 1, 3, 3]);
+    ///     let y = x.conv2d_with(&w, ConvOptions { dilation: 2, groups: 4, ..Default::default() });
+    ///     assert_eq!(y.shape(), &[1, 4, 4, 4]);
+    ///     assert_eq!(y.to_vec(), vec![9.0; 64]);
+    /// });
+    /// ```
+    pub fn try_conv2d_with(
+        &self,
+        weight: &impl Operand<'s, T>,
+        options: ConvOptions,
+    ) -> Result<Tensor<'s, T>> {
+        self.convolve(weight, false, options)
+    }
+
+    /// 1-D convolution (cross-correlation, as in PyTorch's `F.conv1d`) of `[n, c_in, l]` with
+    /// `weight` `[c_out, c_in / groups, k]` and `options` (see [`ConvOptions`]); the output is
+    /// `[n, c_out, (l + 2 padding - dilation (k - 1) - 1) / stride + 1]`. It runs the 2-D kernels
+    /// on images of height 1. Fails as [`Tensor::try_conv2d_with`], with [`Error::InvalidShape`]
+    /// for an input that is not 3-D and [`Error::ShapeMismatch`] for a weight that is not.
+    ///
+    /// ```
+    /// use tensorscope_runtime::ops::ConvOptions;
+    /// use tensorscope_runtime::Pool;
+    /// let pool = Pool::with_max_memory_mb(16);
+    /// pool.scope(|s| {
+    ///     let x = s.from_slice::<f32>(&[1, 1, 5], &[1., 2., 3., 4., 5.]);
+    ///     let w = s.from_slice::<f32>(&[1, 1, 2], &[1., -1.]);
+    ///     let y = x.conv1d(&w, ConvOptions { dilation: 2, ..Default::default() });
+    ///     assert_eq!(y.to_vec(), vec![-2., -2., -2.]);
+    /// });
+    /// ```
+    pub fn try_conv1d(
+        &self,
+        weight: &impl Operand<'s, T>,
+        options: ConvOptions,
+    ) -> Result<Tensor<'s, T>> {
+        self.convolve(weight, true, options)
+    }
+
+    /// The convolution of this tensor with `weight`, 1-D or 2-D.
+    fn convolve(
+        &self,
+        weight: &impl Operand<'s, T>,
+        one_d: bool,
+        options: ConvOptions,
+    ) -> Result<Tensor<'s, T>> {
         let weight = weight.bind_beside(self);
         let inputs = &mut args([Arg::Borrowed(self), Arg::Borrowed(&*weight)]);
-        autograd::run(Conv2d { stride, padding }, inputs)
+        autograd::run(Conv2d { one_d, options }, inputs)
     }
 
     /// Group normalization of `[n, c, h, w]`: the channels are split into `groups` groups and each
@@ -377,6 +577,10 @@ impl<'s, T: Element> Tensor<'s, T> {
     panicking! {
         /// 2-D convolution.
         pub fn conv2d(&self, weight: &impl Operand<'s, T>, stride: usize, padding: usize) -> Tensor<'s, T> = try_conv2d;
+        /// 2-D convolution with every option.
+        pub fn conv2d_with(&self, weight: &impl Operand<'s, T>, options: ConvOptions) -> Tensor<'s, T> = try_conv2d_with;
+        /// 1-D convolution.
+        pub fn conv1d(&self, weight: &impl Operand<'s, T>, options: ConvOptions) -> Tensor<'s, T> = try_conv1d;
         /// Group normalization.
         pub fn group_norm(&self, groups: usize, eps: T) -> Tensor<'s, T> = try_group_norm;
         /// Nearest-neighbour upsampling.

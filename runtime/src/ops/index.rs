@@ -1,8 +1,9 @@
 //! Indexing by integer tensors: `index_select` and `embedding` (rows by id), `gather` (one
-//! position per lane), `one_hot` (ids as rows of 0s and 1s). Every index is checked before any output is rented: an id past the table
-//! is an [`Error::IndexOutOfRange`] naming it, never a panic or a wrong row.
+//! position per lane), `one_hot` (ids as rows of 0s and 1s). Every index is checked before any
+//! output is rented: an id past the table is an [`Error::IndexOutOfRange`] naming it, never a
+//! panic or a wrong row.
 
-use ndarray::{Axis, Dimension, IxDyn, Slice, Zip};
+use ndarray::{ArrayViewD, ArrayViewMutD, Axis, Dimension, IxDyn, Slice, Zip};
 
 use super::{check_addressable, check_axis, dimension_overflow, work, Dim};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Held, Op, Saved};
@@ -34,12 +35,7 @@ impl<T: DType> Op<T> for IndexSelect {
         shape[axis] = ids.len();
         let mut out = cx.rent(shape.slice())?;
         if !out.is_empty() {
-            work::visit(ids.len());
-            let (src, mut dst) = (x.view(), out.unique_view_mut());
-            for (j, &id) in ids.iter().enumerate() {
-                dst.index_axis_mut(Axis(axis), j)
-                    .assign(&src.index_axis(Axis(axis), id as usize));
-            }
+            rows(Way::Read, out.unique_view_mut(), x.view(), axis, ids);
         }
         Ok((out, cx.saving().then(|| x.shape()[axis])))
     }
@@ -56,12 +52,13 @@ impl<T: DType> Op<T> for IndexSelect {
         shape[axis] = len;
         let mut dx = cx.zeros::<T>(shape.slice())?;
         if !g.is_empty() {
-            let (src, mut dst) = (g.view(), dx.unique_view_mut());
-            for (j, &id) in self.ids.as_slice().iter().enumerate() {
-                Zip::from(dst.index_axis_mut(Axis(axis), id as usize))
-                    .and(src.index_axis(Axis(axis), j))
-                    .for_each(|d, &g| *d = d.add_gradient(g));
-            }
+            rows(
+                Way::Add,
+                dx.unique_view_mut(),
+                g.view(),
+                axis,
+                self.ids.as_slice(),
+            );
         }
         Ok(Grads::from([Some(dx)]))
     }
@@ -93,17 +90,13 @@ impl<T: DType> Op<T> for Gather {
         let (x, axis, index) = (cx.input(0), self.axis, &self.index.0);
         let mut out = cx.rent(index.shape())?;
         if !out.is_empty() {
-            let src = x.view();
-            let src = src.slice_each_axis(cut_to(index.shape(), axis));
-            let idx = index.view();
-            let mut dst = out.unique_view_mut();
-            work::visit(idx.len() / index.shape()[axis].max(1));
-            Zip::from(dst.lanes_mut(Axis(axis)))
-                .and(idx.lanes(Axis(axis)))
-                .and(src.lanes(Axis(axis)))
-                .for_each(|mut o, i, s| {
-                    o.iter_mut().zip(i).for_each(|(o, &i)| *o = s[i as usize]);
-                });
+            lanes(
+                Way::Read,
+                out.unique_view_mut(),
+                x.view(),
+                axis,
+                index.view(),
+            );
         }
         Ok((out, cx.saving().then(|| IxDyn(x.shape()))))
     }
@@ -118,18 +111,7 @@ impl<T: DType> Op<T> for Gather {
         let (axis, index) = (self.axis, &self.index.0);
         let mut dx = cx.zeros::<T>(shape.slice())?;
         if !g.is_empty() {
-            let (src, idx) = (g.view(), index.view());
-            let mut dst = dx.unique_view_mut();
-            let mut dst = dst.slice_each_axis_mut(cut_to(index.shape(), axis));
-            Zip::from(dst.lanes_mut(Axis(axis)))
-                .and(idx.lanes(Axis(axis)))
-                .and(src.lanes(Axis(axis)))
-                .for_each(|mut d, i, g| {
-                    i.iter().zip(g).for_each(|(&i, &g)| {
-                        let d = &mut d[i as usize];
-                        *d = d.add_gradient(g);
-                    })
-                });
+            lanes(Way::Add, dx.unique_view_mut(), g.view(), axis, index.view());
         }
         Ok(Grads::from([Some(dx)]))
     }
@@ -140,7 +122,12 @@ impl<T: DType> Op<T> for Gather {
 }
 
 /// Checks every index against `len`, the length of the axis it indexes.
-fn check_indices(op: &'static str, index: &Tensor<'_, i64>, axis: usize, len: usize) -> Result<()> {
+pub(super) fn check_indices(
+    op: &'static str,
+    index: &Tensor<'_, i64>,
+    axis: usize,
+    len: usize,
+) -> Result<()> {
     match index
         .as_slice()
         .iter()
@@ -284,11 +271,79 @@ impl<'s> Tensor<'s, i64> {
     }
 }
 
-/// How to cut a view, on every axis but `axis`, to the lengths of `shape`: the lanes a gather of
-/// an index of `shape` reads (and its backward writes).
-fn cut_to(shape: &[usize], axis: usize) -> impl Fn(ndarray::AxisDescription) -> Slice + '_ {
+/// Which way values move between a tensor and the positions an index names.
+#[derive(Clone, Copy)]
+pub(super) enum Way {
+    /// `dst[j] = src[at j]`: `index_select` and `gather`, the backward of the adds.
+    Read,
+    /// `dst[at j] += src[j]`, repeated positions adding up: `index_add` and `scatter_add`, the
+    /// backward of the reads.
+    Add,
+}
+
+/// Whole positions along `axis`, by 1-D ids: `dst[.., j, ..] = src[.., ids[j], ..]` (reading) or
+/// `dst[.., ids[j], ..] += src[.., j, ..]` (adding).
+pub(super) fn rows<T: DType>(
+    way: Way,
+    mut dst: ArrayViewMutD<'_, T>,
+    src: ArrayViewD<'_, T>,
+    axis: usize,
+    ids: &[i64],
+) {
+    work::visit(ids.len());
+    for (j, &id) in ids.iter().enumerate() {
+        let (at, id) = (Axis(axis), id as usize);
+        match way {
+            Way::Read => dst.index_axis_mut(at, j).assign(&src.index_axis(at, id)),
+            Way::Add => Zip::from(dst.index_axis_mut(at, id))
+                .and(src.index_axis(at, j))
+                .for_each(|d, &s| *d = d.add_gradient(s)),
+        }
+    }
+}
+
+/// One position per element of `index`, along `axis`: `dst[i] = src[.., index[i], ..]` (reading)
+/// or `dst[.., index[i], ..] += src[i]` (adding), for every position `i` of `index`; the side
+/// indexed by `i` is read or written over `index`'s shape only, the other on its lanes along
+/// `axis` that `index`'s shape reaches.
+pub(super) fn lanes<T: DType>(
+    way: Way,
+    mut dst: ArrayViewMutD<'_, T>,
+    src: ArrayViewD<'_, T>,
+    axis: usize,
+    index: ArrayViewD<'_, i64>,
+) {
+    let (dst_whole, src_whole) = match way {
+        Way::Read => (None, Some(axis)),
+        Way::Add => (Some(axis), None),
+    };
+    let mut dst = dst.slice_each_axis_mut(cut_to(index.shape(), dst_whole));
+    let src = src.slice_each_axis(cut_to(index.shape(), src_whole));
+    work::visit(index.len() / index.shape()[axis].max(1));
+    let zip = Zip::from(dst.lanes_mut(Axis(axis)))
+        .and(index.lanes(Axis(axis)))
+        .and(src.lanes(Axis(axis)));
+    match way {
+        Way::Read => zip.for_each(|mut d, i, s| {
+            d.iter_mut().zip(i).for_each(|(d, &i)| *d = s[i as usize]);
+        }),
+        Way::Add => zip.for_each(|mut d, i, s| {
+            i.iter().zip(s).for_each(|(&i, &s)| {
+                let d = &mut d[i as usize];
+                *d = d.add_gradient(s);
+            })
+        }),
+    }
+}
+
+/// How to cut a view to the lengths of `shape` on every axis but `whole`: the lanes an index of
+/// `shape` reads or writes along `whole`.
+fn cut_to(
+    shape: &[usize],
+    whole: Option<usize>,
+) -> impl Fn(ndarray::AxisDescription) -> Slice + '_ {
     move |d| match d.axis.index() {
-        a if a == axis => Slice::from(..),
+        a if Some(a) == whole => Slice::from(..),
         a => Slice::from(..shape[a]),
     }
 }

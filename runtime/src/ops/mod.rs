@@ -39,6 +39,8 @@
 //!   [`Tensor::min`] (and their `_keepdim` forms), [`Tensor::argmax`] and [`Tensor::argmin`] along
 //!   an axis.
 //! - **Scans**: [`Tensor::cumsum`] along an axis.
+//! - **Sorting** along an axis: [`Tensor::sort`], [`Tensor::argsort`], [`Tensor::topk`] (NaN the
+//!   largest, ties in their original order).
 //! - **Shape**: [`Tensor::concat`], [`Tensor::stack`], [`Tensor::narrow`], [`Tensor::split`],
 //!   [`Tensor::chunk`], [`Tensor::permute`], [`Tensor::transpose`], [`Tensor::t`],
 //!   [`Tensor::repeat`] and [`Tensor::expand`] copy into the pool; [`Tensor::reshape`],
@@ -50,12 +52,18 @@
 //! - **Indexing** by `i64` ids: [`Tensor::embedding`], [`Tensor::index_select`],
 //!   [`Tensor::gather`]; [`Tensor::one_hot`]. Every id is checked before anything is rented: one
 //!   past the table is an [`Error::IndexOutOfRange`] naming it.
+//! - **Accumulation** at `i64` positions: [`Tensor::index_add`], [`Tensor::scatter_add`] (the
+//!   transposes of `index_select` and `gather`).
 //! - **Masks** ([`mask`]): [`Tensor::eq`], [`ne`](Tensor::ne), [`lt`](Tensor::lt),
 //!   [`le`](Tensor::le), [`gt`](Tensor::gt), [`ge`](Tensor::ge), and [`Tensor::cmp`] with a
 //!   [`Cmp`] or [`Tensor::cmp_scalar`], give `u8` masks; [`Tensor::where_cond`],
 //!   [`Tensor::masked_fill`], [`Tensor::tril`], [`Tensor::triu`].
-//! - **Images**, `[n, c, h, w]`: [`Tensor::conv2d`], [`Tensor::group_norm`],
-//!   [`Tensor::upsample_nearest2d`], [`Tensor::max_pool2d`], [`Tensor::avg_pool2d`].
+//! - **Images**, `[n, c, h, w]`: [`Tensor::conv2d`] and [`Tensor::conv2d_with`] (dilation,
+//!   groups: [`ConvOptions`]), [`Tensor::group_norm`], [`Tensor::upsample_nearest2d`],
+//!   [`Tensor::max_pool2d`], [`Tensor::avg_pool2d`]; sequences, `[n, c, l]`: [`Tensor::conv1d`].
+//! - **Dropout**: [`Tensor::dropout`], its mask replayed bit for bit under `#[checkpoint]`.
+//! - **Sampling** for generation, seeded by a [`Generator`](crate::Generator):
+//!   [`Tensor::multinomial`], [`Tensor::sample_logits`] (temperature, top-k, top-p).
 //! - **Losses**: [`Tensor::mse`], [`Tensor::cross_entropy`] (labels as `&[usize]`) and
 //!   [`Tensor::cross_entropy_ids`] (labels as an `i64` tensor).
 //! - **Element types and kernels of your own**: [`Tensor::cast`]; [`TensorOps::map`],
@@ -78,6 +86,7 @@
 // The families are private: their ops are methods of `Tensor` and render on its page, so their
 // own pages would be empty. `mask` is public for `Cmp`.
 mod conv;
+mod dropout;
 mod elementwise;
 mod gemm;
 mod index;
@@ -92,11 +101,16 @@ mod pointwise;
 mod pool2d;
 mod reduce;
 mod rope;
+mod sample;
 mod scan;
+mod scatter;
 mod shape;
 pub(crate) mod simd;
+mod sort;
 mod tensor_ops;
 
+pub use conv::ConvOptions;
+pub(crate) use dropout::check_probability;
 pub use mask::Cmp;
 pub use tensor_ops::TensorOps;
 pub(crate) use tensor_ops::Unary;

@@ -8,6 +8,9 @@
 //! sentinel. Gradients are checked in `autograd`.
 
 mod arithmetic;
+mod checks;
+mod conv;
+mod dropout;
 mod dtypes;
 mod elementwise;
 mod images;
@@ -19,8 +22,11 @@ mod linalg;
 mod mask;
 mod model_ops;
 mod reduce;
+mod sample;
+mod scatter;
 mod shape;
 mod sizes;
+mod sort;
 
 use ndarray::{stack, Array, Array2, ArrayD, Axis, Dimension, Ix2, Ix3};
 use tensorscope::prelude::*;
