@@ -16,6 +16,8 @@ use tensorscope::nn::Adam;
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy, Precision};
 
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/measured_training.rs"]
 mod measured_training;
 #[path = "common/pre_norm_mlp.rs"]
@@ -38,25 +40,12 @@ fn args() -> Args {
         batch: 32,
         steps: 60,
     };
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    for pair in raw.chunks(2) {
-        let value = || -> usize {
-            pair.get(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-                eprintln!("{} needs a whole number", pair[0]);
-                std::process::exit(2)
-            })
-        };
-        match pair[0].as_str() {
-            "--blocks" => args.blocks = value(),
-            "--width" => args.width = value(),
-            "--batch" => args.batch = value(),
-            "--steps" => args.steps = value(),
-            other => {
-                eprintln!("unknown argument {other}; accepted: --blocks --width --batch --steps");
-                std::process::exit(2)
-            }
-        }
-    }
+    cli::whole_numbers(&mut [
+        ("--blocks", &mut args.blocks),
+        ("--width", &mut args.width),
+        ("--batch", &mut args.batch),
+        ("--steps", &mut args.steps),
+    ]);
     args
 }
 

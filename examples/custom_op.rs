@@ -13,6 +13,8 @@ use tensorscope::nn::Adam;
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy};
 
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/measured_training.rs"]
 mod measured_training;
 #[path = "common/swiglu.rs"]
@@ -35,25 +37,12 @@ fn args() -> Args {
         batch: 64,
         steps: 20,
     };
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    for pair in raw.chunks(2) {
-        let value = || -> usize {
-            pair.get(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-                eprintln!("{} needs a whole number", pair[0]);
-                std::process::exit(2)
-            })
-        };
-        match pair[0].as_str() {
-            "--blocks" => args.blocks = value(),
-            "--width" => args.width = value(),
-            "--batch" => args.batch = value(),
-            "--steps" => args.steps = value(),
-            other => {
-                eprintln!("unknown argument {other}; accepted: --blocks --width --batch --steps");
-                std::process::exit(2)
-            }
-        }
-    }
+    cli::whole_numbers(&mut [
+        ("--blocks", &mut args.blocks),
+        ("--width", &mut args.width),
+        ("--batch", &mut args.batch),
+        ("--steps", &mut args.steps),
+    ]);
     args
 }
 
@@ -122,11 +111,12 @@ impl Row {
 }
 
 fn main() {
+    let a = args();
     // The gradient check, in f64: the op's backward against central differences of its forward.
     let pool = Pool::with_max_memory_mb(64);
-    let a = ArrayD::from_shape_fn(vec![4, 6], |i| (i[0] as f64 - 1.5) + 0.25 * i[1] as f64);
-    let b = ArrayD::from_shape_fn(vec![4, 6], |i| 1.0 - 0.1 * (i[0] * 6 + i[1]) as f64);
-    let check = check_gradients(&pool, &[a, b], 1e-6, |xs| {
+    let gate = ArrayD::from_shape_fn(vec![4, 6], |i| (i[0] as f64 - 1.5) + 0.25 * i[1] as f64);
+    let up = ArrayD::from_shape_fn(vec![4, 6], |i| 1.0 - 0.1 * (i[0] * 6 + i[1]) as f64);
+    let check = check_gradients(&pool, &[gate, up], 1e-6, |xs| {
         let y = Tensor::try_apply(SwiGlu, &[&xs[0], &xs[1]])?;
         (&y * &y).try_sum_all()
     })
@@ -139,7 +129,6 @@ fn main() {
     );
     assert!(check.max_error() < 1e-7, "{check:?}");
 
-    let a = args();
     println!(
         "\n{} SwiGLU blocks, width {} (hidden {}), batch {}, {} Adam steps per row",
         a.blocks,

@@ -143,6 +143,27 @@ pub(super) fn check_indices(
     }
 }
 
+/// `axis` of `x` checked, and `ids`, 1-D, checked to name positions along it: the arguments of
+/// the ops that take whole positions by id (`index_select`, `index_add`), their errors naming
+/// `op`. Returns the axis.
+pub(super) fn check_ids<T: DType>(
+    op: &'static str,
+    x: &Tensor<'_, T>,
+    axis: impl Dim,
+    ids: &Tensor<'_, i64>,
+) -> Result<usize> {
+    let axis = check_axis(op, x, axis)?;
+    if ids.ndim() != 1 {
+        return Err(Error::InvalidShape {
+            op,
+            shape: Shape::from(ids.shape()),
+            reason: "the ids must be 1-D".into(),
+        });
+    }
+    check_indices(op, ids, axis, x.shape()[axis])?;
+    Ok(axis)
+}
+
 impl<'s, T: DType> Tensor<'s, T> {
     /// The positions `ids` of `axis`, in that order (PyTorch's `index_select`): `ids` is 1-D, and
     /// the result has `ids.len()` positions along `axis`. Gradients of repeated ids add up. Fails
@@ -159,15 +180,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         axis: impl Dim,
         ids: &Tensor<'s, i64>,
     ) -> Result<Tensor<'s, T>> {
-        let axis = check_axis(op, self, axis)?;
-        if ids.ndim() != 1 {
-            return Err(Error::InvalidShape {
-                op,
-                shape: Shape::from(ids.shape()),
-                reason: "the ids must be 1-D".into(),
-            });
-        }
-        check_indices(op, ids, axis, self.shape()[axis])?;
+        let axis = check_ids(op, self, axis, ids)?;
         let ids = Saved(ids.saved());
         autograd::run(IndexSelect { axis, ids }, &mut args([Arg::Borrowed(self)]))
     }

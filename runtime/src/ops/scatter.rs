@@ -5,7 +5,7 @@
 
 use ndarray::{ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
-use super::index::{check_indices, lanes, rows, Way};
+use super::index::{check_ids, check_indices, lanes, rows, Way};
 use super::{check_axis, Dim};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Held, Op, Saved};
 use crate::element::DType;
@@ -107,14 +107,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         src: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
         let op = "index_add";
-        let axis = check_axis(op, self, axis)?;
-        if ids.ndim() != 1 {
-            return Err(Error::InvalidShape {
-                op,
-                shape: Shape::from(ids.shape()),
-                reason: "the ids must be 1-D".into(),
-            });
-        }
+        let axis = check_ids(op, self, axis, ids)?;
         let mut expected = IxDyn(self.shape());
         expected[axis] = ids.len();
         if src.shape() != expected.slice() {
@@ -130,7 +123,6 @@ impl<'s, T: DType> Tensor<'s, T> {
                 ),
             });
         }
-        check_indices(op, ids, axis, self.shape()[axis])?;
         self.add_at(axis, ids, true, src)
     }
 
