@@ -23,30 +23,19 @@ mod measured_training;
 #[path = "common/pre_norm_mlp.rs"]
 mod pre_norm_mlp;
 
+use cli::Args;
 use measured_training::{Measured, CHUNK};
 use pre_norm_mlp::Model;
 
-struct Args {
-    blocks: usize,
-    width: usize,
-    batch: usize,
-    steps: usize,
-}
-
+/// The sizes the example runs with unless the command line says otherwise.
 fn args() -> Args {
-    let mut args = Args {
+    Args {
         blocks: 64,
         width: 128,
         batch: 32,
         steps: 60,
-    };
-    cli::whole_numbers(&mut [
-        ("--blocks", &mut args.blocks),
-        ("--width", &mut args.width),
-        ("--batch", &mut args.batch),
-        ("--steps", &mut args.steps),
-    ]);
-    args
+    }
+    .or_command_line()
 }
 
 /// One model trained one way, in a pool of its own: its checkpointer (none for the plain row), its

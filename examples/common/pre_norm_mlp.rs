@@ -1,7 +1,7 @@
 //! The deep residual MLP of `examples/checkpointed_training.rs`: `n` pre-norm blocks
 //! `x + W2 gelu(W1 LayerNorm(x))` (hidden width 2x, affine layer norm, GELU's tanh form), written
 //! as an annotated forward of tensor ops on parameters the blocks own, and the block loop once more
-//! with `#[checkpoint]`.
+//! with `#[checkpoint]`, for these blocks or any others ([`Residual`]).
 //!
 //! Shared by `examples/checkpointed_training.rs` and `tests/integration/checkpoint_training.rs`
 //! through `#[path]`.
@@ -83,18 +83,37 @@ impl Parameters<f32> for Block {
     }
 }
 
-/// The blocks as one model: the forward written once, with checkpointing under the control of the
-/// checkpointer it is given.
-pub(crate) struct Model {
-    pub(crate) blocks: Vec<Block>,
+/// A residual block a [`Model`] stacks: made from its place in the model and the width, run on
+/// the residual stream.
+pub(crate) trait Residual: Parameters<f32> {
+    /// Block `i` of a model `blocks` deep, of width `width`.
+    fn new(pool: &Pool, i: usize, blocks: usize, width: usize) -> Self;
+    /// The block on `x`, in `x`'s scope.
+    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a>;
 }
 
-impl Model {
+impl Residual for Block {
+    fn new(pool: &Pool, i: usize, blocks: usize, width: usize) -> Block {
+        Block::new(pool, i, blocks, width)
+    }
+
+    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
+        Block::forward(self, x)
+    }
+}
+
+/// The blocks as one model: the forward written once, with checkpointing under the control of the
+/// checkpointer it is given.
+pub(crate) struct Model<B = Block> {
+    pub(crate) blocks: Vec<B>,
+}
+
+impl<B: Residual> Model<B> {
     /// `blocks` blocks of `width`.
-    pub(crate) fn new(pool: &Pool, blocks: usize, width: usize) -> Model {
+    pub(crate) fn new(pool: &Pool, blocks: usize, width: usize) -> Model<B> {
         Model {
             blocks: (0..blocks)
-                .map(|i| Block::new(pool, i, blocks, width))
+                .map(|i| B::new(pool, i, blocks, width))
                 .collect(),
         }
     }
@@ -114,14 +133,16 @@ impl Model {
     pub(crate) fn forward_plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
         self.blocks.iter().fold(x, |x, block| block.forward(&x))
     }
+}
 
+impl Model {
     /// Calls `f` on every parameter.
     pub(crate) fn each_param(&self, f: &mut dyn FnMut(&Param)) {
         self.blocks.iter().for_each(|b| b.each_param(f))
     }
 }
 
-impl Parameters<f32> for Model {
+impl<B: Residual> Parameters<f32> for Model<B> {
     fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
         self.blocks.for_each_param(f)
     }

@@ -1,14 +1,17 @@
 //! An op written outside the library with its own backward: SwiGLU, `silu(a) * b`, the gated unit
 //! of LLaMA's feed-forward block, as one fused kernel; and a residual model of SwiGLU blocks whose
-//! forward is a `#[checkpoint]` loop.
+//! forward is a `#[checkpoint]` loop (the stack of `pre_norm_mlp.rs`).
 //!
-//! Shared by `examples/custom_op.rs` and `tests/integration/custom_op.rs` through `#[path]`.
+//! Shared by `examples/custom_op.rs` and `tests/integration/custom_op.rs` through `#[path]`; the
+//! includer declares `pre_norm_mlp` beside this module.
 
 #![allow(dead_code)] // each user needs a different part
 
 use tensorscope::autograd::{Backward, Forward, Grads, Op, Saved};
 use tensorscope::prelude::*;
-use tensorscope::{Checkpointer, Element, Error, Parameters, Result};
+use tensorscope::{Element, Error, Parameters, Result};
+
+use super::pre_norm_mlp::{self, Residual};
 
 /// `silu(a) * b` for two tensors of one shape, in one pass over them: the composition `a.silu() *
 /// b` rents a tensor for `silu(a)` and, in training, saves it for the backward as well as `a` and
@@ -103,9 +106,19 @@ fn randn(pool: &Pool, shape: &[usize], std: f32, seed: u64) -> Param {
 }
 
 impl Block {
+    /// The block with the library's ops composed (`silu`, then `*`).
+    #[dispose_scope]
+    pub(crate) fn forward_composed<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
+        let h = x.layer_norm(EPS);
+        let gated = h.matmul(&self.w1).silu() * h.matmul(&self.w2);
+        gated.matmul(&self.w3) + x
+    }
+}
+
+impl Residual for Block {
     /// Block `i` of a model `blocks` deep, hidden width `2 * width`; the output projection small,
     /// so the residual stream stays near unit scale.
-    pub(crate) fn new(pool: &Pool, i: usize, blocks: usize, width: usize) -> Block {
+    fn new(pool: &Pool, i: usize, blocks: usize, width: usize) -> Block {
         let (hidden, seed) = (2 * width, 10 * i as u64);
         let std_in = 1.0 / (width as f32).sqrt();
         Block {
@@ -122,64 +135,29 @@ impl Block {
 
     /// The block with the fused op.
     #[dispose_scope]
-    pub(crate) fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
+    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
         let h = x.layer_norm(EPS);
         let gated = swiglu(&h.matmul(&self.w1), &h.matmul(&self.w2));
         gated.matmul(&self.w3) + x
     }
+}
 
-    /// The block with the library's ops composed (`silu`, then `*`).
-    #[dispose_scope]
-    pub(crate) fn forward_composed<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
-        let h = x.layer_norm(EPS);
-        let gated = h.matmul(&self.w1).silu() * h.matmul(&self.w2);
-        gated.matmul(&self.w3) + x
+impl Parameters<f32> for Block {
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
+        let Block { w1, w2, w3 } = self;
+        [w1, w2, w3].into_iter().for_each(f)
     }
 }
 
-/// The blocks as one model.
-pub(crate) struct Model {
-    pub(crate) blocks: Vec<Block>,
-}
+/// The blocks as one model (`Model::forward` is a `#[checkpoint]` loop over them, whose backward
+/// replays the fused op's forward).
+pub(crate) type Model = pre_norm_mlp::Model<Block>;
 
 impl Model {
-    /// `blocks` blocks of `width`.
-    pub(crate) fn new(pool: &Pool, blocks: usize, width: usize) -> Model {
-        Model {
-            blocks: (0..blocks)
-                .map(|i| Block::new(pool, i, blocks, width))
-                .collect(),
-        }
-    }
-
-    /// Every block in turn, checkpointed as `ckpt`'s configuration says: in a training scope, the
-    /// backward replays the blocks, the fused op's forward among them, from the stored boundaries.
-    #[checkpoint]
-    pub(crate) fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
-        let mut x = x;
-        for block in &self.blocks {
-            x = block.forward(&x);
-        }
-        x
-    }
-
-    /// The same forward without the attribute.
-    pub(crate) fn forward_plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
-        self.blocks.iter().fold(x, |x, block| block.forward(&x))
-    }
-
     /// The forward with the library's ops composed instead of the fused op.
     pub(crate) fn forward_composed<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
         self.blocks
             .iter()
             .fold(x, |x, block| block.forward_composed(&x))
-    }
-}
-
-impl Parameters<f32> for Model {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
-        for Block { w1, w2, w3 } in &mut self.blocks {
-            [w1, w2, w3].into_iter().for_each(&mut *f)
-        }
     }
 }

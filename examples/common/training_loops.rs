@@ -53,7 +53,7 @@ pub(crate) fn mlp(
     boundary: impl FnMut(usize),
 ) {
     let (batch, width) = (64, 32);
-    let mut model = pre_norm_mlp::Model::new(pool, blocks, width);
+    let mut model: pre_norm_mlp::Model = pre_norm_mlp::Model::new(pool, blocks, width);
     adam_steps(
         pool,
         &mut model,
