@@ -2,8 +2,34 @@
 // masks included): an op on a tensor of an inner scope gives a tensor of that scope, which cannot
 // be returned from it (it would live in, and rent in, a scope that has ended). One case per op
 // family that takes a second tensor, and a backward's seed.
+use tensorscope::autograd::{Backward, Forward, Grads, Op};
 use tensorscope::ops::Cmp;
 use tensorscope::prelude::*;
+
+/// An op of the user's own, with a second input.
+#[derive(Clone)]
+struct Twice;
+
+impl Op<f32> for Twice {
+    type Saved = ();
+    fn name(&self) -> &'static str {
+        "twice"
+    }
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, f32>,
+    ) -> tensorscope::Result<(Tensor<'s, f32>, Option<()>)> {
+        Ok((cx.input(0) + cx.input(1), Some(())))
+    }
+    fn backward<'b>(
+        &self,
+        (): (),
+        g: Tensor<'b, f32>,
+        _: &Backward<'b>,
+    ) -> tensorscope::Result<Grads<'b, f32>> {
+        Ok(Grads::from([Some(g.clone()), Some(g)]))
+    }
+}
 
 fn main() {
     let pool = Pool::with_max_memory_mb(16);
@@ -35,6 +61,22 @@ fn main() {
             let ids = inner.from_slice::<i64>(&[1, 2], &[3, 0]);
             table.embedding(&ids)
         });
+        let _larger = outer.scope(|inner| table.maximum(&inner.zeros::<f32>(&[3])));
+        let _powers = outer.scope(|inner| table.pow_tensor(&inner.ones::<f32>(&[3])));
+        let _added = outer.scope(|inner| {
+            let ids = inner.from_slice::<i64>(&[1], &[2]);
+            table.index_add(0, &ids, &table.narrow(0, 0, 1))
+        });
+        let _scattered = outer.scope(|inner| table.scatter_add(1, &inner.zeros::<i64>(&[4, 1]), &table));
+        let _rotated = outer.scope(|inner| {
+            let (cos, sin) = inner.rope_tables::<f32>(0..4, 3, 10_000.0);
+            table.rope(&cos, &sin)
+        });
+        let _counted = outer.scope(|inner| {
+            let ids = outer.from_slice::<i64>(&[2], &[1, 2]);
+            &ids + &inner.ones::<i64>(&[2])
+        });
+        let _custom = outer.scope(|inner| Tensor::apply(Twice, &[&table, &inner.ones::<f32>(&[3])]));
         let total = table.clone().requires_grad().sum_all();
         let _gradients = outer.scope(|inner| total.backward_with(&inner.ones::<f32>(&[])).unwrap());
     });
