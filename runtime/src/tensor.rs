@@ -336,7 +336,7 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// Sets the scope this handle's ops rent in, in place and from an owned handle: how the op
     /// core gives an output its scope without a clone or a move of the tensor.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn set_scope(&mut self, scope: State) {
         if !State::ptr_eq(&self.rents_in, &scope) {
             self.rents_in = scope;
