@@ -569,8 +569,10 @@ impl<T: DType, O: Op<T>> Recorded<T> for Slot<Record<O, T>> {
         _: &mut Gradients<'_, T>,
     ) -> Result<PerInput<Tensor<'static, T>>> {
         let record = self.get_mut();
-        // `ok_or_else`: an eager `Error` would be built and dropped on every backward.
-        let saved = record.saved.take().ok_or_else(|| Error::GraphConsumed)?;
+        // Not `ok_or`: an eager `Error` would be built and dropped on every backward.
+        let Some(saved) = record.saved.take() else {
+            return Err(Error::GraphConsumed);
+        };
         let cx = Backward { needs, at };
         Ok(record.op.backward(saved, grad, &cx)?.0)
     }
