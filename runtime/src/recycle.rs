@@ -35,8 +35,10 @@ const LIST_BYTES_KEPT: usize = 1 << 20;
 
 thread_local! {
     /// For each type `X` with spares, a `Vec<X>` of them, found by `X`'s `TypeId`.
+    // `const`: an access then skips the lazy-initialisation check (one take and one keep per
+    // recorded op, and per tensor and node record).
     static SPARES: RefCell<HashMap<TypeId, Box<dyn Any>, ById>> =
-        RefCell::new(HashMap::with_hasher(ById));
+        const { RefCell::new(HashMap::with_hasher(ById)) };
 }
 
 /// Hashes a `TypeId` as the `u64` it writes, already a hash: one multiply-free step where the

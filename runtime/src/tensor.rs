@@ -334,6 +334,15 @@ impl<'s, T: DType> Tensor<'s, T> {
         self
     }
 
+    /// Sets the scope this handle's ops rent in, in place and from an owned handle: how the op
+    /// core gives an output its scope without a clone or a move of the tensor.
+    #[inline(always)]
+    pub(crate) fn set_scope(&mut self, scope: State) {
+        if !State::ptr_eq(&self.rents_in, &scope) {
+            self.rents_in = scope;
+        }
+    }
+
     /// A zero-copy tensor of `param`'s values whose ops rent in this tensor's scope: how a function
     /// that has tensors but no [`Scope`](crate::Scope) brings a parameter in (with a scope, use
     /// [`Scope::bind`](crate::Scope::bind)). Ops on it never write through to the parameter.

@@ -336,7 +336,10 @@ pub(crate) fn backward<T: Element>(
                 }
                 Kind::Taped { .. } => unreachable!("refused by the check"),
                 Kind::Op { inputs, rule } => {
-                    let mut rule = rule.borrow_mut().take().ok_or(Error::GraphConsumed)?;
+                    // Not `ok_or`: an eager `Error` would be built and dropped for every node.
+                    let Some(mut rule) = rule.borrow_mut().take() else {
+                        return Err(Error::GraphConsumed);
+                    };
                     let needs: Few<bool> = inputs.iter().map(Option::is_some).collect();
                     let mut input_grads = rule.get_mut().backward(grad, &needs, at, grads)?;
                     for (input, g) in inputs.iter().zip(input_grads.iter_mut().map(Option::take)) {

@@ -569,7 +569,10 @@ impl<T: DType, O: Op<T>> Recorded<T> for Slot<Record<O, T>> {
         _: &mut Gradients<'_, T>,
     ) -> Result<PerInput<Tensor<'static, T>>> {
         let record = self.get_mut();
-        let saved = record.saved.take().ok_or(Error::GraphConsumed)?;
+        // Not `ok_or`: an eager `Error` would be built and dropped on every backward.
+        let Some(saved) = record.saved.take() else {
+            return Err(Error::GraphConsumed);
+        };
         let cx = Backward { needs, at };
         Ok(record.op.backward(saved, grad, &cx)?.0)
     }
@@ -690,12 +693,18 @@ pub(crate) fn run<'r, 's, T: DType, O: Op<T>>(
     let (recorder, mut cx) = prepare(inputs, op.held());
     // The op's own record is what counts: the ops its forward calls record nothing (they could
     // only record when this op does).
-    let (out, saved) = match recorder {
+    let (mut out, saved) = match recorder {
         Some(_) => with_mode(Mode::Off, || op.forward(&mut cx)),
         None => op.forward(&mut cx),
     }?;
-    let out = out.with_scope(&cx.scope);
-    Ok(finish(recorder, out, op, saved))
+    out.set_scope(cx.scope);
+    match recorder {
+        Some(recorder) => finish(recorder, &mut out, op, saved),
+        // An output written into an input's buffer, or aliasing it, must not keep that input's
+        // node when nothing records (inside a backward).
+        None => out.node = None,
+    }
+    Ok(out)
 }
 
 /// Runs `kernel` on `inputs` as an op without a derivative (`map`, `zip_map`, `map_lanes`):
@@ -707,11 +716,11 @@ pub(crate) fn run_opaque<'r, 's, T: DType>(
     kernel: impl FnOnce(&mut Forward<'r, 's, T>) -> Result<Tensor<'s, T>>,
 ) -> Result<Tensor<'s, T>> {
     let (recorder, mut cx) = prepare(inputs, &());
-    let out = match recorder {
+    let mut out = match recorder {
         Some(_) => with_mode(Mode::Off, || kernel(&mut cx)),
         None => kernel(&mut cx),
     }?;
-    let out = out.with_scope(&cx.scope);
+    out.set_scope(cx.scope);
     Ok(opaque(recorder, out, name))
 }
 
@@ -748,23 +757,21 @@ fn prepare<'r, 's, T: DType>(
     )
 }
 
-/// Sets `out`'s node: `op`'s, when `recorder` is given; none otherwise (an output written into an
-/// input's buffer must not keep that input's node).
-fn finish<'s, T: DType, O: Op<T>>(
-    recorder: Option<Recorder<T>>,
-    mut out: Tensor<'s, T>,
+/// Sets `out`'s node to `op`'s, recorded by `recorder`. Out of line: an op that records nothing
+/// (inference, the ops a backward runs) never reaches it, and `run` stays small where it inlines.
+#[inline(never)]
+fn finish<T: DType, O: Op<T>>(
+    recorder: Recorder<T>,
+    out: &mut Tensor<'_, T>,
     op: O,
     saved: Option<O::Saved>,
-) -> Tensor<'s, T> {
-    out.node = recorder.map(|r| {
-        let record = recycle::slot(Record {
-            op,
-            saved,
-            _element: std::marker::PhantomData,
-        });
-        r.node(record, &out)
+) {
+    let record = recycle::slot(Record {
+        op,
+        saved,
+        _element: std::marker::PhantomData,
     });
-    out
+    out.node = Some(recorder.node(record, out));
 }
 
 /// A record of an op on a tape, or in a graph, made from `record`.

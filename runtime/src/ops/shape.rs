@@ -506,6 +506,12 @@ impl<'s, T: DType> Tensor<'s, T> {
                 reason: format!("{} elements cannot be viewed as {count}", self.len()),
             });
         }
+        // Without a graph the op records nothing and its output is the alias in this tensor's
+        // scope: made here, reshape (the most frequent op of a step, in backward rules too) skips
+        // the op core's bookkeeping.
+        if self.node.is_none() {
+            return Ok(self.reshaped(&self.rents_in, shape));
+        }
         let shape = IxDyn(shape);
         autograd::run(Reshape { shape }, &mut args([Arg::Borrowed(self)]))
     }
