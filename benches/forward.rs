@@ -33,7 +33,13 @@ fn three_ways(c: &mut Criterion, shape: Shape) {
     let misses = pool.stats().misses;
     g.bench_function("b_pooled", |b| {
         b.iter(|| {
-            pool.scope(|s| black_box(reference_model::pooled(&blocks, &s.bind(&x)).as_slice()[0]))
+            pool.scope(|s| {
+                black_box(
+                    reference_model::pooled(&blocks, &s.bind(&x))
+                        .as_slice()
+                        .unwrap()[0],
+                )
+            })
         })
     });
     assert_eq!(
@@ -75,7 +81,7 @@ fn elementwise(c: &mut Criterion) {
                 let y = (&y).relu();
                 let y = &y - 1.0;
                 let y = (&y).map(|v| v * v);
-                black_box(y.as_slice()[0])
+                black_box(y.as_slice().unwrap()[0])
             })
         });
         let misses = pool.stats().misses;
@@ -84,7 +90,7 @@ fn elementwise(c: &mut Criterion) {
                 // The first op reads the shared `x` and so rents; the other seven run in place.
                 let y = ((&x * 2.0).relu() + 1.0).neg() * 0.5;
                 let y = (y.relu() - 1.0).map(|v| v * v);
-                black_box(y.as_slice()[0])
+                black_box(y.as_slice().unwrap()[0])
             })
         });
         assert_eq!(pool.stats().misses, misses, "by value allocates nothing");
@@ -102,7 +108,13 @@ fn threads(c: &mut Criterion) {
     let blocks = reference_model::pooled_params(&pool, E, reference_model::BLOCKS);
     let x = reference_model::pooled_input(&pool, E);
     let shared_bytes = pool.stats().bytes_in_use;
-    let run = || pool.scope(|s| reference_model::pooled(&blocks, &s.bind(&x)).as_slice()[0]);
+    let run = || {
+        pool.scope(|s| {
+            reference_model::pooled(&blocks, &s.bind(&x))
+                .as_slice()
+                .unwrap()[0]
+        })
+    };
     for threads in [1usize, 2] {
         g.throughput(Throughput::Elements(threads as u64));
         g.bench_function(BenchmarkId::new("forwards", threads), |b| {

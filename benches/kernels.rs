@@ -60,7 +60,7 @@ fn forward(c: &mut Criterion) {
     let mut out = vec![0f32; N];
     for (name, op, libm_f) in ops() {
         g.bench_function(BenchmarkId::new("tensorscope", name), |b| {
-            b.iter(|| pool.scope(|s| black_box(op(&s.bind(&x)).as_slice()[0])))
+            b.iter(|| pool.scope(|s| black_box(op(&s.bind(&x)).as_slice().unwrap()[0])))
         });
         g.bench_function(BenchmarkId::new("libm", name), |b| {
             b.iter(|| {
@@ -74,7 +74,15 @@ fn forward(c: &mut Criterion) {
     let rows = x.clone();
     g.bench_function(BenchmarkId::new("tensorscope", "softmax [32, 1024]"), |b| {
         b.iter(|| {
-            pool.scope(|s| black_box(s.bind(&rows).reshape(&[32, 1024]).softmax(-1).as_slice()[0]))
+            pool.scope(|s| {
+                black_box(
+                    s.bind(&rows)
+                        .reshape(&[32, 1024])
+                        .softmax(-1)
+                        .as_slice()
+                        .unwrap()[0],
+                )
+            })
         })
     });
     g.bench_function(BenchmarkId::new("libm", "softmax [32, 1024]"), |b| {
@@ -113,7 +121,7 @@ fn backward(c: &mut Criterion) {
                     let x = s.bind(&x).requires_grad();
                     let y = op(&x).reshape(&[N]);
                     let grads = y.backward_with(&s.ones::<f32>(&[N])).unwrap();
-                    black_box(grads.of(&x).unwrap().as_slice()[0])
+                    black_box(grads.of(&x).unwrap().as_slice().unwrap()[0])
                 })
             })
         });

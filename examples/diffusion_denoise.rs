@@ -42,7 +42,7 @@ fn denoise(pool: &Pool, model: &Denoiser) -> Run {
             let noise = model.predict_noise(&x);
             x = x - &(noise * 0.05);
         }
-        x.as_slice().iter().map(|v| v.abs()).sum::<f32>()
+        x.view().iter().map(|v| v.abs()).sum::<f32>()
     });
     let mut stats = pool.stats();
     stats.hits -= before.hits;

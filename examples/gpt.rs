@@ -104,7 +104,7 @@ fn main() {
         );
         if let Some(reference) = &reference {
             let worst = logits
-                .as_slice()
+                .to_vec()
                 .iter()
                 .zip(reference.as_slice())
                 .map(|(a, b)| (a - b).abs())

@@ -36,7 +36,7 @@ fn main() {
         let mean = pool.scope(|s| {
             let x = s.randn::<f32>(&[BATCH, SEQ, DIM], 100 + batch);
             let y = model.forward(&x);
-            y.as_slice().iter().map(|v| v.abs()).sum::<f32>() / y.len() as f32
+            y.view().iter().map(|v| v.abs()).sum::<f32>() / y.len() as f32
         });
         let after = pool.stats();
         println!(

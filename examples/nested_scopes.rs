@@ -45,7 +45,7 @@ fn main() {
             });
             per_step.push(inner);
         }
-        let checksum: f32 = total.as_slice().iter().map(|v| v.abs()).sum();
+        let checksum: f32 = total.view().iter().map(|v| v.abs()).sum();
         println!("sum of |total| after 5 steps: {checksum:.4}");
     });
 

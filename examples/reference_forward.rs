@@ -120,7 +120,11 @@ fn run(variant: &str, shape: Shape, forwards: usize) -> Run {
             let x = reference_model::pooled_input(&pool, shape);
             let mut first = None;
             timed(&mut || {
-                let y = pool.scope(|s| reference_model::pooled(&blocks, &s.bind(&x)).as_slice()[0]);
+                let y = pool.scope(|s| {
+                    reference_model::pooled(&blocks, &s.bind(&x))
+                        .as_slice()
+                        .unwrap()[0]
+                });
                 first.get_or_insert(pool.stats());
                 y
             });
@@ -145,7 +149,13 @@ fn concurrent(shape: Shape, forwards: usize, callers: usize) {
     let pool = Pool::with_max_memory_mb(4096);
     let blocks = reference_model::pooled_params(&pool, shape, reference_model::BLOCKS);
     let x = reference_model::pooled_input(&pool, shape);
-    let forward = || pool.scope(|s| reference_model::pooled(&blocks, &s.bind(&x)).as_slice()[0]);
+    let forward = || {
+        pool.scope(|s| {
+            reference_model::pooled(&blocks, &s.bind(&x))
+                .as_slice()
+                .unwrap()[0]
+        })
+    };
     forward(); // warm-up: the pool's buffers and the workers
     let start = Instant::now();
     let mut times: Vec<f64> = std::thread::scope(|t| {

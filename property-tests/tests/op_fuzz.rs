@@ -412,7 +412,7 @@ fn check<'s>(
     let out = match (got, want) {
         (Ok(t), Want::Values(w)) => {
             prop_assert_eq!(t.shape(), w.shape(), "{}: shape", what);
-            if let Some(i) = t.as_slice().iter().position(|&v| is_poison(v)) {
+            if let Some(i) = t.view().iter().position(|&v| is_poison(v)) {
                 return Err(TestCaseError::fail(format!(
                     "{what}: element {i} of {:?} was never written",
                     t.shape()
@@ -999,7 +999,7 @@ fn run_program(steps: &[Step]) -> Result<(), TestCaseError> {
             // Keep going from the result if it is small and finite (so that rounding stays well
             // inside the tolerances); else from a fresh tensor.
             x = match next {
-                Some(t) if t.as_slice().iter().all(|v| v.abs() < 10.0) => t,
+                Some(t) if t.view().iter().all(|v| v.abs() < 10.0) => t,
                 _ => random(s, &[2, 1, 3, 2], steps.len() as u64),
             };
         }

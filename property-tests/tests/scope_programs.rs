@@ -111,10 +111,10 @@ impl<'s> Live<'s> {
     fn intact(&self) -> bool {
         let v = self.value;
         match &self.tensor {
-            Any::F32(t) => t.as_slice().iter().all(|&x| f64::from(x) == v),
-            Any::F64(t) => t.as_slice().iter().all(|&x| x == v),
-            Any::F16(t) => t.as_slice().iter().all(|&x| x.to_f64() == v),
-            Any::Bf16(t) => t.as_slice().iter().all(|&x| x.to_f64() == v),
+            Any::F32(t) => t.view().iter().all(|&x| f64::from(x) == v),
+            Any::F64(t) => t.view().iter().all(|&x| x == v),
+            Any::F16(t) => t.view().iter().all(|&x| x.to_f64() == v),
+            Any::Bf16(t) => t.view().iter().all(|&x| x.to_f64() == v),
         }
     }
 }

@@ -118,7 +118,7 @@ proptest! {
         let (total, poisoned) = pool.scope(|s| {
             let x = s.ones::<f32>(&[len]);
             let y = (&x).map(|v| v * 2.0);
-            (y.sum_all().item(), y.as_slice().iter().filter(|v| v.is_nan()).count())
+            (y.sum_all().item(), y.as_slice().unwrap().iter().filter(|v| v.is_nan()).count())
         });
         prop_assert_eq!((total, poisoned), (2.0 * len as f32, 0));
     }

@@ -127,7 +127,7 @@ impl PoolStats {
 /// for _ in 0..3 {
 ///     pool.scope(|s| {
 ///         let x = s.ones::<f32>(&[256, 256]);
-///         assert_eq!((&x * 2.0).as_slice()[0], 2.0);
+///         assert_eq!((&x * 2.0).to_vec()[0], 2.0);
 ///     });
 /// }
 /// let stats = pool.stats();

@@ -4,14 +4,14 @@ use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
 
-use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
+use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn, ShapeBuilder};
 
 use crate::autograd::{self, Mode, Node, NodeRef};
 use crate::element::DType;
 use crate::error::{panicking, Error, Result, Shape};
 use crate::param::Param;
 use crate::pool::PoolBuffer;
-use crate::recycle::RecycledArc;
+use crate::recycle::{RecycledArc, RecycledRc};
 use crate::scope::{ScopeState, State};
 use crate::storage::{Rented, Storage};
 
@@ -33,7 +33,7 @@ use crate::storage::{Rented, Storage};
 /// let total = pool.scope(|s| {
 ///     let x = s.from_slice::<f32>(&[1, 2], &[1.0, 1.0]);
 ///     let y = x.matmul(&w).relu(); // `relu` writes in the matmul's output buffer
-///     y.as_slice().iter().sum::<f32>() // plain values leave the scope freely
+///     y.to_vec().iter().sum::<f32>() // plain values leave the scope freely
 /// });
 /// assert_eq!(total, 10.0);
 /// ```
@@ -127,9 +127,33 @@ pub struct Tensor<'s, T: DType = f32> {
     /// its storage's `charged_to`, which an escape moves).
     pub(crate) rents_in: State,
     dim: IxDyn,
+    /// Where the elements lie in the buffer, for a view (`t()`, `permute`, `narrow`, `expand`);
+    /// `None`: row-major over the whole buffer.
+    strided: Option<RecycledRc<Strided>>,
     /// The gradient graph the value was computed by, if it needs a gradient (see `autograd`).
     pub(crate) node: Option<NodeRef<T>>,
     _brand: PhantomData<&'s ()>,
+}
+
+/// Where the elements of a view lie in its buffer: element `[i0, i1, ..]` at
+/// `offset + i0 * steps[0] + i1 * steps[1] + ..` (a step of 0 repeats an axis, as `expand` does).
+///
+/// The steps are an `IxDyn`, as shapes are: held inline up to 4 axes, so a view allocates nothing
+/// (its record is recycled).
+pub(crate) struct Strided {
+    offset: usize,
+    steps: IxDyn,
+}
+
+/// The row-major steps of `shape`.
+fn row_major_steps(shape: &[usize]) -> IxDyn {
+    let mut steps = IxDyn::zeros(shape.len());
+    let mut step = 1;
+    for (s, &len) in steps.slice_mut().iter_mut().zip(shape).rev() {
+        *s = step;
+        step *= len;
+    }
+    steps
 }
 
 /// Where a tensor's elements are.
@@ -170,6 +194,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             })),
             rents_in: scope.clone(),
             dim: IxDyn(shape),
+            strided: None,
             node: None,
             _brand: PhantomData,
         }
@@ -189,6 +214,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             data: Data::Bound(param.buffer().clone()),
             rents_in: scope.clone(),
             dim: IxDyn(param.shape()),
+            strided: None,
             node,
             _brand: PhantomData,
         }
@@ -212,6 +238,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             data: self.data.clone(),
             rents_in: scope.clone(),
             dim: self.dim.clone(),
+            strided: self.strided.clone(),
             node: self.node.clone(),
             _brand: PhantomData,
         }
@@ -224,6 +251,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             data: self.data,
             rents_in: self.rents_in,
             dim: self.dim,
+            strided: self.strided,
             node: self.node,
             _brand: PhantomData,
         }
@@ -235,6 +263,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             data: self.data,
             rents_in: self.rents_in,
             dim: self.dim,
+            strided: self.strided,
             node: None,
             _brand: PhantomData,
         }
@@ -278,6 +307,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             data: self.data,
             rents_in,
             dim: self.dim,
+            strided: self.strided,
             node: self.node,
             _brand: PhantomData,
         }
@@ -292,13 +322,115 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// Like [`Tensor::try_into_unique`], a copy being rented in `scope` (the tensor's scope then).
     pub(crate) fn try_into_unique_in(self, scope: &State) -> Result<Self> {
-        if self.is_unique() {
+        if self.is_writable() {
             return Ok(self);
         }
         let mut copy = Tensor::try_rent_in(scope, self.shape())?;
-        copy.unique_slice_mut().copy_from_slice(self.as_slice());
+        copy.copy_from(&self);
         copy.node = self.node;
         Ok(copy)
+    }
+
+    /// Whether by-value ops may write this handle's buffer: the only handle on it, and not a view
+    /// (a view covers part of its buffer, or covers it in another order).
+    pub(crate) fn is_writable(&self) -> bool {
+        self.strided.is_none() && self.is_unique()
+    }
+
+    /// Writes `src`'s elements, in row-major order, into this freshly rented tensor of its shape.
+    fn copy_from(&mut self, src: &Tensor<'_, T>) {
+        match src.as_slice() {
+            Some(values) => self.unique_slice_mut().copy_from_slice(values),
+            None => self.unique_view_mut().assign(&src.view()),
+        }
+    }
+
+    /// This tensor with its elements row-major in a buffer of their own: itself (an alias) if it
+    /// is contiguous, else a copy rented in `scope`, with the same graph (the same values, so the
+    /// same gradient). How the op core hands a view to a kernel that reads slices.
+    pub(crate) fn try_contiguous_in(self, scope: &State) -> Result<Self> {
+        if self.is_contiguous() {
+            return Ok(self);
+        }
+        let mut copy = Tensor::try_rent_in(scope, self.shape())?;
+        copy.copy_from(&self);
+        copy.node = self.node;
+        Ok(copy)
+    }
+
+    /// This tensor with its elements row-major in one run of its buffer: a zero-copy alias if they
+    /// already are, else a copy rented in this tensor's scope, on the same gradient graph (as
+    /// PyTorch's `contiguous()`). Views (`t()`, `transpose`, `permute`, `narrow`, `expand`) share
+    /// their input's buffer in another order; ops make the copies they need themselves, so this is
+    /// only needed for [`Tensor::as_slice`]. Fails only with a budget error.
+    pub fn try_contiguous(&self) -> Result<Tensor<'s, T>> {
+        self.clone().try_contiguous_in(&self.rents_in)
+    }
+
+    panicking! {
+        /// This tensor with its elements row-major in one run of its buffer.
+        pub fn contiguous(&self) -> Tensor<'s, T> = try_contiguous;
+    }
+
+    /// Whether the elements lie row-major in one run of the buffer (always, except for views made
+    /// by `t()`, `transpose`, `permute`, `narrow` past the first axis, and `expand`).
+    pub fn is_contiguous(&self) -> bool {
+        match &self.strided {
+            None => true,
+            Some(view) => {
+                let mut step = 1;
+                for (&len, &s) in self.shape().iter().zip(view.steps.slice()).rev() {
+                    if len != 1 && s != step {
+                        return false;
+                    }
+                    step *= len;
+                }
+                true
+            }
+        }
+    }
+
+    /// The whole buffer this tensor's elements lie in, and where the first of them is.
+    pub(crate) fn buffer(&self) -> (&[T], usize) {
+        (
+            self.buf(),
+            self.strided.as_ref().map_or(0, |view| view.offset),
+        )
+    }
+
+    /// The step in the buffer between neighbours along `axis`.
+    pub(crate) fn step(&self, axis: usize) -> usize {
+        match &self.strided {
+            None => self.shape()[axis + 1..].iter().product(),
+            Some(view) => view.steps[axis],
+        }
+    }
+
+    /// A view of this tensor's buffer with `shape` and `offset` and `steps` (checked by the
+    /// caller to stay within the buffer), whose ops rent in `scope`: how `t()`, `permute`,
+    /// `narrow` and `expand` make their outputs.
+    pub(crate) fn strided_view<'t>(
+        &self,
+        scope: &State,
+        shape: &[usize],
+        offset: usize,
+        steps: impl IntoIterator<Item = usize>,
+    ) -> Tensor<'t, T> {
+        let mut alias = self.alias_in(scope);
+        alias.dim = IxDyn(shape);
+        let mut view = Strided {
+            offset,
+            steps: IxDyn::zeros(shape.len()),
+        };
+        for (s, step) in view.steps.slice_mut().iter_mut().zip(steps) {
+            *s = step;
+        }
+        // A view that is row-major over the whole buffer is the plain tensor.
+        alias.strided = Some(RecycledRc::new(view));
+        if offset == 0 && alias.len() == self.buf().len() && alias.is_contiguous() {
+            alias.strided = None;
+        }
+        alias
     }
 
     fn buf(&self) -> &PoolBuffer<T> {
@@ -308,8 +440,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
     }
 
-    /// The buffer of a tensor that was just rented (or checked unique) and so has no alias.
+    /// The buffer of a tensor that was just rented (or checked writable) and so has no alias.
     pub(crate) fn unique_slice_mut(&mut self) -> &mut [T] {
+        assert!(self.strided.is_none(), "a view is never written in place");
         match &mut self.data {
             Data::Rented(storage) => storage
                 .get_mut()
@@ -362,7 +495,10 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// The number of elements.
     pub fn len(&self) -> usize {
-        self.buf().len()
+        match self.strided {
+            None => self.buf().len(),
+            Some(_) => self.dim.size(),
+        }
     }
 
     /// Whether the tensor has no elements (some axis has length 0).
@@ -370,15 +506,43 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.len() == 0
     }
 
-    /// The elements in row-major order.
-    pub fn as_slice(&self) -> &[T] {
-        self.buf()
+    /// The elements in row-major order, if they lie so in one run of the buffer
+    /// ([`Tensor::is_contiguous`]): `None` for a view that reads its buffer in another order
+    /// (`t()`, `permute`, ..). [`Tensor::to_vec`] and [`Tensor::view`] read any tensor;
+    /// [`Tensor::contiguous`] makes a copy that has a slice.
+    pub fn as_slice(&self) -> Option<&[T]> {
+        match &self.strided {
+            None => Some(self.buf()),
+            Some(view) => self
+                .is_contiguous()
+                .then(|| &self.buf()[view.offset..view.offset + self.len()]),
+        }
     }
 
-    /// A read-only ndarray view of the data.
+    /// The elements of a tensor the op core made contiguous (an op's inputs, a backward's
+    /// gradient), or that was rented by the op itself.
+    pub(crate) fn slice(&self) -> &[T] {
+        match self.as_slice() {
+            Some(values) => values,
+            None => panic!(
+                "internal error: a view of shape {:?} reached a kernel that reads contiguous data",
+                self.shape()
+            ),
+        }
+    }
+
+    /// A read-only ndarray view of the data (strided for a view of another order).
     pub fn view(&self) -> ArrayViewD<'_, T> {
-        ArrayViewD::from_shape(self.dim.clone(), self.as_slice())
-            .expect("a tensor's buffer holds exactly its shape")
+        match &self.strided {
+            None => ArrayViewD::from_shape(self.dim.clone(), self.buf()),
+            // No element to find: ndarray checks the steps against the buffer even so.
+            Some(_) if self.is_empty() => ArrayViewD::from_shape(self.dim.clone(), &[]),
+            Some(view) => ArrayViewD::from_shape(
+                self.dim.clone().strides(view.steps.clone()),
+                &self.buf()[view.offset..],
+            ),
+        }
+        .expect("a tensor's buffer holds its view")
     }
 
     /// A writable ndarray view. If other handles share the buffer (or it is a bound parameter's),
@@ -391,15 +555,16 @@ impl<'s, T: DType> Tensor<'s, T> {
         if self.node.is_some() {
             return Err(Error::WriteToGraph { op: "view_mut" });
         }
-        if !self.is_unique() {
+        if !self.is_writable() {
             // The copy is the same value, so it is owned where the original is.
             let owner = match &self.data {
                 Data::Rented(storage) => storage.charged_to.borrow().clone(),
                 Data::Bound(_) => self.rents_in.clone(),
             };
             let mut copy = Tensor::<T>::try_rent_in(&owner, self.shape())?;
-            copy.unique_slice_mut().copy_from_slice(self.as_slice());
+            copy.copy_from(self);
             self.data = copy.data;
+            self.strided = None;
         }
         Ok(self.unique_view_mut())
     }
@@ -416,14 +581,27 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// Copies the data out into a `Vec` in row-major order.
     pub fn to_vec(&self) -> Vec<T> {
-        self.as_slice().to_vec()
+        match self.as_slice() {
+            Some(values) => values.to_vec(),
+            None => self.view().iter().copied().collect(),
+        }
     }
 
     /// An alias of the same buffer with another shape (checked by the caller), whose ops rent in
-    /// `scope`.
+    /// `scope`; for a contiguous tensor (a view of another order is copied first).
     pub(crate) fn reshaped<'t>(&self, scope: &State, shape: &[usize]) -> Tensor<'t, T> {
         let mut alias = self.alias_in(scope);
         alias.dim = IxDyn(shape);
+        if let Some(view) = &self.strided {
+            debug_assert!(
+                self.is_contiguous(),
+                "reshape aliases contiguous tensors only"
+            );
+            alias.strided = Some(RecycledRc::new(Strided {
+                offset: view.offset,
+                steps: row_major_steps(shape),
+            }));
+        }
         alias
     }
 
@@ -435,10 +613,8 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// [`Error::NotDifferentiable`].
     pub fn try_cast<U: DType>(&self) -> Result<Tensor<'s, U>> {
         let mut out = Tensor::<U>::try_rent_in(&self.rents_in, self.shape())?;
-        out.unique_slice_mut()
-            .iter_mut()
-            .zip(self.as_slice())
-            .for_each(|(o, &x)| *o = U::from_f64(x.to_f64()));
+        out.unique_view_mut()
+            .zip_mut_with(&self.view(), |o, &x| *o = U::from_f64(x.to_f64()));
         // Gradients do not cross element types: backward through a cast is an error, not a zero.
         Ok(match self.node {
             Some(_) => autograd::barrier(out, "cast"),
@@ -485,6 +661,12 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// buffer (the buffer moves, and its scope counts it as escaped) or a bound parameter's; otherwise
     /// the values are copied into a new buffer of the pool. Fails only if that copy cannot be rented.
     pub fn try_detach(self) -> Result<Param<T>> {
+        if self.strided.is_some() {
+            // A view's values, in a buffer of their own, row-major.
+            let mut copy = Tensor::try_rent_in(&self.rents_in, self.shape())?;
+            copy.copy_from(&self);
+            return copy.try_detach();
+        }
         match self.data {
             Data::Bound(buf) => Ok(Param::from_shared(buf, self.dim.slice())),
             Data::Rented(storage) => match storage.into_unique() {
@@ -507,8 +689,8 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// The value of a tensor of one element. Fails with [`Error::InvalidShape`] for any other.
     pub fn try_item(&self) -> Result<T> {
-        match self.as_slice() {
-            [v] => Ok(*v),
+        match (self.len(), self.view().iter().next()) {
+            (1, Some(v)) => Ok(*v),
             _ => Err(Error::InvalidShape {
                 op: "item",
                 shape: Shape::from(self.shape()),
@@ -539,7 +721,10 @@ impl<T: DType> fmt::Display for Tensor<'_, T> {
     /// The values nested in brackets by axis, then `Tensor[shape; dtype]`; see
     /// [Printing](Tensor#printing).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        crate::display::fmt_values(f, "Tensor", self.shape(), self.as_slice())
+        match self.as_slice() {
+            Some(values) => crate::display::fmt_values(f, "Tensor", self.shape(), values),
+            None => crate::display::fmt_values(f, "Tensor", self.shape(), &self.to_vec()),
+        }
     }
 }
 
@@ -584,10 +769,10 @@ mod tests {
             assert_eq!(a.to_vec(), vec![1., 2., 3.]);
             assert_eq!(b.to_vec(), vec![10., 2., 3.]);
             assert!(!a.shares_buffer_with(&b));
-            let ptr = b.as_slice().as_ptr();
+            let ptr = b.as_slice().unwrap().as_ptr();
             b.view_mut()[[1]] = 20.;
             assert_eq!(
-                b.as_slice().as_ptr(),
+                b.as_slice().unwrap().as_ptr(),
                 ptr,
                 "a unique tensor is written in place"
             );

@@ -102,7 +102,7 @@ fn checked<'a>(x: &Tensor<'a>, w: &Tensor<'a>) -> Result<Tensor<'a>, ForwardErro
         return Err(ForwardError::Empty);
     }
     let h = x.try_matmul(w)?;
-    if h.as_slice()[0] > 100.0 {
+    if h.as_slice().unwrap()[0] > 100.0 {
         return Ok(h * 0.5);
     }
     Ok(h.relu())
@@ -137,7 +137,7 @@ fn every_return_path_is_escaped() {
 fn first_above<'a>(xs: &[Tensor<'a>], x: &Tensor<'a>, limit: f32) -> Option<Tensor<'a>> {
     for t in xs {
         let scaled = t * x;
-        if scaled.as_slice().iter().all(|&v| v > limit) {
+        if scaled.as_slice().unwrap().iter().all(|&v| v > limit) {
             return Some(scaled); // early return from inside a loop
         }
     }
@@ -184,10 +184,10 @@ fn tuples_arrays_vecs_generics_and_derived_structs_are_escaped() {
     let pool = Pool::with_max_memory_mb(64);
     pool.scope(|s| {
         let x = s.from_slice::<f64>(&[2], &[-1.0, 1.0]);
-        let ptr = x.as_slice().as_ptr();
+        let ptr = x.as_slice().unwrap().as_ptr();
         let h = heads(x);
         assert_eq!(
-            h.all[1].as_slice().as_ptr(),
+            h.all[1].as_slice().unwrap().as_ptr(),
             ptr,
             "relu ran in the argument's buffer"
         );
@@ -371,7 +371,7 @@ fn linear<'a>(w: &Param, x: &Tensor<'a>) -> Tensor<'a> {
 
 #[dispose_scope]
 fn pick_and_halve<'a>(mut x: &Tensor<'a>, other: &Tensor<'a>, mut y: Tensor<'a>) -> Tensor<'a> {
-    if y.as_slice()[0] > 1.0 {
+    if y.as_slice().unwrap()[0] > 1.0 {
         x = other; // a `mut` reference parameter, reassigned
     }
     y = y * 0.5; // a `mut` owned parameter, updated in place

@@ -41,7 +41,7 @@ fn logits_loss_and_gradients_match_pytorch() {
             let ids = t.bind(&ids);
             let logits = model.forward(&ids);
             assert_eq!(logits.shape(), want_logits.shape());
-            let logit_error = max_abs_diff(logits.as_slice(), want_logits.as_slice());
+            let logit_error = max_abs_diff(logits.as_slice().unwrap(), want_logits.as_slice());
             assert!(logit_error <= 1e-4, "max |logit error| {logit_error:e}");
 
             let loss = Gpt::loss(&logits, &ids);
@@ -67,7 +67,7 @@ fn logits_loss_and_gradients_match_pytorch() {
                     want.as_slice().to_vec()
                 };
                 let largest = want.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
-                let error = max_abs_diff(got.as_slice(), &want) / largest;
+                let error = max_abs_diff(got.as_slice().unwrap(), &want) / largest;
                 assert!(
                     error <= 1e-4,
                     "{name}: gradient error {error:e} relative to its largest {largest:e}"

@@ -41,7 +41,7 @@ fn threads_with_their_own_scopes_share_one_pool_exactly() {
                             for (k, t) in live.iter().enumerate() {
                                 let value = (id * 100_000 + round * 4 + k as u32) as f32;
                                 assert!(
-                                    t.as_slice().iter().all(|&v| v == value),
+                                    t.as_slice().unwrap().iter().all(|&v| v == value),
                                     "a buffer was handed to two threads at once"
                                 );
                             }

@@ -92,7 +92,7 @@ pub fn check_gradients(
                 .map(|a| s.try_tensor(a))
                 .collect::<Result<Vec<_>>>()?;
             let y = f(&xs)?;
-            match y.as_slice() {
+            match y.slice() {
                 [v] => Ok(*v),
                 _ => Err(Error::BackwardNeedsScalar {
                     shape: Shape::from(y.shape()),

@@ -93,6 +93,14 @@ pub trait Op<T: DType>: Clone + 'static {
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>>;
 
+    /// Whether the op reads views (`t()`, `permute`, `narrow`, `expand`: a shape and steps on
+    /// another tensor's buffer) where they lie, through [`Tensor::view`] or their steps. If not
+    /// (the default), the core hands [`Op::forward`] its inputs and [`Op::backward`] its
+    /// gradient contiguous ([`Tensor::as_slice`] is then `Some`), copying the views among them.
+    fn reads_views(&self) -> bool {
+        false
+    }
+
     /// The tensors the op holds as parameters (ids, a mask): the op's output belongs to the deepest
     /// of their scopes and its inputs', and an escape moves their accounting with the graph.
     fn held(&self) -> &dyn Held {
@@ -115,8 +123,9 @@ impl<U: DType> Saved<U> {
         self.0.shape()
     }
 
-    /// The elements in row-major order.
-    pub fn as_slice(&self) -> &[U] {
+    /// The elements in row-major order, if they lie so in one run of the buffer (see
+    /// [`Tensor::as_slice`]; what an op that does not read views saves always does).
+    pub fn as_slice(&self) -> Option<&[U]> {
         self.0.as_slice()
     }
 }
@@ -304,6 +313,35 @@ impl<'r, 's, T: DType> Inputs<'r, 's, T> {
         }
     }
 
+    /// Replaces the views among the inputs by contiguous copies rented in `scope` (on the same
+    /// graphs). Out of line: only an op on a view that it does not read in place gets here.
+    #[inline(never)]
+    fn make_contiguous(&mut self, scope: &State) -> Result<()> {
+        let copy = |t: &Tensor<'s, T>| t.clone().try_contiguous_in(scope);
+        match self {
+            Inputs::Few(few) => {
+                for slot in few.iter_mut() {
+                    if let Some(arg) = slot.as_ref().filter(|a| !a.tensor().is_contiguous()) {
+                        *slot = Some(Arg::Owned(copy(arg.tensor())?));
+                    }
+                }
+            }
+            Inputs::Slice(all) => {
+                let owned = all
+                    .iter()
+                    .map(|&t| Ok(Some(copy(t)?.into_unbranded())))
+                    .collect::<Result<RecycledVec<_>>>()?;
+                *self = Inputs::Owned(owned);
+            }
+            Inputs::Owned(all) => {
+                for t in all.iter_mut().flatten().filter(|t| !t.is_contiguous()) {
+                    *t = t.clone().try_contiguous_in(scope)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Owned inputs, in a recycled list when there are more than two: a replay's.
     pub(crate) fn owned(inputs: impl ExactSizeIterator<Item = Tensor<'static, T>>) -> Self {
         if inputs.len() <= 2 {
@@ -341,7 +379,7 @@ impl<'s, T: DType> Arg<'_, 's, T> {
     /// The tensor itself if it is owned, unique and of `shape`, so its buffer can be the output.
     pub(crate) fn into_writable(self, shape: &[usize]) -> std::result::Result<Tensor<'s, T>, Self> {
         match self {
-            Arg::Owned(t) if t.is_unique() && t.shape() == shape => Ok(t),
+            Arg::Owned(t) if t.is_writable() && t.shape() == shape => Ok(t),
             other => Err(other),
         }
     }
@@ -355,7 +393,7 @@ impl<'s, T: DType> Arg<'_, 's, T> {
             Err(src) => {
                 let src = src.tensor();
                 let mut out = Tensor::try_rent_in(scope, src.shape())?;
-                out.unique_slice_mut().copy_from_slice(src.as_slice());
+                out.unique_slice_mut().copy_from_slice(src.slice());
                 Ok(out)
             }
         }
@@ -573,6 +611,10 @@ impl<T: DType, O: Op<T>> Recorded<T> for Slot<Record<O, T>> {
         let Some(saved) = record.saved.take() else {
             return Err(Error::GraphConsumed);
         };
+        let grad = match record.op.reads_views() {
+            true => grad,
+            false => grad.try_contiguous_in(at)?,
+        };
         let cx = Backward { needs, at };
         Ok(record.op.backward(saved, grad, &cx)?.0)
     }
@@ -690,7 +732,7 @@ pub(crate) fn run<'r, 's, T: DType, O: Op<T>>(
     op: O,
     inputs: &'r mut Inputs<'r, 's, T>,
 ) -> Result<Tensor<'s, T>> {
-    let (recorder, mut cx) = prepare(inputs, op.held());
+    let (recorder, mut cx) = prepare(inputs, op.held(), op.reads_views())?;
     // The op's own record is what counts: the ops its forward calls record nothing (they could
     // only record when this op does).
     let (mut out, saved) = match recorder {
@@ -715,7 +757,7 @@ pub(crate) fn run_opaque<'r, 's, T: DType>(
     inputs: &'r mut Inputs<'r, 's, T>,
     kernel: impl FnOnce(&mut Forward<'r, 's, T>) -> Result<Tensor<'s, T>>,
 ) -> Result<Tensor<'s, T>> {
-    let (recorder, mut cx) = prepare(inputs, &());
+    let (recorder, mut cx) = prepare(inputs, &(), false)?;
     let mut out = match recorder {
         Some(_) => with_mode(Mode::Off, || kernel(&mut cx)),
         None => kernel(&mut cx),
@@ -726,27 +768,34 @@ pub(crate) fn run_opaque<'r, 's, T: DType>(
 
 /// The recorder of an op on `inputs` (if it records) and its forward's context: the output's
 /// scope is the deepest of the inputs' and of `held`'s tensors' scopes, whatever their element
-/// types (the one rule for where a result of several tensors rents).
+/// types (the one rule for where a result of several tensors rents). Views among the inputs are
+/// copied contiguous into that scope unless the op `reads_views`.
 #[inline(always)]
 fn prepare<'r, 's, T: DType>(
     inputs: &'r mut Inputs<'r, 's, T>,
     held: &dyn Held,
-) -> (Option<Recorder<T>>, Forward<'r, 's, T>) {
+    reads_views: bool,
+) -> Result<(Option<Recorder<T>>, Forward<'r, 's, T>)> {
     let count = inputs.len();
-    // One pass for the deepest scope and whether any input carries a graph (the common case of
-    // an op that records nothing looks no further).
-    let (mut scope, mut graph) = (None, false);
+    // One pass for the deepest scope, whether any input carries a graph and whether any is a
+    // view (the common case of an op that records nothing on contiguous inputs looks no
+    // further).
+    let (mut scope, mut graph, mut views) = (None, false, false);
     for t in (0..count).filter_map(|i| inputs.get(i)) {
         scope = Some(scope.map_or(&t.rents_in, |s| deeper(s, &t.rents_in)));
         graph |= t.node.is_some();
+        views |= !t.is_contiguous();
     }
     let mut scope = scope.expect("an op has an input").clone();
     held.each(&mut |t| scope = deeper(&scope, t.scope()).clone());
+    if views && !reads_views {
+        inputs.make_contiguous(&scope)?;
+    }
     let recorder = graph
         .then(|| Recorder::of((0..count).filter_map(|i| inputs.get(i))))
         .flatten();
     let saving = recorder.as_ref().is_some_and(Recorder::saves);
-    (
+    Ok((
         recorder,
         Forward {
             inputs,
@@ -754,7 +803,7 @@ fn prepare<'r, 's, T: DType>(
             scope,
             saving,
         },
-    )
+    ))
 }
 
 /// Sets `out`'s node to `op`'s, recorded by `recorder`. Out of line: an op that records nothing

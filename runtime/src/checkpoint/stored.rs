@@ -116,7 +116,7 @@ pub(crate) fn narrowed<T: Element, S: Element>(
 ) -> Result<Param<S>> {
     let converted = activation.try_cast::<S>()?.try_detach()?;
     let overflow = activation
-        .as_slice()
+        .slice()
         .iter()
         .zip(converted.as_slice())
         .find(|(_, c)| !c.is_finite());

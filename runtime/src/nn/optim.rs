@@ -115,7 +115,7 @@ impl<S> States<S> {
                 .by_key
                 .get_mut(&p.key())
                 .expect("made for every key walked");
-            update(slice_mut(p), state, g.as_slice());
+            update(slice_mut(p), state, g.slice());
             updated += 1;
         });
         let missing = self.walked.len().saturating_sub(met);

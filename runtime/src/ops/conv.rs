@@ -82,10 +82,10 @@ impl<T: Element> Op<T> for Conv2d {
             // padding): its output is the product with all-zero patches, and must be written.
             work::visit(conv.n * conv.groups);
             for block in conv.blocks() {
-                conv.im2col(&x.as_slice()[block.x], cols.unique_slice_mut());
-                let kernel = ArrayView2::from_shape((conv.og, rows), &weight.as_slice()[block.w])
+                conv.im2col(&x.slice()[block.x], cols.unique_slice_mut());
+                let kernel = ArrayView2::from_shape((conv.og, rows), &weight.slice()[block.w])
                     .expect("a group's kernels are og x rows");
-                let patches = ArrayView2::from_shape((rows, positions), cols.as_slice())
+                let patches = ArrayView2::from_shape((rows, positions), cols.slice())
                     .expect("cols holds rows x positions");
                 let out_group = &mut out.unique_slice_mut()[block.out];
                 let mut result = ArrayViewMut2::from_shape((conv.og, positions), out_group)
@@ -118,11 +118,11 @@ impl<T: Element> Op<T> for Conv2d {
         let mut cols = cx.rent::<T>(&[rows, positions])?;
         work::visit(conv.n * conv.groups);
         for block in conv.blocks() {
-            let gi = ArrayView2::from_shape((conv.og, positions), &g.as_slice()[block.out])
+            let gi = ArrayView2::from_shape((conv.og, positions), &g.slice()[block.out])
                 .expect("a group's gradient is og x positions");
             if let Some(dw) = &mut dw {
-                conv.im2col(&x.as_slice()[block.x.clone()], cols.unique_slice_mut());
-                let patches = ArrayView2::from_shape((rows, positions), cols.as_slice())
+                conv.im2col(&x.slice()[block.x.clone()], cols.unique_slice_mut());
+                let patches = ArrayView2::from_shape((rows, positions), cols.slice())
                     .expect("cols holds rows x positions");
                 let dw_group = &mut dw.unique_slice_mut()[block.w.clone()];
                 let mut acc = ArrayViewMut2::from_shape((conv.og, rows), dw_group)
@@ -130,13 +130,13 @@ impl<T: Element> Op<T> for Conv2d {
                 general_mat_mul(T::one(), &gi, &patches.t(), T::one(), &mut acc);
             }
             if let Some(dx) = &mut dx {
-                let kernel = ArrayView2::from_shape((conv.og, rows), &weight.as_slice()[block.w])
+                let kernel = ArrayView2::from_shape((conv.og, rows), &weight.slice()[block.w])
                     .expect("a group's kernels are og x rows");
                 let mut dcols =
                     ArrayViewMut2::from_shape((rows, positions), cols.unique_slice_mut())
                         .expect("cols holds rows x positions");
                 general_mat_mul(T::one(), &kernel.t(), &gi, T::zero(), &mut dcols);
-                conv.col2im(cols.as_slice(), &mut dx.unique_slice_mut()[block.x]);
+                conv.col2im(cols.slice(), &mut dx.unique_slice_mut()[block.x]);
             }
         }
         Ok(Grads::from([dx, dw]))
@@ -171,7 +171,7 @@ impl<T: Element> Op<T> for Upsample {
         check_addressable::<T>(&out_shape, overflow)?;
         let mut out = cx.rent(&out_shape)?;
         if !out.is_empty() {
-            let src = x.as_slice();
+            let src = x.slice();
             work::visit(n * c);
             for (plane, dst) in out.unique_slice_mut().chunks_exact_mut(ho * wo).enumerate() {
                 let input = &src[plane * h * w..][..h * w];
@@ -194,7 +194,7 @@ impl<T: Element> Op<T> for Upsample {
         let mut dx = cx.zeros::<T>(&[n, c, h, w])?;
         if !dx.is_empty() {
             work::visit(n * c);
-            let src = g.as_slice();
+            let src = g.slice();
             for (plane, dst) in dx.unique_slice_mut().chunks_exact_mut(h * w).enumerate() {
                 let block = &src[plane * ho * wo..][..ho * wo];
                 for (oy, row) in block.chunks_exact(wo).enumerate() {

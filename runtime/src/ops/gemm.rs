@@ -91,6 +91,7 @@ pub(crate) struct Matrix<'a, T> {
 
 impl<'a, T> Matrix<'a, T> {
     /// `data` as a row-major `[rows, cols]` matrix.
+    #[cfg(test)]
     pub(crate) fn row_major(data: &'a [T], rows: usize, cols: usize) -> Self {
         Matrix {
             data,

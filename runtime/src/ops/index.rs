@@ -30,7 +30,7 @@ impl<T: DType> Op<T> for IndexSelect {
         &self,
         cx: &mut Forward<'_, 's, T>,
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
-        let (x, axis, ids) = (cx.input(0), self.axis, self.ids.as_slice());
+        let (x, axis, ids) = (cx.input(0), self.axis, self.ids.0.slice());
         let mut shape = IxDyn(x.shape());
         shape[axis] = ids.len();
         let mut out = cx.rent(shape.slice())?;
@@ -57,7 +57,7 @@ impl<T: DType> Op<T> for IndexSelect {
                 dx.unique_view_mut(),
                 g.view(),
                 axis,
-                self.ids.as_slice(),
+                self.ids.0.slice(),
             );
         }
         Ok(Grads::from([Some(dx)]))
@@ -129,7 +129,7 @@ pub(super) fn check_indices(
     len: usize,
 ) -> Result<()> {
     match index
-        .as_slice()
+        .slice()
         .iter()
         .find(|&&i| i < 0 || i as u64 >= len as u64)
     {
@@ -271,7 +271,7 @@ impl<'s> Tensor<'s, i64> {
         if !out.is_empty() {
             work::visit(self.len());
             let rows = out.unique_slice_mut().chunks_exact_mut(num_classes);
-            for (row, &id) in rows.zip(self.as_slice()) {
+            for (row, &id) in rows.zip(self.slice()) {
                 row[id as usize] = 1;
             }
         }

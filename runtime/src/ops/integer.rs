@@ -120,7 +120,7 @@ impl IntOp {
         b: &Tensor<'s, I>,
     ) -> Result<Tensor<'s, I>> {
         let shape = broadcast_shape(self.name(), a.shape(), b.shape())?;
-        self.check(b.as_slice(), shape.slice().contains(&0))?;
+        self.check(b.slice(), shape.slice().contains(&0))?;
         zip_broadcast(self.name(), a, b, |x, y| self.apply(x, y))
     }
 
@@ -128,7 +128,7 @@ impl IntOp {
     fn scalar<'s, I: Integer>(self, a: &Tensor<'s, I>, c: I) -> Result<Tensor<'s, I>> {
         self.check(&[c], a.is_empty())?;
         let mut out = Tensor::try_rent_in(&a.rents_in, a.shape())?;
-        for (o, &x) in out.unique_slice_mut().iter_mut().zip(a.as_slice()) {
+        for (o, &x) in out.unique_slice_mut().iter_mut().zip(a.slice()) {
             *o = self.apply(x, c);
         }
         Ok(out)

@@ -376,7 +376,7 @@ fn along<T: Element, const N: usize>(
     } = lanes;
     work::visit(dst.len() / lane);
     let data = dst.unique_slice_mut();
-    let srcs = srcs.map(|s| s.as_slice());
+    let srcs = srcs.map(|s| s.slice());
     if inner == 1 {
         simd::lanes(data, srcs, lane, kernel);
         return;

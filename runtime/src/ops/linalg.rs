@@ -5,15 +5,15 @@
 //! `general_mat_mul`. Either writes straight into the rented output.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn};
+use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn, ShapeBuilder};
 
 use super::gemm::{self, Matrix};
 use super::reduce::reduce_to;
 use super::{broadcast_shape, work, Operand};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{panicking, Error, Result, Shape};
-use crate::scope::{deeper, State};
+use crate::scope::State;
 use crate::tensor::Tensor;
 
 /// The matrix product.
@@ -45,34 +45,27 @@ impl<T: Element> Op<T> for Matmul {
     ) -> Result<Grads<'b, T>> {
         let (a, b) = (a.get(cx), b.get(cx));
         let (k, n) = (a.shape()[a.ndim() - 1], g.shape()[g.ndim() - 1]);
-        // One right matrix for every left one: the rows of every left matrix are the rows of one
-        // `[rows, k]` matrix, and the products read the transposes where they lie.
-        let one_matrix = b.shape()[..b.ndim() - 2].iter().all(|&l| l == 1);
-        let rows = a.shape()[..a.ndim() - 1].iter().product();
-        let matrix = |t: &Tensor<'b, T>, cols| t.try_reshape(&[rows, cols]);
-        let da = cx.needs(0).then(|| {
-            if one_matrix {
-                let b2 = b.try_reshape(&[k, n])?;
-                matmul_transposed((&matrix(&g, n)?, false), (&b2, true))?.try_reshape(a.shape())
-            } else {
-                reduce_to(g.try_matmul(&b.try_t()?)?, a.shape())
-            }
-        });
+        // The transposes are views: the products read them where they lie.
+        let da = cx
+            .needs(0)
+            .then(|| reduce_to(g.try_matmul(&b.try_t()?)?, a.shape()));
         let db = cx.needs(1).then(|| {
-            if one_matrix {
-                // The batch sums in the one product.
-                matmul_transposed((&matrix(&a, k)?, true), (&matrix(&g, n)?, false))?
-                    .try_reshape(b.shape())
+            if b.shape()[..b.ndim() - 2].iter().all(|&l| l == 1) {
+                // One right matrix for every left one: the batch sums in one `[k, rows] x
+                // [rows, n]` product.
+                let rows = a.shape()[..a.ndim() - 1].iter().product();
+                let (a, g) = (a.try_reshape(&[rows, k])?, g.try_reshape(&[rows, n])?);
+                a.try_t()?.try_matmul(&g)?.try_reshape(b.shape())
             } else {
                 reduce_to(a.try_t()?.try_matmul(&g)?, b.shape())
             }
         });
         Ok(Grads::from([da.transpose()?, db.transpose()?]))
     }
-}
 
-fn matrix<T>(rows: usize, cols: usize, data: &[T]) -> ArrayView2<'_, T> {
-    ArrayView2::from_shape((rows, cols), data).expect("matmul checked the operand sizes")
+    fn reads_views(&self) -> bool {
+        true
+    }
 }
 
 impl<'s, T: Element> Tensor<'s, T> {
@@ -146,90 +139,118 @@ fn matmul_kernel<'s, T: Element>(
         return Ok(out);
     }
     let count = |s: &[usize]| s.iter().product::<usize>();
-    let (a, b, c) = (this.as_slice(), other.as_slice(), out.unique_slice_mut());
+    let c = out.unique_slice_mut();
     if count(b_batch) == 1 && count(a_batch) == count(batch) {
-        // One right matrix for every left one: `[.., m, k]` is one `[rows, k]` matrix.
-        work::visit(1);
-        let rows = count(batch) * m;
-        product(&a[..rows * k], b, c, rows, k, n);
-        return Ok(out);
+        if let Some(rows) = rows_of(this) {
+            // One right matrix for every left one, whose rows lie evenly: `[.., m, k]` is one
+            // `[rows, k]` matrix.
+            work::visit(1);
+            let a = Matrix {
+                rows: rows * m,
+                ..Batched::of(this, a_batch.len()).first
+            };
+            product(a, Batched::of(other, b_batch.len()).first, c);
+            return Ok(out);
+        }
     }
     // The matrix of each operand for output matrix `i`: its index along each batch axis, or 0
     // along an axis the operand broadcasts.
-    let (a_steps, b_steps) = (batch_steps(a_batch, batch), batch_steps(b_batch, batch));
     work::visit(count(batch));
     // Runs of whole matrices over the threads (attention's many small products would each be
     // too small to split).
     let min_matrices = gemm::PER_PART.div_ceil((m * k * n).max(1));
+    let (a, b) = (
+        Batched::of(this, batch.len()),
+        Batched::of(other, batch.len()),
+    );
     super::split_mut(c, m * n, min_matrices, |start, c| {
         for (j, c) in c.chunks_exact_mut(m * n).enumerate() {
             let (mut ai, mut bi, mut rest) = (0, 0, start / (m * n) + j);
             for axis in (0..batch.len()).rev() {
                 let pos = rest % batch[axis];
                 rest /= batch[axis];
-                ai += pos * a_steps[axis];
-                bi += pos * b_steps[axis];
+                ai += pos * a.steps[axis];
+                bi += pos * b.steps[axis];
             }
-            let (am, bm) = (&a[ai * m * k..][..m * k], &b[bi * k * n..][..k * n]);
-            product(am, bm, c, m, k, n);
+            product(a.at(ai), b.at(bi), c);
         }
     });
     Ok(out)
 }
 
-/// `a b` of two matrices, either read as its transpose when asked (`ta`, `tb`): `[m, k] x [k, n]`
-/// after the transposes. The backward of [`Tensor::try_matmul`] multiplies by transposes, which the
-/// products of `f32` and `f64` read where they lie instead of copying them first.
-fn matmul_transposed<'s, T: Element>(
-    (a, ta): (&Tensor<'s, T>, bool),
-    (b, tb): (&Tensor<'s, T>, bool),
-) -> Result<Tensor<'s, T>> {
-    let (&[ar, ac], &[br, bc]) = (a.shape(), b.shape()) else {
-        unreachable!("the backward passes matrices")
-    };
-    if !T::GEMM {
-        let t = |x: &Tensor<'s, T>, t: bool| if t { x.try_t() } else { Ok(x.clone()) };
-        return t(a, ta)?.try_matmul(&t(b, tb)?);
-    }
-    let matrix = |data, rows, cols, t: bool| {
-        let m = Matrix::row_major(data, rows, cols);
-        if t {
-            m.t()
-        } else {
-            m
+/// An operand of a batched product, read where it lies (any steps: a transposed or permuted view
+/// costs nothing): its first matrix over the rest of its buffer, and how far one position along
+/// each axis of the broadcast batch shape moves in the buffer (0 where it broadcasts).
+struct Batched<'a, T> {
+    first: Matrix<'a, T>,
+    steps: IxDyn,
+}
+
+impl<'a, T: DType> Batched<'a, T> {
+    /// `x` (`[.., r, c]`) in a product whose batch shape has `axes` axes (aligned from the right).
+    fn of(x: &'a Tensor<'_, T>, axes: usize) -> Self {
+        let nd = x.ndim();
+        let (data, offset) = x.buffer();
+        let lead = axes - (nd - 2);
+        let mut steps = IxDyn::zeros(axes);
+        for axis in 0..nd - 2 {
+            if x.shape()[axis] != 1 {
+                steps[lead + axis] = x.step(axis);
+            }
         }
-    };
-    let scope = deeper(&a.rents_in, &b.rents_in);
-    let (a, b) = (
-        matrix(a.as_slice(), ar, ac, ta),
-        matrix(b.as_slice(), br, bc, tb),
-    );
-    debug_assert_eq!(a.cols, b.rows, "the backward multiplies fitting matrices");
-    let mut out = Tensor::try_rent_in(scope, &[a.rows, b.cols])?;
-    gemm::product(a, b, out.unique_slice_mut());
-    Ok(out)
-}
-
-/// For each axis of the broadcast batch shape `batch`, how many matrices of an operand with batch
-/// axes `own` (aligned from the right) one step along it moves: 0 where the operand broadcasts.
-fn batch_steps(own: &[usize], batch: &[usize]) -> IxDyn {
-    let lead = batch.len() - own.len();
-    let mut steps = IxDyn::zeros(batch.len());
-    let mut stride = 1;
-    for (j, &len) in own.iter().enumerate().rev() {
-        steps[lead + j] = if len == 1 { 0 } else { stride };
-        stride *= len;
+        let first = Matrix {
+            data: &data[offset..],
+            rows: x.shape()[nd - 2],
+            cols: x.shape()[nd - 1],
+            rs: x.step(nd - 2),
+            cs: x.step(nd - 1),
+        };
+        Batched { first, steps }
     }
-    steps
+
+    /// The matrix `at` elements past the first.
+    fn at(&self, at: usize) -> Matrix<'a, T> {
+        Matrix {
+            data: &self.first.data[at..],
+            ..self.first
+        }
+    }
 }
 
-/// `c = a b` for an `[m, n]` output slice.
-fn product<T: Element>(a: &[T], b: &[T], c: &mut [T], m: usize, k: usize, n: usize) {
+/// How many matrices `x` (`[.., r, c]`) holds if its rows lie one step apart across them, so
+/// that all are one matrix of their rows (always, for a contiguous tensor); `None` otherwise.
+fn rows_of<T: DType>(x: &Tensor<'_, T>) -> Option<usize> {
+    let nd = x.ndim();
+    let mut step = x.step(nd - 2) * x.shape()[nd - 2];
+    let mut count = 1;
+    for axis in (0..nd - 2).rev() {
+        let len = x.shape()[axis];
+        if len != 1 && x.step(axis) != step {
+            return None;
+        }
+        step *= len;
+        count *= len;
+    }
+    Some(count)
+}
+
+/// `c = a b` for a row-major `[m, n]` output slice.
+fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
     if T::GEMM {
-        let (a, b) = (Matrix::row_major(a, m, k), Matrix::row_major(b, k, n));
         return gemm::product(a, b, c);
     }
-    let (a, b) = (matrix(m, k, a), matrix(k, n, b));
+    let (a, b) = (ndarray_view(a), ndarray_view(b));
+    let (m, n) = (a.nrows(), b.ncols());
     let mut c = ArrayViewMut2::from_shape((m, n), c).expect("matmul rented an [m, n] output");
     general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
+}
+
+/// `x` as an ndarray view, for the products of `f16` and `bf16`.
+fn ndarray_view<T>(x: Matrix<'_, T>) -> ArrayView2<'_, T> {
+    let last = match x.rows * x.cols {
+        0 => 0,
+        _ => (x.rows - 1) * x.rs + (x.cols - 1) * x.cs + 1,
+    };
+    ArrayView2::from_shape((x.rows, x.cols).strides((x.rs, x.cs)), &x.data[..last])
+        .expect("matmul checked the operand sizes")
 }

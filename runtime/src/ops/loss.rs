@@ -25,7 +25,7 @@ impl<T: Element> Op<T> for Mse {
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let diff = cx.input(0).try_sub(cx.input(1))?.with_scope(cx.scope());
         let n = diff.len();
-        let total = diff.as_slice().iter().map(|&d| d * d).sum::<T>();
+        let total = diff.slice().iter().map(|&d| d * d).sum::<T>();
         let loss = scalar_tensor(cx, total / T::from_f64(n.max(1) as f64))?;
         Ok((loss, cx.saving().then(|| cx.save(&diff))))
     }
@@ -38,8 +38,8 @@ impl<T: Element> Op<T> for Mse {
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
-        let n = diff.as_slice().len();
-        let scale = T::from_f64(2.0) / T::from_f64(n.max(1) as f64) * g.as_slice()[0];
+        let n = diff.0.slice().len();
+        let scale = T::from_f64(2.0) / T::from_f64(n.max(1) as f64) * g.slice()[0];
         let dp = diff.get(cx).try_map(
             #[inline(always)]
             |d| d * scale,
@@ -82,10 +82,11 @@ impl<T: Element> Op<T> for CrossEntropy {
         let n = T::from_f64(batch.max(1) as f64);
         let picked = self
             .labels
-            .as_slice()
+            .0
+            .slice()
             .iter()
             .enumerate()
-            .map(|(row, &label)| log_probs.as_slice()[row * classes + label as usize])
+            .map(|(row, &label)| log_probs.slice()[row * classes + label as usize])
             .sum::<T>();
         let loss = scalar_tensor(cx, -picked / n)?;
         Ok((loss, cx.saving().then(|| cx.save(&log_probs))))
@@ -98,8 +99,8 @@ impl<T: Element> Op<T> for CrossEntropy {
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
-        let upstream = g.as_slice()[0];
-        let labels = self.labels.as_slice();
+        let upstream = g.slice()[0];
+        let labels = self.labels.0.slice();
         let n = T::from_f64(labels.len().max(1) as f64);
         let mut grad = log_probs.get(cx).try_map(
             #[inline(always)]
@@ -161,7 +162,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             });
         }
         let classes = self.shape().last().copied().unwrap_or(0);
-        if let Some(&l) = labels.as_slice().iter().find(|&&l| l < 0) {
+        if let Some(&l) = labels.slice().iter().find(|&&l| l < 0) {
             return Err(Error::IndexOutOfRange {
                 op: "cross_entropy",
                 index: l,
@@ -169,7 +170,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                 len: classes,
             });
         }
-        let ids = labels.as_slice().iter().map(|&l| l as usize);
+        let ids = labels.slice().iter().map(|&l| l as usize);
         self.check_cross_entropy(labels.len(), ids)?;
         let labels = Saved(labels.saved());
         autograd::run(CrossEntropy { labels }, &mut args([Arg::Borrowed(self)]))

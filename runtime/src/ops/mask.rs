@@ -84,7 +84,7 @@ fn triangle<'s, T: DType>(
                 d <= k
             }
         };
-        let src = x.as_slice().chunks_exact(n);
+        let src = x.slice().chunks_exact(n);
         for (r, (o, x)) in out
             .unique_slice_mut()
             .chunks_exact_mut(n)
@@ -265,7 +265,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         let mut out = Tensor::<u8>::try_rent_in(&self.rents_in, self.shape())?;
         out.unique_slice_mut()
             .iter_mut()
-            .zip(self.as_slice())
+            .zip(self.slice())
             .for_each(|(o, &a)| *o = u8::from(cmp.holds(a, value)));
         Ok(out)
     }

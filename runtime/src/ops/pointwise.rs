@@ -26,7 +26,7 @@ pub(crate) fn map<'s, T: Element>(
         }
         Err(src) => {
             let mut out = Tensor::try_rent_in(scope, shape.slice())?;
-            simd::map_into(out.unique_slice_mut(), src.tensor().as_slice(), f);
+            simd::map_into(out.unique_slice_mut(), src.tensor().slice(), f);
             Ok(out)
         }
     }
@@ -77,7 +77,7 @@ pub(crate) fn zip_kernel<'s, T: Element>(
     let (a, b) = (a.tensor(), b.tensor());
     let mut out = Tensor::try_rent_in(scope, shape)?;
     if a.shape() == shape && b.shape() == shape {
-        simd::zip_into(out.unique_slice_mut(), a.as_slice(), b.as_slice(), f);
+        simd::zip_into(out.unique_slice_mut(), a.slice(), b.slice(), f);
     } else {
         work::visit(rows(shape));
         Zip::from(out.unique_view_mut())
@@ -104,7 +104,7 @@ fn write_over<T: Element>(
     if dst.shape() == other.shape() || is_trailing_block(dst.shape(), other.shape()) {
         // The same shape, or a row vector (or trailing block) added to every row: contiguous
         // chunks, no index math.
-        simd::zip_in_place(dst.unique_slice_mut(), other.as_slice(), f);
+        simd::zip_in_place(dst.unique_slice_mut(), other.slice(), f);
     } else {
         work::visit(rows(dst.shape()));
         Zip::from(dst.unique_view_mut())

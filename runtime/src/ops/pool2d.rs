@@ -83,7 +83,7 @@ impl<T: Element> Op<T> for Pool2d {
         };
         if !out.is_empty() {
             work::visit(n * c);
-            let src = x.as_slice();
+            let src = x.slice();
             let scale = T::from_f64(1.0 / (kernel * kernel) as f64);
             let mut positions = at
                 .as_mut()
@@ -141,7 +141,7 @@ impl<T: Element> Op<T> for Pool2d {
         let planes = dx
             .unique_slice_mut()
             .chunks_exact_mut(h * w)
-            .zip(g.as_slice().chunks_exact(ho * wo));
+            .zip(g.slice().chunks_exact(ho * wo));
         for (plane, (d, gp)) in planes.enumerate() {
             for (o, &gv) in gp.iter().enumerate() {
                 match kind {
@@ -149,7 +149,7 @@ impl<T: Element> Op<T> for Pool2d {
                         let at = at
                             .as_ref()
                             .expect("a recorded max pooling keeps the positions");
-                        let i = at.as_slice()[plane * ho * wo + o] as usize;
+                        let i = at.0.slice()[plane * ho * wo + o] as usize;
                         d[i] = d[i] + gv;
                     }
                     Pooling::Avg => {

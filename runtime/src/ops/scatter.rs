@@ -26,7 +26,7 @@ impl AddAt {
     fn kernel<T: DType>(&self, way: Way, dst: ArrayViewMutD<'_, T>, src: ArrayViewD<'_, T>) {
         let positions = &self.positions.0;
         match self.rows {
-            true => rows(way, dst, src, self.axis, positions.as_slice()),
+            true => rows(way, dst, src, self.axis, positions.slice()),
             false => lanes(way, dst, src, self.axis, positions.view()),
         }
     }

@@ -107,8 +107,17 @@ impl<T: DType> Op<T> for Narrow {
         cx: &mut Forward<'_, 's, T>,
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let x = cx.input(0);
-        let out = narrowed(x, cx.scope(), self.axis, self.start, self.len)?;
-        Ok((out, cx.saving().then(|| x.shape()[self.axis])))
+        let Narrow { axis, start, len } = *self;
+        let mut shape = IxDyn(x.shape());
+        shape[axis] = len;
+        let offset = x.buffer().1 + start * x.step(axis);
+        let steps = (0..x.ndim()).map(|i| x.step(i));
+        let out = x.strided_view(cx.scope(), shape.slice(), offset, steps);
+        Ok((out, cx.saving().then(|| x.shape()[axis])))
+    }
+
+    fn reads_views(&self) -> bool {
+        true
     }
 
     /// The gradient in the narrowed positions, zeros elsewhere.
@@ -168,13 +177,19 @@ impl<T: DType> Op<T> for Permute {
         &self,
         cx: &mut Forward<'_, 's, T>,
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
-        let view = cx.input(0).view().permuted_axes(self.axes.clone());
-        let mut out = cx.rent(view.shape())?;
-        if !out.is_empty() {
-            work::visit(1);
-            out.unique_view_mut().assign(&view);
+        let x = cx.input(0);
+        let axes = self.axes.slice();
+        let mut shape = IxDyn::zeros(axes.len());
+        for (len, &a) in shape.slice_mut().iter_mut().zip(axes) {
+            *len = x.shape()[a];
         }
+        let steps = axes.iter().map(|&a| x.step(a));
+        let out = x.strided_view(cx.scope(), shape.slice(), x.buffer().1, steps);
         Ok((out, cx.saving().then_some(())))
+    }
+
+    fn reads_views(&self) -> bool {
+        true
     }
 
     /// The gradient permuted back.
@@ -213,6 +228,16 @@ impl<T: DType> Op<T> for Tile {
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let x = cx.input(0);
         let [kept, tiled, shape] = tile_shapes(x.shape(), self.reps.slice());
+        if self.expand {
+            // A view: a step of 0 along every axis it repeats (new axes, axes of length 1).
+            let lead = shape.ndim() - x.ndim();
+            let steps = (0..shape.ndim()).map(|i| match i.checked_sub(lead) {
+                Some(j) if self.reps[i] == 1 => x.step(j),
+                _ => 0,
+            });
+            let out = x.strided_view(cx.scope(), shape.slice(), x.buffer().1, steps);
+            return Ok((out, cx.saving().then(|| IxDyn(x.shape()))));
+        }
         let mut out = cx.rent(shape.slice())?;
         if !out.is_empty() {
             work::visit(super::rows(tiled.slice()));
@@ -237,6 +262,8 @@ impl<T: DType> Op<T> for Tile {
     ) -> Result<Grads<'b, T>> {
         let [kept, tiled, _] = tile_shapes(shape.slice(), self.reps.slice());
         let mut dx = cx.zeros::<T>(shape.slice())?;
+        // `expand` reads views, so its gradient may be one.
+        let g = g.try_contiguous_in(cx.at())?;
         if !g.is_empty() {
             work::visit(self.reps.size());
             let g = g.view().into_shape_with_order(tiled).expect("contiguous");
@@ -257,6 +284,10 @@ impl<T: DType> Op<T> for Tile {
             }
         }
         Ok(Grads::from([Some(dx)]))
+    }
+
+    fn reads_views(&self) -> bool {
+        self.expand
     }
 }
 
@@ -509,7 +540,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         // Without a graph the op records nothing and its output is the alias in this tensor's
         // scope: made here, reshape (the most frequent op of a step, in backward rules too) skips
         // the op core's bookkeeping.
-        if self.node.is_none() {
+        if self.node.is_none() && self.is_contiguous() {
             return Ok(self.reshaped(&self.rents_in, shape));
         }
         let shape = IxDyn(shape);

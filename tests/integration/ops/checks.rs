@@ -62,7 +62,7 @@ impl Fixture {
                 .collect();
             let y = f(&xs);
             assert_eq!(y.shape(), want.shape(), "{prefix}: shape");
-            for (i, (&got, &want)) in y.as_slice().iter().zip(want.as_slice()).enumerate() {
+            for (i, (got, &want)) in y.to_vec().into_iter().zip(want.as_slice()).enumerate() {
                 assert!(
                     close(got, want, 1e-5, 1e-12),
                     "{prefix}: y[{i}] = {got}, PyTorch {want}"

@@ -16,7 +16,7 @@ fn by_value_ops_on_a_unique_tensor_write_into_its_own_buffer() {
     pool.scope(|s| {
         let x = s.randn::<f32>(&[4, 8], 80);
         let mut want = to_f64(&x);
-        let ptr = x.as_slice().as_ptr();
+        let ptr = x.as_slice().unwrap().as_ptr();
         let before = pool.stats();
         let rented = s.stats().rented;
 
@@ -24,7 +24,12 @@ fn by_value_ops_on_a_unique_tensor_write_into_its_own_buffer() {
             ($x:ident = $op:expr, $f:expr) => {
                 let $x = $op;
                 want = $f(want);
-                assert_eq!($x.as_slice().as_ptr(), ptr, "{} moved", stringify!($op));
+                assert_eq!(
+                    $x.as_slice().unwrap().as_ptr(),
+                    ptr,
+                    "{} moved",
+                    stringify!($op)
+                );
             };
         }
         step!(x = x.relu(), |w: ArrayD<f64>| w.mapv(|v| v.max(0.0)));
@@ -70,8 +75,8 @@ fn by_value_op_on_a_tensor_with_a_live_clone_rents_and_leaves_the_clone_intact()
         let check =
             |what: &str, keep: &Tensor<'_, f32>, y: &Tensor<'_, f32>, rented_before: u64| {
                 assert_ne!(
-                    y.as_slice().as_ptr(),
-                    keep.as_slice().as_ptr(),
+                    y.as_slice().unwrap().as_ptr(),
+                    keep.as_slice().unwrap().as_ptr(),
                     "{what}: same buffer"
                 );
                 assert!(!y.shares_buffer_with(keep), "{what}");
@@ -126,10 +131,14 @@ fn owned_lhs_with_borrowed_rhs_reuses_the_lhs_buffer() {
             };
             let a = s.randn::<f32>(&[2, 3], 85);
             let want = &a.to_array() - &b.to_array();
-            let ptr = a.as_slice().as_ptr();
+            let ptr = a.as_slice().unwrap().as_ptr();
             let before = pool.stats();
             let y = a - &b;
-            assert_eq!(y.as_slice().as_ptr(), ptr, "a - &b with b {rhs_shape:?}");
+            assert_eq!(
+                y.as_slice().unwrap().as_ptr(),
+                ptr,
+                "a - &b with b {rhs_shape:?}"
+            );
             assert_eq!(pool.stats().misses, before.misses);
             assert_eq!(pool.stats().hits, before.hits);
             assert_close("a - &b values", &y, &want);
@@ -138,9 +147,9 @@ fn owned_lhs_with_borrowed_rhs_reuses_the_lhs_buffer() {
         let a = s.randn::<f32>(&[2, 3], 86);
         let c = s.uniform::<f32>(&[2, 3], 0.5, 2.0, 87);
         let want = &a.to_array() / &c.to_array();
-        let ptr = a.as_slice().as_ptr();
+        let ptr = a.as_slice().unwrap().as_ptr();
         let y = a / c;
-        assert_eq!(y.as_slice().as_ptr(), ptr);
+        assert_eq!(y.as_slice().unwrap().as_ptr(), ptr);
         assert_close("a / c values", &y, &want);
     });
 }
@@ -154,10 +163,14 @@ fn borrowed_lhs_with_owned_rhs_reuses_the_rhs_buffer_when_it_has_the_output_shap
             let a = s.randn::<f32>(lhs_shape, 88);
             let b = s.uniform::<f32>(&[2, 3], 0.5, 2.0, 89);
             let (aa, ba) = (a.to_array(), b.to_array());
-            let ptr = b.as_slice().as_ptr();
+            let ptr = b.as_slice().unwrap().as_ptr();
             let before = pool.stats();
             let y = &a - b;
-            assert_eq!(y.as_slice().as_ptr(), ptr, "&a - b with a {lhs_shape:?}");
+            assert_eq!(
+                y.as_slice().unwrap().as_ptr(),
+                ptr,
+                "&a - b with a {lhs_shape:?}"
+            );
             assert_eq!(pool.stats().misses, before.misses);
             assert_eq!(pool.stats().hits, before.hits);
             assert_close("&a - b values", &y, &(&aa - &ba));
@@ -166,12 +179,16 @@ fn borrowed_lhs_with_owned_rhs_reuses_the_rhs_buffer_when_it_has_the_output_shap
             let a = s.randn::<f32>(lhs_shape, 88);
             let b = s.uniform::<f32>(&[2, 3], 0.5, 2.0, 89);
             let ptr = if lhs_shape == [2, 3] {
-                a.as_slice().as_ptr()
+                a.as_slice().unwrap().as_ptr()
             } else {
-                b.as_slice().as_ptr()
+                b.as_slice().unwrap().as_ptr()
             };
             let y = a / b;
-            assert_eq!(y.as_slice().as_ptr(), ptr, "a / b with a {lhs_shape:?}");
+            assert_eq!(
+                y.as_slice().unwrap().as_ptr(),
+                ptr,
+                "a / b with a {lhs_shape:?}"
+            );
             assert_close("a / b values", &y, &(&aa / &ba));
         }
     });
@@ -184,12 +201,15 @@ fn borrowed_lhs_with_owned_rhs_that_must_broadcast_rents_a_new_buffer() {
         let a = s.randn::<f32>(&[2, 3], 90);
         let b = s.uniform::<f32>(&[3], 0.5, 2.0, 91);
         let want = &a.to_array() / &b.to_array();
-        let (pa, pb) = (a.as_slice().as_ptr(), b.as_slice().as_ptr());
+        let (pa, pb) = (
+            a.as_slice().unwrap().as_ptr(),
+            b.as_slice().unwrap().as_ptr(),
+        );
         let rented = s.stats().rented;
         let y = &a / b;
         assert_eq!(s.stats().rented, rented + 1);
-        assert_ne!(y.as_slice().as_ptr(), pa);
-        assert_ne!(y.as_slice().as_ptr(), pb);
+        assert_ne!(y.as_slice().unwrap().as_ptr(), pa);
+        assert_ne!(y.as_slice().unwrap().as_ptr(), pb);
         assert_close("&a / b values", &y, &want);
         assert_eq!(a.to_array(), s.randn::<f32>(&[2, 3], 90).to_array());
     });

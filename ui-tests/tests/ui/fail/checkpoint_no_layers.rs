@@ -9,7 +9,7 @@ fn no_loop<'a>(x: Tensor<'a>) -> Tensor<'a> {
 fn early_exit<'a>(x: Tensor<'a>, limit: f32) -> Tensor<'a> {
     let mut x = x;
     for _ in 0..8 {
-        if x.as_slice()[0] > limit {
+        if x.to_vec()[0] > limit {
             break;
         }
         x = x * 2.0;

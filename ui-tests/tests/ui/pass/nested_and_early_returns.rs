@@ -24,7 +24,7 @@ fn first_positive<'a>(
 ) -> Result<Option<Tensor<'a>>, tensorscope::Error> {
     for i in 0..tries {
         let shifted = x.try_add(&x.reshape(x.shape()))? - i as f32;
-        if shifted.as_slice().iter().all(|&v| v > 0.0) {
+        if shifted.as_slice().unwrap().iter().all(|&v| v > 0.0) {
             return Ok(Some(shifted));
         }
     }
