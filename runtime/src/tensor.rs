@@ -23,7 +23,9 @@ use crate::storage::{Rented, Storage};
 ///   only handle on its buffer write in place (see [`TensorOps`](crate::TensorOps)), so `x.relu()`
 ///   on a temporary allocates nothing.
 /// - A second operand can be a [`Param`] (`x.matmul(&w)`, `&x + &b`): it is read where it lies.
-/// - Data is always contiguous, row-major, and 64-byte aligned.
+/// - Buffers are 64-byte aligned. A tensor is row-major over its buffer, except the views that
+///   `t()`, `transpose`, `permute`, `narrow` and `expand` make: a shape and a step per axis on
+///   their input's buffer, no copy ([`Tensor::is_contiguous`], [`Tensor::contiguous`]).
 ///
 /// ```
 /// use tensorscope_runtime::{Param, Pool, TensorOps};

@@ -1,7 +1,9 @@
 //! Shape ops: joining, stacking, slicing, splitting, permuting, tiling (`repeat`, `expand`) and
 //! adding or removing axes of length 1. They move elements and do no arithmetic, so they work on
-//! every [`DType`]; slices, permutations and tilings are copies into the pool (the pooled tensor
-//! is always contiguous), while `squeeze`/`unsqueeze` are zero-copy aliases.
+//! every [`DType`]. `narrow` (and `split`, `chunk`), `permute` (and `transpose`, `t`) and `expand`
+//! are views: a shape, an offset and a step per axis on their input's buffer, no copy and no
+//! rent; `reshape`, `squeeze` and `unsqueeze` are aliases of contiguous tensors (a view is copied
+//! first); `concat`, `stack` and `repeat` copy.
 
 use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Slice, Zip};
 
@@ -410,7 +412,8 @@ impl<'s, T: DType> Tensor<'s, T> {
         pub fn stack(tensors: &[&Tensor<'s, T>], axis: impl Dim) -> Tensor<'s, T> = Self::try_stack;
     }
 
-    /// A copy of positions `start..start + len` of `axis` (PyTorch's `narrow`, or `x[.., a..b, ..]`).
+    /// A view of positions `start..start + len` of `axis` (PyTorch's `narrow`, or `x[.., a..b, ..]`):
+    /// no copy; contiguous when `axis` is the first of length above 1.
     /// Fails with [`Error::AxisOutOfRange`], or [`Error::InvalidShape`] if the range passes the axis's
     /// length.
     pub fn try_narrow(&self, axis: impl Dim, start: usize, len: usize) -> Result<Tensor<'s, T>> {
@@ -433,7 +436,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     panicking! {
-        /// A copy of positions `start..start + len` of `axis`.
+        /// A view of positions `start..start + len` of `axis`.
         pub fn narrow(&self, axis: impl Dim, start: usize, len: usize) -> Tensor<'s, T> = try_narrow;
     }
 
@@ -489,8 +492,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         pub fn chunk(&self, chunks: usize, axis: impl Dim) -> Vec<Tensor<'s, T>> = try_chunk;
     }
 
-    /// A copy with the axes in the order `axes` (a permutation of `0..rank`, negative axes allowed):
-    /// axis `i` of the result is axis `axes[i]` of the input, as PyTorch's `permute`. Fails with
+    /// A view with the axes in the order `axes` (a permutation of `0..rank`, negative axes allowed):
+    /// axis `i` of the result is axis `axes[i]` of the input, as PyTorch's `permute`. No copy: the
+    /// ops that read it in order copy it then (a matrix product reads it where it lies). Fails with
     /// [`Error::AxisOutOfRange`], or [`Error::InvalidShape`] if `axes` is not a permutation.
     pub fn try_permute<D: Dim>(&self, axes: &[D]) -> Result<Tensor<'s, T>> {
         let nd = self.ndim();
@@ -519,7 +523,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     panicking! {
-        /// A copy with the axes in the order `axes`.
+        /// A view with the axes in the order `axes`.
         pub fn permute<D: Dim>(&self, axes: &[D]) -> Tensor<'s, T> = try_permute;
     }
 
@@ -552,7 +556,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         pub fn reshape(&self, shape: &[usize]) -> Tensor<'s, T> = try_reshape;
     }
 
-    /// A copy with axes `a` and `b` swapped (PyTorch's `transpose(a, b)`; `transpose(1, 2)` turns
+    /// A view with axes `a` and `b` swapped (PyTorch's `transpose(a, b)`; `transpose(1, 2)` turns
     /// `[b, t, h, d]` into `[b, h, t, d]`). Fails with [`Error::AxisOutOfRange`].
     pub fn try_transpose(&self, a: impl Dim, b: impl Dim) -> Result<Tensor<'s, T>> {
         let a = check_axis("transpose", self, a)?;
@@ -566,12 +570,13 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     panicking! {
-        /// A copy with axes `a` and `b` swapped.
+        /// A view with axes `a` and `b` swapped.
         pub fn transpose(&self, a: impl Dim, b: impl Dim) -> Tensor<'s, T> = try_transpose;
     }
 
-    /// A copy with the last two axes swapped (`[.., m, n] -> [.., n, m]`), as candle's `t()` and
-    /// PyTorch's `mT`. Fails with [`Error::InvalidShape`] for a rank below 2.
+    /// A view with the last two axes swapped (`[.., m, n] -> [.., n, m]`), as candle's `t()` and
+    /// PyTorch's `mT`: `x.matmul(&w.t())` reads `w` where it lies. Fails with
+    /// [`Error::InvalidShape`] for a rank below 2.
     pub fn try_t(&self) -> Result<Tensor<'s, T>> {
         if self.ndim() < 2 {
             return Err(Error::InvalidShape {
@@ -584,7 +589,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     panicking! {
-        /// A copy with the last two axes swapped.
+        /// A view with the last two axes swapped.
         pub fn t(&self) -> Tensor<'s, T> = try_t;
     }
 
@@ -648,7 +653,8 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     /// The tensor broadcast to `shape` (PyTorch's `expand`, with the lengths written out): its axes
-    /// of length 1 repeated, and new leading axes. A copy, for now. The gradient is summed over
+    /// of length 1 repeated, and new leading axes: a view, in which those axes step 0 (no copy).
+    /// The gradient is summed over
     /// the repeated axes. Fails with [`Error::ShapeMismatch`] if the tensor does not broadcast to
     /// `shape`, and [`Error::DimensionOverflow`] for a shape too large to address.
     pub fn try_expand(&self, shape: &[usize]) -> Result<Tensor<'s, T>> {

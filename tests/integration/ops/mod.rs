@@ -27,6 +27,7 @@ mod scatter;
 mod shape;
 mod sizes;
 mod sort;
+mod views;
 
 use ndarray::{stack, Array, Array2, ArrayD, Axis, Dimension, Ix2, Ix3};
 use tensorscope::prelude::*;
