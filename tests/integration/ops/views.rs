@@ -56,7 +56,7 @@ fn view_ops_share_the_buffer_and_rent_nothing() {
 
 #[test]
 fn ops_read_views_as_the_tensors_they_show() {
-    test_pool(16).scope(|s| read_as_shown(s));
+    test_pool(16).scope(read_as_shown);
 }
 
 fn read_as_shown<'s>(s: &Scope<'s, '_>) {
