@@ -168,6 +168,19 @@ struct Permute {
     axes: IxDyn,
 }
 
+impl Permute {
+    /// The view of `x` with its axes in this order, whose ops rent in `scope`.
+    fn view_of<'t, T: DType>(&self, x: &Tensor<'_, T>, scope: &State) -> Tensor<'t, T> {
+        let axes = self.axes.slice();
+        let mut shape = IxDyn::zeros(axes.len());
+        for (len, &a) in shape.slice_mut().iter_mut().zip(axes) {
+            *len = x.shape()[a];
+        }
+        let steps = axes.iter().map(|&a| x.step(a));
+        x.strided_view(scope, shape.slice(), x.buffer().1, steps)
+    }
+}
+
 impl<T: DType> Op<T> for Permute {
     type Saved = ();
 
@@ -179,14 +192,7 @@ impl<T: DType> Op<T> for Permute {
         &self,
         cx: &mut Forward<'_, 's, T>,
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
-        let x = cx.input(0);
-        let axes = self.axes.slice();
-        let mut shape = IxDyn::zeros(axes.len());
-        for (len, &a) in shape.slice_mut().iter_mut().zip(axes) {
-            *len = x.shape()[a];
-        }
-        let steps = axes.iter().map(|&a| x.step(a));
-        let out = x.strided_view(cx.scope(), shape.slice(), x.buffer().1, steps);
+        let out = self.view_of(cx.input(0), cx.scope());
         Ok((out, cx.saving().then_some(())))
     }
 
@@ -519,7 +525,13 @@ impl<'s, T: DType> Tensor<'s, T> {
                 ),
             });
         }
-        autograd::run(Permute { axes: resolved }, &mut args([Arg::Borrowed(self)]))
+        let op = Permute { axes: resolved };
+        // Without a graph nothing records: the view is made here, as reshape's alias is (the
+        // backward of every product transposes an operand).
+        if self.node.is_none() {
+            return Ok(op.view_of(self, &self.rents_in));
+        }
+        autograd::run(op, &mut args([Arg::Borrowed(self)]))
     }
 
     panicking! {
