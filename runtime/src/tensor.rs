@@ -340,7 +340,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     /// Writes `src`'s elements, in row-major order, into this freshly rented tensor of its shape.
-    fn copy_from(&mut self, src: &Tensor<'_, T>) {
+    pub(crate) fn copy_from(&mut self, src: &Tensor<'_, T>) {
         match src.as_slice() {
             Some(values) => self.unique_slice_mut().copy_from_slice(values),
             None => self.unique_view_mut().assign(&src.view()),

@@ -113,6 +113,13 @@ pub trait Op<T: DType>: Clone + 'static {
 pub struct Saved<U: DType>(pub(crate) Tensor<'static, U>);
 
 impl<U: DType> Saved<U> {
+    /// `t` as an op's parameter (ids, a mask, labels): an alias, or for a view a contiguous copy
+    /// in `t`'s scope, so that the op reads it as a slice. Fails only with a budget error.
+    pub(crate) fn held(t: &Tensor<'_, U>) -> Result<Self> {
+        let scope = t.rents_in.clone();
+        Ok(Saved(t.clone().try_contiguous_in(&scope)?.into_saved()))
+    }
+
     /// The saved values as a tensor of the backward's scope (an alias, no copy).
     pub fn get<'b>(&self, cx: &Backward<'b>) -> Tensor<'b, U> {
         self.0.alias_in(cx.at)
@@ -393,7 +400,7 @@ impl<'s, T: DType> Arg<'_, 's, T> {
             Err(src) => {
                 let src = src.tensor();
                 let mut out = Tensor::try_rent_in(scope, src.shape())?;
-                out.unique_slice_mut().copy_from_slice(src.slice());
+                out.copy_from(src);
                 Ok(out)
             }
         }

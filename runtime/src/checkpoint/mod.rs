@@ -212,7 +212,7 @@ impl<T: Element> Checkpointer<T> {
                 });
             }
         }
-        if let Some(v) = activation.slice().iter().find(|v| !v.is_finite()) {
+        if let Some(v) = activation.view().iter().find(|v| !v.is_finite()) {
             return Err(CheckpointError::BadValue {
                 layer,
                 problem: format!("it holds {v}"),

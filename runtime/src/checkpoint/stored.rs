@@ -115,8 +115,8 @@ pub(crate) fn narrowed<T: Element, S: Element>(
     activation: &Tensor<'_, T>,
 ) -> Result<Param<S>> {
     let converted = activation.try_cast::<S>()?.try_detach()?;
-    let overflow = activation
-        .slice()
+    let values = activation.view();
+    let overflow = values
         .iter()
         .zip(converted.as_slice())
         .find(|(_, c)| !c.is_finite());

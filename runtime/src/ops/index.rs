@@ -128,11 +128,8 @@ pub(super) fn check_indices(
     axis: usize,
     len: usize,
 ) -> Result<()> {
-    match index
-        .slice()
-        .iter()
-        .find(|&&i| i < 0 || i as u64 >= len as u64)
-    {
+    let ids = index.view();
+    match ids.iter().find(|&&i| i < 0 || i as u64 >= len as u64) {
         Some(&index) => Err(Error::IndexOutOfRange {
             op,
             index,
@@ -181,7 +178,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         ids: &Tensor<'s, i64>,
     ) -> Result<Tensor<'s, T>> {
         let axis = check_ids(op, self, axis, ids)?;
-        let ids = Saved(ids.saved());
+        let ids = Saved::held(ids)?;
         autograd::run(IndexSelect { axis, ids }, &mut args([Arg::Borrowed(self)]))
     }
 
@@ -246,7 +243,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             });
         }
         check_indices("gather", index, axis, self.shape()[axis])?;
-        let index = Saved(index.saved());
+        let index = Saved::held(index)?;
         autograd::run(Gather { axis, index }, &mut args([Arg::Borrowed(self)]))
     }
 
@@ -271,7 +268,7 @@ impl<'s> Tensor<'s, i64> {
         if !out.is_empty() {
             work::visit(self.len());
             let rows = out.unique_slice_mut().chunks_exact_mut(num_classes);
-            for (row, &id) in rows.zip(self.slice()) {
+            for (row, &id) in rows.zip(self.view().iter()) {
                 row[id as usize] = 1;
             }
         }

@@ -120,6 +120,8 @@ impl IntOp {
         b: &Tensor<'s, I>,
     ) -> Result<Tensor<'s, I>> {
         let shape = broadcast_shape(self.name(), a.shape(), b.shape())?;
+        // The kernels read slices: views are copied first.
+        let (a, b) = (&a.try_contiguous()?, &b.try_contiguous()?);
         self.check(b.slice(), shape.slice().contains(&0))?;
         zip_broadcast(self.name(), a, b, |x, y| self.apply(x, y))
     }
@@ -127,6 +129,7 @@ impl IntOp {
     /// `a <op> c` for every element of `a`, in its scope.
     fn scalar<'s, I: Integer>(self, a: &Tensor<'s, I>, c: I) -> Result<Tensor<'s, I>> {
         self.check(&[c], a.is_empty())?;
+        let a = &a.try_contiguous()?;
         let mut out = Tensor::try_rent_in(&a.rents_in, a.shape())?;
         for (o, &x) in out.unique_slice_mut().iter_mut().zip(a.slice()) {
             *o = self.apply(x, c);

@@ -162,7 +162,8 @@ impl<'s, T: Element> Tensor<'s, T> {
             });
         }
         let classes = self.shape().last().copied().unwrap_or(0);
-        if let Some(&l) = labels.slice().iter().find(|&&l| l < 0) {
+        let values = labels.view();
+        if let Some(&l) = values.iter().find(|&&l| l < 0) {
             return Err(Error::IndexOutOfRange {
                 op: "cross_entropy",
                 index: l,
@@ -170,9 +171,9 @@ impl<'s, T: Element> Tensor<'s, T> {
                 len: classes,
             });
         }
-        let ids = labels.slice().iter().map(|&l| l as usize);
+        let ids = values.iter().map(|&l| l as usize);
         self.check_cross_entropy(labels.len(), ids)?;
-        let labels = Saved(labels.saved());
+        let labels = Saved::held(labels)?;
         autograd::run(CrossEntropy { labels }, &mut args([Arg::Borrowed(self)]))
     }
 
@@ -192,7 +193,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         for (id, &label) in ids.unique_slice_mut().iter_mut().zip(labels) {
             *id = label as i64;
         }
-        let labels = Saved(ids.into_saved());
+        let labels = Saved::held(&ids)?;
         autograd::run(CrossEntropy { labels }, &mut args([Arg::Borrowed(self)]))
     }
 

@@ -265,7 +265,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         let mut out = Tensor::<u8>::try_rent_in(&self.rents_in, self.shape())?;
         out.unique_slice_mut()
             .iter_mut()
-            .zip(self.slice())
+            .zip(self.view().iter())
             .for_each(|(o, &a)| *o = u8::from(cmp.holds(a, value)));
         Ok(out)
     }
@@ -322,7 +322,7 @@ impl<'s> Tensor<'s, u8> {
         on_true: &Tensor<'s, T>,
         on_false: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
-        let mask = Saved(self.saved());
+        let mask = Saved::held(self)?;
         let inputs = &mut args([Arg::Borrowed(on_true), Arg::Borrowed(on_false)]);
         autograd::run(Where { mask }, inputs)
     }
@@ -347,7 +347,7 @@ impl<'s, T: Element> Tensor<'s, T> {
                 reason: "the mask must broadcast to the tensor's shape".into(),
             });
         }
-        let mask = Saved(mask.saved());
+        let mask = Saved::held(mask)?;
         autograd::run(MaskedFill { mask, value }, &mut args([Arg::Borrowed(self)]))
     }
 

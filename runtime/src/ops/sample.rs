@@ -63,8 +63,10 @@ impl<'s, T: Element> Tensor<'s, T> {
     ) -> Result<Tensor<'s, i64>> {
         let op = "multinomial";
         let classes = self.last_axis(op)?;
+        // Read row by row: a view (`logits.narrow(1, t - 1, 1)`) is copied first.
+        let values = self.try_contiguous()?;
         let invalid = |arg, reason| Error::InvalidArgument { op, arg, reason };
-        for (r, row) in self.slice().chunks_exact(classes.max(1)).enumerate() {
+        for (r, row) in values.slice().chunks_exact(classes.max(1)).enumerate() {
             if let Some(&v) = row.iter().find(|&&v| !(v >= T::zero() && v.is_finite())) {
                 let reason = format!("row {r} holds {v}; probabilities are finite and at least 0");
                 return Err(invalid("probabilities", reason));
@@ -90,7 +92,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         let mut scratch = Tensor::<f64>::try_rent_in(&self.rents_in, &[classes])?;
         let weights = scratch.unique_slice_mut();
         work::visit(out.len());
-        let rows = self.slice().chunks_exact(classes);
+        let rows = values.slice().chunks_exact(classes);
         for (ids, row) in out.unique_slice_mut().chunks_exact_mut(n).zip(rows) {
             weights
                 .iter_mut()
@@ -156,7 +158,9 @@ impl<'s, T: Element> Tensor<'s, T> {
             return Err(invalid("top_p", &format!("{p} is outside [0, 1]")));
         }
         let vocab = self.last_axis(op)?;
-        for (r, row) in self.slice().chunks_exact(vocab.max(1)).enumerate() {
+        // Read row by row: a view (`logits.narrow(1, t - 1, 1)`) is copied first.
+        let values = self.try_contiguous()?;
+        for (r, row) in values.slice().chunks_exact(vocab.max(1)).enumerate() {
             if let Some(&v) = row.iter().find(|&&v| v.is_nan() || v == T::infinity()) {
                 return Err(invalid("logits", &format!("row {r} holds {v}")));
             }
@@ -175,7 +179,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             Tensor::<i64>::try_rent_in(&self.rents_in, &[if filter { vocab } else { 0 }])?;
         let (weights, order) = (weights.unique_slice_mut(), order.unique_slice_mut());
         work::visit(out.len());
-        let rows = self.slice().chunks_exact(vocab);
+        let rows = values.slice().chunks_exact(vocab);
         for (id, row) in out.unique_slice_mut().iter_mut().zip(rows) {
             let logits = || row.iter().map(|&v| DType::to_f64(v));
             let max = logits().fold(f64::NEG_INFINITY, f64::max);

@@ -190,7 +190,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         rows: bool,
         src: &Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
-        let positions = Saved(positions.saved());
+        let positions = Saved::held(positions)?;
         let op = AddAt {
             axis,
             positions,

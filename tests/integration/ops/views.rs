@@ -5,8 +5,9 @@
 
 use ndarray::ArrayD;
 use tensorscope::autograd::check_gradients;
+use tensorscope::ops::Cmp;
 use tensorscope::prelude::*;
-use tensorscope::Result;
+use tensorscope::{Generator, Result};
 
 use super::iota;
 use crate::common::test_pool;
@@ -164,4 +165,86 @@ fn gradients_through_views_are_those_through_copies() {
         })
     };
     assert_eq!(grads(false), grads(true));
+}
+
+/// Ops that read their ids, masks, labels or values row by row outside the op core (integer
+/// arithmetic, comparisons, sampling, one-hot, the ids of gathers and losses) read a view as the
+/// tensor it shows: the results of its contiguous copy, exactly.
+#[test]
+fn ops_on_ids_masks_labels_and_logits_read_views() {
+    test_pool(16).scope(|s| {
+        let tokens = s.from_slice::<i64>(&[2, 5], &[3, 1, 4, 1, 5, 2, 6, 5, 3, 5]);
+        // A language model's targets: the tokens shifted by one, a view.
+        let targets = tokens.narrow(1, 1, 4);
+        let copy = targets.contiguous();
+        assert!(!targets.is_contiguous());
+        let table = s.randn::<f32>(&[7, 3], 11);
+        assert_eq!(
+            table.embedding(&targets).to_vec(),
+            table.embedding(&copy).to_vec()
+        );
+        assert_eq!(
+            table.index_select(0, &targets.reshape(&[8])).to_vec(),
+            table.index_select(0, &copy.reshape(&[8])).to_vec()
+        );
+        let logits = s.randn::<f32>(&[2, 4, 7], 12);
+        // One label for every row, a view with a step of 0.
+        let labels = tokens
+            .narrow(1, 2, 1)
+            .narrow(0, 0, 1)
+            .reshape(&[1])
+            .expand(&[8]);
+        assert!(!labels.is_contiguous());
+        let rows = logits.reshape(&[8, 7]);
+        assert_eq!(
+            rows.cross_entropy_ids(&labels).item(),
+            rows.cross_entropy_ids(&labels.contiguous()).item()
+        );
+        assert_eq!(targets.one_hot(7).to_vec(), copy.one_hot(7).to_vec());
+        assert_eq!(
+            (&targets + &targets.t().t()).to_vec(),
+            (&copy + &copy).to_vec()
+        );
+        assert_eq!(
+            targets.t().div_floor_scalar(2).to_vec(),
+            copy.t().contiguous().div_floor_scalar(2).to_vec()
+        );
+        let x = s.randn::<f32>(&[4, 6], 13);
+        let xt = x.t();
+        assert_eq!(
+            xt.cmp_scalar(Cmp::Gt, 0.0).to_vec(),
+            xt.contiguous().cmp_scalar(Cmp::Gt, 0.0).to_vec()
+        );
+        let mask = xt.cmp_scalar(Cmp::Gt, 0.0).t(); // a transposed mask
+        assert_eq!(
+            x.masked_fill(&mask, -1.0).to_vec(),
+            x.masked_fill(&mask.contiguous(), -1.0).to_vec()
+        );
+        assert_eq!(
+            xt.cast::<f64>().to_vec(),
+            xt.contiguous().cast::<f64>().to_vec()
+        );
+        assert_eq!(
+            xt.narrow(0, 2, 1).narrow(1, 3, 1).item(),
+            x.to_vec()[3 * 6 + 2]
+        );
+        let (values, positions) = xt.sort(-1, true);
+        let (want_values, want_positions) = xt.contiguous().sort(-1, true);
+        assert_eq!(values.to_vec(), want_values.to_vec());
+        assert_eq!(positions.to_vec(), want_positions.to_vec());
+        // Generation samples from the last position's logits, a view.
+        let last = logits.narrow(1, 3, 1).reshape(&[2, 7]);
+        let sample = |l: &Tensor<'_>| {
+            let mut rng = Generator::new(5);
+            (
+                l.sample_logits(0.8, Some(4), Some(0.9), &mut rng).to_vec(),
+                l.softmax(-1).multinomial(3, false, &mut rng).to_vec(),
+            )
+        };
+        assert_eq!(sample(&logits.narrow(1, 3, 1).squeeze(1)), sample(&last));
+        assert_eq!(
+            sample(&logits.transpose(0, 1).narrow(0, 3, 1).squeeze(0)),
+            sample(&last)
+        );
+    });
 }
