@@ -11,8 +11,6 @@
 //! so, the loop vectorises (a single running sum cannot be reordered), and every instruction set
 //! adds the same numbers in the same order, so gives the same bits.
 
-use std::cell::RefCell;
-
 use super::{simd, work};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
@@ -381,17 +379,7 @@ fn along<T: Element, const N: usize>(
         simd::lanes(data, srcs, lane, kernel);
         return;
     }
-    thread_local! {
-        static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-    }
-    SCRATCH.with_borrow_mut(|scratch| {
-        // `u64`s, aligned for every element type, viewed as `T`s.
-        let words = ((N + 1) * lane * size_of::<T>()).div_ceil(size_of::<u64>());
-        if scratch.len() < words {
-            scratch.resize(words, 0);
-        }
-        let scratch: &mut [T] =
-            &mut bytemuck::cast_slice_mut(&mut scratch[..words])[..(N + 1) * lane];
+    super::with_scratch((N + 1) * lane, |scratch: &mut [T]| {
         let (d, rest) = scratch.split_at_mut(lane);
         let mut parts = rest.chunks_exact_mut(lane);
         let mut s: [&mut [T]; N] = std::array::from_fn(|_| parts.next().expect("N lanes"));

@@ -115,6 +115,8 @@ pub use mask::Cmp;
 pub use tensor_ops::TensorOps;
 pub(crate) use tensor_ops::Unary;
 
+use std::cell::RefCell;
+
 use ndarray::IxDyn;
 
 use crate::element::{DType, Element};
@@ -265,6 +267,30 @@ pub(crate) fn for_each_part<P: Send, I: Iterator<Item = P>>(
 ) {
     threads::on_worker_start(gemm::reserve_scratch);
     threads::for_each_part(granules, min_granules, split, f)
+}
+
+/// `f` with `len` elements of this thread's scratch buffer, which only grows: a kernel's
+/// temporaries (a lane copied out of a strided tensor, attention's tiles of scores) allocate
+/// nothing once a thread has run the largest of them. A temporary buffer, if this thread's is in
+/// use (a kernel called from inside another's).
+pub(crate) fn with_scratch<T: bytemuck::Pod, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    thread_local! {
+        static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    }
+    // `u64`s, aligned for every element type, viewed as `T`s.
+    let words = (len * size_of::<T>()).div_ceil(size_of::<u64>());
+    SCRATCH.with(|cell| {
+        let mut temporary = Vec::new();
+        let mut kept = cell.try_borrow_mut();
+        let buffer = match kept.as_deref_mut() {
+            Ok(kept) => kept,
+            Err(_) => &mut temporary,
+        };
+        if buffer.len() < words {
+            buffer.resize(words, 0);
+        }
+        f(&mut bytemuck::cast_slice_mut(&mut buffer[..words])[..len])
+    })
 }
 
 /// The NumPy broadcast of two shapes: axes aligned from the right, each pair equal or one of them 1.
