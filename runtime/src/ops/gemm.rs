@@ -129,6 +129,18 @@ impl<T: Copy> Matrix<'_, T> {
 /// `c = a b` for `a: [m, k]`, `b: [k, n]` and a row-major `c: [m, n]`, with `T` `f32` or `f64`
 /// ([`Element::GEMM`]).
 pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
+    multiply(a, b, c, false)
+}
+
+/// `c += a b`, as [`product`] otherwise: the sums go into what `c` holds, as the tiles of the
+/// later steps along `k` do, so an accumulation over many products (attention's tiles) needs no
+/// temporary and no pass of its own.
+pub(crate) fn product_add<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
+    multiply(a, b, c, true)
+}
+
+/// `c = a b`, or `c += a b` if `add`.
+fn multiply<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T], add: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let last = |x: &Matrix<'_, T>| (x.rows - 1) * x.rs + (x.cols - 1) * x.cs;
     assert!(
@@ -144,17 +156,19 @@ pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T
         return;
     }
     if k == 0 {
-        // An empty sum: zeros, whatever the buffer held.
-        c.fill(T::zero());
+        // An empty sum: zeros, whatever the buffer held (or nothing added).
+        if !add {
+            c.fill(T::zero());
+        }
         return;
     }
     let c = Window::new(c, n);
     if std::mem::size_of::<T>() == 4 && simd::has_avx512() {
-        split::<T, 12, 32>(a, b, c);
+        split::<T, 12, 32>(a, b, c, add);
     } else if std::mem::size_of::<T>() == 4 {
-        split::<T, 6, 16>(a, b, c);
+        split::<T, 6, 16>(a, b, c, add);
     } else {
-        split::<T, 6, 8>(a, b, c);
+        split::<T, 6, 8>(a, b, c, add);
     }
 }
 
@@ -167,9 +181,10 @@ fn split<T: Element, const MR: usize, const NR: usize>(
     a: Matrix<'_, T>,
     b: Matrix<'_, T>,
     c: Window<'_, T>,
+    add: bool,
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    let each = |part: Window<'_, T>| blocked::<T, MR, NR>(a, b, part);
+    let each = |part: Window<'_, T>| blocked::<T, MR, NR>(a, b, part, add);
     if n >= m {
         let granules = n.div_ceil(NR);
         let min = PER_PART.div_ceil(NR * m * k);
@@ -185,11 +200,13 @@ fn split<T: Element, const MR: usize, const NR: usize>(
 }
 
 /// One thread's part of the product, the rows and columns of `c`'s window: in panels of `NC`
-/// columns and steps of `KC` along `k`, each step's panel of `b` packed into this thread's buffer.
+/// columns and steps of `KC` along `k`, each step's panel of `b` packed into this thread's buffer;
+/// added to what the window holds if `add`.
 fn blocked<T: Element, const MR: usize, const NR: usize>(
     a: Matrix<'_, T>,
     b: Matrix<'_, T>,
     mut c: Window<'_, T>,
+    add: bool,
 ) {
     let k = a.cols;
     let (rows, cols) = (c.rows(), c.cols());
@@ -208,6 +225,7 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
                         pb,
                         cols: (jc, nc),
                         depth: (pc, kc),
+                        add: add || pc > 0,
                         c: &mut c,
                         pa: &mut *pa,
                     });
@@ -250,6 +268,9 @@ struct Step<'a, 'c, T, const MR: usize, const NR: usize> {
     cols: (usize, usize),
     /// The step's first index along `k` and depth.
     depth: (usize, usize),
+    /// Whether the step's sums are added to what `c` holds (the earlier steps' sums, or what the
+    /// caller accumulates into).
+    add: bool,
     /// The thread's part of `c`: the step's sums for the panel's columns of it.
     c: &'a mut Window<'c, T>,
     /// This thread's packing buffer for `a`.
@@ -266,6 +287,7 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Step<'_, '_, T,
             pb,
             cols: (jc, nc),
             depth: (pc, kc),
+            add,
             c,
             pa,
         } = self;
@@ -284,7 +306,7 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Step<'_, '_, T,
                     let b = b.as_chunks::<NR>().0;
                     let out = Out {
                         c: c.sub(r..r + height, col..col + NR.min(jc + nc - col)),
-                        add: pc > 0,
+                        add,
                     };
                     if direct && height == MR {
                         let lines: [&[T]; MR] = std::array::from_fn(|i| a.row(r + i, pc, kc));
@@ -679,6 +701,37 @@ mod tests {
                 assert_eq!(bits(wide), bits(narrow), "{shape:?} transposed {layout:?}");
             }
         }
+    }
+
+    #[test]
+    fn product_add_adds_the_product_to_what_c_holds() {
+        for shape @ (m, k, n) in EDGE_SHAPES {
+            for layout @ (ta, tb) in [(false, false), (true, true)] {
+                let (a_data, b_data, product) = operands_and_product::<f64>(shape, layout);
+                let before = values::<f64>(m * n, 3);
+                let mut c = before.clone();
+                product_add(
+                    matrix(&a_data, (m, k), ta),
+                    matrix(&b_data, (k, n), tb),
+                    &mut c,
+                );
+                for (i, ((&c, &p), &b)) in c.iter().zip(&product).zip(&before).enumerate() {
+                    let error = (c - (b + p)).abs() / k as f64;
+                    assert!(
+                        error < 1e-14,
+                        "{shape:?} {layout:?} [{i}]: {c} != {b} + {p}"
+                    );
+                }
+            }
+        }
+        // An empty sum adds nothing.
+        let mut c = vec![3.0f32; 6];
+        product_add(
+            Matrix::row_major(&[], 2, 0),
+            Matrix::row_major(&[], 0, 3),
+            &mut c,
+        );
+        assert_eq!(c, [3.0; 6]);
     }
 
     #[test]

@@ -22,7 +22,7 @@ const ACC: usize = 16;
 
 /// `sum(f(a[i], b[i]))` over two slices of one length, as [`ACC`] partial sums added pairwise.
 #[inline(always)]
-fn sum_with<T: Element>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> T {
+pub(super) fn sum_with<T: Element>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> T {
     let mut acc = [T::zero(); ACC];
     let (ca, cb) = (a.chunks_exact(ACC), b.chunks_exact(ACC));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -46,13 +46,13 @@ fn sum_with<T: Element>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> T {
 
 /// `sum(xs)`.
 #[inline(always)]
-fn sum<T: Element>(xs: &[T]) -> T {
+pub(super) fn sum<T: Element>(xs: &[T]) -> T {
     sum_with(xs, xs, |x, _| x)
 }
 
 /// The largest element, NaNs skipped (`-inf` for a lane of NaNs), as [`ACC`] partial maxima.
 #[inline(always)]
-fn max<T: Element>(xs: &[T]) -> T {
+pub(super) fn max<T: Element>(xs: &[T]) -> T {
     let mut acc = [T::neg_infinity(); ACC];
     let chunks = xs.chunks_exact(ACC);
     let rest = chunks.remainder();

@@ -5,7 +5,7 @@
 //! `general_mat_mul`. Either writes straight into the rented output.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn};
+use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn, ShapeBuilder};
 
 use super::gemm::{self, Matrix};
 use super::reduce::reduce_to;
@@ -71,8 +71,10 @@ impl<T: Element> Op<T> for Matmul {
     }
 }
 
-fn matrix<T>(rows: usize, cols: usize, data: &[T]) -> ArrayView2<'_, T> {
-    ArrayView2::from_shape((rows, cols), data).expect("matmul checked the operand sizes")
+/// `m` as an ndarray view, its strides kept.
+fn matrix<T>(m: Matrix<'_, T>) -> ArrayView2<'_, T> {
+    let shape = (m.rows, m.cols).strides((m.rs, m.cs));
+    ArrayView2::from_shape(shape, m.data).expect("the caller checked the operand sizes")
 }
 
 impl<'s, T: Element> Tensor<'s, T> {
@@ -151,7 +153,8 @@ fn matmul_kernel<'s, T: Element>(
         // One right matrix for every left one: `[.., m, k]` is one `[rows, k]` matrix.
         work::visit(1);
         let rows = count(batch) * m;
-        product(&a[..rows * k], b, c, rows, k, n);
+        let (a, b) = (Matrix::row_major(a, rows, k), Matrix::row_major(b, k, n));
+        product(a, b, c, false);
         return Ok(out);
     }
     // The matrix of each operand for output matrix `i`: its index along each batch axis, or 0
@@ -171,7 +174,12 @@ fn matmul_kernel<'s, T: Element>(
                 bi += pos * b_steps[axis];
             }
             let (am, bm) = (&a[ai * m * k..][..m * k], &b[bi * k * n..][..k * n]);
-            product(am, bm, c, m, k, n);
+            product(
+                Matrix::row_major(am, m, k),
+                Matrix::row_major(bm, k, n),
+                c,
+                false,
+            );
         }
     });
     Ok(out)
@@ -223,13 +231,18 @@ fn batch_steps(own: &[usize], batch: &[usize]) -> IxDyn {
     steps
 }
 
-/// `c = a b` for an `[m, n]` output slice.
-fn product<T: Element>(a: &[T], b: &[T], c: &mut [T], m: usize, k: usize, n: usize) {
+/// `c = a b` (or `c += a b` if `add`) for strided matrices `a: [m, k]`, `b: [k, n]` and a
+/// row-major `[m, n]` output slice: the library's packed product for `f32` and `f64`, ndarray's
+/// `general_mat_mul` for the others.
+pub(super) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T], add: bool) {
     if T::GEMM {
-        let (a, b) = (Matrix::row_major(a, m, k), Matrix::row_major(b, k, n));
-        return gemm::product(a, b, c);
+        return match add {
+            true => gemm::product_add(a, b, c),
+            false => gemm::product(a, b, c),
+        };
     }
-    let (a, b) = (matrix(m, k, a), matrix(k, n, b));
-    let mut c = ArrayViewMut2::from_shape((m, n), c).expect("matmul rented an [m, n] output");
-    general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
+    let (m, n) = (a.rows, b.cols);
+    let mut c = ArrayViewMut2::from_shape((m, n), &mut c[..m * n]).expect("an [m, n] output");
+    let beta = if add { T::one() } else { T::zero() };
+    general_mat_mul(T::one(), &matrix(a), &matrix(b), beta, &mut c);
 }

@@ -47,6 +47,9 @@
 //!   [`Tensor::squeeze`], [`Tensor::unsqueeze`] and [`Tensor::flatten`] are zero-copy aliases.
 //! - **Padding** of the last axes, in PyTorch's `F.pad` order: [`Tensor::pad`] with a value,
 //!   [`Tensor::pad_reflect`] with the mirrored values.
+//! - **Attention**: [`Tensor::scaled_dot_product_attention`] (causal or not, a scale of one's
+//!   own: [`AttentionOptions`]), fused as FlashAttention-2: no `[.., tq, tk]` matrix is made or
+//!   kept for the backward.
 //! - **Rotary position embeddings**: [`Scope::rope_tables`](crate::Scope::rope_tables) and
 //!   [`Tensor::rope`], as Hugging Face's Llama.
 //! - **Indexing** by `i64` ids: [`Tensor::embedding`], [`Tensor::index_select`],
@@ -85,6 +88,7 @@
 
 // The families are private: their ops are methods of `Tensor` and render on its page, so their
 // own pages would be empty. `mask` is public for `Cmp`.
+mod attention;
 mod conv;
 mod dropout;
 mod elementwise;
@@ -109,6 +113,7 @@ pub(crate) mod simd;
 mod sort;
 mod tensor_ops;
 
+pub use attention::AttentionOptions;
 pub use conv::ConvOptions;
 pub(crate) use dropout::check_probability;
 pub use mask::Cmp;
