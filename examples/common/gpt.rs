@@ -40,6 +40,35 @@ pub(crate) enum Attention {
     Unfused,
 }
 
+impl Attention {
+    /// Causal attention of `q`, `k` and `v` (`[b, h, t, d]`) in this form; the unfused form reads
+    /// `future` (at least `[t, t]`, 1 above the diagonal) for its mask.
+    pub(crate) fn apply<'a>(
+        self,
+        (q, k, v): (&Tensor<'a>, &Tensor<'a>, &Tensor<'a>),
+        future: &Param<u8>,
+    ) -> Tensor<'a> {
+        let &[.., t, d] = q.shape() else {
+            panic!("attention takes [.., t, d], got {:?}", q.shape())
+        };
+        match self {
+            Attention::Fused => {
+                let causal = AttentionOptions {
+                    causal: true,
+                    ..AttentionOptions::default()
+                };
+                q.scaled_dot_product_attention(k, v, causal)
+            }
+            Attention::Unfused => {
+                let mask = q.bind(future).narrow(0, 0, t).narrow(1, 0, t);
+                let scores = q.matmul(&k.t()) * (1.0 / (d as f32).sqrt()); // [.., t, t]
+                let weights = scores.masked_fill(&mask, f32::NEG_INFINITY).softmax(-1);
+                weights.matmul(v)
+            }
+        }
+    }
+}
+
 impl Config {
     /// The tiny model of the committed fixture.
     pub(crate) const TINY: Config = Config {
@@ -122,22 +151,9 @@ impl Block {
                 .reshape(&[b, t, h, d])
                 .transpose(1, 2)
         };
-        let (q, k, v) = (&heads(0), &heads(1), &heads(2));
-        let y = match self.attention {
-            Attention::Fused => {
-                let causal = AttentionOptions {
-                    causal: true,
-                    ..AttentionOptions::default()
-                };
-                q.scaled_dot_product_attention(k, v, causal)
-            }
-            Attention::Unfused => {
-                let mask = x.bind(future).narrow(0, 0, t).narrow(1, 0, t);
-                let scores = q.matmul(&k.t()) * (1.0 / (d as f32).sqrt()); // [b, h, t, t]
-                let weights = scores.masked_fill(&mask, f32::NEG_INFINITY).softmax(-1);
-                weights.matmul(v)
-            }
-        };
+        let y = self
+            .attention
+            .apply((&heads(0), &heads(1), &heads(2)), future);
         self.c_proj.forward(&y.transpose(1, 2).reshape(&[b, t, c]))
     }
 }
