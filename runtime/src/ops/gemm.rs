@@ -23,7 +23,6 @@
 //! of being copied first.
 
 use std::cell::RefCell;
-use std::thread::LocalKey;
 
 use super::simd::{self, FmaKernel, TileOut as _};
 use crate::element::Element;
@@ -73,8 +72,8 @@ thread_local! {
 /// they start, so that which thread takes which part of a product never decides whether a step
 /// allocates.
 pub(crate) fn reserve_scratch() {
-    with_scratch::<f64, _>((&PACKED_A, A_BYTES), 0, |_| ());
-    with_scratch::<f64, _>((&PACKED_B, B_BYTES), 0, |_| ());
+    super::with_buffer::<_, f64, _>(&PACKED_A, (0, A_BYTES), |_| ());
+    super::with_buffer::<_, f64, _>(&PACKED_B, (0, B_BYTES), |_| ());
 }
 
 /// A matrix in a slice: element `(i, j)` at `data[i * rs + j * cs]`.
@@ -212,8 +211,8 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
     let (rows, cols) = (c.rows(), c.cols());
     let widest = cols.len().min(NC).next_multiple_of(NR);
     let tallest = rows.len().min(MC).next_multiple_of(MR);
-    with_scratch::<T, _>((&PACKED_B, B_BYTES), widest * k.min(KC), |pb| {
-        with_scratch::<T, _>((&PACKED_A, A_BYTES), tallest * k.min(KC), |pa| {
+    super::with_buffer::<_, T, _>(&PACKED_B, (widest * k.min(KC), B_BYTES), |pb| {
+        super::with_buffer::<_, T, _>(&PACKED_A, (tallest * k.min(KC), A_BYTES), |pa| {
             for jc in cols.clone().step_by(NC) {
                 let nc = NC.min(cols.end - jc);
                 for pc in (0..k).step_by(KC) {
@@ -233,31 +232,6 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
             }
         })
     });
-}
-
-/// `f` with `len` elements of this thread's packing buffer `key` (made at its full size on first
-/// use); with a temporary one if the buffer is in use (a product called from inside another's
-/// epilogue).
-fn with_scratch<T: Element, R>(
-    (key, full): (&'static LocalKey<RefCell<Vec<Block>>>, usize),
-    len: usize,
-    f: impl FnOnce(&mut [T]) -> R,
-) -> R {
-    let block = std::mem::size_of::<Block>();
-    let blocks = (len * std::mem::size_of::<T>()).div_ceil(block);
-    let want = blocks.max(full.div_ceil(block));
-    key.with(|cell| {
-        let mut temporary = Vec::new();
-        let mut kept = cell.try_borrow_mut();
-        let buffer = match kept.as_deref_mut() {
-            Ok(kept) => kept,
-            Err(_) => &mut temporary,
-        };
-        if buffer.len() < want {
-            buffer.resize(want, bytemuck::Zeroable::zeroed());
-        }
-        f(&mut bytemuck::cast_slice_mut(&mut buffer[..blocks])[..len])
-    })
 }
 
 /// One `KC`-deep step of one `NC`-column panel of a thread's part, the panel of `b` packed.
@@ -724,25 +698,18 @@ mod tests {
                 }
             }
         }
-        // An empty sum adds nothing.
-        let mut c = vec![3.0f32; 6];
-        product_add(
-            Matrix::row_major(&[], 2, 0),
-            Matrix::row_major(&[], 0, 3),
-            &mut c,
-        );
-        assert_eq!(c, [3.0; 6]);
     }
 
     #[test]
-    fn an_empty_sum_writes_zeros_and_empty_outputs_write_nothing() {
-        let mut c = vec![3.0f32; 6];
-        product(
-            Matrix::row_major(&[], 2, 0),
-            Matrix::row_major(&[], 0, 3),
-            &mut c,
-        );
-        assert_eq!(c, [0.0; 6]);
+    fn an_empty_sum_writes_zeros_or_adds_nothing_and_empty_outputs_write_nothing() {
+        type Product = fn(Matrix<'_, f32>, Matrix<'_, f32>, &mut [f32]);
+        for (multiply, want) in [(product as Product, 0.0), (product_add, 3.0)] {
+            let mut c = vec![3.0f32; 6];
+            let (a, b) = (Matrix::row_major(&[], 2, 0), Matrix::row_major(&[], 0, 3));
+            multiply(a, b, &mut c);
+            assert_eq!(c, [want; 6]);
+        }
+        let mut c = vec![0.0f32; 6];
         product(
             Matrix::row_major(&[], 0, 2),
             Matrix::row_major(&[1.0; 4], 2, 2),

@@ -121,6 +121,7 @@ pub use tensor_ops::TensorOps;
 pub(crate) use tensor_ops::Unary;
 
 use std::cell::RefCell;
+use std::thread::LocalKey;
 
 use ndarray::IxDyn;
 
@@ -276,25 +277,38 @@ pub(crate) fn for_each_part<P: Send, I: Iterator<Item = P>>(
 
 /// `f` with `len` elements of this thread's scratch buffer, which only grows: a kernel's
 /// temporaries (a lane copied out of a strided tensor, attention's tiles of scores) allocate
-/// nothing once a thread has run the largest of them. A temporary buffer, if this thread's is in
-/// use (a kernel called from inside another's).
+/// nothing once a thread has run the largest of them. See [`with_buffer`].
 pub(crate) fn with_scratch<T: bytemuck::Pod, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
     thread_local! {
+        // `u64`s: aligned for every element type.
         static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     }
-    // `u64`s, aligned for every element type, viewed as `T`s.
-    let words = (len * size_of::<T>()).div_ceil(size_of::<u64>());
-    SCRATCH.with(|cell| {
+    with_buffer(&SCRATCH, (len, 0), f)
+}
+
+/// `f` with `len` `T`s of this thread's buffer `key` (of `W`s, aligned for `T`), which only
+/// grows: to at least `reserve` bytes on first use, and to what a call needs, so that a
+/// steady-state call allocates nothing (the products' packing buffers are made at their full
+/// size, so that no later product allocates whichever thread takes which part). A temporary
+/// buffer if `key`'s is in use (a kernel called from inside another's).
+pub(crate) fn with_buffer<W: bytemuck::Pod, T: bytemuck::Pod, R>(
+    key: &'static LocalKey<RefCell<Vec<W>>>,
+    (len, reserve): (usize, usize),
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    let units = (len * size_of::<T>()).div_ceil(size_of::<W>());
+    let want = units.max(reserve.div_ceil(size_of::<W>()));
+    key.with(|cell| {
         let mut temporary = Vec::new();
         let mut kept = cell.try_borrow_mut();
         let buffer = match kept.as_deref_mut() {
             Ok(kept) => kept,
             Err(_) => &mut temporary,
         };
-        if buffer.len() < words {
-            buffer.resize(words, 0);
+        if buffer.len() < want {
+            buffer.resize(want, W::zeroed());
         }
-        f(&mut bytemuck::cast_slice_mut(&mut buffer[..words])[..len])
+        f(&mut bytemuck::cast_slice_mut(&mut buffer[..units])[..len])
     })
 }
 
