@@ -26,12 +26,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 OUT = os.path.join("tests", "fixtures", "attention.safetensors")
+torch.set_default_dtype(torch.float64)
 torch.manual_seed(0)
 tensors = {}
-
-
-def randn(*shape):
-    return torch.randn(*shape, dtype=torch.float64)
 
 
 def bottom_right(tq, tk):
@@ -43,11 +40,9 @@ def bottom_right(tq, tk):
 
 def case(name, lead, tq, tk, d, dv, **options):
     """Records PyTorch's attention of random q, k, v of these sizes, and its gradients."""
-    q = randn(*lead, tq, d).requires_grad_(True)
-    k = randn(*lead, tk, d).requires_grad_(True)
-    v = randn(*lead, tk, dv).requires_grad_(True)
+    q, k, v = (torch.randn(*lead, t, w, requires_grad=True) for t, w in [(tq, d), (tk, d), (tk, dv)])
     y = F.scaled_dot_product_attention(q, k, v, **options)
-    gy = randn(*y.shape)
+    gy = torch.randn(*y.shape)
     dq, dk, dv_ = torch.autograd.grad(y, (q, k, v), gy)
     for key, value in dict(q=q, k=k, v=v, y=y, gy=gy, dq=dq, dk=dk, dv=dv_).items():
         tensors[f"{name}.{key}"] = value.detach()

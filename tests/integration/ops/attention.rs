@@ -277,138 +277,93 @@ fn its_graph_holds_the_output_and_a_number_per_query_not_the_scores() {
     assert_eq!(unfused, output + transposed + probabilities + mask);
 }
 
+/// Asserts that attention of zeros of `shapes` (`q`, `k`, `v`) with `options` fails with `want`
+/// before renting anything, and that the panicking form panics with its message.
+#[track_caller]
+fn assert_fails(shapes: [&[usize]; 3], options: AttentionOptions, want: Error) {
+    let pool = test_pool(16);
+    pool.scope(|s| {
+        let [q, k, v] = shapes.map(|shape| s.zeros::<f32>(shape));
+        let rented = pool.stats().bytes_in_use;
+        let err = q
+            .try_scaled_dot_product_attention(&k, &v, options)
+            .unwrap_err();
+        assert_eq!(err, want);
+        assert_eq!(pool.stats().bytes_in_use, rented, "{want}: nothing rented");
+        assert_panics_with(&want, || {
+            q.scaled_dot_product_attention(&k, &v, options);
+        });
+    });
+}
+
 #[test]
 fn bad_shapes_and_options_are_the_ops_errors_before_anything_is_rented() {
     let op = "scaled_dot_product_attention";
-    let pool = test_pool(16);
-    pool.scope(|s| {
-        let t = |shape: &[usize]| s.zeros::<f32>(shape);
-        let cases: Vec<(Tensor<'_>, Tensor<'_>, Tensor<'_>, AttentionOptions, Error)> = vec![
-            (
-                t(&[4]),
-                t(&[4, 4]),
-                t(&[4, 4]),
-                ALL,
-                Error::InvalidShape {
-                    op,
-                    shape: Shape(vec![4]),
-                    reason: "q needs at least two axes, [.., tq, d]".into(),
-                },
-            ),
-            (
-                t(&[2, 3, 4]),
-                t(&[3, 5, 4]),
-                t(&[3, 5, 4]),
-                ALL,
-                shape_mismatch(
-                    op,
-                    &[2, 3, 4],
-                    &[3, 5, 4],
-                    "the leading (batch and head) axes of q and k differ, [2] and [3]; they must \
-                     be equal (they are not broadcast)",
-                ),
-            ),
-            (
-                t(&[2, 3, 4]),
-                t(&[2, 5, 4]),
-                t(&[1, 5, 4]),
-                ALL,
-                shape_mismatch(
-                    op,
-                    &[2, 3, 4],
-                    &[1, 5, 4],
-                    "the leading (batch and head) axes of q and v differ, [2] and [1]; they must \
-                     be equal (they are not broadcast)",
-                ),
-            ),
-            (
-                t(&[3, 4]),
-                t(&[5, 6]),
-                t(&[5, 4]),
-                ALL,
-                shape_mismatch(
-                    op,
-                    &[3, 4],
-                    &[5, 6],
-                    "q and k have head dimensions 4 and 6 (their last axes); they must be equal",
-                ),
-            ),
-            (
-                t(&[3, 4]),
-                t(&[5, 4]),
-                t(&[6, 4]),
-                ALL,
-                shape_mismatch(
-                    op,
-                    &[5, 4],
-                    &[6, 4],
-                    "k has 5 keys and v 6 values (axis -2); they must be equal",
-                ),
-            ),
-            (
-                t(&[3, 0]),
-                t(&[5, 0]),
-                t(&[5, 4]),
-                ALL,
-                Error::InvalidShape {
-                    op,
-                    shape: Shape(vec![3, 0]),
-                    reason: "the head dimension (the last axis) is 0: a score needs one element \
-                             at least"
-                        .into(),
-                },
-            ),
-            (
-                t(&[3, 4]),
-                t(&[0, 4]),
-                t(&[0, 4]),
-                ALL,
-                shape_mismatch(
-                    op,
-                    &[3, 4],
-                    &[0, 4],
-                    "3 queries and no key: every query needs a key to attend to",
-                ),
-            ),
-            (
-                t(&[5, 4]),
-                t(&[3, 4]),
-                t(&[3, 4]),
-                CAUSAL,
-                shape_mismatch(
-                    op,
-                    &[5, 4],
-                    &[3, 4],
-                    "causal attention aligns the last query with the last key, so of 5 queries \
-                     and 3 keys the first 2 would see no key; causal needs at most as many \
-                     queries as keys",
-                ),
-            ),
-            (
-                t(&[3, 4]),
-                t(&[3, 4]),
-                t(&[3, 4]),
-                AttentionOptions {
-                    scale: Some(f64::NAN),
-                    ..ALL
-                },
-                Error::InvalidArgument {
-                    op,
-                    arg: "scale",
-                    reason: "NaN is not a finite number".into(),
-                },
-            ),
-        ];
-        for (q, k, v, options, want) in cases {
-            let rented = pool.stats().bytes_in_use;
-            let err = q
-                .try_scaled_dot_product_attention(&k, &v, options)
-                .unwrap_err();
-            assert_eq!(err, want);
-            assert_eq!(pool.stats().bytes_in_use, rented, "{want}: nothing rented");
-            assert_panics_with(&want, || {
-                q.scaled_dot_product_attention(&k, &v, options);
-            });
-        }
-    });
+    let invalid = |shape: &[usize], reason: &str| Error::InvalidShape {
+        op,
+        shape: Shape(shape.to_vec()),
+        reason: reason.into(),
+    };
+    let rank = "q needs at least two axes, [.., tq, d]";
+    assert_fails([&[4], &[4, 4], &[4, 4]], ALL, invalid(&[4], rank));
+    let no_width = "the head dimension (the last axis) is 0: a score needs one element at least";
+    assert_fails([&[3, 0], &[5, 0], &[5, 4]], ALL, invalid(&[3, 0], no_width));
+    let scale = AttentionOptions {
+        scale: Some(f64::NAN),
+        ..ALL
+    };
+    let not_finite = Error::InvalidArgument {
+        op,
+        arg: "scale",
+        reason: "NaN is not a finite number".into(),
+    };
+    assert_fails([&[3, 4], &[3, 4], &[3, 4]], scale, not_finite);
+    // Shapes that do not fit together: q, k and v, the options, the two shapes the error names
+    // (of q, k and v) and why.
+    type Mismatch<'a> = ([&'a [usize]; 3], AttentionOptions, [usize; 2], &'a str);
+    let mismatches: [Mismatch<'_>; 6] = [
+        (
+            [&[2, 3, 4], &[3, 5, 4], &[3, 5, 4]],
+            ALL,
+            [0, 1],
+            "the leading (batch and head) axes of q and k differ, [2] and [3]; they must be equal \
+             (they are not broadcast)",
+        ),
+        (
+            [&[2, 3, 4], &[2, 5, 4], &[1, 5, 4]],
+            ALL,
+            [0, 2],
+            "the leading (batch and head) axes of q and v differ, [2] and [1]; they must be equal \
+             (they are not broadcast)",
+        ),
+        (
+            [&[3, 4], &[5, 6], &[5, 4]],
+            ALL,
+            [0, 1],
+            "q and k have head dimensions 4 and 6 (their last axes); they must be equal",
+        ),
+        (
+            [&[3, 4], &[5, 4], &[6, 4]],
+            ALL,
+            [1, 2],
+            "k has 5 keys and v 6 values (axis -2); they must be equal",
+        ),
+        (
+            [&[3, 4], &[0, 4], &[0, 4]],
+            ALL,
+            [0, 1],
+            "3 queries and no key: every query needs a key to attend to",
+        ),
+        (
+            [&[5, 4], &[3, 4], &[3, 4]],
+            CAUSAL,
+            [0, 1],
+            "causal attention aligns the last query with the last key, so of 5 queries and 3 keys \
+             the first 2 would see no key; causal needs at most as many queries as keys",
+        ),
+    ];
+    for (shapes, options, [lhs, rhs], reason) in mismatches {
+        let want = shape_mismatch(op, shapes[lhs], shapes[rhs], reason);
+        assert_fails(shapes, options, want);
+    }
 }
