@@ -1,7 +1,8 @@
 //! `scaled_dot_product_attention`, the fused op: values and gradients against the same attention
 //! written with the unfused ops (`matmul`, `masked_fill`, `softmax`) on shapes around the tiles,
-//! against PyTorch (`scripts/attention_fixture.py`), against finite differences, a checkpointed
-//! replay bit for bit, the memory its graph holds against the unfused form's, and the errors.
+//! against PyTorch (`scripts/attention_fixture.py`), against finite differences, `f16` and `bf16`
+//! against `f32`, a checkpointed replay bit for bit, the memory its graph holds against the
+//! unfused form's, and the errors.
 
 use tensorscope::ops::AttentionOptions;
 use tensorscope::prelude::*;
@@ -178,6 +179,37 @@ fn its_gradients_match_finite_differences() {
     });
     let past: [&[usize]; 3] = [&[1, 66, 2], &[1, 70, 2], &[1, 70, 2]];
     check("past a tile", &past, |x| attention(x, CAUSAL));
+}
+
+/// The output and the gradients of `q`, `k` and `v` (for the upstream gradient `gy`) of the fused
+/// op in `T`, as `f32`.
+fn in_precision<T: tensorscope::Element>(x: [&Tensor<'_>; 4]) -> [Vec<f32>; 4] {
+    let [q, k, v, gy] = x.map(|t| t.cast::<T>());
+    let [q, k, v] = [q, k, v].map(Tensor::requires_grad);
+    let y = q.scaled_dot_product_attention(&k, &v, CAUSAL);
+    let grads = y.backward_with(&gy).unwrap();
+    let [dq, dk, dv] = [&q, &k, &v].map(|x| grads.of(x).unwrap());
+    [&y, dq, dk, dv].map(|t| t.cast::<f32>().to_vec())
+}
+
+#[test]
+fn half_precisions_run_the_same_tiles_in_their_own_precision() {
+    let pool = test_pool(16);
+    pool.scope(|s| {
+        // Past a tile of queries and of keys, so that the tiles' products accumulate.
+        let x = [1, 2, 3, 4].map(|seed| s.randn::<f32>(&[2, 70, 8], seed));
+        let x = [&x[0], &x[1], &x[2], &x[3]];
+        let exact = in_precision::<f32>(x);
+        let half = [
+            ("f16", in_precision::<tensorscope::f16>(x), 1e-2),
+            ("bf16", in_precision::<tensorscope::bf16>(x), 5e-2),
+        ];
+        for (name, got, tol) in half {
+            for (what, (got, want)) in ["y", "dq", "dk", "dv"].iter().zip(got.iter().zip(&exact)) {
+                assert_within_largest(&format!("{name} {what}"), got, want, tol);
+            }
+        }
+    });
 }
 
 #[test]
