@@ -5,8 +5,9 @@
 //!
 //! `cargo run --release --example training_steps -- MODEL STEPS`, MODEL one of `mlp` (the 2-block
 //! pre-norm MLP, batch 64, width 32), `mlp-sqrt` (its block loop under `#[checkpoint]` with
-//! `Policy::Sqrt`, 4 blocks), `gpt` (the tiny GPT, 2 blocks, batch 2 of 8 tokens) or `gpt-every`
-//! (its checkpointed block loop, `Policy::Every(1)`); the loops of `tests/allocations.rs`.
+//! `Policy::Sqrt`, 4 blocks), `gpt` (the tiny GPT, 2 blocks, batch 2 of 8 tokens, its attention
+//! fused) or `gpt-every` (its checkpointed block loop, `Policy::Every(1)`); the loops of
+//! `tests/allocations.rs`.
 //!
 //! Without arguments it runs each model for 50 steps and prints the median time of a step.
 
@@ -21,6 +22,8 @@ mod gpt;
 mod pre_norm_mlp;
 #[path = "common/training_loops.rs"]
 mod training_loops;
+
+use gpt::Attention::Fused;
 
 const MODELS: [&str; 4] = ["mlp", "mlp-sqrt", "gpt", "gpt-every"];
 const USAGE: &str = "usage: training_steps [mlp|mlp-sqrt|gpt|gpt-every STEPS]";
@@ -61,7 +64,7 @@ fn run(model: &str, steps: usize, boundary: &mut dyn FnMut(usize)) {
     match model {
         "mlp" => training_loops::mlp(&pool, 2, None, steps, boundary),
         "mlp-sqrt" => training_loops::mlp(&pool, 4, policy(Policy::Sqrt), steps, boundary),
-        "gpt" => training_loops::gpt(&pool, None, steps, boundary),
-        _ => training_loops::gpt(&pool, policy(Policy::Every(1)), steps, boundary),
+        "gpt" => training_loops::gpt(&pool, Fused, None, steps, boundary),
+        _ => training_loops::gpt(&pool, Fused, policy(Policy::Every(1)), steps, boundary),
     }
 }

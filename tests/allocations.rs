@@ -172,28 +172,25 @@ fn steady_state_mlp_training_steps_allocate_nothing() {
     );
 }
 
-/// Attention (reshape, transpose, masked_fill, softmax), embeddings and cross-entropy by ids
-/// allocate nothing either, in inference and in training, plain or checkpointed block by block.
+/// Attention, fused (its tiles in per-thread scratch, its three inputs' record recycled) or not
+/// (reshape, transpose, masked_fill, softmax), embeddings and cross-entropy by ids allocate
+/// nothing either, in inference and in training, plain or checkpointed block by block.
 #[test]
 fn steady_state_gpt_forwards_and_training_steps_allocate_nothing() {
     let pool = Pool::with_max_memory_mb(64);
-    let every = Some(CheckpointConfig::new(Policy::Every(1)));
-    let counts = [
-        (
-            "forward",
-            per_step(|steps, boundary| training_loops::gpt_forwards(&pool, steps, boundary)),
-        ),
-        (
-            "training",
-            per_step(|steps, boundary| training_loops::gpt(&pool, None, steps, boundary)),
-        ),
-        (
-            "training, Every(1)",
-            per_step(|steps, boundary| training_loops::gpt(&pool, every, steps, boundary)),
-        ),
-    ];
+    let every = || Some(CheckpointConfig::new(Policy::Every(1)));
+    let counts = [gpt::Attention::Fused, gpt::Attention::Unfused].map(|form| {
+        let forward =
+            per_step(|steps, boundary| training_loops::gpt_forwards(&pool, form, steps, boundary));
+        let training =
+            per_step(|steps, boundary| training_loops::gpt(&pool, form, None, steps, boundary));
+        let every =
+            per_step(|steps, boundary| training_loops::gpt(&pool, form, every(), steps, boundary));
+        (form, [forward, training, every])
+    });
     assert!(
-        counts.iter().all(|&(_, n)| n == 0),
-        "heap allocations over {STEADY_STEPS} steady-state steps of the tiny GPT: {counts:?}"
+        counts.iter().all(|(_, n)| *n == [0; 3]),
+        "heap allocations over {STEADY_STEPS} steady-state steps of the tiny GPT (forward, \
+         training, training under Every(1)): {counts:?}"
     );
 }

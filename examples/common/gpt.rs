@@ -13,6 +13,7 @@
 use std::path::Path;
 
 use tensorscope::nn::{LoadOptions, NnError, ParamStore};
+use tensorscope::ops::AttentionOptions;
 use tensorscope::prelude::*;
 use tensorscope::{Checkpointer, Parameters};
 
@@ -25,6 +26,47 @@ pub(crate) struct Config {
     pub(crate) heads: usize,
     pub(crate) layers: usize,
     pub(crate) eps: f32,
+    /// How the blocks compute their attention.
+    pub(crate) attention: Attention,
+}
+
+/// The two forms of the blocks' attention: the same values, to rounding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attention {
+    /// `scaled_dot_product_attention`: no `[b, h, t, t]` matrix made or kept.
+    Fused,
+    /// `matmul`, `masked_fill` of the future, `softmax`, `matmul`: scores and probabilities made,
+    /// and kept for the backward.
+    Unfused,
+}
+
+impl Attention {
+    /// Causal attention of `q`, `k` and `v` (`[b, h, t, d]`) in this form; the unfused form reads
+    /// `future` (at least `[t, t]`, 1 above the diagonal) for its mask.
+    pub(crate) fn apply<'a>(
+        self,
+        (q, k, v): (&Tensor<'a>, &Tensor<'a>, &Tensor<'a>),
+        future: &Param<u8>,
+    ) -> Tensor<'a> {
+        let &[.., t, d] = q.shape() else {
+            panic!("attention takes [.., t, d], got {:?}", q.shape())
+        };
+        match self {
+            Attention::Fused => {
+                let causal = AttentionOptions {
+                    causal: true,
+                    ..AttentionOptions::default()
+                };
+                q.scaled_dot_product_attention(k, v, causal)
+            }
+            Attention::Unfused => {
+                let mask = q.bind(future).narrow(0, 0, t).narrow(1, 0, t);
+                let scores = q.matmul(&k.t()) * (1.0 / (d as f32).sqrt()); // [.., t, t]
+                let weights = scores.masked_fill(&mask, f32::NEG_INFINITY).softmax(-1);
+                weights.matmul(v)
+            }
+        }
+    }
 }
 
 impl Config {
@@ -36,6 +78,7 @@ impl Config {
         heads: 4,
         layers: 2,
         eps: 1e-5,
+        attention: Attention::Fused,
     };
 }
 
@@ -80,6 +123,7 @@ pub(crate) struct Block {
     mlp_proj: Dense,
     heads: usize,
     eps: f32,
+    attention: Attention,
 }
 
 impl Block {
@@ -92,7 +136,7 @@ impl Block {
         h + &self.mlp_proj.forward(&m)
     }
 
-    /// Causal multi-head self-attention over `[batch, t, dim]`.
+    /// Causal multi-head self-attention over `[batch, t, dim]`, fused or not as the config says.
     #[dispose_scope]
     fn attention<'a>(&self, x: &Tensor<'a>, future: &Param<u8>) -> Tensor<'a> {
         let &[b, t, c] = x.shape() else {
@@ -107,12 +151,10 @@ impl Block {
                 .reshape(&[b, t, h, d])
                 .transpose(1, 2)
         };
-        let (q, k, v) = (&heads(0), &heads(1), &heads(2));
-        let mask = x.bind(future).narrow(0, 0, t).narrow(1, 0, t);
-        let scores = q.matmul(&k.t()) * (1.0 / (d as f32).sqrt()); // [b, h, t, t]
-        let weights = scores.masked_fill(&mask, f32::NEG_INFINITY).softmax(-1);
-        let y = weights.matmul(v).transpose(1, 2).reshape(&[b, t, c]);
-        self.c_proj.forward(&y)
+        let y = self
+            .attention
+            .apply((&heads(0), &heads(1), &heads(2)), future);
+        self.c_proj.forward(&y.transpose(1, 2).reshape(&[b, t, c]))
     }
 }
 
@@ -215,6 +257,7 @@ impl Gpt {
                     mlp_proj: dense(&mut take, &p("mlp.c_proj"))?,
                     heads: config.heads,
                     eps: config.eps,
+                    attention: config.attention,
                 })
             })
             .collect::<Result<Vec<_>, NnError>>()?;

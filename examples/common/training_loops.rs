@@ -77,10 +77,12 @@ pub(crate) fn mlp(
     );
 }
 
-/// The tiny GPT of the parity fixture's sizes, with random weights and two blocks.
-pub(crate) fn tiny_gpt(pool: &Pool) -> gpt::Gpt {
+/// The tiny GPT of the parity fixture's sizes, with random weights and two blocks, its attention
+/// in the form given.
+pub(crate) fn tiny_gpt(pool: &Pool, attention: gpt::Attention) -> gpt::Gpt {
     let config = gpt::Config {
         layers: 2,
+        attention,
         ..gpt::Config::TINY
     };
     gpt::Gpt::random(pool, config, 1).expect("a model")
@@ -89,9 +91,15 @@ pub(crate) fn tiny_gpt(pool: &Pool) -> gpt::Gpt {
 /// Two sequences of 8 token ids.
 pub(crate) const TOKENS: [i64; 16] = [3, 10, 17, 24, 31, 38, 45, 52, 59, 66, 73, 80, 87, 94, 5, 12];
 
-/// `steps` forwards (inference) of the tiny GPT on [`TOKENS`]; `boundary` as in [`adam_steps`].
-pub(crate) fn gpt_forwards(pool: &Pool, steps: usize, mut boundary: impl FnMut(usize)) {
-    let model = tiny_gpt(pool);
+/// `steps` forwards (inference) of the tiny GPT on [`TOKENS`], its attention in the form given;
+/// `boundary` as in [`adam_steps`].
+pub(crate) fn gpt_forwards(
+    pool: &Pool,
+    attention: gpt::Attention,
+    steps: usize,
+    mut boundary: impl FnMut(usize),
+) {
+    let model = tiny_gpt(pool, attention);
     for step in 0..steps {
         boundary(step);
         pool.scope(|s| {
@@ -102,15 +110,16 @@ pub(crate) fn gpt_forwards(pool: &Pool, steps: usize, mut boundary: impl FnMut(u
     boundary(steps);
 }
 
-/// `steps` training steps of the tiny GPT on [`TOKENS`] (next-token cross-entropy by ids); see
-/// [`adam_steps`].
+/// `steps` training steps of the tiny GPT on [`TOKENS`] (next-token cross-entropy by ids), its
+/// attention in the form given; see [`adam_steps`].
 pub(crate) fn gpt(
     pool: &Pool,
+    attention: gpt::Attention,
     config: Option<CheckpointConfig>,
     steps: usize,
     boundary: impl FnMut(usize),
 ) {
-    let mut model = tiny_gpt(pool);
+    let mut model = tiny_gpt(pool, attention);
     adam_steps(
         pool,
         &mut model,

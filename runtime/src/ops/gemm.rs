@@ -23,7 +23,6 @@
 //! of being copied first.
 
 use std::cell::RefCell;
-use std::thread::LocalKey;
 
 use super::simd::{self, FmaKernel, TileOut as _};
 use crate::element::Element;
@@ -73,8 +72,8 @@ thread_local! {
 /// they start, so that which thread takes which part of a product never decides whether a step
 /// allocates.
 pub(crate) fn reserve_scratch() {
-    with_scratch::<f64, _>((&PACKED_A, A_BYTES), 0, |_| ());
-    with_scratch::<f64, _>((&PACKED_B, B_BYTES), 0, |_| ());
+    super::with_buffer::<_, f64, _>(&PACKED_A, (0, A_BYTES), |_| ());
+    super::with_buffer::<_, f64, _>(&PACKED_B, (0, B_BYTES), |_| ());
 }
 
 /// A matrix in a slice: element `(i, j)` at `data[i * rs + j * cs]`.
@@ -91,7 +90,6 @@ pub(crate) struct Matrix<'a, T> {
 
 impl<'a, T> Matrix<'a, T> {
     /// `data` as a row-major `[rows, cols]` matrix.
-    #[cfg(test)]
     pub(crate) fn row_major(data: &'a [T], rows: usize, cols: usize) -> Self {
         Matrix {
             data,
@@ -130,6 +128,18 @@ impl<T: Copy> Matrix<'_, T> {
 /// `c = a b` for `a: [m, k]`, `b: [k, n]` and a row-major `c: [m, n]`, with `T` `f32` or `f64`
 /// ([`Element::GEMM`]).
 pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
+    multiply(a, b, c, false)
+}
+
+/// `c += a b`, as [`product`] otherwise: the sums go into what `c` holds, as the tiles of the
+/// later steps along `k` do, so an accumulation over many products (attention's tiles) needs no
+/// temporary and no pass of its own.
+pub(crate) fn product_add<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
+    multiply(a, b, c, true)
+}
+
+/// `c = a b`, or `c += a b` if `add`.
+fn multiply<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T], add: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let last = |x: &Matrix<'_, T>| (x.rows - 1) * x.rs + (x.cols - 1) * x.cs;
     assert!(
@@ -145,17 +155,19 @@ pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T
         return;
     }
     if k == 0 {
-        // An empty sum: zeros, whatever the buffer held.
-        c.fill(T::zero());
+        // An empty sum: zeros, whatever the buffer held (or nothing added).
+        if !add {
+            c.fill(T::zero());
+        }
         return;
     }
     let c = Window::new(c, n);
     if std::mem::size_of::<T>() == 4 && simd::has_avx512() {
-        split::<T, 12, 32>(a, b, c);
+        split::<T, 12, 32>(a, b, c, add);
     } else if std::mem::size_of::<T>() == 4 {
-        split::<T, 6, 16>(a, b, c);
+        split::<T, 6, 16>(a, b, c, add);
     } else {
-        split::<T, 6, 8>(a, b, c);
+        split::<T, 6, 8>(a, b, c, add);
     }
 }
 
@@ -168,9 +180,10 @@ fn split<T: Element, const MR: usize, const NR: usize>(
     a: Matrix<'_, T>,
     b: Matrix<'_, T>,
     c: Window<'_, T>,
+    add: bool,
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    let each = |part: Window<'_, T>| blocked::<T, MR, NR>(a, b, part);
+    let each = |part: Window<'_, T>| blocked::<T, MR, NR>(a, b, part, add);
     if n >= m {
         let granules = n.div_ceil(NR);
         let min = PER_PART.div_ceil(NR * m * k);
@@ -186,18 +199,20 @@ fn split<T: Element, const MR: usize, const NR: usize>(
 }
 
 /// One thread's part of the product, the rows and columns of `c`'s window: in panels of `NC`
-/// columns and steps of `KC` along `k`, each step's panel of `b` packed into this thread's buffer.
+/// columns and steps of `KC` along `k`, each step's panel of `b` packed into this thread's buffer;
+/// added to what the window holds if `add`.
 fn blocked<T: Element, const MR: usize, const NR: usize>(
     a: Matrix<'_, T>,
     b: Matrix<'_, T>,
     mut c: Window<'_, T>,
+    add: bool,
 ) {
     let k = a.cols;
     let (rows, cols) = (c.rows(), c.cols());
     let widest = cols.len().min(NC).next_multiple_of(NR);
     let tallest = rows.len().min(MC).next_multiple_of(MR);
-    with_scratch::<T, _>((&PACKED_B, B_BYTES), widest * k.min(KC), |pb| {
-        with_scratch::<T, _>((&PACKED_A, A_BYTES), tallest * k.min(KC), |pa| {
+    super::with_buffer::<_, T, _>(&PACKED_B, (widest * k.min(KC), B_BYTES), |pb| {
+        super::with_buffer::<_, T, _>(&PACKED_A, (tallest * k.min(KC), A_BYTES), |pa| {
             for jc in cols.clone().step_by(NC) {
                 let nc = NC.min(cols.end - jc);
                 for pc in (0..k).step_by(KC) {
@@ -209,6 +224,7 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
                         pb,
                         cols: (jc, nc),
                         depth: (pc, kc),
+                        add: add || pc > 0,
                         c: &mut c,
                         pa: &mut *pa,
                     });
@@ -216,31 +232,6 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
             }
         })
     });
-}
-
-/// `f` with `len` elements of this thread's packing buffer `key` (made at its full size on first
-/// use); with a temporary one if the buffer is in use (a product called from inside another's
-/// epilogue).
-fn with_scratch<T: Element, R>(
-    (key, full): (&'static LocalKey<RefCell<Vec<Block>>>, usize),
-    len: usize,
-    f: impl FnOnce(&mut [T]) -> R,
-) -> R {
-    let block = std::mem::size_of::<Block>();
-    let blocks = (len * std::mem::size_of::<T>()).div_ceil(block);
-    let want = blocks.max(full.div_ceil(block));
-    key.with(|cell| {
-        let mut temporary = Vec::new();
-        let mut kept = cell.try_borrow_mut();
-        let buffer = match kept.as_deref_mut() {
-            Ok(kept) => kept,
-            Err(_) => &mut temporary,
-        };
-        if buffer.len() < want {
-            buffer.resize(want, bytemuck::Zeroable::zeroed());
-        }
-        f(&mut bytemuck::cast_slice_mut(&mut buffer[..blocks])[..len])
-    })
 }
 
 /// One `KC`-deep step of one `NC`-column panel of a thread's part, the panel of `b` packed.
@@ -251,6 +242,9 @@ struct Step<'a, 'c, T, const MR: usize, const NR: usize> {
     cols: (usize, usize),
     /// The step's first index along `k` and depth.
     depth: (usize, usize),
+    /// Whether the step's sums are added to what `c` holds (the earlier steps' sums, or what the
+    /// caller accumulates into).
+    add: bool,
     /// The thread's part of `c`: the step's sums for the panel's columns of it.
     c: &'a mut Window<'c, T>,
     /// This thread's packing buffer for `a`.
@@ -267,6 +261,7 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Step<'_, '_, T,
             pb,
             cols: (jc, nc),
             depth: (pc, kc),
+            add,
             c,
             pa,
         } = self;
@@ -285,7 +280,7 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Step<'_, '_, T,
                     let b = b.as_chunks::<NR>().0;
                     let out = Out {
                         c: c.sub(r..r + height, col..col + NR.min(jc + nc - col)),
-                        add: pc > 0,
+                        add,
                     };
                     if direct && height == MR {
                         let lines: [&[T]; MR] = std::array::from_fn(|i| a.row(r + i, pc, kc));
@@ -683,14 +678,38 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_sum_writes_zeros_and_empty_outputs_write_nothing() {
-        let mut c = vec![3.0f32; 6];
-        product(
-            Matrix::row_major(&[], 2, 0),
-            Matrix::row_major(&[], 0, 3),
-            &mut c,
-        );
-        assert_eq!(c, [0.0; 6]);
+    fn product_add_adds_the_product_to_what_c_holds() {
+        for shape @ (m, k, n) in EDGE_SHAPES {
+            for layout @ (ta, tb) in [(false, false), (true, true)] {
+                let (a_data, b_data, product) = operands_and_product::<f64>(shape, layout);
+                let before = values::<f64>(m * n, 3);
+                let mut c = before.clone();
+                product_add(
+                    matrix(&a_data, (m, k), ta),
+                    matrix(&b_data, (k, n), tb),
+                    &mut c,
+                );
+                for (i, ((&c, &p), &b)) in c.iter().zip(&product).zip(&before).enumerate() {
+                    let error = (c - (b + p)).abs() / k as f64;
+                    assert!(
+                        error < 1e-14,
+                        "{shape:?} {layout:?} [{i}]: {c} != {b} + {p}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_sum_writes_zeros_or_adds_nothing_and_empty_outputs_write_nothing() {
+        type Product = fn(Matrix<'_, f32>, Matrix<'_, f32>, &mut [f32]);
+        for (multiply, want) in [(product as Product, 0.0), (product_add, 3.0)] {
+            let mut c = vec![3.0f32; 6];
+            let (a, b) = (Matrix::row_major(&[], 2, 0), Matrix::row_major(&[], 0, 3));
+            multiply(a, b, &mut c);
+            assert_eq!(c, [want; 6]);
+        }
+        let mut c = vec![0.0f32; 6];
         product(
             Matrix::row_major(&[], 0, 2),
             Matrix::row_major(&[1.0; 4], 2, 2),

@@ -11,8 +11,6 @@
 //! so, the loop vectorises (a single running sum cannot be reordered), and every instruction set
 //! adds the same numbers in the same order, so gives the same bits.
 
-use std::cell::RefCell;
-
 use super::{simd, work};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
@@ -24,7 +22,7 @@ const ACC: usize = 16;
 
 /// `sum(f(a[i], b[i]))` over two slices of one length, as [`ACC`] partial sums added pairwise.
 #[inline(always)]
-fn sum_with<T: Element>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> T {
+pub(super) fn sum_with<T: Element>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> T {
     let mut acc = [T::zero(); ACC];
     let (ca, cb) = (a.chunks_exact(ACC), b.chunks_exact(ACC));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -48,13 +46,13 @@ fn sum_with<T: Element>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> T {
 
 /// `sum(xs)`.
 #[inline(always)]
-fn sum<T: Element>(xs: &[T]) -> T {
+pub(super) fn sum<T: Element>(xs: &[T]) -> T {
     sum_with(xs, xs, |x, _| x)
 }
 
 /// The largest element, NaNs skipped (`-inf` for a lane of NaNs), as [`ACC`] partial maxima.
 #[inline(always)]
-fn max<T: Element>(xs: &[T]) -> T {
+pub(super) fn max<T: Element>(xs: &[T]) -> T {
     let mut acc = [T::neg_infinity(); ACC];
     let chunks = xs.chunks_exact(ACC);
     let rest = chunks.remainder();
@@ -381,17 +379,7 @@ fn along<T: Element, const N: usize>(
         simd::lanes(data, srcs, lane, kernel);
         return;
     }
-    thread_local! {
-        static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-    }
-    SCRATCH.with_borrow_mut(|scratch| {
-        // `u64`s, aligned for every element type, viewed as `T`s.
-        let words = ((N + 1) * lane * size_of::<T>()).div_ceil(size_of::<u64>());
-        if scratch.len() < words {
-            scratch.resize(words, 0);
-        }
-        let scratch: &mut [T] =
-            &mut bytemuck::cast_slice_mut(&mut scratch[..words])[..(N + 1) * lane];
+    super::with_scratch((N + 1) * lane, |scratch: &mut [T]| {
         let (d, rest) = scratch.split_at_mut(lane);
         let mut parts = rest.chunks_exact_mut(lane);
         let mut s: [&mut [T]; N] = std::array::from_fn(|_| parts.next().expect("N lanes"));

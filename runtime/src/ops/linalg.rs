@@ -149,7 +149,7 @@ fn matmul_kernel<'s, T: Element>(
                 rows: rows * m,
                 ..Batched::of(this, a_batch.len()).first
             };
-            product(a, Batched::of(other, b_batch.len()).first, c);
+            product(a, Batched::of(other, b_batch.len()).first, c, false);
             return Ok(out);
         }
     }
@@ -172,7 +172,7 @@ fn matmul_kernel<'s, T: Element>(
                 ai += pos * a.steps[axis];
                 bi += pos * b.steps[axis];
             }
-            product(a.at(ai), b.at(bi), c);
+            product(a.at(ai), b.at(bi), c, false);
         }
     });
     Ok(out)
@@ -234,15 +234,20 @@ fn rows_of<T: DType>(x: &Tensor<'_, T>) -> Option<usize> {
     Some(count)
 }
 
-/// `c = a b` for a row-major `[m, n]` output slice.
-fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
+/// `c = a b` (or `c += a b` if `add`) for strided matrices `a: [m, k]`, `b: [k, n]` and a
+/// row-major `[m, n]` output slice: the library's packed product for `f32` and `f64`, ndarray's
+/// `general_mat_mul` for the others.
+pub(super) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T], add: bool) {
     if T::GEMM {
-        return gemm::product(a, b, c);
+        return match add {
+            true => gemm::product_add(a, b, c),
+            false => gemm::product(a, b, c),
+        };
     }
-    let (a, b) = (ndarray_view(a), ndarray_view(b));
-    let (m, n) = (a.nrows(), b.ncols());
-    let mut c = ArrayViewMut2::from_shape((m, n), c).expect("matmul rented an [m, n] output");
-    general_mat_mul(T::one(), &a, &b, T::zero(), &mut c);
+    let (m, n) = (a.rows, b.cols);
+    let mut c = ArrayViewMut2::from_shape((m, n), &mut c[..m * n]).expect("an [m, n] output");
+    let beta = if add { T::one() } else { T::zero() };
+    general_mat_mul(T::one(), &ndarray_view(a), &ndarray_view(b), beta, &mut c);
 }
 
 /// `x` as an ndarray view, for the products of `f16` and `bf16`.

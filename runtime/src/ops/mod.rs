@@ -47,6 +47,9 @@
 //!   [`Tensor::squeeze`], [`Tensor::unsqueeze`] and [`Tensor::flatten`] are zero-copy aliases.
 //! - **Padding** of the last axes, in PyTorch's `F.pad` order: [`Tensor::pad`] with a value,
 //!   [`Tensor::pad_reflect`] with the mirrored values.
+//! - **Attention**: [`Tensor::scaled_dot_product_attention`] (causal or not, a scale of one's
+//!   own: [`AttentionOptions`]), fused as FlashAttention-2: no `[.., tq, tk]` matrix is made or
+//!   kept for the backward.
 //! - **Rotary position embeddings**: [`Scope::rope_tables`](crate::Scope::rope_tables) and
 //!   [`Tensor::rope`], as Hugging Face's Llama.
 //! - **Indexing** by `i64` ids: [`Tensor::embedding`], [`Tensor::index_select`],
@@ -85,6 +88,7 @@
 
 // The families are private: their ops are methods of `Tensor` and render on its page, so their
 // own pages would be empty. `mask` is public for `Cmp`.
+mod attention;
 mod conv;
 mod dropout;
 mod elementwise;
@@ -109,11 +113,15 @@ pub(crate) mod simd;
 mod sort;
 mod tensor_ops;
 
+pub use attention::AttentionOptions;
 pub use conv::ConvOptions;
 pub(crate) use dropout::check_probability;
 pub use mask::Cmp;
 pub use tensor_ops::TensorOps;
 pub(crate) use tensor_ops::Unary;
+
+use std::cell::RefCell;
+use std::thread::LocalKey;
 
 use ndarray::IxDyn;
 
@@ -265,6 +273,43 @@ pub(crate) fn for_each_part<P: Send, I: Iterator<Item = P>>(
 ) {
     threads::on_worker_start(gemm::reserve_scratch);
     threads::for_each_part(granules, min_granules, split, f)
+}
+
+/// `f` with `len` elements of this thread's scratch buffer, which only grows: a kernel's
+/// temporaries (a lane copied out of a strided tensor, attention's tiles of scores) allocate
+/// nothing once a thread has run the largest of them. See [`with_buffer`].
+pub(crate) fn with_scratch<T: bytemuck::Pod, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    thread_local! {
+        // `u64`s: aligned for every element type.
+        static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    }
+    with_buffer(&SCRATCH, (len, 0), f)
+}
+
+/// `f` with `len` `T`s of this thread's buffer `key` (of `W`s, aligned for `T`), which only
+/// grows: to at least `reserve` bytes on first use, and to what a call needs, so that a
+/// steady-state call allocates nothing (the products' packing buffers are made at their full
+/// size, so that no later product allocates whichever thread takes which part). A temporary
+/// buffer if `key`'s is in use (a kernel called from inside another's).
+pub(crate) fn with_buffer<W: bytemuck::Pod, T: bytemuck::Pod, R>(
+    key: &'static LocalKey<RefCell<Vec<W>>>,
+    (len, reserve): (usize, usize),
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    let units = (len * size_of::<T>()).div_ceil(size_of::<W>());
+    let want = units.max(reserve.div_ceil(size_of::<W>()));
+    key.with(|cell| {
+        let mut temporary = Vec::new();
+        let mut kept = cell.try_borrow_mut();
+        let buffer = match kept.as_deref_mut() {
+            Ok(kept) => kept,
+            Err(_) => &mut temporary,
+        };
+        if buffer.len() < want {
+            buffer.resize(want, W::zeroed());
+        }
+        f(&mut bytemuck::cast_slice_mut(&mut buffer[..units])[..len])
+    })
 }
 
 /// The NumPy broadcast of two shapes: axes aligned from the right, each pair equal or one of them 1.

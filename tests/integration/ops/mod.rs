@@ -8,6 +8,7 @@
 //! sentinel. Gradients are checked in `autograd`.
 
 mod arithmetic;
+mod attention;
 mod checks;
 mod conv;
 mod dropout;

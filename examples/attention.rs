@@ -1,0 +1,183 @@
+//! The fused attention (`scaled_dot_product_attention`) against the same causal attention written
+//! with the unfused ops (`matmul`, `masked_fill`, `softmax`; `examples/common/gpt.rs`'s two
+//! forms), at GPT-2-like shapes: batch 8, 6 heads, head dimension 64, `t` 256 and 1024, `f32`.
+//! For each: the forward's time (nothing recorded), a forward and backward's time (`q`, `k` and
+//! `v` requiring gradients, the output's gradient given), and the peak pool bytes of that forward
+//! and backward beyond its inputs. Then a training step of a GPT of that shape (6 blocks of width
+//! 384, context 256, batch 8, vocabulary 256, Adam) in either form: its time and peak activation
+//! bytes.
+//!
+//! The forms take turns in rounds, so that a drift of the machine's speed affects both alike; the
+//! table gives the medians over the rounds of each round's median.
+//!
+//! `cargo run --release --example attention [-- --rounds 5]`
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use tensorscope::nn::Adam;
+use tensorscope::prelude::*;
+
+#[path = "common/gpt.rs"]
+mod gpt;
+
+#[path = "common/measured_training.rs"]
+mod measured_training;
+
+use gpt::{Attention, Config, Gpt};
+use measured_training::{Measured, CHUNK};
+
+const FORMS: [Attention; 2] = [Attention::Fused, Attention::Unfused];
+const BATCH: usize = 8;
+const HEADS: usize = 6;
+const HEAD_DIM: usize = 64;
+/// Calls of the op per form and round.
+const REPS: usize = 3;
+
+fn main() {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let rounds = match &raw[..] {
+        [] => 5,
+        [flag, n] if flag == "--rounds" => n.parse().unwrap_or_else(|_| usage()),
+        _ => usage(),
+    };
+    let threads = std::env::var("TENSORSCOPE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1);
+    println!(
+        "causal attention [{BATCH}, {HEADS}, t, {HEAD_DIM}], f32, {threads} threads, {rounds} \
+         rounds of {REPS} calls per form"
+    );
+    println!(
+        "\n| t | form | forward ms | forward + backward ms | peak bytes, forward + backward |"
+    );
+    println!("|---:|---|---:|---:|---:|");
+    for t in [256, 1024] {
+        op_table(t, rounds);
+    }
+    gpt_table(rounds);
+}
+
+fn usage() -> ! {
+    eprintln!("usage: attention [--rounds N]");
+    std::process::exit(2)
+}
+
+/// The median of `xs` (not empty).
+fn median(xs: &[f64]) -> f64 {
+    let mut xs = xs.to_vec();
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// One form's figures over the rounds: per round, the medians of its calls.
+#[derive(Default)]
+struct Rounds {
+    forward: Vec<f64>,
+    training: Vec<f64>,
+    peak: usize,
+}
+
+/// Prints the rows of the op at `t`, the forms taking turns for `rounds` rounds.
+fn op_table(t: usize, rounds: usize) {
+    let pool = Pool::with_max_memory_mb(8192);
+    let future = pool.scope(|s| s.ones::<u8>(&[t, t]).triu(1).detach());
+    let mut figures: [Rounds; 2] = Default::default();
+    for _ in 0..rounds {
+        for (form, rounds) in FORMS.into_iter().zip(&mut figures) {
+            op_round(&pool, form, t, &future, rounds);
+        }
+    }
+    for (form, rounds) in FORMS.into_iter().zip(&figures) {
+        println!(
+            "| {t} | {form:?} | {:.1} | {:.1} | {} |",
+            median(&rounds.forward),
+            median(&rounds.training),
+            rounds.peak
+        );
+    }
+}
+
+/// One round of `form` at `t`: `REPS` forwards, then `REPS` forwards and backwards, their medians
+/// and the peak pool bytes beyond the inputs and the output's gradient added to `rounds`.
+fn op_round(pool: &Pool, form: Attention, t: usize, future: &Param<u8>, rounds: &mut Rounds) {
+    pool.scope(|s| {
+        let shape = [BATCH, HEADS, t, HEAD_DIM];
+        let [q, k, v, gy] = [1, 2, 3, 4].map(|seed| s.randn::<f32>(&shape, seed));
+        let timed = |f: &mut dyn FnMut()| {
+            let times: Vec<f64> = (0..REPS)
+                .map(|_| {
+                    let started = Instant::now();
+                    f();
+                    started.elapsed().as_secs_f64() * 1e3
+                })
+                .collect();
+            median(&times)
+        };
+        rounds.forward.push(timed(&mut || {
+            black_box(form.apply((&q, &k, &v), future).len());
+        }));
+        let [q, k, v] = [q, k, v].map(Tensor::requires_grad);
+        let before = pool.stats().bytes_in_use;
+        pool.reset_peak();
+        rounds.training.push(timed(&mut || {
+            let y = form.apply((&q, &k, &v), future);
+            black_box(y.backward_with(&gy).expect("backward").len());
+        }));
+        rounds.peak = rounds.peak.max(pool.stats().peak_bytes_in_use - before);
+    });
+}
+
+/// Prints a GPT training step in either form, the forms taking turns, `CHUNK` steps each per
+/// round.
+fn gpt_table(rounds: usize) {
+    let config = |attention| Config {
+        vocab: 256,
+        n_ctx: 256,
+        dim: HEADS * HEAD_DIM,
+        heads: HEADS,
+        layers: 6,
+        eps: 1e-5,
+        attention,
+    };
+    let mut runs = FORMS.map(|form| {
+        let pool = Pool::with_max_memory_mb(8192);
+        let model = Gpt::random(&pool, config(form), 1).expect("the model's own shapes");
+        (form, pool, model, Adam::new(3e-4), Measured::default())
+    });
+    let c = config(Attention::Fused);
+    let ids: Vec<i64> = (0..BATCH * c.n_ctx)
+        .map(|i| ((i * 7 + i / c.n_ctx) % c.vocab) as i64)
+        .collect();
+    for round in 0..rounds {
+        for (form, pool, model, adam, measured) in &mut runs {
+            let steps = round * CHUNK..(round + 1) * CHUNK;
+            let name = format!("{form:?}");
+            measured.run(&name, pool, model, adam, steps, |model, s, _, grads| {
+                s.train(|t| {
+                    let ids = t.from_slice::<i64>(&[BATCH, c.n_ctx], &ids);
+                    let loss = Gpt::loss(&model.forward(&ids), &ids);
+                    loss.backward_into(grads).expect("backward");
+                    loss.item()
+                })
+            });
+        }
+    }
+    println!(
+        "\nGPT training step: {} blocks, width {}, {} heads, context {}, batch {BATCH}, vocabulary \
+         {}, Adam",
+        c.layers, c.dim, c.heads, c.n_ctx, c.vocab
+    );
+    println!("\n| form | step ms | peak activation bytes | last loss |");
+    println!("|---|---:|---:|---:|");
+    for (form, _, _, _, measured) in &runs {
+        println!(
+            "| {form:?} | {:.1} | {} | {:.4} |",
+            measured.median_ms(),
+            measured.peak,
+            measured.losses.last().expect("a step ran")
+        );
+    }
+}
