@@ -1,0 +1,115 @@
+"""PyTorch on the GPT training step of `examples/attention.rs`, for comparison with
+`cargo run --release --example attention` (its second table).
+
+The model of `examples/common/gpt.rs`: GPT-2 blocks (pre-LayerNorm, one fused qkv projection,
+causal attention, GELU's tanh form), learned positions, a final LayerNorm and a head tied to the
+token embedding; 6 blocks of width 384, 6 heads, context 256, vocabulary 256, batch 8, f32. The
+step: logits, the mean next-token cross-entropy against the input ids (the same synthetic ids as
+the Rust example), backward, Adam (lr 3e-4). Rows: eager with `F.scaled_dot_product_attention`
+(PyTorch's fused attention), and the same step under `torch.compile` when it compiles here. Each
+row runs its steps in rounds of 5, the rows taking turns, the first step of each round not timed;
+prints the median step time per row.
+
+Run (from the repository root; CI never runs Python):
+  python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch numpy
+  /tmp/venv/bin/python scripts/gpt_step_torch.py [--threads 2] [--rounds 5]
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB, CTX, DIM, HEADS, LAYERS, BATCH, CHUNK = 256, 256, 384, 6, 6, 8, 5
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(DIM, eps=1e-5)
+        self.c_attn = nn.Linear(DIM, 3 * DIM)
+        self.c_proj = nn.Linear(DIM, DIM)
+        self.ln_2 = nn.LayerNorm(DIM, eps=1e-5)
+        self.c_fc = nn.Linear(DIM, 4 * DIM)
+        self.mlp_proj = nn.Linear(4 * DIM, DIM)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=-1)
+        heads = lambda z: z.view(b, t, HEADS, c // HEADS).transpose(1, 2)
+        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        h = x + self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+        return h + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(h)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, DIM)
+        self.wpe = nn.Embedding(CTX, DIM)
+        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.ln_f = nn.LayerNorm(DIM, eps=1e-5)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, ids):
+        x = self.wte(ids) + self.wpe.weight[: ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x) @ self.wte.weight.T
+
+
+def loss_of(model, ids):
+    logits = model(ids)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1)
+    i = torch.arange(BATCH * CTX)
+    ids = ((i * 7 + i // CTX) % VOCAB).reshape(BATCH, CTX)
+
+    rows = {}
+    for name in ["eager", "torch.compile"]:
+        model = Gpt()
+        adam = torch.optim.Adam(model.parameters(), lr=3e-4)
+        step_loss = loss_of if name == "eager" else torch.compile(loss_of)
+
+        def step(model=model, adam=adam, step_loss=step_loss):
+            adam.zero_grad(set_to_none=True)
+            loss = step_loss(model, ids)
+            loss.backward()
+            adam.step()
+            return loss.item()
+
+        try:
+            step()  # warm-up (and compilation)
+        except Exception as e:  # noqa: BLE001: a compiler missing here is a row left out
+            print(f"{name}: not run ({type(e).__name__}: {str(e)[:80]})")
+            continue
+        rows[name] = (step, [], [])
+    for _ in range(args.rounds):
+        for step, times, losses in rows.values():
+            for j in range(CHUNK):
+                start = time.perf_counter()
+                losses.append(step())
+                if j > 0:
+                    times.append((time.perf_counter() - start) * 1e3)
+    print(f"GPT training step: {LAYERS} blocks, width {DIM}, {HEADS} heads, context {CTX}, "
+          f"batch {BATCH}, vocabulary {VOCAB}, Adam; PyTorch {torch.__version__}, "
+          f"{args.threads} threads")
+    print("\n| row | step ms | last loss |\n|---|---:|---:|")
+    for name, (_, times, losses) in rows.items():
+        print(f"| {name} | {statistics.median(times):.1f} | {losses[-1]:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
