@@ -324,9 +324,15 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// Like [`Tensor::try_into_unique`], a copy being rented in `scope` (the tensor's scope then).
     pub(crate) fn try_into_unique_in(self, scope: &State) -> Result<Self> {
-        if self.is_writable() {
-            return Ok(self);
+        match self.is_writable() {
+            true => Ok(self),
+            false => self.try_copy_in(scope),
         }
+    }
+
+    /// A copy of this tensor's values, row-major in a buffer rented in `scope`, on the same graph
+    /// (the same values, so the same gradient).
+    fn try_copy_in(self, scope: &State) -> Result<Self> {
         let mut copy = Tensor::try_rent_in(scope, self.shape())?;
         copy.copy_from(&self);
         copy.node = self.node;
@@ -351,13 +357,10 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// is contiguous, else a copy rented in `scope`, with the same graph (the same values, so the
     /// same gradient). How the op core hands a view to a kernel that reads slices.
     pub(crate) fn try_contiguous_in(self, scope: &State) -> Result<Self> {
-        if self.is_contiguous() {
-            return Ok(self);
+        match self.is_contiguous() {
+            true => Ok(self),
+            false => self.try_copy_in(scope),
         }
-        let mut copy = Tensor::try_rent_in(scope, self.shape())?;
-        copy.copy_from(&self);
-        copy.node = self.node;
-        Ok(copy)
     }
 
     /// This tensor with its elements row-major in one run of its buffer: a zero-copy alias if they
