@@ -428,23 +428,20 @@ where
                     drop(loss);
                     let after = world.pool.stats();
                     world.rents += (after.hits + after.misses) - (before.hits + before.misses);
-                    if world.nodes[root].consumed {
-                        // The pass stops at the root's rule, having run only the sum's and the
-                        // reshape's (made here, dropped with the loss).
-                        assert!(matches!(result, Err(Error::GraphConsumed)), "{result:?}");
-                    } else if graph.iter().all(|&n| !world.nodes[n].consumed) {
+                    if graph.iter().all(|&n| !world.nodes[n].consumed) {
                         result.unwrap();
                         // Every rule ran and released what it saved.
                         graph
                             .into_iter()
                             .for_each(|n| world.nodes[n].consumed = true);
                     } else {
-                        // Part of the graph was differentiated before: the pass stops at the first
-                        // rule already run, having run some others (which the model cannot tell).
+                        // The root's rule or one under it ran before. `backward` checks the whole
+                        // graph before running any rule, so the pass fails having run none of the
+                        // graph's rules (only the sum's and the reshape's, made here and dropped
+                        // with the loss): every rule not yet run still holds what it saved. (Only
+                        // a budget error could stop a pass halfway, and these programs stay far
+                        // below the budget.)
                         assert!(matches!(result, Err(Error::GraphConsumed)), "{result:?}");
-                        graph
-                            .into_iter()
-                            .for_each(|n| world.nodes[n].consumed = true);
                     }
                 }
             }
@@ -555,4 +552,50 @@ proptest! {
         world.detached.clear();
         prop_assert_eq!(pool.stats().bytes_in_use, 0);
     }
+}
+
+/// A backward refused because part of its graph was differentiated before runs no rule, so the
+/// rules not yet run keep what they saved: here `r * r` keeps `r` after `r` itself is dropped.
+/// (The model once marked the whole graph consumed on such a pass; seed `cc 8c26e2...`.)
+#[test]
+fn a_refused_backward_keeps_what_unrun_rules_saved() {
+    use Op::*;
+    let ops = [
+        Rent {
+            shape: vec![],
+            ty: 0,
+        },
+        Mark(0),
+        // r = relu(x) saves r; s = r * r saves r twice.
+        Record {
+            i: 0,
+            square: false,
+        },
+        Record { i: 1, square: true },
+        // Runs relu's rule (releasing its alias of r), then fails on s's graph before running
+        // s's rule; twice, to check nothing changed.
+        Backward(1),
+        Backward(2),
+        Backward(2),
+        // r's last handle outside the graph: s's rule still holds it.
+        Drop(1),
+        Pop { escape: vec![] },
+    ];
+    let pool = Pool::new(PoolConfig::with_max_bytes(1 << 20));
+    let mut world = World {
+        pool: pool.clone(),
+        next_buffer: 0,
+        rents: 0,
+        detached: Vec::new(),
+        nodes: Vec::new(),
+        sizes: HashMap::new(),
+    };
+    let mut iter = ops.iter();
+    let ((), stats) = pool.scope_with_stats(|s| {
+        let lives = run(s, &mut iter, &mut world, &[]);
+        assert!(lives.is_empty());
+    });
+    assert_eq!(stats.leaked, 0);
+    check(&world, &[]);
+    assert_eq!(pool.stats().bytes_in_use, 0);
 }
