@@ -522,35 +522,43 @@ fn with<'a, 'l>(outer: &[&'a Vec<Live<'l>>], lives: &'a Vec<Live<'l>>) -> Vec<&'
     stack
 }
 
+/// Runs `ops` in a fresh pool's outermost scope, checking every invariant after each op and the
+/// pool's accounting at the end; the count of tensors the outermost scope escaped (they drop with
+/// it, having no parent scope).
+fn run_program(ops: &[Op]) -> Result<usize, TestCaseError> {
+    let pool = Pool::new(PoolConfig::with_max_bytes(1 << 20));
+    let mut world = World {
+        pool: pool.clone(),
+        next_buffer: 0,
+        rents: 0,
+        detached: Vec::new(),
+        nodes: Vec::new(),
+        sizes: HashMap::new(),
+    };
+    let mut iter = ops.iter();
+    let (escaped, stats) = pool.scope_with_stats(|s| run(s, &mut iter, &mut world, &[]).len());
+    prop_assert_eq!(stats.leaked, 0);
+    check(&world, &[]);
+    let detached_bytes: usize = {
+        let seen: HashMap<u32, usize> = world
+            .detached
+            .iter()
+            .map(|k| (k.buffer, k.allocated()))
+            .collect();
+        seen.values().sum()
+    };
+    prop_assert_eq!(pool.stats().bytes_in_use, detached_bytes);
+    world.detached.clear();
+    prop_assert_eq!(pool.stats().bytes_in_use, 0);
+    Ok(escaped)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn random_scope_programs_keep_every_invariant(ops in prop::collection::vec(op(), 1..80)) {
-        let pool = Pool::new(PoolConfig::with_max_bytes(1 << 20));
-        let mut world = World {
-            pool: pool.clone(),
-            next_buffer: 0,
-            rents: 0,
-            detached: Vec::new(),
-            nodes: Vec::new(),
-            sizes: HashMap::new(),
-        };
-        let mut iter = ops.iter();
-        let ((), stats) = pool.scope_with_stats(|s| {
-            // What the outermost scope escapes stays its own (it has no parent scope), and drops here.
-            drop(run(s, &mut iter, &mut world, &[]));
-        });
-        prop_assert_eq!(stats.leaked, 0);
-        check(&world, &[]);
-        let detached_bytes: usize = {
-            let seen: HashMap<u32, usize> =
-                world.detached.iter().map(|k| (k.buffer, k.allocated())).collect();
-            seen.values().sum()
-        };
-        prop_assert_eq!(pool.stats().bytes_in_use, detached_bytes);
-        world.detached.clear();
-        prop_assert_eq!(pool.stats().bytes_in_use, 0);
+        run_program(&ops)?;
     }
 }
 
@@ -581,21 +589,5 @@ fn a_refused_backward_keeps_what_unrun_rules_saved() {
         Drop(1),
         Pop { escape: vec![] },
     ];
-    let pool = Pool::new(PoolConfig::with_max_bytes(1 << 20));
-    let mut world = World {
-        pool: pool.clone(),
-        next_buffer: 0,
-        rents: 0,
-        detached: Vec::new(),
-        nodes: Vec::new(),
-        sizes: HashMap::new(),
-    };
-    let mut iter = ops.iter();
-    let ((), stats) = pool.scope_with_stats(|s| {
-        let lives = run(s, &mut iter, &mut world, &[]);
-        assert!(lives.is_empty());
-    });
-    assert_eq!(stats.leaked, 0);
-    check(&world, &[]);
-    assert_eq!(pool.stats().bytes_in_use, 0);
+    assert_eq!(run_program(&ops).unwrap(), 0, "the program escapes nothing");
 }
