@@ -10,7 +10,8 @@
 //! The forms take turns in rounds, so that a drift of the machine's speed affects both alike; the
 //! table gives the medians over the rounds of each round's median.
 //!
-//! `cargo run --release --example attention [-- --rounds 5]`
+//! `cargo run --release --example attention [-- --rounds 5 --vocab 256 --gpt-only]`: `--vocab
+//! 50257` gives the GPT GPT-2's vocabulary, `--gpt-only` skips the op's table.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -35,33 +36,40 @@ const HEAD_DIM: usize = 64;
 const REPS: usize = 3;
 
 fn main() {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    let rounds = match &raw[..] {
-        [] => 5,
-        [flag, n] if flag == "--rounds" => n.parse().unwrap_or_else(|_| usage()),
-        _ => usage(),
-    };
+    let (mut rounds, mut vocab, mut gpt_only) = (5, 256, false);
+    let mut raw = std::env::args().skip(1);
+    while let Some(flag) = raw.next() {
+        let mut number = || raw.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| usage());
+        match flag.as_str() {
+            "--rounds" => rounds = number(),
+            "--vocab" => vocab = number(),
+            "--gpt-only" => gpt_only = true,
+            _ => usage(),
+        }
+    }
     let threads = std::env::var("TENSORSCOPE_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
         .unwrap_or(1);
-    println!(
-        "causal attention [{BATCH}, {HEADS}, t, {HEAD_DIM}], f32, {threads} threads, {rounds} \
-         rounds of {REPS} calls per form"
-    );
-    println!(
-        "\n| t | form | forward ms | forward + backward ms | peak bytes, forward + backward |"
-    );
-    println!("|---:|---|---:|---:|---:|");
-    for t in [256, 1024] {
-        op_table(t, rounds);
+    if !gpt_only {
+        println!(
+            "causal attention [{BATCH}, {HEADS}, t, {HEAD_DIM}], f32, {threads} threads, {rounds} \
+             rounds of {REPS} calls per form"
+        );
+        println!(
+            "\n| t | form | forward ms | forward + backward ms | peak bytes, forward + backward |"
+        );
+        println!("|---:|---|---:|---:|---:|");
+        for t in [256, 1024] {
+            op_table(t, rounds);
+        }
     }
-    gpt_table(rounds);
+    gpt_table(rounds, vocab);
 }
 
 fn usage() -> ! {
-    eprintln!("usage: attention [--rounds N]");
+    eprintln!("usage: attention [--rounds N] [--vocab N] [--gpt-only]");
     std::process::exit(2)
 }
 
@@ -132,9 +140,9 @@ fn op_round(pool: &Pool, form: Attention, t: usize, future: &Param<u8>, rounds: 
 
 /// Prints a GPT training step in either form, the forms taking turns, `CHUNK` steps each per
 /// round.
-fn gpt_table(rounds: usize) {
+fn gpt_table(rounds: usize, vocab: usize) {
     let config = |attention| Config {
-        vocab: 256,
+        vocab,
         n_ctx: 256,
         dim: HEADS * HEAD_DIM,
         heads: HEADS,

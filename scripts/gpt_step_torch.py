@@ -12,7 +12,8 @@ prints the median step time per row.
 
 Run (from the repository root; CI never runs Python):
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch numpy
-  /tmp/venv/bin/python scripts/gpt_step_torch.py [--threads 2] [--rounds 5]
+  /tmp/venv/bin/python scripts/gpt_step_torch.py [--threads 2] [--rounds 5] [--vocab 256]
+  (--vocab 50257: GPT-2's vocabulary, as the Rust example's --vocab)
 """
 import argparse
 import statistics
@@ -62,6 +63,11 @@ class Gpt(nn.Module):
         return self.ln_f(x) @ self.wte.weight.T
 
 
+def set_vocab(vocab):
+    global VOCAB
+    VOCAB = vocab
+
+
 def loss_of(model, ids):
     logits = model(ids)
     return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
@@ -71,7 +77,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--vocab", type=int, default=VOCAB)
     args = parser.parse_args()
+    set_vocab(args.vocab)
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     i = torch.arange(BATCH * CTX)
