@@ -39,7 +39,11 @@ fn main() {
     let (mut rounds, mut vocab, mut gpt_only) = (5, 256, false);
     let mut raw = std::env::args().skip(1);
     while let Some(flag) = raw.next() {
-        let mut number = || raw.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| usage());
+        let mut number = || {
+            raw.next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| usage())
+        };
         match flag.as_str() {
             "--rounds" => rounds = number(),
             "--vocab" => vocab = number(),
