@@ -194,3 +194,78 @@ fn steady_state_gpt_forwards_and_training_steps_allocate_nothing() {
          training, training under Every(1)): {counts:?}"
     );
 }
+
+/// Causal attention over `x` (`[b, t, c]`) with `heads` heads, split as PyTorch's models split them,
+/// through rank 5: `[b, t, 3, h, d]`, permuted to `[3, b, h, t, d]`, one head group per narrow; the
+/// heads merged back by a rank-4 permute.
+fn rank5_attention<'a>(x: &Tensor<'a>, w_qkv: &Param, w_proj: &Param, heads: usize) -> Tensor<'a> {
+    let &[b, t, c] = x.shape() else {
+        panic!("[b, t, c], got {:?}", x.shape())
+    };
+    let d = c / heads;
+    let qkv = x
+        .matmul(w_qkv)
+        .reshape(&[b, t, 3, heads, d])
+        .permute(&[2, 0, 3, 1, 4]);
+    let group = |i: usize| qkv.narrow(0, i, 1).squeeze(0);
+    let causal = tensorscope::ops::AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let y = group(0).scaled_dot_product_attention(&group(1), &group(2), causal);
+    y.permute(&[0, 2, 1, 3]).reshape(&[b, t, c]).matmul(w_proj)
+}
+
+/// Elementwise, broadcast, lane and reduction ops on rank-6 views and their gradients.
+fn rank6_chain<'a>(x: &Tensor<'a>, scale: &Param) -> Tensor<'a> {
+    let six = x.reshape(&[2, 2, 2, 2, 4, 4]).permute(&[5, 1, 0, 3, 2, 4]);
+    let y = (&six * scale).softmax(-1) + &six.narrow(2, 1, 1);
+    y.sum(3).exp().mean_all()
+}
+
+/// The two blocks above on a fixed random `[2, 8, 16]` input, as one loss.
+fn high_rank_loss<'a>(s: &tensorscope::Scope<'a, '_>, params: &[Param; 3]) -> Tensor<'a> {
+    let [w_qkv, w_proj, scale] = params;
+    let x = s.randn::<f32>(&[2, 8, 16], 4);
+    let y = rank5_attention(&x, w_qkv, w_proj, 4);
+    rank6_chain(&y, scale) + &y.mean_all()
+}
+
+/// `steps` steps of [`high_rank_loss`], each a training step (forward and backward) if `train`,
+/// else a forward alone.
+fn high_rank_steps(train: bool, steps: usize, mut boundary: impl FnMut(usize)) {
+    let pool = Pool::with_max_memory_mb(64);
+    let param =
+        |shape: &[usize], seed| pool.scope(|s| (s.randn::<f32>(shape, seed) * 0.2).detach());
+    let params = [param(&[16, 48], 1), param(&[16, 16], 2), param(&[4], 3)];
+    pool.scope(|outer| {
+        let mut grads = tensorscope::Gradients::new(outer);
+        for step in 0..steps {
+            boundary(step);
+            match train {
+                true => outer.train(|s| {
+                    high_rank_loss(s, &params)
+                        .backward_into(&mut grads)
+                        .expect("backward")
+                }),
+                false => {
+                    outer.scope(|s| high_rank_loss(s, &params).len());
+                }
+            }
+        }
+        boundary(steps);
+    });
+}
+
+/// Views of rank 5 and 6 keep their shapes and steps in recycled records as well: splitting heads
+/// through rank 5 and back, and a chain of rank-6 ops, allocate nothing forward or backward.
+#[test]
+fn steady_state_high_rank_views_allocate_nothing() {
+    let forward = per_step(|steps, boundary| high_rank_steps(false, steps, boundary));
+    let training = per_step(|steps, boundary| high_rank_steps(true, steps, boundary));
+    assert_eq!(
+        (forward, training),
+        (0, 0),
+        "heap allocations over {STEADY_STEPS} steady-state steps at ranks 5 and 6 (forward, training)"
+    );
+}

@@ -35,6 +35,7 @@
 pub mod __private;
 pub mod autograd;
 pub mod checkpoint;
+mod dims;
 mod display;
 mod element;
 mod error;

@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn, ShapeBuilder};
 
 use crate::autograd::{self, Mode, Node, NodeRef};
+use crate::dims::{Dims, Walk};
 use crate::element::DType;
 use crate::error::{panicking, Error, Result, Shape};
 use crate::param::Param;
@@ -128,7 +129,7 @@ pub struct Tensor<'s, T: DType = f32> {
     /// The scope that ops on this handle rent their outputs in (the scope charged for the buffer is
     /// its storage's `charged_to`, which an escape moves).
     pub(crate) rents_in: State,
-    dim: IxDyn,
+    dim: Dims,
     /// Where the elements lie in the buffer, for a view (`t()`, `permute`, `narrow`, `expand`);
     /// `None`: row-major over the whole buffer.
     strided: Option<RecycledRc<Strided>>,
@@ -140,22 +141,11 @@ pub struct Tensor<'s, T: DType = f32> {
 /// Where the elements of a view lie in its buffer: element `[i0, i1, ..]` at
 /// `offset + i0 * steps[0] + i1 * steps[1] + ..` (a step of 0 repeats an axis, as `expand` does).
 ///
-/// The steps are an `IxDyn`, as shapes are: held inline up to 4 axes, so a view allocates nothing
-/// (its record is recycled).
+/// The steps are [`Dims`], as shapes are: a view of any rank allocates nothing (its record and,
+/// past [`INLINE`](crate::dims::INLINE) axes, its lists are recycled).
 pub(crate) struct Strided {
     offset: usize,
-    steps: IxDyn,
-}
-
-/// The row-major steps of `shape`.
-fn row_major_steps(shape: &[usize]) -> IxDyn {
-    let mut steps = IxDyn::zeros(shape.len());
-    let mut step = 1;
-    for (s, &len) in steps.slice_mut().iter_mut().zip(shape).rev() {
-        *s = step;
-        step *= len;
-    }
-    steps
+    steps: Dims,
 }
 
 /// Where a tensor's elements are.
@@ -195,7 +185,7 @@ impl<'s, T: DType> Tensor<'s, T> {
                 detached: false,
             })),
             rents_in: scope.clone(),
-            dim: IxDyn(shape),
+            dim: Dims::from_slice(shape),
             strided: None,
             node: None,
             _brand: PhantomData,
@@ -208,14 +198,14 @@ impl<'s, T: DType> Tensor<'s, T> {
         let node = (autograd::mode() == Mode::Train).then(|| {
             Node::leaf(
                 param.key(),
-                Some((param.version(), IxDyn(param.shape()))),
+                Some((param.version(), Dims::from_slice(param.shape()))),
                 scope,
             )
         });
         Tensor {
             data: Data::Bound(param.buffer().clone()),
             rents_in: scope.clone(),
-            dim: IxDyn(param.shape()),
+            dim: Dims::from_slice(param.shape()),
             strided: None,
             node,
             _brand: PhantomData,
@@ -345,12 +335,39 @@ impl<'s, T: DType> Tensor<'s, T> {
         self.strided.is_none() && self.is_unique()
     }
 
-    /// Writes `src`'s elements, in row-major order, into this freshly rented tensor of its shape.
+    /// Writes `src`'s elements, in row-major order, into this freshly rented tensor of its shape
+    /// (or of a shape `src` broadcasts to).
     pub(crate) fn copy_from(&mut self, src: &Tensor<'_, T>) {
         match src.as_slice() {
-            Some(values) => self.unique_slice_mut().copy_from_slice(values),
-            None => self.unique_view_mut().assign(&src.view()),
+            Some(values) if src.shape() == self.shape() => {
+                self.unique_slice_mut().copy_from_slice(values)
+            }
+            _ => {
+                let shape = Dims::from_slice(self.shape());
+                self.write_at(&shape, 0, &Dims::row_major(&shape), src)
+            }
         }
+    }
+
+    /// Writes `src`, broadcast to `shape`, into the elements of this tensor's buffer (one it owns
+    /// alone: just rented, or checked writable) at `start + i0 * steps[0] + i1 * steps[1] + ..`:
+    /// a copy, a broadcast, or a block of a bigger tensor (a gradient's slice, a concat's part).
+    pub(crate) fn write_at(
+        &mut self,
+        shape: &[usize],
+        start: usize,
+        steps: &[usize],
+        src: &Tensor<'_, T>,
+    ) {
+        let (from, from_start) = src.buffer();
+        let walk = Walk::new(shape, [start, from_start], [steps, &src.steps_over(shape)]);
+        let to = self.unique_slice_mut();
+        walk.for_each_run(
+            |[at, from_at], len, [to_step, from_step]| match (to_step, from_step) {
+                (1, 1) => to[at..at + len].copy_from_slice(&from[from_at..from_at + len]),
+                _ => (0..len).for_each(|i| to[at + i * to_step] = from[from_at + i * from_step]),
+            },
+        );
     }
 
     /// This tensor with its elements row-major in a buffer of their own: itself (an alias) if it
@@ -384,7 +401,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             None => true,
             Some(view) => {
                 let mut step = 1;
-                for (&len, &s) in self.shape().iter().zip(view.steps.slice()).rev() {
+                for (&len, &s) in self.shape().iter().zip(view.steps.iter()).rev() {
                     if len != 1 && s != step {
                         return false;
                     }
@@ -411,6 +428,19 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
     }
 
+    /// The step in the buffer along each axis of `shape`, which this tensor broadcasts to (aligned
+    /// at the last axis, as broadcasting aligns): 0 along an axis this tensor lacks or has once.
+    pub(crate) fn steps_over(&self, shape: &[usize]) -> Dims {
+        let mut steps = Dims::zeros(shape.len());
+        let lead = shape.len() - self.ndim();
+        for (axis, step) in steps[lead..].iter_mut().enumerate() {
+            if self.shape()[axis] != 1 {
+                *step = self.step(axis);
+            }
+        }
+        steps
+    }
+
     /// A view of this tensor's buffer with `shape` and `offset` and `steps` (checked by the
     /// caller to stay within the buffer), whose ops rent in `scope`: how `t()`, `permute`,
     /// `narrow` and `expand` make their outputs.
@@ -422,12 +452,12 @@ impl<'s, T: DType> Tensor<'s, T> {
         steps: impl IntoIterator<Item = usize>,
     ) -> Tensor<'t, T> {
         let mut alias = self.alias_in(scope);
-        alias.dim = IxDyn(shape);
+        alias.dim = Dims::from_slice(shape);
         let mut view = Strided {
             offset,
-            steps: IxDyn::zeros(shape.len()),
+            steps: Dims::zeros(shape.len()),
         };
-        for (s, step) in view.steps.slice_mut().iter_mut().zip(steps) {
+        for (s, step) in view.steps.iter_mut().zip(steps) {
             *s = step;
         }
         // A view that is row-major over the whole buffer is the plain tensor.
@@ -458,7 +488,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     pub(crate) fn unique_view_mut(&mut self) -> ArrayViewMutD<'_, T> {
-        let dim = self.dim.clone();
+        let dim = IxDyn(&self.dim);
         ArrayViewMutD::from_shape(dim, self.unique_slice_mut())
             .expect("a tensor's buffer holds exactly its shape")
     }
@@ -490,12 +520,12 @@ impl<'s, T: DType> Tensor<'s, T> {
 
     /// The shape, one length per axis.
     pub fn shape(&self) -> &[usize] {
-        self.dim.slice()
+        &self.dim
     }
 
     /// The number of axes.
     pub fn ndim(&self) -> usize {
-        self.dim.ndim()
+        self.dim.len()
     }
 
     /// The number of elements.
@@ -539,11 +569,11 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// A read-only ndarray view of the data (strided for a view of another order).
     pub fn view(&self) -> ArrayViewD<'_, T> {
         match &self.strided {
-            None => ArrayViewD::from_shape(self.dim.clone(), self.buf()),
+            None => ArrayViewD::from_shape(IxDyn(&self.dim), self.buf()),
             // No element to find: ndarray checks the steps against the buffer even so.
-            Some(_) if self.is_empty() => ArrayViewD::from_shape(self.dim.clone(), &[]),
+            Some(_) if self.is_empty() => ArrayViewD::from_shape(IxDyn(&self.dim), &[]),
             Some(view) => ArrayViewD::from_shape(
-                self.dim.clone().strides(view.steps.clone()),
+                IxDyn(&self.dim).strides(IxDyn(&view.steps)),
                 &self.buf()[view.offset..],
             ),
         }
@@ -596,7 +626,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// `scope`; for a contiguous tensor (a view of another order is copied first).
     pub(crate) fn reshaped<'t>(&self, scope: &State, shape: &[usize]) -> Tensor<'t, T> {
         let mut alias = self.alias_in(scope);
-        alias.dim = IxDyn(shape);
+        alias.dim = Dims::from_slice(shape);
         if let Some(view) = &self.strided {
             debug_assert!(
                 self.is_contiguous(),
@@ -604,7 +634,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             );
             alias.strided = Some(RecycledRc::new(Strided {
                 offset: view.offset,
-                steps: row_major_steps(shape),
+                steps: Dims::row_major(shape),
             }));
         }
         alias
@@ -673,7 +703,7 @@ impl<'s, T: DType> Tensor<'s, T> {
             return copy.try_detach();
         }
         match self.data {
-            Data::Bound(buf) => Ok(Param::from_shared(buf, self.dim.slice())),
+            Data::Bound(buf) => Ok(Param::from_shared(buf, &self.dim)),
             Data::Rented(storage) => match storage.into_unique() {
                 Ok(mut storage) => {
                     let bytes = storage.buf.allocated_bytes();
@@ -681,12 +711,12 @@ impl<'s, T: DType> Tensor<'s, T> {
                     storage.detached = true;
                     let empty = PoolBuffer::empty(storage.buf.pool());
                     let buf = std::mem::replace(&mut storage.buf, empty);
-                    Ok(Param::from_buffer(buf, self.dim.slice()))
+                    Ok(Param::from_buffer(buf, &self.dim))
                 }
                 Err(storage) => {
-                    let mut buf = storage.buf.pool().try_rent::<T>(self.dim.slice())?;
+                    let mut buf = storage.buf.pool().try_rent::<T>(&self.dim)?;
                     buf.copy_from_slice(&storage.buf);
-                    Ok(Param::from_buffer(buf, self.dim.slice()))
+                    Ok(Param::from_buffer(buf, &self.dim))
                 }
             },
         }

@@ -22,7 +22,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "pool and element types",
         &[
-            "element", "error", "init", "pool", "recycle", "threads", "display",
+            "dims", "element", "error", "init", "pool", "recycle", "threads", "display",
         ],
     ),
     (

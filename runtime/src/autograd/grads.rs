@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use ndarray::{Dimension, IxDyn};
+use crate::dims::Dims;
 
 use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
@@ -146,12 +146,12 @@ impl<'s, T: Element> Gradients<'s, T> {
             shape: Shape::from(shape),
         };
         // Sorted by key, two versions of one key meet: no map to build.
-        let mut seen: RecycledVec<(u64, u64, IxDyn)> = RecycledVec::new();
+        let mut seen: RecycledVec<(u64, u64, Dims)> = RecycledVec::new();
         for (key, version, shape) in leaves {
             if self.version(key).is_some_and(|e| e != version) {
                 return Err(conflict(shape));
             }
-            seen.push((key, version, IxDyn(shape)));
+            seen.push((key, version, Dims::from_slice(shape)));
         }
         seen.sort_unstable_by_key(|&(key, version, _)| (key, version));
         match seen

@@ -38,7 +38,7 @@ mod tape;
 
 use std::cell::{Cell, RefCell};
 
-use ndarray::{Dimension, IxDyn};
+use crate::dims::Dims;
 
 pub use check::{check_gradients, GradCheck};
 pub use grads::Gradients;
@@ -112,7 +112,7 @@ enum Kind<T: DType> {
     /// A parameter (with the identity of its values and its shape) or a marked tensor (`None`).
     Leaf {
         key: u64,
-        version: Option<(u64, IxDyn)>,
+        version: Option<(u64, Dims)>,
     },
     Op {
         /// The inputs' nodes.
@@ -137,7 +137,7 @@ impl<T: DType> Node<T> {
 
     /// A leaf for `key` held by `owner`; `version` identifies the parameter values it was made
     /// from, with their shape (`None` for a marked tensor).
-    pub(crate) fn leaf(key: u64, version: Option<(u64, IxDyn)>, owner: &State) -> NodeRef<T> {
+    pub(crate) fn leaf(key: u64, version: Option<(u64, Dims)>, owner: &State) -> NodeRef<T> {
         Node::new(Kind::Leaf { key, version }, owner)
     }
 
@@ -175,7 +175,7 @@ impl<T: DType> Node<T> {
     }
 
     /// The leaf's key and version, if this is a leaf.
-    pub(crate) fn leaf_parts(&self) -> Option<(u64, Option<(u64, IxDyn)>)> {
+    pub(crate) fn leaf_parts(&self) -> Option<(u64, Option<(u64, Dims)>)> {
         match &self.kind {
             Kind::Leaf { key, version } => Some((*key, version.clone())),
             _ => None,

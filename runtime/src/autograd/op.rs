@@ -208,6 +208,7 @@ held_plain!(
     half::f16,
     half::bf16,
     ndarray::IxDyn,
+    crate::dims::Dims,
     &'static str
 );
 
@@ -394,8 +395,8 @@ impl<'s, T: DType> Arg<'_, 's, T> {
     /// A tensor of `scope` to write the result into: the operand itself if it can be written in
     /// place, else a fresh rent of the same shape holding a copy.
     pub(crate) fn into_writable_copy(self, scope: &State) -> Result<Tensor<'s, T>> {
-        let shape = ndarray::IxDyn(self.tensor().shape());
-        match self.into_writable(ndarray::Dimension::slice(&shape)) {
+        let shape = crate::dims::Dims::from_slice(self.tensor().shape());
+        match self.into_writable(&shape) {
             Ok(t) => Ok(t.with_scope(scope)),
             Err(src) => {
                 let src = src.tensor();

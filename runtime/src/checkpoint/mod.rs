@@ -43,7 +43,7 @@ mod sweep;
 use std::cell::Cell;
 use std::rc::Rc;
 
-use ndarray::IxDyn;
+use crate::dims::Dims;
 
 pub use crate::error::checkpoint::{CheckpointError, Result};
 pub use config::{CheckpointConfig, Policy, Precision};
@@ -66,7 +66,7 @@ pub struct Checkpointer<T: Element = f32> {
     /// The last forward's layer list, the shapes of its activations `a_0 .. a_{n-1}`, and the
     /// positions it stored.
     layers: Vec<usize>,
-    shapes: Vec<IxDyn>,
+    shapes: Vec<Dims>,
     plan: Vec<usize>,
     /// Slots of the binomial schedule of the last forward (`Policy::Budget` only).
     slots: usize,
@@ -283,7 +283,7 @@ impl<T: Element> Checkpointer<T> {
     /// Returns the tensor to go on with (the stored values, bound, when they were stored without a
     /// copy).
     pub(crate) fn record<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        self.shapes.push(IxDyn(x.shape()));
+        self.shapes.push(Dims::from_slice(x.shape()));
         if self.plan.binary_search(&pos).is_ok() {
             self.store(self.layers[pos], x)
         } else {

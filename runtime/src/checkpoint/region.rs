@@ -26,12 +26,12 @@ use super::{CheckpointError, Checkpointer, Result};
 use crate::autograd::{
     self, Gradients, Mode, Node, NodeRef, PerInput, Recorded, Rule, SharedTape, Tape, TapeArg,
 };
+use crate::dims::Dims;
 use crate::element::{DType, Element};
 use crate::error::Result as TensorResult;
 use crate::recycle::{self, RecycledVec, Slot};
 use crate::scope::State;
 use crate::tensor::Tensor;
-use ndarray::{Dimension, IxDyn};
 
 /// Whether a forward from `input` records a graph: recording is on, and the input carries one or
 /// parameters become leaves (a training scope).
@@ -162,7 +162,7 @@ pub(crate) struct Region<T: DType> {
     /// The stored boundaries, by position.
     stored: ByLayer<T>,
     /// The shapes of the steps' inputs, for [`CheckpointError::ShapeDrift`].
-    shapes: RecycledVec<IxDyn>,
+    shapes: RecycledVec<Dims>,
     plan: RecycledVec<usize>,
     /// Slots of the binomial schedule (`Budget`), 0 otherwise.
     slots: usize,

@@ -4,7 +4,7 @@
 use super::binomial_recompute_steps;
 use super::stored::ByLayer;
 use super::{schedule, CheckpointError, Checkpointer, Result};
-use ndarray::{Dimension, IxDyn};
+use crate::dims::Dims;
 
 use crate::element::Element;
 use crate::error::Shape;
@@ -61,7 +61,7 @@ impl<T: Element> Checkpointer<T> {
         let stored = self.stored.get(layers[start]).expect("found above");
         let mut x: Tensor<'s, T> = stored.restore(s.state())?;
         // Shapes are only comparable when replaying the forward's own layer list.
-        let shapes: &[IxDyn] = if layers == self.layers {
+        let shapes: &[Dims] = if layers == self.layers {
             &self.shapes
         } else {
             &[]
@@ -142,7 +142,7 @@ impl<T: Element> Checkpointer<T> {
 /// Fails with [`CheckpointError::ShapeDrift`] if `x`, the recomputed activation at `pos`, differs in
 /// shape from the forward's (`shapes`, empty when not comparable).
 pub(super) fn check_shape<T: Element>(
-    shapes: &[IxDyn],
+    shapes: &[Dims],
     layers: &[usize],
     pos: usize,
     x: &Tensor<'_, T>,
@@ -167,7 +167,7 @@ pub(super) struct Sweep<'c, 'f, 's, T: Element> {
     pub(super) scope: &'c State,
     pub(super) stored: ByLayer<T>,
     pub(super) layers: &'c [usize],
-    pub(super) shapes: &'c [IxDyn],
+    pub(super) shapes: &'c [Dims],
     pub(super) forward: &'f mut StepForward<'f, 's, T>,
     pub(super) backward: &'f mut dyn FnMut(usize, &Tensor<'s, T>) -> Result<()>,
     pub(super) report: ReverseReport,

@@ -16,8 +16,6 @@
 
 use std::ops::Range;
 
-use ndarray::{Dimension, IxDyn};
-
 use super::gemm::{Matrix, PER_PART};
 use super::linalg::product;
 use super::{lanes, simd, work};
@@ -217,7 +215,7 @@ impl<T: Element> Op<T> for Attention {
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (q, k, v) = (cx.input(0), cx.input(1), cx.input(2));
         let dims = Dims::of(self.causal, q.shape(), k.shape(), v.shape());
-        let mut shape = IxDyn(q.shape());
+        let mut shape = crate::dims::Dims::from_slice(q.shape());
         shape[q.ndim() - 1] = dims.dv;
         let mut out = cx.rent(shape.slice())?;
         // Each query's log-sum-exp, for the backward only.

@@ -8,7 +8,7 @@
 
 use std::ops::{Add, Div, Mul, Sub};
 
-use ndarray::{Dimension, IxDyn, Zip};
+use crate::dims::{Dims, Walk};
 
 use super::pointwise::{map, zip_kernel};
 use super::reduce::reduce_to;
@@ -35,7 +35,7 @@ pub(crate) enum Binary {
 impl<T: Element> Op<T> for Binary {
     /// The inputs' shapes (to reduce a broadcast gradient to), and the inputs for the ops whose
     /// derivative reads them (all but `+` and `-`).
-    type Saved = (IxDyn, IxDyn, Option<(Saved<T>, Saved<T>)>);
+    type Saved = (Dims, Dims, Option<(Saved<T>, Saved<T>)>);
 
     fn name(&self) -> &'static str {
         match self {
@@ -59,7 +59,11 @@ impl<T: Element> Op<T> for Binary {
         let saved = cx.saving().then(|| {
             let reads = !matches!(self, Binary::Add | Binary::Sub);
             let values = reads.then(|| (cx.save(a), cx.save(b)));
-            (IxDyn(a.shape()), IxDyn(b.shape()), values)
+            (
+                Dims::from_slice(a.shape()),
+                Dims::from_slice(b.shape()),
+                values,
+            )
         });
         let (a, b) = (cx.take(0), cx.take(1));
         let (scope, shape) = (cx.scope(), shape.slice());
@@ -222,14 +226,20 @@ fn grad_of<'b, T: Element>(
     shape: &[usize],
     f: impl Fn(T, T, T) -> T,
 ) -> Result<Tensor<'b, T>> {
-    let mut out = Tensor::try_rent_in(&g.rents_in, g.shape())?;
+    let shape_g = g.shape();
+    let mut out = Tensor::try_rent_in(&g.rents_in, shape_g)?;
     if !out.is_empty() {
-        work::visit(rows(g.shape()));
-        Zip::from(out.unique_view_mut())
-            .and(&g.view())
-            .and_broadcast(&a.view())
-            .and_broadcast(&b.view())
-            .for_each(|o, &g, &a, &b| *o = f(g, a, b));
+        work::visit(rows(shape_g));
+        let steps = [g, a, b].map(|t| t.steps_over(shape_g));
+        let [(g, g_at), (a, a_at), (b, b_at)] = [g, a, b].map(|t| t.buffer());
+        let walk = Walk::new(shape_g, [g_at, a_at, b_at], steps.each_ref().map(|s| &**s));
+        let (values, mut at) = (out.unique_slice_mut(), 0);
+        walk.for_each_run(|[g_at, a_at, b_at], len, [sg, sa, sb]| {
+            for (i, o) in values[at..at + len].iter_mut().enumerate() {
+                *o = f(g[g_at + i * sg], a[a_at + i * sa], b[b_at + i * sb]);
+            }
+            at += len;
+        });
     }
     reduce_to(out, shape)
 }
@@ -344,7 +354,7 @@ impl<T: Element> Op<T> for Scalar<T> {
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
         use ScalarKind::*;
-        let (c, at, shape) = (self.c, cx.at(), IxDyn(g.shape()));
+        let (c, at, shape) = (self.c, cx.at(), Dims::from_slice(g.shape()));
         let x = || x.as_ref().expect("`c / x` and `x ^ c` save `x`").get(cx);
         let shape = shape.slice();
         let dx = match self.kind {
@@ -416,9 +426,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         let mut out = Tensor::try_rent_in(&self.rents_in, out_shape.slice())?;
         if !out.is_empty() {
             work::visit(rows(out_shape.slice()));
-            Zip::from(out.unique_view_mut())
-                .and_broadcast(&self.view())
-                .for_each(|o, &x| *o = x);
+            out.copy_from(self);
         }
         Ok(out)
     }

@@ -18,8 +18,6 @@
 
 use std::ops::{Add, Mul, Sub};
 
-use ndarray::Dimension;
-
 use super::broadcast_shape;
 use super::mask::zip_broadcast;
 use crate::element::DType;

@@ -5,7 +5,9 @@
 //! `general_mat_mul`. Either writes straight into the rented output.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn, ShapeBuilder};
+use ndarray::{ArrayView2, ArrayViewMut2, ShapeBuilder};
+
+use crate::dims::Dims;
 
 use super::gemm::{self, Matrix};
 use super::reduce::reduce_to;
@@ -131,7 +133,7 @@ fn matmul_kernel<'s, T: Element>(
     })?;
     let batch = batch.slice();
     // Up to 4 axes held inline: no heap allocation.
-    let mut out_shape = IxDyn::zeros(batch.len() + 2);
+    let mut out_shape = Dims::zeros(batch.len() + 2);
     out_shape.slice_mut()[..batch.len()].copy_from_slice(batch);
     out_shape.slice_mut()[batch.len()..].copy_from_slice(&[m, n]);
     let mut out = Tensor::try_rent_in(scope, out_shape.slice())?;
@@ -183,7 +185,7 @@ fn matmul_kernel<'s, T: Element>(
 /// each axis of the broadcast batch shape moves in the buffer (0 where it broadcasts).
 struct Batched<'a, T> {
     first: Matrix<'a, T>,
-    steps: IxDyn,
+    steps: Dims,
 }
 
 impl<'a, T: DType> Batched<'a, T> {
@@ -192,7 +194,7 @@ impl<'a, T: DType> Batched<'a, T> {
         let nd = x.ndim();
         let (data, offset) = x.buffer();
         let lead = axes - (nd - 2);
-        let mut steps = IxDyn::zeros(axes);
+        let mut steps = Dims::zeros(axes);
         for axis in 0..nd - 2 {
             if x.shape()[axis] != 1 {
                 steps[lead + axis] = x.step(axis);

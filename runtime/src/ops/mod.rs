@@ -123,7 +123,7 @@ pub(crate) use tensor_ops::Unary;
 use std::cell::RefCell;
 use std::thread::LocalKey;
 
-use ndarray::IxDyn;
+use crate::dims::Dims;
 
 use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};
@@ -313,11 +313,10 @@ pub(crate) fn with_buffer<W: bytemuck::Pod, T: bytemuck::Pod, R>(
 }
 
 /// The NumPy broadcast of two shapes: axes aligned from the right, each pair equal or one of them 1.
-/// An `IxDyn`, which holds up to 4 axes without a heap allocation (`.slice()` for the lengths).
-pub(crate) fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<IxDyn> {
+pub(crate) fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Dims> {
     let n = a.len().max(b.len());
     let at = |s: &[usize], i: usize| (i + s.len()).checked_sub(n).map_or(1, |j| s[j]);
-    let mut shape = IxDyn::zeros(n);
+    let mut shape = Dims::zeros(n);
     for i in 0..n {
         shape[i] = match (at(a, i), at(b, i)) {
             (x, y) if x == y || y == 1 => x,
@@ -394,7 +393,6 @@ pub(crate) fn check_axis<T: DType>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ndarray::Dimension;
 
     #[test]
     fn broadcast_follows_numpy() {

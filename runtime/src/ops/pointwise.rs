@@ -2,10 +2,9 @@
 //! nothing: `f` of every element, and `f` of every pair of two broadcast tensors, each written in
 //! place into an operand that can take it.
 
-use ndarray::{Dimension, IxDyn, Zip};
-
 use super::{rows, simd, work};
 use crate::autograd::Arg;
+use crate::dims::{Dims, Walk};
 use crate::element::Element;
 use crate::error::Result;
 use crate::scope::State;
@@ -18,7 +17,7 @@ pub(crate) fn map<'s, T: Element>(
     scope: &State,
     f: impl Fn(T) -> T + Sync,
 ) -> Result<Tensor<'s, T>> {
-    let shape = IxDyn(src.tensor().shape());
+    let shape = Dims::from_slice(src.tensor().shape());
     match src.into_writable(shape.slice()) {
         Ok(mut t) => {
             simd::map_in_place(t.unique_slice_mut(), f);
@@ -80,10 +79,21 @@ pub(crate) fn zip_kernel<'s, T: Element>(
         simd::zip_into(out.unique_slice_mut(), a.slice(), b.slice(), f);
     } else {
         work::visit(rows(shape));
-        Zip::from(out.unique_view_mut())
-            .and_broadcast(&a.view())
-            .and_broadcast(&b.view())
-            .for_each(|o, &x, &y| *o = f(x, y));
+        let ((x, x_at), (y, y_at)) = (a.buffer(), b.buffer());
+        let walk = Walk::new(
+            shape,
+            [0, x_at, y_at],
+            [
+                &Dims::row_major(shape),
+                &a.steps_over(shape),
+                &b.steps_over(shape),
+            ],
+        );
+        let out_values = out.unique_slice_mut();
+        walk.for_each_run(|[at, x_at, y_at], len, [_, sx, sy]| {
+            let dst = &mut out_values[at..at + len];
+            simd::zip_strided(dst, (&x[x_at..], sx), (&y[y_at..], sy), |x, y| f(x, y))
+        });
     }
     Ok(out)
 }
@@ -107,8 +117,21 @@ fn write_over<T: Element>(
         simd::zip_in_place(dst.unique_slice_mut(), other.slice(), f);
     } else {
         work::visit(rows(dst.shape()));
-        Zip::from(dst.unique_view_mut())
-            .and_broadcast(&other.view())
-            .for_each(|d, &o| *d = f(*d, o));
+        let (o, o_at) = other.buffer();
+        let walk = Walk::new(
+            dst.shape(),
+            [0, o_at],
+            [
+                &Dims::row_major(dst.shape()),
+                &other.steps_over(dst.shape()),
+            ],
+        );
+        let values = dst.unique_slice_mut();
+        walk.for_each_run(|[at, o_at], len, [_, so]| {
+            let run = &mut values[at..at + len];
+            for (i, d) in run.iter_mut().enumerate() {
+                *d = f(*d, o[o_at + i * so]);
+            }
+        });
     }
 }

@@ -3,10 +3,11 @@
 //! (`argmax`, `argmin`). The variance and standard deviation, composed of these and of
 //! elementwise ops, are in `ops::moments`.
 
-use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Zip};
+use ndarray::{ArrayView1, Axis, Dimension, IxDyn, RemoveAxis, Zip};
 
-use super::{beats, check_axis, rows, work, Dim};
+use super::{beats, check_axis, rows, simd, work, Dim};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
+use crate::dims::{Dims, Walk};
 use crate::element::{DType, Element};
 use crate::error::{panicking, Result};
 use crate::scope::State;
@@ -22,7 +23,7 @@ struct Reduce {
 
 impl<T: Element> Op<T> for Reduce {
     /// The input's shape.
-    type Saved = IxDyn;
+    type Saved = Dims;
 
     fn name(&self) -> &'static str {
         if self.mean {
@@ -44,13 +45,13 @@ impl<T: Element> Op<T> for Reduce {
         } else {
             reduce(x, cx.scope(), self.axis, |sum, _| sum)
         }?;
-        Ok((out, cx.saving().then(|| IxDyn(x.shape()))))
+        Ok((out, cx.saving().then(|| Dims::from_slice(x.shape()))))
     }
 
     /// The gradient repeated along the reduced axis (divided by its length for a mean).
     fn backward<'b>(
         &self,
-        shape: IxDyn,
+        shape: Dims,
         g: Tensor<'b, T>,
         _: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
@@ -129,7 +130,7 @@ impl<T: Element> Op<T> for LogSumExp {
 
 /// `g` (a reduction's gradient, `shape` without `axis`) repeated along `axis` to `shape`.
 fn expand<'b, T: Element>(g: Tensor<'b, T>, axis: usize, shape: &[usize]) -> Result<Tensor<'b, T>> {
-    let mut kept = IxDyn(shape);
+    let mut kept = Dims::from_slice(shape);
     kept[axis] = 1;
     g.try_reshape(kept.slice())?.try_broadcast_to(shape)
 }
@@ -146,14 +147,14 @@ pub(crate) fn reduce_to<'b, T: Element>(
     let mut g = g;
     if lead > 0 {
         // The leading axes in one pass, as one axis of their product.
-        let mut flat = IxDyn::zeros(1 + shape.len());
+        let mut flat = Dims::zeros(1 + shape.len());
         flat[0] = g.shape()[..lead].iter().product();
         flat.slice_mut()[1..].copy_from_slice(&g.shape()[lead..]);
         g = g.try_reshape(flat.slice())?.try_sum(0)?;
     }
     for (axis, &len) in shape.iter().enumerate() {
         if len == 1 && g.shape()[axis] != 1 {
-            let mut kept = IxDyn(g.shape());
+            let mut kept = Dims::from_slice(g.shape());
             kept[axis] = 1;
             g = g.try_sum(axis)?.try_reshape(kept.slice())?;
         }
@@ -267,33 +268,48 @@ fn reduce<'s, T: Element>(
     axis: usize,
     finish: impl Fn(T, usize) -> T,
 ) -> Result<Tensor<'s, T>> {
-    let view = x.view();
-    let shape = IxDyn(x.shape()).remove_axis(Axis(axis));
+    let shape = Dims::from_slice(x.shape()).removed(axis);
     let len = x.shape()[axis];
-    let mut out = Tensor::try_rent_in(scope, shape.slice())?;
+    let mut out = Tensor::try_rent_in(scope, &shape)?;
     if out.is_empty() {
         return Ok(out);
     }
-    let mut acc = out.unique_view_mut();
+    // The lanes' starts, walked in the output's order.
+    let (values, start) = x.buffer();
+    let lane_step = x.step(axis);
+    let walk = Walk::new(&shape, [start], [&x.steps_over(x.shape()).removed(axis)]);
+    let acc = out.unique_slice_mut();
     if len == 0 {
         // Empty lanes: the sum is 0 (and the mean 0/0).
         acc.fill(finish(T::zero(), 0));
-    } else if axis + 1 == x.ndim() {
+    } else if lane_step == 1 {
         // Contiguous lanes: one sum each.
         work::visit(acc.len());
-        Zip::from(&mut acc)
-            .and(view.lanes(Axis(axis)))
-            .for_each(|o, lane| *o = finish(lane.sum(), len));
+        let mut at = 0;
+        walk.for_each_run(|[from], n, [step]| {
+            for (i, o) in acc[at..at + n].iter_mut().enumerate() {
+                let lane = &values[from + i * step..][..len];
+                *o = finish(ArrayView1::from(lane).sum(), len);
+            }
+            at += n;
+        });
     } else {
         // Strided lanes would be read one element per cache line: add whole slices instead.
         work::visit(len);
         acc.fill(T::zero());
-        for slice in view.axis_iter(Axis(axis)) {
-            Zip::from(&mut acc)
-                .and(&slice)
-                .for_each(|o, &x| *o = *o + x);
+        for j in 0..len {
+            let mut at = 0;
+            walk.for_each_run(|[from], n, [step]| {
+                let (acc, from) = (&mut acc[at..at + n], from + j * lane_step);
+                match step {
+                    1 => simd::zip_in_place(acc, &values[from..from + n], |o, x| o + x),
+                    _ => (acc.iter_mut().enumerate())
+                        .for_each(|(i, o)| *o = *o + values[from + i * step]),
+                }
+                at += n;
+            });
         }
-        acc.mapv_inplace(|sum| finish(sum, len));
+        acc.iter_mut().for_each(|sum| *sum = finish(*sum, len));
     }
     Ok(out)
 }

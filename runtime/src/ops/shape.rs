@@ -5,10 +5,11 @@
 //! rent; `reshape`, `squeeze` and `unsqueeze` are aliases of contiguous tensors (a view is copied
 //! first); `concat`, `stack` and `repeat` copy.
 
-use ndarray::{Axis, Dimension, IxDyn, RemoveAxis, Slice, Zip};
+use ndarray::{Dimension, IxDyn, Slice, Zip};
 
 use super::{check_addressable, check_axis, dimension_overflow, resolve_axis, work, Dim};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Inputs, Op};
+use crate::dims::Dims;
 use crate::element::DType;
 use crate::error::{or_panic, panicking, Error, Result, Shape};
 use crate::pool::element_count;
@@ -23,7 +24,7 @@ struct Concat {
 
 impl<T: DType> Op<T> for Concat {
     /// The inputs' lengths along the axis.
-    type Saved = IxDyn;
+    type Saved = Dims;
 
     fn name(&self) -> &'static str {
         "concat"
@@ -45,23 +46,21 @@ impl<T: DType> Op<T> for Concat {
                 .fold(0usize, usize::saturating_add);
             dimension_overflow("concat", "joined length", total, first.shape())
         };
-        let mut shape = IxDyn(first.shape());
+        let mut shape = Dims::from_slice(first.shape());
         shape[axis] = joined.ok_or_else(overflow)?;
-        check_addressable::<T>(shape.slice(), overflow)?;
-        let mut out = cx.rent(shape.slice())?;
+        check_addressable::<T>(&shape, overflow)?;
+        let mut out = cx.rent(&shape)?;
         if !out.is_empty() {
-            let mut view = out.unique_view_mut();
+            let steps = Dims::row_major(&shape);
             let mut start = 0;
             for t in cx.inputs().filter(|t| !t.is_empty()) {
                 work::visit(1);
-                let end = start + t.shape()[axis];
-                view.slice_axis_mut(Axis(axis), Slice::from(start..end))
-                    .assign(&t.view());
-                start = end;
+                out.write_at(t.shape(), start * steps[axis], &steps, t);
+                start += t.shape()[axis];
             }
         }
         let saved = cx.saving().then(|| {
-            let mut lengths = IxDyn::zeros(cx.len());
+            let mut lengths = Dims::zeros(cx.len());
             for (len, t) in lengths.slice_mut().iter_mut().zip(cx.inputs()) {
                 *len = t.shape()[axis];
             }
@@ -73,7 +72,7 @@ impl<T: DType> Op<T> for Concat {
     /// The gradient's slices along the axis, one per input.
     fn backward<'b>(
         &self,
-        lengths: IxDyn,
+        lengths: Dims,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
@@ -110,7 +109,7 @@ impl<T: DType> Op<T> for Narrow {
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let x = cx.input(0);
         let Narrow { axis, start, len } = *self;
-        let mut shape = IxDyn(x.shape());
+        let mut shape = Dims::from_slice(x.shape());
         shape[axis] = len;
         let offset = x.buffer().1 + start * x.step(axis);
         let steps = (0..x.ndim()).map(|i| x.step(i));
@@ -129,15 +128,12 @@ impl<T: DType> Op<T> for Narrow {
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
-        let Narrow { axis, start, len } = *self;
-        let mut shape = IxDyn(g.shape());
+        let Narrow { axis, start, .. } = *self;
+        let mut shape = Dims::from_slice(g.shape());
         shape[axis] = full;
-        let mut dx = cx.zeros::<T>(shape.slice())?;
-        if !g.is_empty() {
-            dx.unique_view_mut()
-                .slice_axis_mut(Axis(axis), Slice::from(start..start + len))
-                .assign(&g.view());
-        }
+        let mut dx = cx.zeros::<T>(&shape)?;
+        let steps = Dims::row_major(&shape);
+        dx.write_at(g.shape(), start * steps[axis], &steps, &g);
         Ok(Grads::from([Some(dx)]))
     }
 }
@@ -150,29 +146,27 @@ fn narrowed<'s, T: DType>(
     start: usize,
     len: usize,
 ) -> Result<Tensor<'s, T>> {
-    let mut shape = IxDyn(x.shape());
+    let mut shape = Dims::from_slice(x.shape());
     shape[axis] = len;
-    let mut out = Tensor::try_rent_in(scope, shape.slice())?;
-    if !out.is_empty() {
-        work::visit(1);
-        let view = x.view();
-        out.unique_view_mut()
-            .assign(&view.slice_axis(Axis(axis), Slice::from(start..start + len)));
-    }
+    let mut out = Tensor::try_rent_in(scope, &shape)?;
+    work::visit(1);
+    let (_, offset) = x.buffer();
+    let steps = (0..x.ndim()).map(|i| x.step(i));
+    out.copy_from(&x.strided_view(scope, &shape, offset + start * x.step(axis), steps));
     Ok(out)
 }
 
 /// `permute(axes)`: axis `i` of the output is axis `axes[i]` of the input.
 #[derive(Debug, Clone)]
 struct Permute {
-    axes: IxDyn,
+    axes: Dims,
 }
 
 impl Permute {
     /// The view of `x` with its axes in this order, whose ops rent in `scope`.
     fn view_of<'t, T: DType>(&self, x: &Tensor<'_, T>, scope: &State) -> Tensor<'t, T> {
         let axes = self.axes.slice();
-        let mut shape = IxDyn::zeros(axes.len());
+        let mut shape = Dims::zeros(axes.len());
         for (len, &a) in shape.slice_mut().iter_mut().zip(axes) {
             *len = x.shape()[a];
         }
@@ -318,12 +312,12 @@ fn tile_shapes(shape: &[usize], reps: &[usize]) -> [IxDyn; 3] {
 /// `reshape(shape)`: an alias with another shape.
 #[derive(Debug, Clone)]
 struct Reshape {
-    shape: IxDyn,
+    shape: Dims,
 }
 
 impl<T: DType> Op<T> for Reshape {
     /// The input's shape.
-    type Saved = IxDyn;
+    type Saved = Dims;
 
     fn name(&self) -> &'static str {
         "reshape"
@@ -335,13 +329,13 @@ impl<T: DType> Op<T> for Reshape {
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let x = cx.input(0);
         let alias = x.reshaped(cx.scope(), self.shape.slice());
-        Ok((alias, cx.saving().then(|| IxDyn(x.shape()))))
+        Ok((alias, cx.saving().then(|| Dims::from_slice(x.shape()))))
     }
 
     /// The gradient reshaped back.
     fn backward<'b>(
         &self,
-        shape: IxDyn,
+        shape: Dims,
         g: Tensor<'b, T>,
         _: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
@@ -504,12 +498,12 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// [`Error::AxisOutOfRange`], or [`Error::InvalidShape`] if `axes` is not a permutation.
     pub fn try_permute<D: Dim>(&self, axes: &[D]) -> Result<Tensor<'s, T>> {
         let nd = self.ndim();
-        // Held inline in `IxDyn`s (up to 4 axes), as shapes are.
-        let mut resolved = IxDyn::zeros(axes.len());
+        // `Dims`, as shapes are: no allocation at any rank.
+        let mut resolved = Dims::zeros(axes.len());
         for (r, &a) in resolved.slice_mut().iter_mut().zip(axes) {
             *r = resolve_axis("permute", a, nd)?;
         }
-        let mut seen = IxDyn::zeros(nd);
+        let mut seen = Dims::zeros(nd);
         let is_permutation = axes.len() == nd
             && resolved.slice().iter().all(|&a| {
                 seen[a] += 1;
@@ -559,7 +553,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         if self.node.is_none() && self.is_contiguous() {
             return Ok(self.reshaped(&self.rents_in, shape));
         }
-        let shape = IxDyn(shape);
+        let shape = Dims::from_slice(shape);
         autograd::run(Reshape { shape }, &mut args([Arg::Borrowed(self)]))
     }
 
@@ -573,7 +567,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     pub fn try_transpose(&self, a: impl Dim, b: impl Dim) -> Result<Tensor<'s, T>> {
         let a = check_axis("transpose", self, a)?;
         let b = check_axis("transpose", self, b)?;
-        let mut axes = IxDyn::zeros(self.ndim());
+        let mut axes = Dims::zeros(self.ndim());
         for (i, axis) in axes.slice_mut().iter_mut().enumerate() {
             *axis = i;
         }
@@ -609,7 +603,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// Fails with [`Error::AxisOutOfRange`].
     pub fn try_unsqueeze(&self, axis: impl Dim) -> Result<Tensor<'s, T>> {
         let axis = resolve_axis("unsqueeze", axis, self.ndim() + 1)?;
-        let shape = IxDyn(self.shape()).insert_axis(Axis(axis));
+        let shape = Dims::from_slice(self.shape()).inserted(axis, 1);
         self.try_reshape(shape.slice())
     }
 
@@ -631,7 +625,7 @@ impl<'s, T: DType> Tensor<'s, T> {
                 reason: format!("axis {axis} has length {}, not 1", self.shape()[axis]),
             });
         }
-        self.try_reshape(IxDyn(self.shape()).remove_axis(Axis(axis)).slice())
+        self.try_reshape(Dims::from_slice(self.shape()).removed(axis).slice())
     }
 
     panicking! {
@@ -705,7 +699,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     fn tile(&self, reps: IxDyn, expand: bool) -> Result<Tensor<'s, T>> {
         let op = if expand { "expand" } else { "repeat" };
         let lead = reps.ndim() - self.ndim();
-        let mut shape = IxDyn::zeros(reps.ndim());
+        let mut shape = Dims::zeros(reps.ndim());
         for (i, &r) in reps.slice().iter().enumerate() {
             let len = i.checked_sub(lead).map_or(1, |j| self.shape()[j]);
             let overflow = || dimension_overflow(op, "repetitions", r, self.shape());

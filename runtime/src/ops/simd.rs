@@ -448,6 +448,53 @@ pub(crate) fn zip_into<T: Copy + Sync, U: Send>(
     });
 }
 
+/// One strided operand of a walk's run: element `i` at `values[i * step]` (`step` 0: the same
+/// element throughout, a broadcast).
+pub(crate) type Strided<'a, T> = (&'a [T], usize);
+
+/// `dst[i] = f(a[i], b[i])` for one run of a [`Walk`](crate::dims::Walk), its operands strided;
+/// contiguous and broadcast operands get loops that vectorise. Not split over threads: runs are
+/// short, and the walk's callers count their rows as one visit.
+pub(crate) fn zip_strided<T: Copy>(
+    dst: &mut [T],
+    a: Strided<'_, T>,
+    b: Strided<'_, T>,
+    f: impl Fn(T, T) -> T,
+) {
+    struct Zip<'a, T, F>(&'a mut [T], Strided<'a, T>, Strided<'a, T>, &'a F);
+    impl<T: Copy, F: Fn(T, T) -> T> Kernel for Zip<'_, T, F> {
+        type Out = ();
+        #[inline(always)]
+        fn run(self) {
+            let Zip(dst, (a, sa), (b, sb), f) = self;
+            let n = dst.len();
+            match (sa, sb) {
+                (1, 1) => {
+                    for (d, (&x, &y)) in dst.iter_mut().zip(a[..n].iter().zip(&b[..n])) {
+                        *d = (*f)(x, y);
+                    }
+                }
+                (1, 0) => {
+                    for (d, &x) in dst.iter_mut().zip(&a[..n]) {
+                        *d = (*f)(x, b[0]);
+                    }
+                }
+                (0, 1) => {
+                    for (d, &y) in dst.iter_mut().zip(&b[..n]) {
+                        *d = (*f)(a[0], y);
+                    }
+                }
+                _ => {
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = (*f)(a[i * sa], b[i * sb]);
+                    }
+                }
+            }
+        }
+    }
+    dispatch(Zip(dst, a, b, &f));
+}
+
 /// Applies `kernel(lane, [the same lane of each of srcs])` to every `lane`-long run of `dst` (the
 /// lanes along a last axis), `srcs` as long as `dst`; split over the threads when large. `lane`
 /// is not 0.

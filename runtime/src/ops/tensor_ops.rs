@@ -5,7 +5,9 @@
 use std::ops::Neg;
 use std::sync::Arc;
 
-use ndarray::{ArrayViewMut1, Axis, Dimension, IxDyn};
+use ndarray::{ArrayViewMut1, Axis};
+
+use crate::dims::Dims;
 
 use super::elementwise::{scalar, ScalarKind};
 use super::lanes::{Lane, LaneOp};
@@ -90,7 +92,7 @@ macro_rules! unary {
                 cx: &Backward<'b>,
             ) -> Result<Grads<'b, T>> {
                 let saved = saved.map(|s| s.get(cx));
-                let shape = IxDyn(g.shape());
+                let shape = Dims::from_slice(g.shape());
                 let dx = match self {
                     $(Unary::$kind => unary!(@grad cx, shape, saved, g, |$g $(, $s)?| $df),)*
                 }?;
@@ -196,7 +198,7 @@ impl<T: Element> Op<T> for Map<T> {
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
         let (x, df) = (x.get(cx), &self.df);
-        let shape = IxDyn(g.shape());
+        let shape = Dims::from_slice(g.shape());
         let dx = zip_kernel(
             cx.at(),
             shape.slice(),
@@ -248,7 +250,7 @@ impl<T: Element> Op<T> for Clamp<T> {
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
         let (x, Clamp { min, max }) = (x.get(cx), *self);
-        let shape = IxDyn(g.shape());
+        let shape = Dims::from_slice(g.shape());
         let dx = zip_kernel(
             cx.at(),
             shape.slice(),

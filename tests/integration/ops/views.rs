@@ -248,3 +248,54 @@ fn ops_on_ids_masks_labels_and_logits_read_views() {
         );
     });
 }
+
+/// Past the axes held inline (6), in the layouts that do not merge: a reversed rank-7 view
+/// broadcast against a rank-3 operand, summed along a middle axis, narrowed, joined and copied.
+/// ndarray computes the same from the same values.
+#[test]
+fn views_of_rank_seven_read_as_ndarray_reads_them() {
+    test_pool(16).scope(|s| {
+        let shape = [2, 3, 2, 1, 2, 3, 2];
+        let x = s.randn::<f32>(&shape, 11);
+        let reversed: Vec<usize> = (0..7).rev().collect();
+        let v = x.permute(&reversed); // [2, 3, 2, 1, 2, 3, 2], steps reversed
+        let want = x.to_array().permuted_axes(reversed.clone());
+        assert_eq!(v.contiguous().to_array(), want);
+        let b = s.randn::<f32>(&[2, 1, 2], 12);
+        let want_sum = (&want * &b.to_array()).sum_axis(ndarray::Axis(2));
+        assert_eq!((&v * &b).sum(2).to_array(), want_sum);
+        assert_eq!((&b + &v).to_array(), &b.to_array() + &want);
+        let narrow = v.narrow(5, 1, 2);
+        let want_narrow = want.slice_axis(ndarray::Axis(5), ndarray::Slice::from(1..3));
+        assert_eq!(narrow.to_array(), want_narrow);
+        let joined = Tensor::concat(&[&narrow, &v], 5);
+        let want_joined =
+            ndarray::concatenate(ndarray::Axis(5), &[want_narrow.view(), want.view()]).unwrap();
+        assert_eq!(joined.to_array(), want_joined);
+    });
+}
+
+/// A reversed rank-7 view times a rank-3 operand, narrowed, joined, summed along a middle axis.
+fn rank_seven<'s>(xs: &[Tensor<'s, f64>]) -> Result<Tensor<'s, f64>> {
+    let v = xs[0].try_permute(&[6, 5, 4, 3, 2, 1, 0])?;
+    let y = (&v * &xs[1]).try_tanh()?;
+    let joined = Tensor::try_concat(&[&y.try_narrow(5, 1, 2)?, &y], 5)?;
+    (&joined * &joined)
+        .try_sum(2)?
+        .try_unsqueeze(1)?
+        .try_sum_all()
+}
+
+/// Rank-7 views, broadcasts, a middle-axis sum, a narrow and a concat, differentiated: the
+/// gradients match finite differences.
+#[test]
+fn gradients_through_rank_seven_views_match_finite_differences() {
+    let pool = test_pool(16);
+    let x = ArrayD::from_shape_fn(vec![2, 3, 2, 1, 2, 3, 2], |i| {
+        let weighted: usize = (0..7).map(|k| (k + 1) * i[k]).sum();
+        weighted as f64 * 0.05 - 0.7
+    });
+    let b = ArrayD::from_shape_fn(vec![2, 1, 2], |i| 0.4 - (i[0] * 2 + i[2]) as f64 * 0.3);
+    let check = check_gradients(&pool, &[x, b], 1e-6, rank_seven).unwrap();
+    assert!(check.max_error() < 1e-6, "{check:?}");
+}
