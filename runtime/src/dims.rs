@@ -144,6 +144,43 @@ impl fmt::Debug for Dims {
     }
 }
 
+/// The steps that show a tensor of `shape` laid out with `steps` as `new` (as many elements)
+/// without moving an element, if there are any: each run of axes that lie one inside the other in
+/// memory may be split or joined, never axes across two runs (PyTorch's `view` rule). `None` when
+/// a copy is needed (`[2, 3]` transposed cannot be flattened in place).
+pub(crate) fn view_steps(shape: &[usize], steps: &[usize], new: &[usize]) -> Option<Dims> {
+    let mut out = Dims::row_major(new);
+    if shape.contains(&0) || shape.is_empty() {
+        // No element to find, or one: any steps.
+        return Some(out);
+    }
+    // From the innermost axis out, in chunks of old axes that are contiguous among themselves.
+    let mut view_axis = new.len();
+    let mut chunk_step = steps[shape.len() - 1];
+    let (mut chunk_len, mut view_len) = (1usize, 1usize);
+    for axis in (0..shape.len()).rev() {
+        chunk_len *= shape[axis];
+        let chunk_ends = axis == 0
+            || (shape[axis - 1] != 1 && steps[axis - 1] != chunk_len.wrapping_mul(chunk_step));
+        if !chunk_ends {
+            continue;
+        }
+        while view_axis > 0 && (view_len < chunk_len || new[view_axis - 1] == 1) {
+            view_axis -= 1;
+            out[view_axis] = view_len.wrapping_mul(chunk_step);
+            view_len *= new[view_axis];
+        }
+        if view_len != chunk_len {
+            return None;
+        }
+        if axis > 0 {
+            chunk_step = steps[axis - 1];
+            (chunk_len, view_len) = (1, 1);
+        }
+    }
+    (view_axis == 0).then_some(out)
+}
+
 /// `N` operands walked together over a common shape, each from a start with a step per axis (0
 /// repeats an axis: a broadcast): the axes that can be merged are merged, so that the walk is a
 /// loop over runs as long as the layouts allow.
@@ -283,6 +320,41 @@ mod tests {
                 at
             })
             .collect()
+    }
+
+    /// A shape, its steps, a new shape, and the steps that show it in place, if any.
+    type Reshape = (
+        &'static [usize],
+        &'static [usize],
+        &'static [usize],
+        Option<&'static [usize]>,
+    );
+
+    #[test]
+    fn a_reshape_is_a_view_exactly_when_no_axis_crosses_a_gap() {
+        let cases: [Reshape; 7] = [
+            // Contiguous: any reshape, row-major.
+            (&[2, 3, 4], &[12, 4, 1], &[6, 4], Some(&[4, 1])),
+            // A narrowed last axis (rows 12 apart, 4 of them used) split into heads.
+            (
+                &[2, 3, 4],
+                &[36, 12, 1],
+                &[2, 3, 2, 2],
+                Some(&[36, 12, 2, 1]),
+            ),
+            // ...and the two outer axes joined, but not across the gap.
+            (&[2, 3, 4], &[36, 12, 1], &[6, 4], Some(&[12, 1])),
+            (&[2, 3, 4], &[36, 12, 1], &[2, 12], None),
+            // A transpose splits its axes but cannot flatten them.
+            (&[3, 2], &[1, 3], &[3, 2, 1], Some(&[1, 3, 3])),
+            (&[3, 2], &[1, 3], &[6], None),
+            // Axes of length 1 come and go anywhere.
+            (&[4, 1, 5], &[5, 99, 1], &[1, 4, 5, 1], Some(&[20, 5, 1, 1])),
+        ];
+        for (shape, steps, new, want) in cases {
+            let got = view_steps(shape, steps, new);
+            assert_eq!(got.as_deref(), want, "{shape:?} by {steps:?} as {new:?}");
+        }
     }
 
     /// A walked shape, its two operands' steps, and the rank the walk merges it to.

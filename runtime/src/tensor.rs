@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use ndarray::{ArrayD, ArrayView, ArrayViewD, ArrayViewMutD, Dimension, IxDyn, ShapeBuilder};
 
 use crate::autograd::{self, Mode, Node, NodeRef};
-use crate::dims::{Dims, Walk};
+use crate::dims::{view_steps, Dims, Walk};
 use crate::element::DType;
 use crate::error::{panicking, Error, Result, Shape};
 use crate::param::Param;
@@ -454,7 +454,9 @@ impl<'s, T: DType> Tensor<'s, T> {
         let mut alias = self.alias_in(scope);
         alias.dim = Dims::from_slice(shape);
         let mut view = Strided {
-            offset,
+            // A view of no element starts at 0, where every reader may slice from (a narrow of
+            // nothing at the end of an axis would point past the buffer).
+            offset: if shape.contains(&0) { 0 } else { offset },
             steps: Dims::zeros(shape.len()),
         };
         for (s, step) in view.steps.iter_mut().zip(steps) {
@@ -622,19 +624,30 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
     }
 
+    /// The steps of this tensor shown as `shape` (as many elements) without a copy, if it can be
+    /// (always for a contiguous tensor; for a view, see [`view_steps`]).
+    pub(crate) fn steps_as(&self, shape: &[usize]) -> Option<Dims> {
+        match &self.strided {
+            None => Some(Dims::row_major(shape)),
+            Some(view) => view_steps(self.shape(), &view.steps, shape),
+        }
+    }
+
     /// An alias of the same buffer with another shape (checked by the caller), whose ops rent in
-    /// `scope`; for a contiguous tensor (a view of another order is copied first).
-    pub(crate) fn reshaped<'t>(&self, scope: &State, shape: &[usize]) -> Tensor<'t, T> {
+    /// `scope`: for a contiguous tensor, or a view whose axes `shape` only splits or joins within
+    /// runs that lie contiguously (`steps` from [`Tensor::steps_as`]).
+    pub(crate) fn reshaped<'t>(
+        &self,
+        scope: &State,
+        shape: &[usize],
+        steps: Dims,
+    ) -> Tensor<'t, T> {
         let mut alias = self.alias_in(scope);
         alias.dim = Dims::from_slice(shape);
         if let Some(view) = &self.strided {
-            debug_assert!(
-                self.is_contiguous(),
-                "reshape aliases contiguous tensors only"
-            );
             alias.strided = Some(RecycledRc::new(Strided {
                 offset: view.offset,
-                steps: Dims::row_major(shape),
+                steps,
             }));
         }
         alias

@@ -213,7 +213,8 @@ impl<'a, T: DType> Batched<'a, T> {
     /// The matrix `at` elements past the first.
     fn at(&self, at: usize) -> Matrix<'a, T> {
         Matrix {
-            data: &self.first.data[at..],
+            // An operand of no element (`k` = 0) may step past its buffer: it reads nothing.
+            data: self.first.data.get(at..).unwrap_or_default(),
             ..self.first
         }
     }

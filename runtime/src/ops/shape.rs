@@ -2,8 +2,8 @@
 //! adding or removing axes of length 1. They move elements and do no arithmetic, so they work on
 //! every [`DType`]. `narrow` (and `split`, `chunk`), `permute` (and `transpose`, `t`) and `expand`
 //! are views: a shape, an offset and a step per axis on their input's buffer, no copy and no
-//! rent; `reshape`, `squeeze` and `unsqueeze` are aliases of contiguous tensors (a view is copied
-//! first); `concat`, `stack` and `repeat` copy.
+//! rent; `reshape`, `squeeze` and `unsqueeze` are views too, unless the new shape joins axes that
+//! do not lie one inside the other (then they copy once); `concat`, `stack` and `repeat` copy.
 
 use ndarray::{Dimension, IxDyn, Slice, Zip};
 
@@ -328,8 +328,20 @@ impl<T: DType> Op<T> for Reshape {
         cx: &mut Forward<'_, 's, T>,
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let x = cx.input(0);
-        let alias = x.reshaped(cx.scope(), self.shape.slice());
-        Ok((alias, cx.saving().then(|| Dims::from_slice(x.shape()))))
+        let saved = cx.saving().then(|| Dims::from_slice(x.shape()));
+        let alias = match x.steps_as(&self.shape) {
+            Some(steps) => x.reshaped(cx.scope(), &self.shape, steps),
+            // A view whose axes the new shape crosses: a copy, reshaped.
+            None => {
+                let copy = x.clone().try_contiguous_in(cx.scope())?;
+                copy.reshaped(cx.scope(), &self.shape, Dims::row_major(&self.shape))
+            }
+        };
+        Ok((alias, saved))
+    }
+
+    fn reads_views(&self) -> bool {
+        true
     }
 
     /// The gradient reshaped back.
@@ -533,7 +545,10 @@ impl<'s, T: DType> Tensor<'s, T> {
         pub fn permute<D: Dim>(&self, axes: &[D]) -> Tensor<'s, T> = try_permute;
     }
 
-    /// A zero-copy alias with a new shape holding the same number of elements.
+    /// The same elements in a new shape (as many elements), without a copy when the tensor is
+    /// contiguous or the new shape only splits or joins axes that lie one inside the other in its
+    /// buffer (PyTorch's `view`: `[b, t, c]` narrowed from `[b, t, 3c]` splits into `[b, t, h,
+    /// d]` in place); otherwise (`x.t().flatten()`) a copy, as PyTorch's `reshape`.
     ///
     /// Fails with [`Error::ShapeMismatch`] if the element counts differ, [`Error::SizeOverflow`] if the
     /// new shape is too large to address.
@@ -550,15 +565,17 @@ impl<'s, T: DType> Tensor<'s, T> {
         // Without a graph the op records nothing and its output is the alias in this tensor's
         // scope: made here, reshape (the most frequent op of a step, in backward rules too) skips
         // the op core's bookkeeping.
-        if self.node.is_none() && self.is_contiguous() {
-            return Ok(self.reshaped(&self.rents_in, shape));
+        if self.node.is_none() {
+            if let Some(steps) = self.steps_as(shape) {
+                return Ok(self.reshaped(&self.rents_in, shape, steps));
+            }
         }
         let shape = Dims::from_slice(shape);
         autograd::run(Reshape { shape }, &mut args([Arg::Borrowed(self)]))
     }
 
     panicking! {
-        /// A zero-copy alias with a new shape.
+        /// The same elements in a new shape, without a copy where the layout allows.
         pub fn reshape(&self, shape: &[usize]) -> Tensor<'s, T> = try_reshape;
     }
 
@@ -711,7 +728,8 @@ impl<'s, T: DType> Tensor<'s, T> {
         autograd::run(Tile { reps, expand }, &mut args([Arg::Borrowed(self)]))
     }
 
-    /// A zero-copy alias of all the elements as one axis (`[len]`).
+    /// All the elements as one axis (`[len]`): an alias of a contiguous tensor, a copy of a view
+    /// whose elements do not lie in one run.
     pub fn flatten(&self) -> Tensor<'s, T> {
         or_panic(self.try_reshape(&[self.len()]))
     }
