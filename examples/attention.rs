@@ -5,7 +5,7 @@
 //! `v` requiring gradients, the output's gradient given), and the peak pool bytes of that forward
 //! and backward beyond its inputs. Then a training step of a GPT of that shape (6 blocks of width
 //! 384, context 256, batch 8, vocabulary 256, Adam) in either form: its time and peak activation
-//! bytes.
+//! bytes, and the time of its forward alone (inference: nothing recorded).
 //!
 //! The forms take turns in rounds, so that a drift of the machine's speed affects both alike; the
 //! table gives the medians over the rounds of each round's median.
@@ -157,14 +157,15 @@ fn gpt_table(rounds: usize, vocab: usize) {
     let mut runs = FORMS.map(|form| {
         let pool = Pool::with_max_memory_mb(8192);
         let model = Gpt::random(&pool, config(form), 1).expect("the model's own shapes");
-        (form, pool, model, Adam::new(3e-4), Measured::default())
+        let forwards = Vec::new();
+        (form, pool, model, Adam::new(3e-4), Measured::default(), forwards)
     });
     let c = config(Attention::Fused);
     let ids: Vec<i64> = (0..BATCH * c.n_ctx)
         .map(|i| ((i * 7 + i / c.n_ctx) % c.vocab) as i64)
         .collect();
     for round in 0..rounds {
-        for (form, pool, model, adam, measured) in &mut runs {
+        for (form, pool, model, adam, measured, forwards) in &mut runs {
             let steps = round * CHUNK..(round + 1) * CHUNK;
             let name = format!("{form:?}");
             measured.run(&name, pool, model, adam, steps, |model, s, _, grads| {
@@ -175,6 +176,17 @@ fn gpt_table(rounds: usize, vocab: usize) {
                     loss.item()
                 })
             });
+            // The forward alone, as inference runs it; the chunk's first warms the pool.
+            for j in 0..CHUNK {
+                let started = Instant::now();
+                pool.scope(|s| {
+                    let ids = s.from_slice::<i64>(&[BATCH, c.n_ctx], &ids);
+                    black_box(model.forward(&ids).len())
+                });
+                if j > 0 {
+                    forwards.push(started.elapsed().as_secs_f64() * 1e3);
+                }
+            }
         }
     }
     println!(
@@ -182,12 +194,13 @@ fn gpt_table(rounds: usize, vocab: usize) {
          {}, Adam",
         c.layers, c.dim, c.heads, c.n_ctx, c.vocab
     );
-    println!("\n| form | step ms | peak activation bytes | last loss |");
-    println!("|---|---:|---:|---:|");
-    for (form, _, _, _, measured) in &runs {
+    println!("\n| form | step ms | forward ms | peak activation bytes | last loss |");
+    println!("|---|---:|---:|---:|---:|");
+    for (form, _, _, _, measured, forwards) in &runs {
         println!(
-            "| {form:?} | {:.1} | {} | {:.4} |",
+            "| {form:?} | {:.1} | {:.1} | {} | {:.4} |",
             measured.median_ms(),
+            median(forwards),
             measured.peak,
             measured.losses.last().expect("a step ran")
         );

@@ -7,8 +7,9 @@ token embedding; 6 blocks of width 384, 6 heads, context 256, vocabulary 256, ba
 step: logits, the mean next-token cross-entropy against the input ids (the same synthetic ids as
 the Rust example), backward, Adam (lr 3e-4). Rows: eager with `F.scaled_dot_product_attention`
 (PyTorch's fused attention), and the same step under `torch.compile` when it compiles here. Each
-row runs its steps in rounds of 5, the rows taking turns, the first step of each round not timed;
-prints the median step time per row.
+row runs its steps in rounds of 5, then 5 forwards alone (`torch.no_grad()`; the compiled row
+compiles the model for them), the rows taking turns, the first of each 5 not timed; prints the
+median step and forward times per row.
 
 Run (from the repository root; CI never runs Python):
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch numpy
@@ -103,20 +104,33 @@ def main():
         except Exception as e:  # noqa: BLE001: a compiler missing here is a row left out
             print(f"{name}: not run ({type(e).__name__}: {str(e)[:80]})")
             continue
-        rows[name] = (step, [], [])
+        forward = model if name == "eager" else torch.compile(model)
+
+        def infer(forward=forward):
+            with torch.no_grad():
+                return forward(ids).shape
+
+        infer()  # warm-up (and compilation for inference)
+        rows[name] = (step, infer, [], [], [])
     for _ in range(args.rounds):
-        for step, times, losses in rows.values():
+        for step, infer, times, forwards, losses in rows.values():
             for j in range(CHUNK):
                 start = time.perf_counter()
                 losses.append(step())
                 if j > 0:
                     times.append((time.perf_counter() - start) * 1e3)
+            for j in range(CHUNK):
+                start = time.perf_counter()
+                infer()
+                if j > 0:
+                    forwards.append((time.perf_counter() - start) * 1e3)
     print(f"GPT training step: {LAYERS} blocks, width {DIM}, {HEADS} heads, context {CTX}, "
           f"batch {BATCH}, vocabulary {VOCAB}, Adam; PyTorch {torch.__version__}, "
           f"{args.threads} threads")
-    print("\n| row | step ms | last loss |\n|---|---:|---:|")
-    for name, (_, times, losses) in rows.items():
-        print(f"| {name} | {statistics.median(times):.1f} | {losses[-1]:.4f} |")
+    print("\n| row | step ms | forward ms | last loss |\n|---|---:|---:|---:|")
+    for name, (_, _, times, forwards, losses) in rows.items():
+        print(f"| {name} | {statistics.median(times):.1f} | {statistics.median(forwards):.1f} "
+              f"| {losses[-1]:.4f} |")
 
 
 if __name__ == "__main__":

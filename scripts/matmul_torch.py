@@ -1,29 +1,44 @@
-"""PyTorch's f32 matrix product on the shapes of `peers/benches/matmul.rs`, for its table in
-docs/benchmarks.md ("Matrix products against peers").
+"""PyTorch's f32 matrix product on the shapes of `peers/benches/matmul.rs`, for its tables in
+docs/benchmarks.md ("Matrix products against peers", "Products at transformer shapes").
 
-`torch.matmul(a, b, out=c)` into a preallocated `c`, `torch.set_num_threads(2)`, standard normal
-operands. For each shape: warm-up calls for about 0.3 s, then timed calls for about 2 s in batches
+`torch.matmul(a, b, out=c)` into a preallocated `c`, `torch.set_num_threads(THREADS)` (2, or
+`--threads N`), standard normal operands; an operand marked transposed is stored transposed and
+passed as its `.mT` view, as a backward passes it. For each shape: warm-up calls for about 0.3 s, then timed calls for about 2 s in batches
 of at least 1 ms each; prints the median time per call over the batches and GFLOP/s = 2mkn / time,
 and the fastest batch's (which a loaded machine disturbs least).
 
 Run (from the repository root; CI never runs Python):
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch numpy
-  /tmp/venv/bin/python scripts/matmul_torch.py
+  /tmp/venv/bin/python scripts/matmul_torch.py [--threads 1] [--only NAME,NAME]
 """
+import argparse
 import re
 import statistics
 import time
 
 import torch
 
-# Name, m, k, n: [m, k] x [k, n]. Keep in step with SHAPES in peers/src/lib.rs.
+# Name, batch, m, k, n, A stored transposed, B stored transposed: `batch` products of
+# [m, k] x [k, n]. Keep in step with SHAPES and TRANSFORMER_SHAPES in peers/src/lib.rs.
 SHAPES = [
-    ("M", 256, 1024, 1024),
-    ("E", 16384, 64, 64),
-    ("T_fwd", 32, 128, 256),
-    ("T_dx", 32, 256, 128),
-    ("T_dw", 128, 32, 256),
-    ("S", 1024, 1024, 1024),
+    ("M", 1, 256, 1024, 1024, False, False),
+    ("E", 1, 16384, 64, 64, False, False),
+    ("T_fwd", 1, 32, 128, 256, False, False),
+    ("T_dx", 1, 32, 256, 128, False, False),
+    ("T_dw", 1, 128, 32, 256, False, False),
+    ("S", 1, 1024, 1024, 1024, False, False),
+    ("qkv384", 1, 2048, 384, 1152, False, False),
+    ("fc384", 1, 2048, 384, 1536, False, False),
+    ("fc_dx384", 1, 2048, 1536, 384, False, True),
+    ("fc_dw384", 1, 384, 2048, 1536, True, False),
+    ("scores384", 48, 256, 64, 256, False, True),
+    ("av384", 48, 256, 256, 64, False, False),
+    ("qkv768", 1, 2048, 768, 2304, False, False),
+    ("fc768", 1, 2048, 768, 3072, False, False),
+    ("fc_dx768", 1, 2048, 3072, 768, False, True),
+    ("fc_dw768", 1, 768, 2048, 3072, True, False),
+    ("scores768", 96, 256, 64, 256, False, True),
+    ("av768", 96, 256, 256, 64, False, False),
 ]
 THREADS = 2
 WARM_UP_S = 0.3
@@ -55,24 +70,42 @@ def seconds_per_call(call):
     return statistics.median(per_call), min(per_call), len(per_call) * calls
 
 
+def operand(batch, rows, cols, transposed):
+    """A standard normal [batch,] rows x cols operand, stored transposed (and passed as a view of
+    its transpose) if asked."""
+    lead = (batch,) if batch > 1 else ()
+    if transposed:
+        return torch.randn(*lead, cols, rows).mT
+    return torch.randn(*lead, rows, cols)
+
+
 def main():
-    torch.set_num_threads(THREADS)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--only", help="comma-separated shape names")
+    args = parser.parse_args()
+    only = set(args.only.split(",")) if args.only else None
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     config = torch.__config__.show()
     blas = re.search(r"BLAS_INFO=(\w+)", config)
     cpu = re.search(r"CPU capability usage: (\w+)", config)
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"BLAS {blas.group(1) if blas else '?'}, CPU capability {cpu.group(1) if cpu else '?'}")
-    for name, m, k, n in SHAPES:
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        c = torch.empty(m, n)
+    for name, batch, m, k, n, a_t, b_t in SHAPES:
+        if only and name not in only:
+            continue
+        a, b = operand(batch, m, k, a_t), operand(batch, k, n, b_t)
+        c = torch.empty(*((batch,) if batch > 1 else ()), m, n)
         if not torch.allclose(torch.matmul(a, b, out=c), (a.double() @ b.double()).float(),
                               rtol=1e-4, atol=1e-3):
             raise SystemExit(f"{name}: torch.matmul disagrees with the f64 product")
         with torch.no_grad():
             median, fastest, calls = seconds_per_call(lambda: torch.matmul(a, b, out=c))
-        flop = 2 * m * k * n
-        print(f"{name:6} [{m}, {k}] x [{k}, {n}]: median {median * 1e3:.4f} ms "
+        flop = 2 * batch * m * k * n
+        form = f"{batch} x " if batch > 1 else ""
+        form += f"[{m}, {k}]{'^T' if a_t else ''} x [{k}, {n}]{'^T' if b_t else ''}"
+        print(f"{name:6} {form}: median {median * 1e3:.4f} ms "
               f"({flop / median / 1e9:.1f} GFLOP/s), fastest batch {fastest * 1e3:.4f} ms "
               f"({flop / fastest / 1e9:.1f} GFLOP/s), {calls} calls")
 

@@ -6,8 +6,10 @@ least.
 
 Run after the bench (from the repository root; CI never runs Python):
   python3 scripts/matmul_torch.py > /tmp/torch.txt      # optional
-  python3 scripts/peers_table.py [--torch /tmp/torch.txt] [CRITERION_DIR]
-CRITERION_DIR defaults to $CARGO_TARGET_DIR/criterion, else peers/target/criterion.
+  python3 scripts/peers_table.py [--threads 1] [--torch /tmp/torch.txt] [CRITERION_DIR]
+CRITERION_DIR defaults to $CARGO_TARGET_DIR/criterion, else peers/target/criterion. `--threads N`
+reads the bench's `peers_tN` groups (run with `PEERS_THREADS=N`); shapes without results are left
+out, so a filtered bench gives a table of its shapes.
 """
 import argparse
 import json
@@ -15,7 +17,9 @@ import os
 import re
 from pathlib import Path
 
-SHAPES = ["M", "E", "T_fwd", "T_dx", "T_dw", "S"]
+SHAPES = ["M", "E", "T_fwd", "T_dx", "T_dw", "S",
+          "qkv384", "fc384", "fc_dx384", "fc_dw384", "scores384", "av384",
+          "qkv768", "fc768", "fc_dx768", "fc_dw768", "scores768", "av768"]
 CANDIDATES = ["tensorscope", "matrixmultiply", "matrixmultiply_avx512", "gemm", "gemm_avx512",
               "faer", "openblas"]
 TORCH_LINE = re.compile(r"^(\S+)\s.*median ([\d.]+) ms .*fastest batch ([\d.]+) ms")
@@ -27,12 +31,12 @@ def time_text(seconds):
     return f"{seconds * 1e6:.1f} µs"
 
 
-def criterion_results(root):
-    """{(shape, candidate): (flop, median s, fastest s)} for every result found."""
+def criterion_results(root, group):
+    """{(shape, candidate): (flop, median s, fastest s)} for every result of `group` found."""
     results = {}
     for shape in SHAPES:
         for candidate in CANDIDATES:
-            run = root / f"peers_{shape}" / candidate / "new"
+            run = root / f"{group}_{shape}" / candidate / "new"
             if not run.is_dir():
                 continue
             flop = json.loads((run / "benchmark.json").read_text())["throughput"]["Elements"]
@@ -47,6 +51,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("criterion_dir", nargs="?")
     parser.add_argument("--torch", help="output of scripts/matmul_torch.py")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     if args.criterion_dir:
         root = Path(args.criterion_dir)
@@ -54,10 +59,11 @@ def main():
         root = Path(os.environ["CARGO_TARGET_DIR"]) / "criterion"
     else:
         root = Path(__file__).resolve().parent.parent / "peers" / "target" / "criterion"
-    results = criterion_results(root)
-    columns = [c for c in CANDIDATES if any((s, c) in results for s in SHAPES)]
+    results = criterion_results(root, "peers" if args.threads == 2 else f"peers_t{args.threads}")
+    shapes = [s for s in SHAPES if any(s2 == s for s2, _ in results)]
+    columns = [c for c in CANDIDATES if any((s, c) in results for s in shapes)]
     if args.torch:
-        flop = {s: next(f for (s2, _), (f, _, _) in results.items() if s2 == s) for s in SHAPES}
+        flop = {s: next(f for (s2, _), (f, _, _) in results.items() if s2 == s) for s in shapes}
         for line in Path(args.torch).read_text().splitlines():
             match = TORCH_LINE.match(line)
             if match and match.group(1) in flop:
@@ -69,7 +75,7 @@ def main():
     def table(title, cell):
         print(f"| {title} | " + " | ".join(columns) + " |")
         print("|---|" + "---:|" * len(columns))
-        for shape in SHAPES:
+        for shape in shapes:
             cells = [cell(*results[shape, c]) if (shape, c) in results else "-" for c in columns]
             print(f"| {shape} | " + " | ".join(cells) + " |")
 

@@ -1,21 +1,31 @@
-//! `f32` matrix products on 2 threads: tensorscope's `matmul` against matrixmultiply, the `gemm`
-//! crate, faer and (with `--features blas`) OpenBLAS, on the shapes of `tensorscope_peers::SHAPES`.
-//! Throughput is in elements per second with 2mkn elements per product, i.e. FLOP/s.
+//! `f32` matrix products on 2 threads (`PEERS_THREADS=1`: one): tensorscope's `matmul` against
+//! matrixmultiply, the `gemm` crate, faer and (with `--features blas`) OpenBLAS, on the shapes of
+//! `tensorscope_peers::SHAPES` and `TRANSFORMER_SHAPES`. Throughput is in elements per second
+//! with 2mkn elements per product, i.e. FLOP/s. Groups are `peers/SHAPE` on 2 threads and
+//! `peers_tN/SHAPE` on N others.
 //!
 //! From `peers/`:
-//! `cargo bench --bench matmul [--features blas] -- [--warm-up-time 1 --measurement-time 3]`
+//! `[PEERS_THREADS=1] cargo bench --bench matmul [--features blas] -- [--warm-up-time 1
+//! --measurement-time 3] [FILTER]`
 
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use tensorscope_peers::{blas_info, candidates, use_threads, Operands, SHAPES, THREADS};
+use tensorscope_peers::{
+    blas_info, candidates, threads, use_threads, Operands, SHAPES, TRANSFORMER_SHAPES,
+};
 
 fn products(c: &mut Criterion) {
     if let Some(info) = blas_info() {
         eprintln!("OpenBLAS: {info}");
     }
-    eprintln!("threads per product: {THREADS}");
-    for shape in SHAPES {
+    let threads = threads();
+    eprintln!("threads per product: {threads}");
+    let group = match threads {
+        2 => "peers".to_string(),
+        n => format!("peers_t{n}"),
+    };
+    for shape in SHAPES.into_iter().chain(TRANSFORMER_SHAPES) {
         let operands = Operands::new(shape);
         let mut list = candidates(&operands);
         for candidate in &mut list {
@@ -24,7 +34,7 @@ fn products(c: &mut Criterion) {
                 panic!("{wrong}");
             }
         }
-        let mut g = c.benchmark_group(format!("peers/{}", shape.name));
+        let mut g = c.benchmark_group(format!("{group}/{}", shape.name));
         g.throughput(Throughput::Elements(shape.flops()));
         for candidate in &mut list {
             g.bench_function(BenchmarkId::from_parameter(candidate.name()), |bench| {

@@ -13,7 +13,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tensorscope_peers::{blas_info, candidates, use_threads, Operands, SHAPES, THREADS};
+use tensorscope_peers::{
+    blas_info, candidates, threads, use_threads, Operands, SHAPES, TRANSFORMER_SHAPES,
+};
 
 /// The system allocator, counting allocations (`alloc`, `alloc_zeroed` and `realloc`).
 struct Counting;
@@ -66,12 +68,12 @@ fn main() {
     if let Some(info) = blas_info() {
         println!("OpenBLAS: {info}");
     }
-    println!("threads per product: {THREADS}");
+    println!("threads per product: {}", threads());
     println!(
         "{:6} {:22} {:>12} {:>13} {:>13} {:>17}",
         "shape", "candidate", "allocs/call", "busy threads", "GFLOP/CPU-s", "CPU ms after 100"
     );
-    for shape in SHAPES {
+    for shape in SHAPES.into_iter().chain(TRANSFORMER_SHAPES) {
         let operands = Operands::new(shape);
         for mut candidate in candidates(&operands) {
             candidate
