@@ -22,7 +22,9 @@
 //! Operands are strided ([`Matrix`]), so a transposed operand is packed from where it lies instead
 //! of being copied first.
 //!
-//! What a packed step holds is a [`Packing`] ([`pack`]); here, the elements as they are.
+//! What a packed step holds is a [`Packing`] ([`pack`]): the elements as they are, or, for
+//! [`bf16::product_bf16`], the `f32` operands rounded to bf16 as they are packed, multiplied by
+//! the AVX512-BF16 tile where the CPU has it and by the `f32` tiles elsewhere; both sum in `f32`.
 
 use std::cell::RefCell;
 
@@ -34,6 +36,7 @@ use crate::pool::Block;
 use pack::{pack, pack_wide, Exact, Packing};
 use window::Window;
 
+pub(crate) mod bf16;
 mod pack;
 mod window;
 
@@ -441,8 +444,8 @@ fn partial_tile<T: Element, P: Packing<T>, const MR: usize, const NR: usize, con
 
 /// The `MR x NR` tile `sum_p a(p)[i] b[p][j]` over the packed steps `p < steps`, of a sliver of
 /// `a` (step `p` given by `a(p)`) and a packed sliver `b`, held in registers, then stored to
-/// `out`: 32 columns of `f32` by the AVX-512 tile of [`simd::tile_f32_avx512`], else a loop that
-/// LLVM vectorises.
+/// `out`: 32 columns of `f32` by the AVX-512 tiles ([`simd::tile_f32_avx512`], or
+/// [`simd::tile_bf16_avx512`] for pairs of bf16), else a loop that LLVM vectorises.
 #[inline(always)]
 fn tile<T: Element, P: Packing<T>, const MR: usize, const NR: usize, const FMA: bool>(
     steps: usize,
@@ -450,16 +453,27 @@ fn tile<T: Element, P: Packing<T>, const MR: usize, const NR: usize, const FMA: 
     a: impl Fn(usize) -> [P::Slot; MR],
     out: Out<'_, T>,
 ) {
-    if FMA && NR == 32 && P::K == 1 && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-    {
-        // `T` is `f32`, `NR` 32 and a slot one `f32`: the casts are between identical types.
-        let Err(out) = simd::tile_f32_avx512(
-            steps,
-            bytemuck::cast_slice(b),
-            #[inline(always)]
-            |p| bytemuck::cast::<[P::Slot; MR], [f32; MR]>(a(p)),
-            out,
-        ) else {
+    if FMA && NR == 32 && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+        // `T` is `f32` and `NR` 32, and a slot is an `f32` or (a pair of bf16s) a `u32`: the
+        // casts are between identical types.
+        let wide = if P::K == 1 {
+            simd::tile_f32_avx512(
+                steps,
+                bytemuck::cast_slice(b),
+                #[inline(always)]
+                |p| bytemuck::cast::<[P::Slot; MR], [f32; MR]>(a(p)),
+                out,
+            )
+        } else {
+            simd::tile_bf16_avx512(
+                steps,
+                bytemuck::cast_slice(b),
+                #[inline(always)]
+                |p| bytemuck::cast::<[P::Slot; MR], [u32; MR]>(a(p)),
+                out,
+            )
+        };
+        let Err(out) = wide else {
             return;
         };
         return out.store(&tile_sum::<T, P, MR, NR, FMA>(steps, b, a));
@@ -492,7 +506,7 @@ mod tests {
     use super::*;
 
     /// Values in [-1, 1) from a fixed sequence.
-    fn values<T: Element>(len: usize, seed: u64) -> Vec<T> {
+    pub(super) fn values<T: Element>(len: usize, seed: u64) -> Vec<T> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..len)
             .map(|_| {
@@ -507,7 +521,7 @@ mod tests {
     /// Sizes around the tiles (12 x 32 with AVX-512, 6 x 16, 6 x 8) and past each block edge (144
     /// rows, 256 deep, 1024 columns), rows short enough to be read in place and long enough to be
     /// packed; the large ones are split over threads.
-    const EDGE_SHAPES: [(usize, usize, usize); 13] = [
+    pub(super) const EDGE_SHAPES: [(usize, usize, usize); 13] = [
         (1, 1, 1),
         (5, 3, 7),
         (6, 16, 16),
@@ -540,7 +554,11 @@ mod tests {
     }
 
     /// `data` as a `[rows, cols]` matrix, stored row-major or (`transposed`) column-major.
-    fn matrix<T>(data: &[T], (rows, cols): (usize, usize), transposed: bool) -> Matrix<'_, T> {
+    pub(super) fn matrix<T>(
+        data: &[T],
+        (rows, cols): (usize, usize),
+        transposed: bool,
+    ) -> Matrix<'_, T> {
         if transposed {
             Matrix::row_major(data, cols, rows).t()
         } else {
