@@ -56,6 +56,21 @@ fn round(x: f32) -> u32 {
     }
 }
 
+/// The bits of `x` rounded to bf16.
+#[inline(always)]
+fn bf16_bits(x: f32) -> u16 {
+    (round(x) >> 16) as u16
+}
+
+/// Slots whose halves were written as `[even, odd]` in memory, made `even | odd << 16` (already
+/// so on a little-endian target).
+#[inline(always)]
+fn in_order(slots: &mut [u32]) {
+    if cfg!(target_endian = "big") {
+        slots.iter_mut().for_each(|s| *s = s.rotate_left(16));
+    }
+}
+
 /// Elements rounded to bf16 and packed as the `f32`s they equal, for the `f32` tiles.
 pub(super) struct Rounded;
 
@@ -89,6 +104,35 @@ impl Packing<f32> for Pairs {
         (round(at(0)) >> 16) | round(at(1))
     }
 
+    /// Each row rounded as a whole, then the halves put together: slot by slot, LLVM vectorised
+    /// each pair (two lanes) instead of the slots.
+    #[inline(always)]
+    fn step<const W: usize>(rows: [&[f32; W]; 2], slots: &mut [u32; W]) {
+        let mut odd = [0; W];
+        for (slot, &x) in slots.iter_mut().zip(rows[0]) {
+            *slot = round(x) >> 16;
+        }
+        for (odd, &x) in odd.iter_mut().zip(rows[1]) {
+            *odd = round(x);
+        }
+        for (slot, odd) in slots.iter_mut().zip(odd) {
+            *slot |= odd;
+        }
+    }
+
+    /// The line's bf16s written in order as the halves of the slots, a loop that vectorises
+    /// (slot by slot, LLVM vectorised each pair instead).
+    #[inline(always)]
+    fn run(line: &[f32], slots: &mut [u32]) {
+        let halves: &mut [u16] = bytemuck::cast_slice_mut(slots);
+        let (rounded, past) = halves.split_at_mut(line.len().min(halves.len()));
+        for (half, &x) in rounded.iter_mut().zip(line) {
+            *half = bf16_bits(x);
+        }
+        past.fill(0);
+        in_order(slots);
+    }
+
     /// As `vdpbf16ps` sums a pair, the odd product first (each product is exact, so `FMA` changes
     /// nothing).
     #[inline(always)]
@@ -110,13 +154,14 @@ mod tests {
     use crate::ops::simd::{with_widest, Level};
 
     /// Shapes besides the `f32` products' edge shapes: `k` of 1, odd `k` ending a step of `KC`
-    /// (256) in half a pair, one row, one column.
-    const SHAPES: [(usize, usize, usize); 7] = [
+    /// (256 elements of `f32`, 512 of pairs) in half a pair, one row, one column.
+    const SHAPES: [(usize, usize, usize); 8] = [
         (37, 1, 45),
         (1, 1, 40),
         (1, 257, 70),
         (70, 255, 1),
-        (12, 511, 32),
+        (12, 515, 33),
+        (5, 1025, 40),
         (29, 3, 1),
         (300, 129, 97),
     ];

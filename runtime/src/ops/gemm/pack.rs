@@ -27,6 +27,40 @@ pub(super) trait Packing<T: Element>: 'static {
     /// past the end of `k`).
     fn slot(at: impl Fn(usize) -> T) -> Self::Slot;
 
+    /// The slots of one step of `W` lines whose elements lie in rows: `rows[h][w]` is element `h`
+    /// of line `w`'s step (`rows[1]` is read only if `K` is 2). A packing may convert whole rows
+    /// first, where converting slot by slot would not vectorise.
+    #[inline(always)]
+    fn step<const W: usize>(rows: [&[T; W]; 2], slots: &mut [Self::Slot; W]) {
+        for (w, slot) in slots.iter_mut().enumerate() {
+            *slot = Self::slot(
+                #[inline(always)]
+                |h| rows[h][w],
+            );
+        }
+    }
+
+    /// The slots of a run of one line's elements along `k` that lie in order, `slots.len()` of
+    /// them from `line`, the last padded with zeros past the line's end.
+    #[inline(always)]
+    fn run(line: &[T], slots: &mut [Self::Slot]) {
+        let elements = line.chunks_exact(Self::K);
+        let rest = elements.remainder();
+        let (whole, last) = slots.split_at_mut(elements.len().min(slots.len()));
+        for (slot, elements) in whole.iter_mut().zip(elements) {
+            *slot = Self::slot(
+                #[inline(always)]
+                |h| elements[h],
+            );
+        }
+        if let (Some(slot), false) = (last.first_mut(), rest.is_empty()) {
+            *slot = Self::slot(
+                #[inline(always)]
+                |h| rest.get(h).copied().unwrap_or(T::zero()),
+            );
+        }
+    }
+
     /// `acc` plus the products of the elements of `a` and `b` (slots of one step of a line of `a`
     /// and a line of `b`), as the tiles sum them: with one rounding per product and sum, or with
     /// `mul_add` if `FMA`.
@@ -46,6 +80,13 @@ impl<T: Element> Packing<T> for Exact {
         at(0)
     }
 
+    /// A copy of the row (element by element, through [`Packing::slot`], LLVM moved one element
+    /// at a time).
+    #[inline(always)]
+    fn step<const W: usize>(rows: [&[T; W]; 2], slots: &mut [T; W]) {
+        *slots = *rows[0];
+    }
+
     #[inline(always)]
     fn mul_add<const FMA: bool>(a: T, b: T, acc: T) -> T {
         if FMA {
@@ -53,29 +94,6 @@ impl<T: Element> Packing<T> for Exact {
         } else {
             a * b + acc
         }
-    }
-}
-
-/// The slots of `line`'s elements, in order, into `slots` (as many as it gives), the last padded
-/// with zeros past the line's end.
-#[inline(always)]
-fn line_slots<'s, T: Element, P: Packing<T>>(
-    line: &[T],
-    mut slots: impl Iterator<Item = &'s mut P::Slot>,
-) {
-    let runs = line.chunks_exact(P::K);
-    let rest = runs.remainder();
-    for (run, slot) in runs.zip(slots.by_ref()) {
-        *slot = P::slot(
-            #[inline(always)]
-            |h| run[h],
-        );
-    }
-    if let (Some(slot), false) = (slots.next(), rest.is_empty()) {
-        *slot = P::slot(
-            #[inline(always)]
-            |h| rest.get(h).copied().unwrap_or(T::zero()),
-        );
     }
 }
 
@@ -89,11 +107,10 @@ fn transpose_12<T: Element, P: Packing<T>>(lines: [&[T]; 12], sliver: &mut [[f32
     if P::AS_IS {
         return simd::transpose_f32_12(lines.map(bytemuck::cast_slice), sliver);
     }
-    const RUN: usize = 64;
     let mut runs = [[<P::Slot as bytemuck::Zeroable>::zeroed(); RUN]; 12];
     for (r, out) in sliver.chunks_mut(RUN).enumerate() {
         for (line, run) in lines.iter().zip(&mut runs) {
-            line_slots::<T, P>(&line[r * RUN * P::K..], run[..out.len()].iter_mut());
+            P::run(&line[r * RUN * P::K..], &mut run[..out.len()]);
         }
         let runs = std::array::from_fn(|w| bytemuck::cast_slice(&runs[w][..out.len()]));
         if !simd::transpose_f32_12(runs, out) {
@@ -102,6 +119,9 @@ fn transpose_12<T: Element, P: Packing<T>>(lines: [&[T]; 12], sliver: &mut [[f32
     }
     true
 }
+
+/// Slots a packing converts at a time, in a buffer on the stack.
+const RUN: usize = 64;
 
 /// [`pack`], compiled for the widest instruction set the CPU has (its copies then move 64 bytes
 /// at a time instead of the baseline's 16).
@@ -169,12 +189,7 @@ pub(super) fn pack<T: Element, P: Packing<T>, const W: usize>(
                             &zeros
                         }
                     });
-                    for (w, v) in step.iter_mut().enumerate() {
-                        *v = P::slot(
-                            #[inline(always)]
-                            |h| rows[h][w],
-                        );
-                    }
+                    P::step(rows, step);
                 }
             }
         }
@@ -197,9 +212,21 @@ pub(super) fn pack<T: Element, P: Packing<T>, const W: usize>(
         } else if m.cs == 1 {
             // Each line lies in order: read it in order, written `W` apart.
             for w in 0..W {
-                if w < height {
-                    let line = m.row(first + w, p0, depth);
-                    line_slots::<T, P>(line, sliver.iter_mut().map(|step| &mut step[w]));
+                let line = || m.row(first + w, p0, depth);
+                if w < height && P::AS_IS {
+                    for (step, &v) in sliver.iter_mut().zip(line()) {
+                        step[w] = P::slot(|_| v);
+                    }
+                } else if w < height {
+                    let line = line();
+                    // A run of slots at a time, made in order, then written `W` apart.
+                    let mut run = [zero; RUN];
+                    for (r, steps) in sliver.chunks_mut(RUN).enumerate() {
+                        P::run(&line[r * RUN * P::K..], &mut run[..steps.len()]);
+                        for (step, &slot) in steps.iter_mut().zip(&run) {
+                            step[w] = slot;
+                        }
+                    }
                 } else {
                     sliver.iter_mut().for_each(|step| step[w] = zero);
                 }
