@@ -148,6 +148,8 @@ impl Packing<f32> for Pairs {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
     use super::super::tests::{matrix, values, EDGE_SHAPES};
     use super::super::{blocked, Window};
     use super::*;
@@ -319,6 +321,72 @@ mod tests {
                     }
                     let bits = |c: &[f32]| c.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&parts), bits(&whole), "{shape:?} {layout:?} {columns}");
+                }
+            }
+        }
+    }
+
+    /// The measurement of `docs/benchmarks.md`, "bf16 products (issue 27)": the products of a
+    /// transformer's training step, `f32` against bf16, median times of alternated rounds. Threads:
+    /// `TENSORSCOPE_THREADS`. `cargo test --release -p tensorscope-runtime --lib
+    /// bf16_products_against_f32 -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement: prints a table"]
+    fn bf16_products_against_f32() {
+        const ROWS: usize = 2048;
+        const ROUNDS: usize = 9;
+        println!(
+            "threads {}, AVX512-BF16 {}",
+            std::env::var("TENSORSCOPE_THREADS").unwrap_or_else(|_| "all".into()),
+            simd::has_avx512_bf16()
+        );
+        println!(
+            "| product | shape | f32 ms | f32 GFLOP/s | bf16 ms | bf16 GFLOP/s | f32 / bf16 |"
+        );
+        println!("|---|---|---:|---:|---:|---:|---:|");
+        for d in [384, 768] {
+            for wide in [3 * d, 4 * d] {
+                // (name, m, k, n, a transposed, b transposed): `x w`, `g w^T`, `x^T g`.
+                let forms = [
+                    ("A B", ROWS, d, wide, false, false),
+                    ("A B^T", ROWS, wide, d, false, true),
+                    ("A^T B", d, ROWS, wide, true, false),
+                ];
+                for (name, m, k, n, ta, tb) in forms {
+                    let (a_data, b_data) = (values::<f32>(m * k, 1), values::<f32>(k * n, 2));
+                    let (a, b) = (matrix(&a_data, (m, k), ta), matrix(&b_data, (k, n), tb));
+                    let mut c = vec![0.0f32; m * n];
+                    let mut time = |bf16: bool| {
+                        let start = Instant::now();
+                        if bf16 {
+                            product_bf16(a, b, &mut c, false);
+                        } else {
+                            super::super::product(a, b, &mut c);
+                        }
+                        start.elapsed().as_secs_f64()
+                    };
+                    // A round of each first, not counted.
+                    time(false);
+                    time(true);
+                    let (mut f32s, mut bf16s) = (Vec::new(), Vec::new());
+                    for _ in 0..ROUNDS {
+                        f32s.push(time(false));
+                        bf16s.push(time(true));
+                    }
+                    let median = |mut t: Vec<f64>| {
+                        t.sort_by(f64::total_cmp);
+                        t[t.len() / 2]
+                    };
+                    let (f, h) = (median(f32s), median(bf16s));
+                    let flops = 2.0 * (m * k * n) as f64;
+                    println!(
+                        "| {name} | [{m}, {k}] x [{k}, {n}] | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} |",
+                        f * 1e3,
+                        flops / f / 1e9,
+                        h * 1e3,
+                        flops / h / 1e9,
+                        f / h
+                    );
                 }
             }
         }
