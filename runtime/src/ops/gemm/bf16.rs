@@ -17,9 +17,10 @@ use super::{multiply, Matrix};
 /// `half::bf16::from_f32` rounds it, the products summed in `f32`. The blocking, the split over
 /// threads and the packing buffers are [`super::product`]'s.
 ///
-/// With AVX512-BF16 the sums go through `vdpbf16ps`, which reads subnormal bf16s as zero and
-/// flushes subnormal sums to zero; elsewhere the `f32` tiles sum the same products, two at a time
-/// in the other order and with subnormals kept, so the two agree up to the rounding of the sums.
+/// With AVX512-BF16 the sums go through `vdpbf16ps`, which adds each pair's odd product first,
+/// reads subnormal bf16s as zero and flushes subnormal sums to zero; elsewhere the `f32` tiles
+/// add the same products one at a time in order along `k`, subnormals kept, so the two agree up
+/// to the rounding of the sums.
 ///
 /// Panics, as [`super::product`] does, if the operands do not fit their shapes or `c` is shorter
 /// than `m n`.
@@ -40,8 +41,8 @@ pub(crate) fn product_bf16(a: Matrix<'_, f32>, b: Matrix<'_, f32>, c: &mut [f32]
 
 /// `x` rounded to bf16, to nearest with ties to even (a NaN stays a NaN, made quiet), as
 /// `half::bf16::from_f32` rounds it: the bf16's bits in the high half of the result, the low half
-/// zero (so the result's bits are the bf16's value as an `f32`). Branch-free, so that the packing
-/// loops vectorise.
+/// zero (so the result's bits are the bf16's value as an `f32`). Integer operations and a select
+/// of two values, no branch, so that the packing loops vectorise.
 #[inline(always)]
 fn round(x: f32) -> u32 {
     let bits = x.to_bits();
