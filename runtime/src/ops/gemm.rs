@@ -21,14 +21,23 @@
 //!
 //! Operands are strided ([`Matrix`]), so a transposed operand is packed from where it lies instead
 //! of being copied first.
+//!
+//! What a packed step holds is a [`Packing`] ([`pack`]): the elements as they are, or, for
+//! [`bf16::product_bf16`], the `f32` operands rounded to bf16 as they are packed, multiplied by
+//! the AVX512-BF16 tile where the CPU has it and by the `f32` tiles elsewhere; both sum in `f32`.
 
 use std::cell::RefCell;
+
+use std::marker::PhantomData;
 
 use super::simd::{self, FmaKernel, TileOut as _};
 use crate::element::Element;
 use crate::pool::Block;
+use pack::{pack, pack_wide, Exact, Packing};
 use window::Window;
 
+pub(crate) mod bf16;
+mod pack;
 mod window;
 
 /// Rows of `a` per packed block: `MC x KC` of `f32` is 144 KiB, inside a core's L2 cache.
@@ -36,6 +45,11 @@ const MC: usize = 144;
 /// Depth of one packed step: a sliver of `a`, `12 x KC` of `f32`, is 12 KiB, in the L1 cache with
 /// the slivers of `b` passing through (deeper steps measured slower with the AVX-512 tile: 384 and
 /// 512 lost 10-20% on M's product).
+///
+/// Counted in packed slots, so a step of bf16 pairs is 512 elements deep, as many bytes as one of
+/// `f32`: 0-7% faster than 256 elements deep, never slower, on one thread of the AMD EPYC
+/// (alternated in one process, twice, on the `d = 384` and `d = 768`, `3d` products of
+/// `bf16::tests::bf16_products_against_f32`).
 const KC: usize = 256;
 /// Columns of `b` per packed panel: `KC x NC` of `f32` is 1 MiB, inside a core's L2 cache.
 const NC: usize = 1024;
@@ -128,18 +142,18 @@ impl<T: Copy> Matrix<'_, T> {
 /// `c = a b` for `a: [m, k]`, `b: [k, n]` and a row-major `c: [m, n]`, with `T` `f32` or `f64`
 /// ([`Element::GEMM`]).
 pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
-    multiply(a, b, c, false)
+    multiply::<T, Exact>(a, b, c, false)
 }
 
 /// `c += a b`, as [`product`] otherwise: the sums go into what `c` holds, as the tiles of the
 /// later steps along `k` do, so an accumulation over many products (attention's tiles) needs no
 /// temporary and no pass of its own.
 pub(crate) fn product_add<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
-    multiply(a, b, c, true)
+    multiply::<T, Exact>(a, b, c, true)
 }
 
-/// `c = a b`, or `c += a b` if `add`.
-fn multiply<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T], add: bool) {
+/// `c = a b`, or `c += a b` if `add`, the operands packed as `P` says.
+fn multiply<T: Element, P: Packing<T>>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T], add: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let last = |x: &Matrix<'_, T>| (x.rows - 1) * x.rs + (x.cols - 1) * x.cs;
     assert!(
@@ -163,11 +177,11 @@ fn multiply<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T], add: bo
     }
     let c = Window::new(c, n);
     if std::mem::size_of::<T>() == 4 && simd::has_avx512() {
-        split::<T, 12, 32>(a, b, c, add);
+        split::<T, P, 12, 32>(a, b, c, add);
     } else if std::mem::size_of::<T>() == 4 {
-        split::<T, 6, 16>(a, b, c, add);
+        split::<T, P, 6, 16>(a, b, c, add);
     } else {
-        split::<T, 6, 8>(a, b, c, add);
+        split::<T, P, 6, 8>(a, b, c, add);
     }
 }
 
@@ -176,14 +190,14 @@ fn multiply<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T], add: bo
 /// (or its rows of `a` and all of `b`), the smaller operand packed by every thread: no packed
 /// block is shared between threads, so the threads meet once per product, not twice per panel,
 /// and each reads its packed blocks from its own core's caches.
-fn split<T: Element, const MR: usize, const NR: usize>(
+fn split<T: Element, P: Packing<T>, const MR: usize, const NR: usize>(
     a: Matrix<'_, T>,
     b: Matrix<'_, T>,
     c: Window<'_, T>,
     add: bool,
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    let each = |part: Window<'_, T>| blocked::<T, MR, NR>(a, b, part, add);
+    let each = |part: Window<'_, T>| blocked::<T, P, MR, NR>(a, b, part, add);
     if n >= m {
         let granules = n.div_ceil(NR);
         let min = PER_PART.div_ceil(NR * m * k);
@@ -201,7 +215,7 @@ fn split<T: Element, const MR: usize, const NR: usize>(
 /// One thread's part of the product, the rows and columns of `c`'s window: in panels of `NC`
 /// columns and steps of `KC` along `k`, each step's panel of `b` packed into this thread's buffer;
 /// added to what the window holds if `add`.
-fn blocked<T: Element, const MR: usize, const NR: usize>(
+fn blocked<T: Element, P: Packing<T>, const MR: usize, const NR: usize>(
     a: Matrix<'_, T>,
     b: Matrix<'_, T>,
     mut c: Window<'_, T>,
@@ -211,15 +225,18 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
     let (rows, cols) = (c.rows(), c.cols());
     let widest = cols.len().min(NC).next_multiple_of(NR);
     let tallest = rows.len().min(MC).next_multiple_of(MR);
-    super::with_buffer::<_, T, _>(&PACKED_B, (widest * k.min(KC), B_BYTES), |pb| {
-        super::with_buffer::<_, T, _>(&PACKED_A, (tallest * k.min(KC), A_BYTES), |pa| {
+    // Elements along `k` per step: `KC` slots.
+    let kcs = KC * P::K;
+    let deepest = k.min(kcs).div_ceil(P::K);
+    super::with_buffer::<_, P::Slot, _>(&PACKED_B, (widest * deepest, B_BYTES), |pb| {
+        super::with_buffer::<_, P::Slot, _>(&PACKED_A, (tallest * deepest, A_BYTES), |pa| {
             for jc in cols.clone().step_by(NC) {
                 let nc = NC.min(cols.end - jc);
-                for pc in (0..k).step_by(KC) {
-                    let kc = KC.min(k - pc);
-                    let pb = &mut pb[..nc.next_multiple_of(NR) * kc];
-                    pack_wide::<T, NR>(pb, b.t(), (pc, kc), jc);
-                    simd::dispatch_fma(Step::<T, MR, NR> {
+                for pc in (0..k).step_by(kcs) {
+                    let kc = kcs.min(k - pc);
+                    let pb = &mut pb[..nc.next_multiple_of(NR) * kc.div_ceil(P::K)];
+                    pack_wide::<T, P, NR>(pb, b.t(), (pc, kc), jc);
+                    simd::dispatch_fma(Step::<T, P, MR, NR> {
                         a,
                         pb,
                         cols: (jc, nc),
@@ -227,6 +244,7 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
                         add: add || pc > 0,
                         c: &mut c,
                         pa: &mut *pa,
+                        packing: PhantomData,
                     });
                 }
             }
@@ -235,9 +253,9 @@ fn blocked<T: Element, const MR: usize, const NR: usize>(
 }
 
 /// One `KC`-deep step of one `NC`-column panel of a thread's part, the panel of `b` packed.
-struct Step<'a, 'c, T, const MR: usize, const NR: usize> {
+struct Step<'a, 'c, T: Element, P: Packing<T>, const MR: usize, const NR: usize> {
     a: Matrix<'a, T>,
-    pb: &'a [T],
+    pb: &'a [P::Slot],
     /// The panel's first column and width.
     cols: (usize, usize),
     /// The step's first index along `k` and depth.
@@ -248,10 +266,13 @@ struct Step<'a, 'c, T, const MR: usize, const NR: usize> {
     /// The thread's part of `c`: the step's sums for the panel's columns of it.
     c: &'a mut Window<'c, T>,
     /// This thread's packing buffer for `a`.
-    pa: &'a mut [T],
+    pa: &'a mut [P::Slot],
+    packing: PhantomData<P>,
 }
 
-impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Step<'_, '_, T, MR, NR> {
+impl<T: Element, P: Packing<T>, const MR: usize, const NR: usize> FmaKernel
+    for Step<'_, '_, T, P, MR, NR>
+{
     type Out = ();
 
     #[inline(always)]
@@ -264,61 +285,70 @@ impl<T: Element, const MR: usize, const NR: usize> FmaKernel for Step<'_, '_, T,
             add,
             c,
             pa,
+            packing: _,
         } = self;
         let rows = c.rows();
-        let direct = MR != 12 && a.cs == 1 && a.rs * std::mem::size_of::<T>() <= DIRECT_ROW_BYTES;
+        let direct = P::AS_IS
+            && MR != 12
+            && a.cs == 1
+            && a.rs * std::mem::size_of::<T>() <= DIRECT_ROW_BYTES;
+        // Packed steps: `kc` elements of `k`, `P::K` to a step.
+        let steps = kc.div_ceil(P::K);
         for ic in rows.clone().step_by(MC) {
             let mc = MC.min(rows.end - ic);
             if !direct {
-                pack::<T, MR>(&mut pa[..mc.next_multiple_of(MR) * kc], a, (pc, kc), ic);
+                pack::<T, P, MR>(&mut pa[..mc.next_multiple_of(MR) * steps], a, (pc, kc), ic);
             }
             for ir in (0..mc).step_by(MR) {
                 let height = MR.min(mc - ir);
                 let r = ic + ir;
-                for (jr, b) in pb.chunks_exact(NR * kc).enumerate() {
+                for (jr, b) in pb.chunks_exact(NR * steps).enumerate() {
                     let col = jc + jr * NR;
                     let b = b.as_chunks::<NR>().0;
                     let out = Out {
                         c: c.sub(r..r + height, col..col + NR.min(jc + nc - col)),
                         add,
                     };
+                    // Read in place (`direct`), a slot is its element.
                     if direct && height == MR {
                         let lines: [&[T]; MR] = std::array::from_fn(|i| a.row(r + i, pc, kc));
-                        tile::<T, MR, NR, FMA>(
+                        tile::<T, P, MR, NR, FMA>(
                             kc,
                             b,
                             #[inline(always)]
-                            |p| std::array::from_fn(|i| lines[i][p]),
+                            |p| std::array::from_fn(|i| P::slot(|_| lines[i][p])),
                             out,
                         )
                     } else if direct {
-                        partial_tile::<T, MR, NR, FMA>(
+                        partial_tile::<T, P, MR, NR, FMA>(
                             kc,
                             b,
                             #[inline(always)]
                             |i, p| {
-                                if i < height {
-                                    a.data[(r + i) * a.rs + pc + p]
-                                } else {
-                                    T::zero()
-                                }
+                                P::slot(|_| {
+                                    if i < height {
+                                        a.data[(r + i) * a.rs + pc + p]
+                                    } else {
+                                        T::zero()
+                                    }
+                                })
                             },
                             out,
                         )
                     } else {
                         // Packed: rows past `height` are zeros.
-                        let sliver = &pa[ir * kc..][..MR * kc].as_chunks::<MR>().0[..kc];
+                        let sliver = &pa[ir * steps..][..MR * steps].as_chunks::<MR>().0[..steps];
                         if height == MR {
-                            tile::<T, MR, NR, FMA>(
-                                kc,
+                            tile::<T, P, MR, NR, FMA>(
+                                steps,
                                 b,
                                 #[inline(always)]
                                 |p| sliver[p],
                                 out,
                             )
                         } else {
-                            partial_tile::<T, MR, NR, FMA>(
-                                kc,
+                            partial_tile::<T, P, MR, NR, FMA>(
+                                steps,
                                 b,
                                 #[inline(always)]
                                 |i, p| sliver[p][i],
@@ -381,36 +411,36 @@ impl<'c, T: Element> simd::TileOut<'c, T> for Out<'c, T> {
     }
 }
 
-/// A tile of the last rows of a part, `out.size.0` of them, fewer than `MR` (element `(i, p)` of
-/// `a` given by `at`, zero past them): with the 12-row tile, one of 4 or 8 rows (a part's rows are
-/// counted by 4; see `PART_ROWS`), else `MR` rows.
+/// A tile of the last rows of a part, `out.size.0` of them, fewer than `MR` (the slot of row `i`
+/// at step `p` of `a` given by `at`, zero past them): with the 12-row tile, one of 4 or 8 rows (a
+/// part's rows are counted by 4; see `PART_ROWS`), else `MR` rows.
 #[inline(always)]
-fn partial_tile<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
-    depth: usize,
-    b: &[[T; NR]],
-    at: impl Fn(usize, usize) -> T,
+fn partial_tile<T: Element, P: Packing<T>, const MR: usize, const NR: usize, const FMA: bool>(
+    steps: usize,
+    b: &[[P::Slot; NR]],
+    at: impl Fn(usize, usize) -> P::Slot,
     out: Out<'_, T>,
 ) {
     let height = out.size().0;
     if MR == 12 && height <= 4 {
-        tile::<T, 4, NR, FMA>(
-            depth,
+        tile::<T, P, 4, NR, FMA>(
+            steps,
             b,
             #[inline(always)]
             |p| std::array::from_fn(|i| at(i, p)),
             out,
         )
     } else if MR == 12 && height <= 8 {
-        tile::<T, 8, NR, FMA>(
-            depth,
+        tile::<T, P, 8, NR, FMA>(
+            steps,
             b,
             #[inline(always)]
             |p| std::array::from_fn(|i| at(i, p)),
             out,
         )
     } else {
-        tile::<T, MR, NR, FMA>(
-            depth,
+        tile::<T, P, MR, NR, FMA>(
+            steps,
             b,
             #[inline(always)]
             |p| std::array::from_fn(|i| at(i, p)),
@@ -419,147 +449,59 @@ fn partial_tile<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
     }
 }
 
-/// [`pack`], compiled for the widest instruction set the CPU has (its copies then move 64 bytes
-/// at a time instead of the baseline's 16).
-fn pack_wide<T: Element, const W: usize>(
-    dst: &mut [T],
-    m: Matrix<'_, T>,
-    depth: (usize, usize),
-    l0: usize,
-) {
-    struct Pack<'a, 'm, T, const W: usize>(&'a mut [T], Matrix<'m, T>, (usize, usize), usize);
-    impl<T: Element, const W: usize> simd::Kernel for Pack<'_, '_, T, W> {
-        type Out = ();
-        #[inline(always)]
-        fn run(self) {
-            let Pack(dst, m, depth, l0) = self;
-            pack::<T, W>(dst, m, depth, l0);
-        }
-    }
-    simd::dispatch(Pack::<T, W>(dst, m, depth, l0));
-}
-
-/// Packs lines `l0..` of `m` (its rows; as many as `dst` holds slivers of `W`), elements
-/// `p0..p0 + depth` of each, into slivers of `W` lines, each step's `W` values together; lines past
-/// `m`'s are zeros. A block of `a` is its rows; a panel of `b`, the rows of its transpose.
+/// The `MR x NR` tile `sum_p a(p)[i] b[p][j]` over the packed steps `p < steps`, of a sliver of
+/// `a` (step `p` given by `a(p)`) and a packed sliver `b`, held in registers, then stored to
+/// `out`: 32 columns of `f32` by the AVX-512 tiles ([`simd::tile_f32_avx512`], or
+/// [`simd::tile_bf16_avx512`] for pairs of bf16), else a loop that LLVM vectorises.
 #[inline(always)]
-fn pack<T: Element, const W: usize>(
-    dst: &mut [T],
-    m: Matrix<'_, T>,
-    (p0, depth): (usize, usize),
-    l0: usize,
-) {
-    let mut full = 0;
-    if m.rs == 1 {
-        // The lines' elements of one step lie together (a row of `b`). Eight steps at a time,
-        // sliver by sliver: eight rows read side by side, each sliver written in order. A step
-        // at a time, the writes go to every sliver, a sliver's length apart, and step by step
-        // within a sliver the reads go a row apart: either way to addresses a multiple of 4 KiB
-        // apart, which share one set of the L1 cache and evict each other (packing a weight from
-        // memory ran at 5 GB/s).
-        full = (dst.len() / (W * depth)).min(m.rows.saturating_sub(l0) / W);
-        for p in (0..depth).step_by(8) {
-            let steps = 8.min(depth - p);
-            for s in 0..full {
-                let sliver = &mut dst[(s * depth + p) * W..][..steps * W];
-                for (q, step) in sliver.as_chunks_mut::<W>().0.iter_mut().enumerate() {
-                    let row = (p0 + p + q) * m.cs + l0 + s * W;
-                    step.copy_from_slice(&m.data[row..][..W]);
-                }
-            }
-        }
-    }
-    for (s, sliver) in dst.chunks_exact_mut(W * depth).enumerate().skip(full) {
-        let first = l0 + s * W;
-        let height = W.min(m.rows - first);
-        let (sliver, _) = sliver.as_chunks_mut::<W>();
-        if m.rs == 1 && height == W {
-            // The lines' elements of one step lie together: fixed-length moves.
-            for (p, step) in sliver.iter_mut().enumerate() {
-                *step = m.data[(p0 + p) * m.cs + first..][..W]
-                    .try_into()
-                    .expect("W values");
-            }
-        } else if m.cs == 1
-            && height == W
-            && W == 12
-            && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-            && simd::transpose_f32_12(
-                std::array::from_fn(|w| bytemuck::cast_slice(m.row(first + w, p0, depth))),
-                bytemuck::cast_slice_mut(sliver),
-            )
-        {
-            // Twelve lines of `f32`, transposed in registers.
-        } else if m.cs == 1 {
-            // Each line lies in order: read it in order, written `W` apart.
-            for w in 0..W {
-                if w < height {
-                    let line = m.row(first + w, p0, depth);
-                    for (step, &v) in sliver.iter_mut().zip(line) {
-                        step[w] = v;
-                    }
-                } else {
-                    sliver.iter_mut().for_each(|step| step[w] = T::zero());
-                }
-            }
-        } else {
-            for (p, step) in sliver.iter_mut().enumerate() {
-                for (w, v) in step.iter_mut().enumerate() {
-                    *v = if w < height {
-                        m.at(first + w, p0 + p)
-                    } else {
-                        T::zero()
-                    };
-                }
-            }
-        }
-    }
-}
-
-/// The `MR x NR` tile `sum_p a(p)[i] b[p][j]` over `p < depth`, of a sliver of `a` (column `p`
-/// given by `a(p)`) and a packed sliver `b`, held in registers, then stored to `out`: 32 columns of
-/// `f32` by the AVX-512 tile of [`simd::tile_f32_avx512`], else a loop that LLVM vectorises.
-#[inline(always)]
-fn tile<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
-    depth: usize,
-    b: &[[T; NR]],
-    a: impl Fn(usize) -> [T; MR],
+fn tile<T: Element, P: Packing<T>, const MR: usize, const NR: usize, const FMA: bool>(
+    steps: usize,
+    b: &[[P::Slot; NR]],
+    a: impl Fn(usize) -> [P::Slot; MR],
     out: Out<'_, T>,
 ) {
     if FMA && NR == 32 && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
-        // `T` is `f32` and `NR` 32: the casts are between identical types.
-        let Err(out) = simd::tile_f32_avx512(
-            depth,
-            bytemuck::cast_slice(b),
-            #[inline(always)]
-            |p| bytemuck::cast::<[T; MR], [f32; MR]>(a(p)),
-            out,
-        ) else {
+        // `T` is `f32` and `NR` 32, and a slot is an `f32` or (a pair of bf16s) a `u32`: the
+        // casts are between identical types.
+        let wide = if P::K == 1 {
+            simd::tile_f32_avx512(
+                steps,
+                bytemuck::cast_slice(b),
+                #[inline(always)]
+                |p| bytemuck::cast::<[P::Slot; MR], [f32; MR]>(a(p)),
+                out,
+            )
+        } else {
+            simd::tile_bf16_avx512(
+                steps,
+                bytemuck::cast_slice(b),
+                #[inline(always)]
+                |p| bytemuck::cast::<[P::Slot; MR], [u32; MR]>(a(p)),
+                out,
+            )
+        };
+        let Err(out) = wide else {
             return;
         };
-        return out.store(&tile_sum::<T, MR, NR, FMA>(depth, b, a));
+        return out.store(&tile_sum::<T, P, MR, NR, FMA>(steps, b, a));
     }
-    out.store(&tile_sum::<T, MR, NR, FMA>(depth, b, a));
+    out.store(&tile_sum::<T, P, MR, NR, FMA>(steps, b, a));
 }
 
 /// The tile of [`tile`], as a loop that LLVM vectorises.
 #[inline(always)]
-fn tile_sum<T: Element, const MR: usize, const NR: usize, const FMA: bool>(
-    depth: usize,
-    b: &[[T; NR]],
-    a: impl Fn(usize) -> [T; MR],
+fn tile_sum<T: Element, P: Packing<T>, const MR: usize, const NR: usize, const FMA: bool>(
+    steps: usize,
+    b: &[[P::Slot; NR]],
+    a: impl Fn(usize) -> [P::Slot; MR],
 ) -> [[T; NR]; MR] {
-    let b = &b[..depth];
+    let b = &b[..steps];
     let mut acc = [[T::zero(); NR]; MR];
-    for p in 0..depth {
+    for p in 0..steps {
         let (a, b) = (a(p), &b[p]);
         for i in 0..MR {
             for j in 0..NR {
-                acc[i][j] = if FMA {
-                    a[i].mul_add(b[j], acc[i][j])
-                } else {
-                    a[i] * b[j] + acc[i][j]
-                };
+                acc[i][j] = P::mul_add::<FMA>(a[i], b[j], acc[i][j]);
             }
         }
     }
@@ -571,7 +513,7 @@ mod tests {
     use super::*;
 
     /// Values in [-1, 1) from a fixed sequence.
-    fn values<T: Element>(len: usize, seed: u64) -> Vec<T> {
+    pub(super) fn values<T: Element>(len: usize, seed: u64) -> Vec<T> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..len)
             .map(|_| {
@@ -586,7 +528,7 @@ mod tests {
     /// Sizes around the tiles (12 x 32 with AVX-512, 6 x 16, 6 x 8) and past each block edge (144
     /// rows, 256 deep, 1024 columns), rows short enough to be read in place and long enough to be
     /// packed; the large ones are split over threads.
-    const EDGE_SHAPES: [(usize, usize, usize); 13] = [
+    pub(super) const EDGE_SHAPES: [(usize, usize, usize); 13] = [
         (1, 1, 1),
         (5, 3, 7),
         (6, 16, 16),
@@ -619,7 +561,11 @@ mod tests {
     }
 
     /// `data` as a `[rows, cols]` matrix, stored row-major or (`transposed`) column-major.
-    fn matrix<T>(data: &[T], (rows, cols): (usize, usize), transposed: bool) -> Matrix<'_, T> {
+    pub(super) fn matrix<T>(
+        data: &[T],
+        (rows, cols): (usize, usize),
+        transposed: bool,
+    ) -> Matrix<'_, T> {
         if transposed {
             Matrix::row_major(data, cols, rows).t()
         } else {

@@ -13,6 +13,9 @@
 //! The `unsafe` here is calling a function compiled for features the CPU is first checked to have.
 #![allow(unsafe_code)]
 
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::__m512;
+
 use crate::element::Element;
 
 /// A loop to run at the widest vector width the CPU has. `run` must be `#[inline(always)]`, and so
@@ -33,12 +36,15 @@ pub(crate) enum Level {
     Avx2,
     /// AVX-512 (F, VL, DQ, BW).
     Avx512,
+    /// AVX-512 with BF16: loops run as at [`Level::Avx512`], and the bf16 products multiply pairs
+    /// of bf16s with `vdpbf16ps` ([`tile_bf16_avx512`]).
+    Avx512Bf16,
 }
 
 #[cfg(test)]
 thread_local! {
     /// The widest level [`dispatch`] may use on this thread: tests lower it to run each variant.
-    static WIDEST: std::cell::Cell<Level> = const { std::cell::Cell::new(Level::Avx512) };
+    static WIDEST: std::cell::Cell<Level> = const { std::cell::Cell::new(Level::Avx512Bf16) };
     /// The level [`dispatch`] last ran a loop at on this thread.
     static USED: std::cell::Cell<Option<Level>> = const { std::cell::Cell::new(None) };
 }
@@ -57,7 +63,7 @@ fn note(level: Level) {
 pub(crate) fn with_widest<R>(level: Level, f: impl FnOnce() -> R) -> R {
     WIDEST.set(level);
     let out = f();
-    WIDEST.set(Level::Avx512);
+    WIDEST.set(Level::Avx512Bf16);
     out
 }
 
@@ -67,7 +73,7 @@ fn widest() -> Level {
     #[cfg(test)]
     return WIDEST.get();
     #[cfg(not(test))]
-    Level::Avx512
+    Level::Avx512Bf16
 }
 
 /// Runs `k` compiled for the widest instruction set this CPU has.
@@ -131,6 +137,18 @@ pub(crate) fn has_avx512() -> bool {
     false
 }
 
+/// Whether the bf16 products multiply pairs of bf16s with [`tile_bf16_avx512`]: the CPU has
+/// AVX512-BF16 besides what [`has_avx512`] asks (and no test lowered the level).
+#[inline]
+pub(crate) fn has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return widest() >= Level::Avx512Bf16
+        && has_avx512()
+        && std::is_x86_feature_detected!("avx512bf16");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Where a product's tile goes (`ops::gemm`'s output window implements it): the tile code here
 /// names no type of the product's, so the products depend on these loops and not the reverse.
 pub(crate) trait TileOut<'c, T: 'c>: Sized {
@@ -176,17 +194,80 @@ fn tile_avx512<'c, T: Element, O: TileOut<'c, T>, const MR: usize>(
     a: impl Fn(usize) -> [f32; MR],
     out: O,
 ) {
-    use std::arch::x86_64::{
-        __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_setzero_ps,
-    };
-    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-    for (p, b) in b[..depth].iter().enumerate() {
+    use std::arch::x86_64::{_mm512_add_ps, _mm512_fmadd_ps, _mm512_set1_ps};
+    tile_zmm(
+        (depth, b, a, out),
+        #[inline(always)]
+        |acc, a, b| _mm512_fmadd_ps(_mm512_set1_ps(a), b, acc),
+        #[inline(always)]
+        |x, y| _mm512_add_ps(x, y),
+    )
+}
+
+/// The `MR x 32` tile of `f32` sums `sum_q a(q)[i] . b[q][j]` over the packed steps `q < steps`,
+/// each slot a pair of bf16s along `k` (the even element in the low half): in two 512-bit
+/// registers per row, each step of a row one `vdpbf16ps` per register, which adds both products
+/// of 16 pairs, the odd one first (products of bf16s are exact in `f32`; the instruction reads
+/// subnormal inputs as zero and flushes subnormal sums to zero). Stored to `out`; `Err(out)`
+/// untouched if the CPU lacks AVX512-BF16.
+#[inline(always)]
+pub(crate) fn tile_bf16_avx512<'c, T: Element, O: TileOut<'c, T>, const MR: usize>(
+    steps: usize,
+    b: &[[u32; 32]],
+    a: impl Fn(usize) -> [u32; MR],
+    out: O,
+) -> Result<(), O> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_bf16() {
+        // SAFETY: the CPU has AVX-512F and AVX512-BF16 (checked just above), the features
+        // `tile_bf16` is compiled for.
+        unsafe { tile_bf16(steps, b, a, out) };
+        return Ok(());
+    }
+    let _ = (steps, b, a);
+    Err(out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn tile_bf16<'c, T: Element, O: TileOut<'c, T>, const MR: usize>(
+    steps: usize,
+    b: &[[u32; 32]],
+    a: impl Fn(usize) -> [u32; MR],
+    out: O,
+) {
+    use std::arch::x86_64::{__m512bh, _mm512_add_ps, _mm512_dpbf16_ps, _mm512_set1_epi32};
+    tile_zmm(
+        (steps, b, a, out),
+        #[inline(always)]
+        |acc, a: u32, b| {
+            let a: __m512bh = bytemuck::cast(_mm512_set1_epi32(a as i32));
+            _mm512_dpbf16_ps(acc, a, bytemuck::cast(b))
+        },
+        #[inline(always)]
+        |x, y| _mm512_add_ps(x, y),
+    )
+}
+
+/// The `MR x 32` tile of `f32` sums over the packed steps of a sliver of `a` (step `p` given by
+/// `a(p)`) and a sliver `b`, two 512-bit registers of sums per row, stored to `out`: each step
+/// adds `a(p)[i]` times `b[p]` into row `i` with `step(sums, a(p)[i], half of b[p])`, and `add`
+/// adds two registers. Written once for both tiles, which compile it inside their own features
+/// (the two closures, made there, call the instructions; this function calls none).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn tile_zmm<'c, T: Element, O: TileOut<'c, T>, S: bytemuck::Pod, const MR: usize>(
+    (steps, b, a, out): (usize, &[[S; 32]], impl Fn(usize) -> [S; MR], O),
+    step: impl Fn(__m512, S, __m512) -> __m512,
+    add: impl Fn(__m512, __m512) -> __m512,
+) {
+    let mut acc = [[<__m512 as bytemuck::Zeroable>::zeroed(); 2]; MR];
+    for (p, b) in b[..steps].iter().enumerate() {
         let [lo, hi]: [__m512; 2] = bytemuck::cast(*b);
         let a = a(p);
         for i in 0..MR {
-            let ai = _mm512_set1_ps(a[i]);
-            acc[i][0] = _mm512_fmadd_ps(ai, lo, acc[i][0]);
-            acc[i][1] = _mm512_fmadd_ps(ai, hi, acc[i][1]);
+            acc[i][0] = step(acc[i][0], a[i], lo);
+            acc[i][1] = step(acc[i][1], a[i], hi);
         }
     }
     // `T` is `f32` (the casts check it).
@@ -196,14 +277,14 @@ fn tile_avx512<'c, T: Element, O: TileOut<'c, T>, const MR: usize>(
     // A whole tile: each row of `c` read (when adding) and written as two vectors. (The sums are
     // taken by value: iterated by reference, LLVM kept them in a stack array it zeroed on every
     // call.)
-    let add = out.adds();
+    let adds = out.adds();
     for ([lo_sum, hi_sum], row) in acc.into_iter().zip(out.into_rows()) {
         let row: &mut [f32; 32] = bytemuck::cast_slice_mut::<T, f32>(row)
             .try_into()
             .expect("32 columns");
-        let sum = if add {
+        let sum = if adds {
             let [lo, hi]: [__m512; 2] = bytemuck::cast(*row);
-            [_mm512_add_ps(lo, lo_sum), _mm512_add_ps(hi, hi_sum)]
+            [add(lo, lo_sum), add(hi, hi_sum)]
         } else {
             [lo_sum, hi_sum]
         };
