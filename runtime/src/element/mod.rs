@@ -97,6 +97,25 @@ pub(crate) fn is_integer<T: DType>() -> bool {
     T::from_f64(0.5).to_f64() != 0.5
 }
 
+/// `x` rounded to `f32` toward zero, its last bit set if that was inexact ("round to odd"): an
+/// intermediate from which rounding to nearest at 13 or more bits fewer gives what rounding `x`
+/// to nearest directly gives. How `f64`s reach `f16` and `bf16`: half's own `from_f64` drops the
+/// last 32 bits of the `f64` before rounding, so a value just above a tie rounds down
+/// (`-1.1914068` to bf16 gave `-1.1875`, not the nearer `-1.1953125`).
+fn to_f32_odd(x: f64) -> f32 {
+    let nearest = x as f32;
+    if f64::from(nearest) == x || x.is_nan() {
+        return nearest;
+    }
+    // Inexact: the neighbour toward zero if rounding went away from it (which also turns an
+    // overflow to infinity into `f32::MAX`), then the sticky last bit.
+    let toward_zero = match f64::from(nearest).abs() > x.abs() {
+        true => f32::from_bits(nearest.to_bits() - 1),
+        false => nearest,
+    };
+    f32::from_bits(toward_zero.to_bits() | 1)
+}
+
 macro_rules! dtype {
     ($t:ty, $name:literal, |$v:ident| $from:expr, |$s:ident| $to:expr $(, $integer:ident)?) => {
         impl sealed::Sealed for $t {}
@@ -136,9 +155,18 @@ macro_rules! dtype {
 
 dtype!(f32, "f32", |v| v as f32, |s| f64::from(s));
 dtype!(f64, "f64", |v| v, |s| s);
-dtype!(half::f16, "f16", |v| half::f16::from_f64(v), |s| s.to_f64());
-dtype!(half::bf16, "bf16", |v| half::bf16::from_f64(v), |s| s
-    .to_f64());
+dtype!(
+    half::f16,
+    "f16",
+    |v| half::f16::from_f32(to_f32_odd(v)),
+    |s| s.to_f64()
+);
+dtype!(
+    half::bf16,
+    "bf16",
+    |v| half::bf16::from_f32(to_f32_odd(v)),
+    |s| s.to_f64()
+);
 dtype!(i64, "i64", |v| v as i64, |s| s as f64, integer);
 dtype!(i32, "i32", |v| v as i32, |s| f64::from(s), integer);
 dtype!(u8, "u8", |v| v as u8, |s| f64::from(s), integer);
@@ -195,5 +223,60 @@ impl Element for f64 {
     #[inline(always)]
     fn erfc_kernel(self) -> Self {
         libm::erfc(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The nearest of `x`'s neighbours among the finite values a type's bits give (ties to the
+    /// even bit pattern), by exact distances in `f64`; beyond the largest, infinity.
+    fn nearest<T: DType>(x: f64, bits: impl Fn(u16) -> T, around: u16) -> T {
+        let candidates = [around.wrapping_sub(1), around, around.wrapping_add(1)];
+        let finite = candidates
+            .map(&bits)
+            .into_iter()
+            .filter(|c| c.to_f64().is_finite());
+        let best = finite.min_by(|a, b| {
+            let (da, db) = ((a.to_f64() - x).abs(), (b.to_f64() - x).abs());
+            da.total_cmp(&db).then_with(|| {
+                // A tie: the even pattern first.
+                let even = |c: &T| bytemuck::cast::<T, u16>(*c) & 1;
+                even(a).cmp(&even(b))
+            })
+        });
+        best.expect("a finite neighbour")
+    }
+
+    #[test]
+    fn f64s_round_to_the_nearest_f16_and_bf16() {
+        // Exact f32s just above, at and below ties, random f64s, tiny and huge ones.
+        let mut values = vec![f64::from(f32::from_bits(0xbf98_8005)), 1.0 + 2f64.powi(-9)];
+        values.extend((0..16).map(|i| f64::from(f32::from_bits(0x3f80_8000 + i - 8))));
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            let exponent = (state >> 58) as i32 - 32;
+            values.push(f64::from_bits(state >> 12 | 0x3ff0_0000_0000_0000) * 2f64.powi(exponent));
+        }
+        for &x in &values {
+            for x in [x, -x] {
+                let b = <half::bf16 as DType>::from_f64(x);
+                let want = nearest(x, half::bf16::from_bits, b.to_bits());
+                assert_eq!(b.to_bits(), want.to_bits(), "bf16 of {x:e}");
+                let h = <half::f16 as DType>::from_f64(x);
+                if x.abs() < 65504.0 {
+                    let want = nearest(x, half::f16::from_bits, h.to_bits());
+                    assert_eq!(h.to_bits(), want.to_bits(), "f16 of {x:e}");
+                }
+            }
+        }
+        assert_eq!(
+            <half::bf16 as DType>::from_f64(f64::from(f32::from_bits(0xbf98_8005))).to_f64(),
+            -1.1953125
+        );
     }
 }
