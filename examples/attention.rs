@@ -158,7 +158,14 @@ fn gpt_table(rounds: usize, vocab: usize) {
         let pool = Pool::with_max_memory_mb(8192);
         let model = Gpt::random(&pool, config(form), 1).expect("the model's own shapes");
         let forwards = Vec::new();
-        (form, pool, model, Adam::new(3e-4), Measured::default(), forwards)
+        (
+            form,
+            pool,
+            model,
+            Adam::new(3e-4),
+            Measured::default(),
+            forwards,
+        )
     });
     let c = config(Attention::Fused);
     let ids: Vec<i64> = (0..BATCH * c.n_ctx)

@@ -17,7 +17,7 @@
 use std::ops::Range;
 
 use super::gemm::{Matrix, PER_PART};
-use super::linalg::product;
+use super::linalg::{product, Products};
 use super::{lanes, simd, work};
 use crate::autograd::{self, Backward, Forward, Grads, Inputs, Op, Saved};
 use crate::element::Element;
@@ -140,7 +140,13 @@ impl Tile {
     /// The unscaled scores `q k^T` of the tile into `s` (`[br, bc]`), from one head's `q` and
     /// `k`; `k` read transposed where it lies.
     fn scores<T: Element>(&self, dims: &Dims, q: &[T], k: &[T], s: &mut [T]) {
-        product(self.rows(q, dims.d), self.keys(k, dims.d).t(), s, false);
+        product(
+            Products::F32,
+            self.rows(q, dims.d),
+            self.keys(k, dims.d).t(),
+            s,
+            false,
+        );
     }
 }
 
@@ -329,7 +335,7 @@ fn forward_blocks<T: Element>(
                 tile.scores(dims, qh, kh, s);
                 online_softmax(dims, &tile, scale, s, o, (m, l));
                 let p = Matrix::row_major(&*s, br, tile.bc);
-                product(p, tile.keys(vh, dv), o, j0 > 0);
+                product(Products::F32, p, tile.keys(vh, dv), o, j0 > 0);
             }
             let lse = lse.get_mut(row..row + br).unwrap_or_default();
             each_row(
@@ -522,14 +528,14 @@ impl<T: Element> HeadBackward<'_, T> {
         let probabilities = Matrix::row_major(p, br, bc);
         if !dv.is_empty() {
             let dv = &mut dv[j0 * dims.dv..][..bc * dims.dv];
-            product(probabilities.t(), g, dv, !first);
+            product(Products::F32, probabilities.t(), g, dv, !first);
         }
         if dq.is_empty() && dk.is_empty() {
             return;
         }
         // dP = dO V^T, then dS = scale P (dP - D): the scores' gradient with the scale in.
         let ds = &mut ds[..br * bc];
-        product(g, tile.keys(x.v, dims.dv).t(), ds, false);
+        product(Products::F32, g, tile.keys(x.v, dims.dv).t(), ds, false);
         each_row(
             br,
             #[inline(always)]
@@ -544,11 +550,11 @@ impl<T: Element> HeadBackward<'_, T> {
         let ds = Matrix::row_major(&*ds, br, bc);
         if !dq.is_empty() {
             let dq = &mut dq[i0 * dims.d..][..br * dims.d];
-            product(ds, tile.keys(x.k, dims.d), dq, j0 > 0);
+            product(Products::F32, ds, tile.keys(x.k, dims.d), dq, j0 > 0);
         }
         if !dk.is_empty() {
             let dk = &mut dk[j0 * dims.d..][..bc * dims.d];
-            product(ds.t(), tile.rows(x.q, dims.d), dk, !first);
+            product(Products::F32, ds.t(), tile.rows(x.q, dims.d), dk, !first);
         }
     }
 }

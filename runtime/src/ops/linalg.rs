@@ -2,7 +2,12 @@
 //!
 //! Products of `f32` and `f64` run on the library's own packed kernels (`ops/gemm.rs`: FMA vector
 //! code, both cores, no heap allocation after warm-up); `f16` and `bf16` on ndarray's generic
-//! `general_mat_mul`. Either writes straight into the rented output.
+//! `general_mat_mul`. Either writes straight into the rented output. Under
+//! [`autocast`]`(Products::Bf16, ..)` the products of `f32` tensors round their operands to bf16
+//! as they pack them and sum in `f32` (`gemm::bf16`).
+
+use std::any::TypeId;
+use std::cell::Cell;
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, ShapeBuilder};
@@ -18,9 +23,64 @@ use crate::error::{panicking, Error, Result, Shape};
 use crate::scope::State;
 use crate::tensor::Tensor;
 
-/// The matrix product.
+/// How the matrix products of `f32` tensors compute: set for a closure by [`autocast`], and kept
+/// by each product for its backward (and a checkpoint's replay). Tensors of other element types
+/// always multiply in their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Products {
+    /// In `f32`: the operands as they are, sums in `f32`.
+    #[default]
+    F32,
+    /// Mixed precision, as PyTorch's `torch.autocast(dtype=torch.bfloat16)` runs products: each
+    /// operand rounded to bf16 (to nearest, ties to even) as it is packed, the products summed in
+    /// `f32`, the result `f32`. The tensors, the parameters and every other op stay `f32` (`f32`
+    /// master weights). On a CPU with AVX512-BF16 the tiles use its dot-product instruction
+    /// (`vdpbf16ps`, twice the multiply-adds of an `f32` FMA); elsewhere the rounded operands go
+    /// through the `f32` kernel, with the same values up to the order of the sums.
+    Bf16,
+}
+
+thread_local! {
+    /// The products of `f32` tensors that ops recorded on this thread make.
+    static PRODUCTS: Cell<Products> = const { Cell::new(Products::F32) };
+}
+
+/// Runs `f` with the matrix products (`matmul`, and the products of its backward) of `f32`
+/// tensors computing as `products` says, restoring the previous setting afterwards, also when `f`
+/// panics. A product keeps the setting it was made under: its backward, and its replay under
+/// `#[checkpoint]`, compute the same way wherever they run.
+///
+/// ```
+/// use tensorscope_runtime::ops::{autocast, Products};
+/// use tensorscope_runtime::Pool;
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// pool.scope(|s| {
+///     let x = s.from_slice::<f32>(&[1, 2], &[1.0, 1.0 / 3.0]);
+///     let w = s.from_slice::<f32>(&[2, 1], &[1.0, 1.0]);
+///     let exact = x.matmul(&w).item();
+///     let mixed = autocast(Products::Bf16, || x.matmul(&w).item());
+///     // 1/3 rounded to bf16's 8 significant bits: 0.333984375.
+///     assert_eq!((exact, mixed), (1.0 + 1.0 / 3.0, 1.333984375));
+/// });
+/// ```
+pub fn autocast<R>(products: Products, f: impl FnOnce() -> R) -> R {
+    struct Restore(Products);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PRODUCTS.set(self.0);
+        }
+    }
+    let _restore = Restore(PRODUCTS.replace(products));
+    f()
+}
+
+/// The matrix product, computing as `products` says.
 #[derive(Debug, Clone, Copy)]
-struct Matmul;
+struct Matmul {
+    products: Products,
+}
 
 impl<T: Element> Op<T> for Matmul {
     /// Both operands.
@@ -35,7 +95,7 @@ impl<T: Element> Op<T> for Matmul {
         cx: &mut Forward<'_, 's, T>,
     ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
         let (a, b) = (cx.input(0), cx.input(1));
-        let out = matmul_kernel(a, b, cx.scope())?;
+        let out = matmul_kernel(a, b, cx.scope(), self.products)?;
         Ok((out, cx.saving().then(|| (cx.save(a), cx.save(b)))))
     }
 
@@ -46,6 +106,24 @@ impl<T: Element> Op<T> for Matmul {
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
         let (a, b) = (a.get(cx), b.get(cx));
+        // The gradient's products compute as the forward's did.
+        autocast(self.products, || self.gradients(a, b, g, cx))
+    }
+
+    fn reads_views(&self) -> bool {
+        true
+    }
+}
+
+impl Matmul {
+    /// The gradients of `a b` from `g`, for the inputs the backward needs.
+    fn gradients<'b, T: Element>(
+        &self,
+        a: Tensor<'b, T>,
+        b: Tensor<'b, T>,
+        g: Tensor<'b, T>,
+        cx: &Backward<'b>,
+    ) -> Result<Grads<'b, T>> {
         let (k, n) = (a.shape()[a.ndim() - 1], g.shape()[g.ndim() - 1]);
         // The transposes are views: the products read them where they lie.
         let da = cx
@@ -64,10 +142,6 @@ impl<T: Element> Op<T> for Matmul {
         });
         Ok(Grads::from([da.transpose()?, db.transpose()?]))
     }
-
-    fn reads_views(&self) -> bool {
-        true
-    }
 }
 
 impl<'s, T: Element> Tensor<'s, T> {
@@ -81,8 +155,9 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// inner dimensions differ, or the batch axes do not broadcast.
     pub fn try_matmul(&self, other: &impl Operand<'s, T>) -> Result<Tensor<'s, T>> {
         let other = other.bind_beside(self);
+        let products = PRODUCTS.get();
         autograd::run(
-            Matmul,
+            Matmul { products },
             &mut args([Arg::Borrowed(self), Arg::Borrowed(&*other)]),
         )
     }
@@ -93,11 +168,12 @@ impl<'s, T: Element> Tensor<'s, T> {
     }
 }
 
-/// `a b` with the batch axes broadcast, into a tensor of `scope`.
+/// `a b` with the batch axes broadcast, into a tensor of `scope`, computing as `products` says.
 fn matmul_kernel<'s, T: Element>(
     this: &Tensor<'s, T>,
     other: &Tensor<'s, T>,
     scope: &State,
+    products: Products,
 ) -> Result<Tensor<'s, T>> {
     let mismatch = |reason: String| Error::ShapeMismatch {
         op: "matmul",
@@ -151,7 +227,8 @@ fn matmul_kernel<'s, T: Element>(
                 rows: rows * m,
                 ..Batched::of(this, a_batch.len()).first
             };
-            product(a, Batched::of(other, b_batch.len()).first, c, false);
+            let b = Batched::of(other, b_batch.len()).first;
+            product(products, a, b, c, false);
             return Ok(out);
         }
     }
@@ -174,7 +251,7 @@ fn matmul_kernel<'s, T: Element>(
                 ai += pos * a.steps[axis];
                 bi += pos * b.steps[axis];
             }
-            product(a.at(ai), b.at(bi), c, false);
+            product(products, a.at(ai), b.at(bi), c, false);
         }
     });
     Ok(out)
@@ -238,9 +315,21 @@ fn rows_of<T: DType>(x: &Tensor<'_, T>) -> Option<usize> {
 }
 
 /// `c = a b` (or `c += a b` if `add`) for strided matrices `a: [m, k]`, `b: [k, n]` and a
-/// row-major `[m, n]` output slice: the library's packed product for `f32` and `f64`, ndarray's
-/// `general_mat_mul` for the others.
-pub(super) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T], add: bool) {
+/// row-major `[m, n]` output slice: the library's packed product for `f32` and `f64` (for `f32`
+/// in bf16 if `products` says so), ndarray's `general_mat_mul` for the others.
+pub(super) fn product<T: Element>(
+    products: Products,
+    a: Matrix<'_, T>,
+    b: Matrix<'_, T>,
+    c: &mut [T],
+    add: bool,
+) {
+    if products == Products::Bf16 && TypeId::of::<T>() == TypeId::of::<f32>() {
+        // `T` is `f32`: the casts change no type, only the name of it.
+        let (a, b) = (f32s(a), f32s(b));
+        let c = bytemuck::cast_slice_mut::<T, f32>(c);
+        return gemm::bf16::product_bf16(a, b, c, add);
+    }
     if T::GEMM {
         return match add {
             true => gemm::product_add(a, b, c),
@@ -251,6 +340,17 @@ pub(super) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T
     let mut c = ArrayViewMut2::from_shape((m, n), &mut c[..m * n]).expect("an [m, n] output");
     let beta = if add { T::one() } else { T::zero() };
     general_mat_mul(T::one(), &ndarray_view(a), &ndarray_view(b), beta, &mut c);
+}
+
+/// `x` with its elements as `f32`s: the same matrix when `T` is `f32`.
+fn f32s<T: Element>(x: Matrix<'_, T>) -> Matrix<'_, f32> {
+    Matrix {
+        data: bytemuck::cast_slice::<T, f32>(x.data),
+        rows: x.rows,
+        cols: x.cols,
+        rs: x.rs,
+        cs: x.cs,
+    }
 }
 
 /// `x` as an ndarray view, for the products of `f16` and `bf16`.

@@ -116,6 +116,7 @@ mod tensor_ops;
 pub use attention::AttentionOptions;
 pub use conv::ConvOptions;
 pub(crate) use dropout::check_probability;
+pub use linalg::{autocast, Products};
 pub use mask::Cmp;
 pub use tensor_ops::TensorOps;
 pub(crate) use tensor_ops::Unary;

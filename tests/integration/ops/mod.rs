@@ -9,6 +9,7 @@
 
 mod arithmetic;
 mod attention;
+mod autocast;
 mod checks;
 mod conv;
 mod dropout;

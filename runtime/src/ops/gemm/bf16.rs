@@ -24,13 +24,6 @@ use super::{multiply, Matrix};
 ///
 /// Panics, as [`super::product`] does, if the operands do not fit their shapes or `c` is shorter
 /// than `m n`.
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "autocast (issue 27) will call it; the tests do now"
-    )
-)]
 pub(crate) fn product_bf16(a: Matrix<'_, f32>, b: Matrix<'_, f32>, c: &mut [f32], add: bool) {
     if simd::has_avx512_bf16() {
         multiply::<f32, Pairs>(a, b, c, add)
