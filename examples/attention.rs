@@ -10,13 +10,16 @@
 //! The forms take turns in rounds, so that a drift of the machine's speed affects both alike; the
 //! table gives the medians over the rounds of each round's median.
 //!
-//! `cargo run --release --example attention [-- --rounds 5 --vocab 256 --gpt-only]`: `--vocab
-//! 50257` gives the GPT GPT-2's vocabulary, `--gpt-only` skips the op's table.
+//! `cargo run --release --example attention [-- --rounds 5 --vocab 256 --gpt-only --bf16]`:
+//! `--vocab 50257` gives the GPT GPT-2's vocabulary, `--gpt-only` skips the op's table, `--bf16`
+//! adds a row of the fused form with its products in mixed precision (`autocast(Products::Bf16)`)
+//! and prints both fused rows' losses every 20 steps (`--rounds 40`: a 200-step curve).
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use tensorscope::nn::Adam;
+use tensorscope::ops::{autocast, Products};
 use tensorscope::prelude::*;
 
 #[path = "common/gpt.rs"]
@@ -36,7 +39,7 @@ const HEAD_DIM: usize = 64;
 const REPS: usize = 3;
 
 fn main() {
-    let (mut rounds, mut vocab, mut gpt_only) = (5, 256, false);
+    let (mut rounds, mut vocab, mut gpt_only, mut bf16) = (5, 256, false, false);
     let mut raw = std::env::args().skip(1);
     while let Some(flag) = raw.next() {
         let mut number = || {
@@ -48,6 +51,7 @@ fn main() {
             "--rounds" => rounds = number(),
             "--vocab" => vocab = number(),
             "--gpt-only" => gpt_only = true,
+            "--bf16" => bf16 = true,
             _ => usage(),
         }
     }
@@ -69,11 +73,11 @@ fn main() {
             op_table(t, rounds);
         }
     }
-    gpt_table(rounds, vocab);
+    gpt_table(rounds, vocab, bf16);
 }
 
 fn usage() -> ! {
-    eprintln!("usage: attention [--rounds N] [--vocab N] [--gpt-only]");
+    eprintln!("usage: attention [--rounds N] [--vocab N] [--gpt-only] [--bf16]");
     std::process::exit(2)
 }
 
@@ -142,9 +146,9 @@ fn op_round(pool: &Pool, form: Attention, t: usize, future: &Param<u8>, rounds: 
     });
 }
 
-/// Prints a GPT training step in either form, the forms taking turns, `CHUNK` steps each per
-/// round.
-fn gpt_table(rounds: usize, vocab: usize) {
+/// Prints a GPT training step in either form (and, with `bf16`, the fused form with its products
+/// in bf16), the rows taking turns, `CHUNK` steps each per round.
+fn gpt_table(rounds: usize, vocab: usize, bf16: bool) {
     let config = |attention| Config {
         vocab,
         n_ctx: 256,
@@ -154,31 +158,36 @@ fn gpt_table(rounds: usize, vocab: usize) {
         eps: 1e-5,
         attention,
     };
-    let mut runs = FORMS.map(|form| {
-        let pool = Pool::with_max_memory_mb(8192);
-        let model = Gpt::random(&pool, config(form), 1).expect("the model's own shapes");
-        let forwards = Vec::new();
-        (
-            form,
-            pool,
-            model,
-            Adam::new(3e-4),
-            Measured::default(),
-            forwards,
-        )
-    });
+    let mut rows = vec![
+        (Attention::Fused, Products::F32),
+        (Attention::Unfused, Products::F32),
+    ];
+    if bf16 {
+        rows.push((Attention::Fused, Products::Bf16));
+    }
+    let mut runs: Vec<_> = rows
+        .into_iter()
+        .map(|(form, products)| {
+            let pool = Pool::with_max_memory_mb(8192);
+            let model = Gpt::random(&pool, config(form), 1).expect("the model's own shapes");
+            let name = format!("{form:?}, {products:?} products");
+            let forwards = Vec::new();
+            let row = (name, products, pool, model, Adam::new(3e-4));
+            (row, Measured::default(), forwards)
+        })
+        .collect();
     let c = config(Attention::Fused);
     let ids: Vec<i64> = (0..BATCH * c.n_ctx)
         .map(|i| ((i * 7 + i / c.n_ctx) % c.vocab) as i64)
         .collect();
     for round in 0..rounds {
-        for (form, pool, model, adam, measured, forwards) in &mut runs {
+        for ((name, products, pool, model, adam), measured, forwards) in &mut runs {
             let steps = round * CHUNK..(round + 1) * CHUNK;
-            let name = format!("{form:?}");
-            measured.run(&name, pool, model, adam, steps, |model, s, _, grads| {
+            let products = *products;
+            measured.run(name, pool, model, adam, steps, |model, s, _, grads| {
                 s.train(|t| {
                     let ids = t.from_slice::<i64>(&[BATCH, c.n_ctx], &ids);
-                    let loss = Gpt::loss(&model.forward(&ids), &ids);
+                    let loss = autocast(products, || Gpt::loss(&model.forward(&ids), &ids));
                     loss.backward_into(grads).expect("backward");
                     loss.item()
                 })
@@ -188,7 +197,7 @@ fn gpt_table(rounds: usize, vocab: usize) {
                 let started = Instant::now();
                 pool.scope(|s| {
                     let ids = s.from_slice::<i64>(&[BATCH, c.n_ctx], &ids);
-                    black_box(model.forward(&ids).len())
+                    black_box(autocast(products, || model.forward(&ids).len()))
                 });
                 if j > 0 {
                     forwards.push(started.elapsed().as_secs_f64() * 1e3);
@@ -201,15 +210,25 @@ fn gpt_table(rounds: usize, vocab: usize) {
          {}, Adam",
         c.layers, c.dim, c.heads, c.n_ctx, c.vocab
     );
-    println!("\n| form | step ms | forward ms | peak activation bytes | last loss |");
+    println!("\n| row | step ms | forward ms | peak activation bytes | last loss |");
     println!("|---|---:|---:|---:|---:|");
-    for (form, _, _, _, measured, forwards) in &runs {
+    for ((name, ..), measured, forwards) in &runs {
         println!(
-            "| {form:?} | {:.1} | {:.1} | {} | {:.4} |",
+            "| {name} | {:.1} | {:.1} | {} | {:.4} |",
             measured.median_ms(),
             median(forwards),
             measured.peak,
             measured.losses.last().expect("a step ran")
         );
+    }
+    if bf16 {
+        // The fused rows' losses, f32 against bf16 products, from the same initial weights.
+        let (f32s, bf16s) = (&runs[0].1.losses, &runs[2].1.losses);
+        println!("\n| step | f32 loss | bf16-products loss | difference |");
+        println!("|---:|---:|---:|---:|");
+        for step in (0..f32s.len()).step_by(20).chain([f32s.len() - 1]) {
+            let (a, b) = (f32s[step], bf16s[step]);
+            println!("| {} | {a:.4} | {b:.4} | {:+.4} |", step + 1, b - a);
+        }
     }
 }

@@ -14,7 +14,8 @@ median step and forward times per row.
 Run (from the repository root; CI never runs Python):
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch numpy
   /tmp/venv/bin/python scripts/gpt_step_torch.py [--threads 2] [--rounds 5] [--vocab 256]
-  (--vocab 50257: GPT-2's vocabulary, as the Rust example's --vocab)
+  (--vocab 50257: GPT-2's vocabulary, as the Rust example's --vocab; --bf16: rows under
+  torch.autocast('cpu', dtype=torch.bfloat16), beside the Rust example's --bf16 row)
 """
 import argparse
 import statistics
@@ -79,6 +80,8 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=VOCAB)
+    parser.add_argument("--bf16", action="store_true",
+                        help="add rows under torch.autocast('cpu', dtype=torch.bfloat16)")
     args = parser.parse_args()
     set_vocab(args.vocab)
     torch.set_num_threads(args.threads)
@@ -87,14 +90,21 @@ def main():
     ids = ((i * 7 + i // CTX) % VOCAB).reshape(BATCH, CTX)
 
     rows = {}
-    for name in ["eager", "torch.compile"]:
+    names = ["eager", "torch.compile"]
+    if args.bf16:
+        names += ["eager, bf16 autocast", "torch.compile, bf16 autocast"]
+    for name in names:
         model = Gpt()
         adam = torch.optim.Adam(model.parameters(), lr=3e-4)
-        step_loss = loss_of if name == "eager" else torch.compile(loss_of)
+        compiled = name.startswith("torch.compile")
+        step_loss = torch.compile(loss_of) if compiled else loss_of
+        # f32 weights and optimizer either way; under autocast the products compute in bf16.
+        cast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=name.endswith("autocast"))
 
-        def step(model=model, adam=adam, step_loss=step_loss):
+        def step(model=model, adam=adam, step_loss=step_loss, cast=cast):
             adam.zero_grad(set_to_none=True)
-            loss = step_loss(model, ids)
+            with cast:
+                loss = step_loss(model, ids)
             loss.backward()
             adam.step()
             return loss.item()
@@ -104,10 +114,10 @@ def main():
         except Exception as e:  # noqa: BLE001: a compiler missing here is a row left out
             print(f"{name}: not run ({type(e).__name__}: {str(e)[:80]})")
             continue
-        forward = model if name == "eager" else torch.compile(model)
+        forward = torch.compile(model) if compiled else model
 
-        def infer(forward=forward):
-            with torch.no_grad():
+        def infer(forward=forward, cast=cast):
+            with torch.no_grad(), cast:
                 return forward(ids).shape
 
         infer()  # warm-up (and compilation for inference)

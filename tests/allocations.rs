@@ -14,6 +14,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use tensorscope::ops::{autocast, Products};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Policy, Precision};
 
@@ -193,6 +194,16 @@ fn steady_state_gpt_forwards_and_training_steps_allocate_nothing() {
         "heap allocations over {STEADY_STEPS} steady-state steps of the tiny GPT (forward, \
          training, training under Every(1)): {counts:?}"
     );
+    // With the products in bf16: their packing buffers are per-thread too.
+    let bf16 = per_step(|steps, boundary| {
+        autocast(Products::Bf16, || {
+            training_loops::gpt(&pool, gpt::Attention::Fused, None, steps, boundary)
+        })
+    });
+    assert_eq!(
+        bf16, 0,
+        "heap allocations over {STEADY_STEPS} steady-state training steps with bf16 products"
+    );
 }
 
 /// Causal attention over `x` (`[b, t, c]`) with `heads` heads, split as PyTorch's models split them,
@@ -216,11 +227,13 @@ fn rank5_attention<'a>(x: &Tensor<'a>, w_qkv: &Param, w_proj: &Param, heads: usi
     y.permute(&[0, 2, 1, 3]).reshape(&[b, t, c]).matmul(w_proj)
 }
 
-/// Elementwise, broadcast, lane and reduction ops on rank-6 views and their gradients.
+/// Elementwise, broadcast, lane and reduction ops, a repeat and an expand, on rank-6 views and
+/// their gradients.
 fn rank6_chain<'a>(x: &Tensor<'a>, scale: &Param) -> Tensor<'a> {
     let six = x.reshape(&[2, 2, 2, 2, 4, 4]).permute(&[5, 1, 0, 3, 2, 4]);
     let y = (&six * scale).softmax(-1) + &six.narrow(2, 1, 1);
-    y.sum(3).exp().mean_all()
+    let tiled = y.repeat(&[1, 1, 2, 1, 1, 1]) * &x.bind(scale).expand(&[1, 1, 1, 1, 1, 4]);
+    tiled.sum(3).exp().mean_all()
 }
 
 /// The two blocks above on a fixed random `[2, 8, 16]` input, as one loss.

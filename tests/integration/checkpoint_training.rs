@@ -89,6 +89,24 @@ fn every_policy_gives_the_plain_gradients_bit_for_bit() {
     assert_eq!(pool.stats().bytes_in_use, 0);
 }
 
+/// Under mixed-precision products, a checkpointed step replays each product as the forward ran
+/// it: the loss and the gradients are those of the plain step under the same setting, bit for bit.
+#[test]
+fn checkpointed_steps_with_bf16_products_give_the_plain_gradients_bit_for_bit() {
+    use tensorscope::ops::{autocast, Products};
+    let pool = Pool::with_max_memory_mb(256);
+    let model = model(&pool, 16);
+    let (loss, grads) = autocast(Products::Bf16, || step(&pool, &model, None));
+    let (f32_loss, _) = step(&pool, &model, None);
+    assert_ne!(loss, f32_loss, "the products computed in bf16");
+    for policy in policies(16, BATCH * WIDTH * 4) {
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy.clone()));
+        let (got_loss, got) = autocast(Products::Bf16, || step(&pool, &model, Some(&mut ckpt)));
+        assert_eq!(got_loss.to_bits(), loss.to_bits(), "{policy:?}");
+        assert_eq!(got, grads, "{policy:?}");
+    }
+}
+
 #[test]
 fn low_precision_boundaries_give_a_small_measured_gradient_error() {
     let pool = Pool::with_max_memory_mb(256);

@@ -5,11 +5,9 @@
 //! rent; `reshape`, `squeeze` and `unsqueeze` are views too, unless the new shape joins axes that
 //! do not lie one inside the other (then they copy once); `concat`, `stack` and `repeat` copy.
 
-use ndarray::{Dimension, IxDyn, Slice, Zip};
-
 use super::{check_addressable, check_axis, dimension_overflow, resolve_axis, work, Dim};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Inputs, Op};
-use crate::dims::Dims;
+use crate::dims::{Dims, Walk};
 use crate::element::DType;
 use crate::error::{or_panic, panicking, Error, Result, Shape};
 use crate::pool::element_count;
@@ -208,13 +206,13 @@ impl<T: DType> Op<T> for Permute {
 /// along axis `i`. `expand` is the same op on axes of length 1.
 #[derive(Debug, Clone)]
 struct Tile {
-    reps: IxDyn,
+    reps: Dims,
     expand: bool,
 }
 
 impl<T: DType> Op<T> for Tile {
     /// The input's shape.
-    type Saved = IxDyn;
+    type Saved = Dims;
 
     fn name(&self) -> &'static str {
         if self.expand {
@@ -232,33 +230,28 @@ impl<T: DType> Op<T> for Tile {
         let [kept, tiled, shape] = tile_shapes(x.shape(), self.reps.slice());
         if self.expand {
             // A view: a step of 0 along every axis it repeats (new axes, axes of length 1).
-            let lead = shape.ndim() - x.ndim();
-            let steps = (0..shape.ndim()).map(|i| match i.checked_sub(lead) {
+            let lead = shape.len() - x.ndim();
+            let steps = (0..shape.len()).map(|i| match i.checked_sub(lead) {
                 Some(j) if self.reps[i] == 1 => x.step(j),
                 _ => 0,
             });
             let out = x.strided_view(cx.scope(), shape.slice(), x.buffer().1, steps);
-            return Ok((out, cx.saving().then(|| IxDyn(x.shape()))));
+            return Ok((out, cx.saving().then(|| Dims::from_slice(x.shape()))));
         }
         let mut out = cx.rent(shape.slice())?;
         if !out.is_empty() {
             work::visit(super::rows(tiled.slice()));
-            let src = x
-                .view()
-                .into_shape_with_order(kept)
-                .expect("a pooled tensor is contiguous");
-            out.unique_view_mut()
-                .into_shape_with_order(tiled)
-                .expect("a pooled tensor is contiguous")
-                .assign(&src);
+            // The output as `[r0, s0, r1, s1, ..]`, the input broadcast along the tiles.
+            let src = x.reshaped(cx.scope(), &kept, Dims::row_major(&kept));
+            out.write_at(&tiled, 0, &Dims::row_major(&tiled), &src);
         }
-        Ok((out, cx.saving().then(|| IxDyn(x.shape()))))
+        Ok((out, cx.saving().then(|| Dims::from_slice(x.shape()))))
     }
 
     /// The gradient of every tile, summed.
     fn backward<'b>(
         &self,
-        shape: IxDyn,
+        shape: Dims,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
@@ -268,22 +261,22 @@ impl<T: DType> Op<T> for Tile {
         let g = g.try_contiguous_in(cx.at())?;
         if !g.is_empty() {
             work::visit(self.reps.size());
-            let g = g.view().into_shape_with_order(tiled).expect("contiguous");
-            let mut dx = dx.unique_view_mut();
-            let mut dx = dx
-                .view_mut()
-                .into_shape_with_order(kept)
-                .expect("contiguous");
-            // Axis `2i` of `g` is the tile along axis `i`, axis `2i + 1` the position in it.
-            for tile in ndarray::indices(self.reps.clone()) {
-                let g = g.slice_each_axis(|d| match d.axis.index() {
-                    a if a % 2 == 0 => Slice::from(tile[a / 2]..=tile[a / 2]),
-                    _ => Slice::from(..),
-                });
-                Zip::from(&mut dx)
-                    .and(&g)
-                    .for_each(|d, &g| *d = d.add_gradient(g));
-            }
+            // `g` as `[r0, s0, r1, s1, ..]` (axis `2i` the tile along axis `i`, `2i + 1` the
+            // position in it), walked in order, each position's tiles added into `dx` in turn.
+            let mut into = Dims::row_major(&kept);
+            into.iter_mut().step_by(2).for_each(|step| *step = 0);
+            let from = g
+                .steps_as(&tiled)
+                .expect("a row-major gradient splits its axes in place");
+            let (values, start) = g.buffer();
+            let walk = Walk::new(&tiled, [0, start], [&into, &from]);
+            let dx_values = dx.unique_slice_mut();
+            walk.for_each_run(|[at, from], len, [step, from_step]| {
+                for i in 0..len {
+                    let d = &mut dx_values[at + i * step];
+                    *d = d.add_gradient(values[from + i * from_step]);
+                }
+            });
         }
         Ok(Grads::from([Some(dx)]))
     }
@@ -296,10 +289,9 @@ impl<T: DType> Op<T> for Tile {
 /// For an input of `shape` tiled `reps` times (`reps` at least as long): the input's shape led by
 /// 1s with a 1 before every axis (`[1, s0, 1, s1, ..]`), the output's as tiles and positions in a
 /// tile (`[r0, s0, r1, s1, ..]`), and the output's (`[r0 s0, r1 s1, ..]`).
-fn tile_shapes(shape: &[usize], reps: &[usize]) -> [IxDyn; 3] {
+fn tile_shapes(shape: &[usize], reps: &[usize]) -> [Dims; 3] {
     let n = reps.len();
-    let (mut kept, mut tiled, mut out) =
-        (IxDyn::zeros(2 * n), IxDyn::zeros(2 * n), IxDyn::zeros(n));
+    let (mut kept, mut tiled, mut out) = (Dims::zeros(2 * n), Dims::zeros(2 * n), Dims::zeros(n));
     for (i, &r) in reps.iter().enumerate() {
         let s = (i + shape.len()).checked_sub(n).map_or(1, |j| shape[j]);
         (kept[2 * i], kept[2 * i + 1]) = (1, s);
@@ -667,7 +659,7 @@ impl<'s, T: DType> Tensor<'s, T> {
                 ),
             });
         }
-        self.tile(IxDyn(reps), false)
+        self.tile(Dims::from_slice(reps), false)
     }
 
     panicking! {
@@ -690,7 +682,7 @@ impl<'s, T: DType> Tensor<'s, T> {
         let Some(lead) = shape.len().checked_sub(self.ndim()) else {
             return Err(mismatch("the shape has fewer axes than the tensor".into()));
         };
-        let mut reps = IxDyn::zeros(shape.len());
+        let mut reps = Dims::zeros(shape.len());
         for (i, &len) in shape.iter().enumerate() {
             let from = i.checked_sub(lead).map_or(1, |j| self.shape()[j]);
             reps[i] = match from {
@@ -713,16 +705,17 @@ impl<'s, T: DType> Tensor<'s, T> {
     }
 
     /// `repeat(reps)`, or `expand` if `expand`, after checking that the output can be addressed.
-    fn tile(&self, reps: IxDyn, expand: bool) -> Result<Tensor<'s, T>> {
+    fn tile(&self, reps: Dims, expand: bool) -> Result<Tensor<'s, T>> {
         let op = if expand { "expand" } else { "repeat" };
-        let lead = reps.ndim() - self.ndim();
-        let mut shape = Dims::zeros(reps.ndim());
+        let lead = reps.len() - self.ndim();
+        let mut shape = Dims::zeros(reps.len());
         for (i, &r) in reps.slice().iter().enumerate() {
             let len = i.checked_sub(lead).map_or(1, |j| self.shape()[j]);
             let overflow = || dimension_overflow(op, "repetitions", r, self.shape());
             shape[i] = len.checked_mul(r).ok_or_else(overflow)?;
         }
-        let all = reps.size_checked().unwrap_or(usize::MAX);
+        let all = reps.iter().try_fold(1usize, |n, &r| n.checked_mul(r));
+        let all = all.unwrap_or(usize::MAX);
         let overflow = || dimension_overflow(op, "repetitions", all, self.shape());
         check_addressable::<T>(shape.slice(), overflow)?;
         autograd::run(Tile { reps, expand }, &mut args([Arg::Borrowed(self)]))

@@ -275,19 +275,24 @@ fn views_of_rank_seven_read_as_ndarray_reads_them() {
     });
 }
 
-/// A reversed rank-7 view times a rank-3 operand, narrowed, joined, summed along a middle axis.
+/// A reversed rank-7 view times a rank-3 operand, narrowed, joined, tiled, summed along a middle
+/// axis; and the rank-3 operand expanded to rank 5.
 fn rank_seven<'s>(xs: &[Tensor<'s, f64>]) -> Result<Tensor<'s, f64>> {
     let v = xs[0].try_permute(&[6, 5, 4, 3, 2, 1, 0])?;
     let y = (&v * &xs[1]).try_tanh()?;
     let joined = Tensor::try_concat(&[&y.try_narrow(5, 1, 2)?, &y], 5)?;
-    (&joined * &joined)
+    let tiled = joined.try_repeat(&[1, 2, 1, 1, 1, 1, 1])?; // [2, 6, 2, 1, 2, 5, 2]
+    let spread = xs[1].try_expand(&[6, 2, 2, 3, 2])?; // [2, 1, 2] along new and unit axes
+    let tail = (&spread * &spread).try_sum_all()?;
+    let sum = (&tiled * &tiled)
         .try_sum(2)?
         .try_unsqueeze(1)?
-        .try_sum_all()
+        .try_sum_all()?;
+    Ok(sum + &tail)
 }
 
-/// Rank-7 views, broadcasts, a middle-axis sum, a narrow and a concat, differentiated: the
-/// gradients match finite differences.
+/// Rank-7 views, broadcasts, a middle-axis sum, a narrow, a concat, a repeat and an expand,
+/// differentiated: the gradients match finite differences.
 #[test]
 fn gradients_through_rank_seven_views_match_finite_differences() {
     let pool = test_pool(16);
