@@ -231,22 +231,26 @@ impl<const N: usize> Walk<N> {
         }
     }
 
-    /// Calls `run(starts, len, steps)` for every run along the innermost merged axis, in row-major
-    /// order of the walked shape: `len` elements, operand `k`'s at `starts[k] + i * steps[k]`.
-    pub(crate) fn for_each_run(&self, mut run: impl FnMut([usize; N], usize, [usize; N])) {
+    /// Calls `run(done, starts, len, steps)` for every run along the innermost merged axis, in
+    /// row-major order of the walked shape: `len` elements, operand `k`'s at `starts[k] + i *
+    /// steps[k]`, after `done` elements of earlier runs (so the run's first element is element
+    /// `done` of the shape in row-major order: where it goes in a row-major output).
+    pub(crate) fn for_each_run(&self, mut run: impl FnMut(usize, [usize; N], usize, [usize; N])) {
         let rank = self.shape.len();
         if self.shape.contains(&0) {
             return;
         }
         let Some((&len, outer)) = self.shape.split_last() else {
             // No axis longer than 1: one element.
-            return run(self.starts, 1, [0; N]);
+            return run(0, self.starts, 1, [0; N]);
         };
         let inner = std::array::from_fn(|k| self.steps[k][rank - 1]);
         let mut at = self.starts;
         let mut index = Dims::zeros(outer.len());
+        let mut done = 0;
         loop {
-            run(at, len, inner);
+            run(done, at, len, inner);
+            done += len;
             // The next run: an odometer over the outer axes, each operand's start moved with it.
             let mut axis = outer.len();
             loop {
@@ -298,7 +302,8 @@ mod tests {
     /// The elements a walk visits, as (operand 0's index, operand 1's index) pairs.
     fn visits(shape: &[usize], starts: [usize; 2], steps: [&[usize]; 2]) -> Vec<[usize; 2]> {
         let mut seen = Vec::new();
-        Walk::new(shape, starts, steps).for_each_run(|at, len, step| {
+        Walk::new(shape, starts, steps).for_each_run(|done, at, len, step| {
+            assert_eq!(done, seen.len(), "runs in row-major order");
             seen.extend((0..len).map(|i| [at[0] + i * step[0], at[1] + i * step[1]]))
         });
         seen

@@ -362,12 +362,12 @@ impl<'s, T: DType> Tensor<'s, T> {
         let (from, from_start) = src.buffer();
         let walk = Walk::new(shape, [start, from_start], [steps, &src.steps_over(shape)]);
         let to = self.unique_slice_mut();
-        walk.for_each_run(
-            |[at, from_at], len, [to_step, from_step]| match (to_step, from_step) {
+        walk.for_each_run(|_, [at, from_at], len, [to_step, from_step]| {
+            match (to_step, from_step) {
                 (1, 1) => to[at..at + len].copy_from_slice(&from[from_at..from_at + len]),
                 _ => (0..len).for_each(|i| to[at + i * to_step] = from[from_at + i * from_step]),
-            },
-        );
+            }
+        });
     }
 
     /// This tensor with its elements row-major in a buffer of their own: itself (an alias) if it

@@ -233,12 +233,11 @@ fn grad_of<'b, T: Element>(
         let steps = [g, a, b].map(|t| t.steps_over(shape_g));
         let [(g, g_at), (a, a_at), (b, b_at)] = [g, a, b].map(|t| t.buffer());
         let walk = Walk::new(shape_g, [g_at, a_at, b_at], steps.each_ref().map(|s| &**s));
-        let (values, mut at) = (out.unique_slice_mut(), 0);
-        walk.for_each_run(|[g_at, a_at, b_at], len, [sg, sa, sb]| {
+        let values = out.unique_slice_mut();
+        walk.for_each_run(|at, [g_at, a_at, b_at], len, [sg, sa, sb]| {
             for (i, o) in values[at..at + len].iter_mut().enumerate() {
                 *o = f(g[g_at + i * sg], a[a_at + i * sa], b[b_at + i * sb]);
             }
-            at += len;
         });
     }
     reduce_to(out, shape)

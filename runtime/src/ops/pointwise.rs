@@ -82,15 +82,11 @@ pub(crate) fn zip_kernel<'s, T: Element>(
         let ((x, x_at), (y, y_at)) = (a.buffer(), b.buffer());
         let walk = Walk::new(
             shape,
-            [0, x_at, y_at],
-            [
-                &Dims::row_major(shape),
-                &a.steps_over(shape),
-                &b.steps_over(shape),
-            ],
+            [x_at, y_at],
+            [&a.steps_over(shape), &b.steps_over(shape)],
         );
         let out_values = out.unique_slice_mut();
-        walk.for_each_run(|[at, x_at, y_at], len, [_, sx, sy]| {
+        walk.for_each_run(|at, [x_at, y_at], len, [sx, sy]| {
             let dst = &mut out_values[at..at + len];
             simd::zip_strided(dst, (&x[x_at..], sx), (&y[y_at..], sy), |x, y| f(x, y))
         });
@@ -118,16 +114,9 @@ fn write_over<T: Element>(
     } else {
         work::visit(rows(dst.shape()));
         let (o, o_at) = other.buffer();
-        let walk = Walk::new(
-            dst.shape(),
-            [0, o_at],
-            [
-                &Dims::row_major(dst.shape()),
-                &other.steps_over(dst.shape()),
-            ],
-        );
+        let walk = Walk::new(dst.shape(), [o_at], [&other.steps_over(dst.shape())]);
         let values = dst.unique_slice_mut();
-        walk.for_each_run(|[at, o_at], len, [_, so]| {
+        walk.for_each_run(|at, [o_at], len, [so]| {
             let run = &mut values[at..at + len];
             for (i, d) in run.iter_mut().enumerate() {
                 *d = f(*d, o[o_at + i * so]);

@@ -285,28 +285,24 @@ fn reduce<'s, T: Element>(
     } else if lane_step == 1 {
         // Contiguous lanes: one sum each.
         work::visit(acc.len());
-        let mut at = 0;
-        walk.for_each_run(|[from], n, [step]| {
+        walk.for_each_run(|at, [from], n, [step]| {
             for (i, o) in acc[at..at + n].iter_mut().enumerate() {
                 let lane = &values[from + i * step..][..len];
                 *o = finish(ArrayView1::from(lane).sum(), len);
             }
-            at += n;
         });
     } else {
         // Strided lanes would be read one element per cache line: add whole slices instead.
         work::visit(len);
         acc.fill(T::zero());
         for j in 0..len {
-            let mut at = 0;
-            walk.for_each_run(|[from], n, [step]| {
+            walk.for_each_run(|at, [from], n, [step]| {
                 let (acc, from) = (&mut acc[at..at + n], from + j * lane_step);
                 match step {
                     1 => simd::zip_in_place(acc, &values[from..from + n], |o, x| o + x),
                     _ => (acc.iter_mut().enumerate())
                         .for_each(|(i, o)| *o = *o + values[from + i * step]),
                 }
-                at += n;
             });
         }
         acc.iter_mut().for_each(|sum| *sum = finish(*sum, len));

@@ -271,7 +271,7 @@ impl<T: DType> Op<T> for Tile {
             let (values, start) = g.buffer();
             let walk = Walk::new(&tiled, [0, start], [&into, &from]);
             let dx_values = dx.unique_slice_mut();
-            walk.for_each_run(|[at, from], len, [step, from_step]| {
+            walk.for_each_run(|_, [at, from], len, [step, from_step]| {
                 for i in 0..len {
                     let d = &mut dx_values[at + i * step];
                     *d = d.add_gradient(values[from + i * from_step]);
