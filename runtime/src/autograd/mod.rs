@@ -78,13 +78,24 @@ pub(crate) fn mode() -> Mode {
 /// Runs `f` with the recording mode `mode`, restoring the previous mode afterwards, also when `f`
 /// panics.
 pub(crate) fn with_mode<R>(mode: Mode, f: impl FnOnce() -> R) -> R {
-    struct Restore(Mode);
-    impl Drop for Restore {
+    with_local(&MODE, mode, f)
+}
+
+/// Runs `f` with the thread-local setting `key` set to `value`, restoring the previous value
+/// afterwards, also when `f` panics: how the recording mode and the products' precision
+/// (`ops::autocast`) are set for a closure.
+pub(crate) fn with_local<X: Copy + 'static, R>(
+    key: &'static std::thread::LocalKey<Cell<X>>,
+    value: X,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore<X: Copy + 'static>(&'static std::thread::LocalKey<Cell<X>>, X);
+    impl<X: Copy + 'static> Drop for Restore<X> {
         fn drop(&mut self) {
-            MODE.set(self.0);
+            self.0.set(self.1);
         }
     }
-    let _restore = Restore(MODE.replace(mode));
+    let _restore = Restore(key, key.replace(value));
     f()
 }
 

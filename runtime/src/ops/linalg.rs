@@ -66,14 +66,7 @@ thread_local! {
 /// });
 /// ```
 pub fn autocast<R>(products: Products, f: impl FnOnce() -> R) -> R {
-    struct Restore(Products);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            PRODUCTS.set(self.0);
-        }
-    }
-    let _restore = Restore(PRODUCTS.replace(products));
-    f()
+    autograd::with_local(&PRODUCTS, products, f)
 }
 
 /// The matrix product, computing as `products` says.

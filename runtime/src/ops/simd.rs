@@ -61,10 +61,7 @@ fn note(level: Level) {
 /// Runs `f` with [`dispatch`] (and the products' choice of tile) held to `level` on this thread.
 #[cfg(test)]
 pub(crate) fn with_widest<R>(level: Level, f: impl FnOnce() -> R) -> R {
-    WIDEST.set(level);
-    let out = f();
-    WIDEST.set(Level::Avx512Bf16);
-    out
+    crate::autograd::with_local(&WIDEST, level, f)
 }
 
 /// The widest level [`dispatch`] may use: all of them, except in a test that lowers it.
