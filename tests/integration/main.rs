@@ -37,6 +37,7 @@ mod custom_op;
 mod display;
 mod dispose_scope;
 mod gpt_parity;
+mod kv_cache;
 mod nn;
 mod ops;
 mod reliability;

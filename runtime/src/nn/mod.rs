@@ -85,12 +85,14 @@
 //! ```
 
 mod error;
+mod kv_cache;
 mod layers;
 mod optim;
 mod params;
 mod safetensors;
 
 pub use error::NnError;
+pub use kv_cache::KvCache;
 pub use layers::{Activation, Dropout, LayerNorm, Linear, Module, Residual, Sequential};
 pub use optim::{Adam, Optimizer, Sgd};
 pub use params::ParamStore;

@@ -207,6 +207,106 @@ fn runs<T, const N: usize>(
     })
 }
 
+/// Where the keys and values of each query head lie in `k` and `v`: grouped-query attention
+/// shares a key head among `group` query heads, a key head's matrix has room for `rows` keys of
+/// which its sequence fills the first (`lens`, one per sequence of `per_seq` query heads; every
+/// head has `Dims::tk` keys when `lens` is empty).
+#[derive(Debug, Clone, Copy)]
+struct Keys<'a> {
+    group: usize,
+    rows: usize,
+    lens: &'a [usize],
+    per_seq: usize,
+}
+
+impl<'a> Keys<'a> {
+    /// One key head per query head, each `tk` keys: the layout of the attention op's operands.
+    fn whole(dims: &Dims) -> Keys<'a> {
+        Keys {
+            group: 1,
+            rows: dims.tk,
+            lens: &[],
+            per_seq: 1,
+        }
+    }
+
+    /// Query head `h`'s sizes (its keys counted) and its keys and values in `k` and `v`.
+    fn of<'x, T>(&self, dims: &Dims, h: usize, k: &'x [T], v: &'x [T]) -> (Dims, &'x [T], &'x [T]) {
+        let tk = self.lens.get(h / self.per_seq).copied().unwrap_or(dims.tk);
+        let kv = h / self.group;
+        let (kh, vh) = (
+            head(k, kv, self.rows * dims.d),
+            head(v, kv, self.rows * dims.dv),
+        );
+        let dims = Dims { tk, ..*dims };
+        (dims, &kh[..tk * dims.d], &vh[..tk * dims.dv])
+    }
+}
+
+/// The forward of every head into `out`, and each query's log-sum-exp into `lse` if given,
+/// split over the worker threads by (head, query block).
+fn run_forward<T: Element>(
+    dims: &Dims,
+    keys: Keys<'_>,
+    scale: f64,
+    inputs: (&[T], &[T], &[T]),
+    out: &mut Tensor<'_, T>,
+    lse: &mut Option<Tensor<'_, T>>,
+) {
+    if dims.empty() {
+        return;
+    }
+    let (granules, per_head) = (dims.heads * dims.blocks(), dims.blocks());
+    work::visit(granules);
+    let scale = T::from_f64(scale);
+    let row = |g: usize| (g / per_head) * dims.tq + (g % per_head) * BR;
+    let outputs = [(out.unique_slice_mut(), dims.dv), (elements(lse), 1)];
+    // Two products a tile, `d` and `dv` deep.
+    let min = PER_PART.div_ceil(BR.min(dims.tq) * dims.tk * (dims.d + dims.dv));
+    super::for_each_part(
+        granules,
+        min,
+        |parts| runs(granules, parts, row, outputs),
+        |(blocks, [out, lse])| forward_blocks(dims, keys, scale, inputs, blocks, out, lse),
+    );
+}
+
+/// Causal attention of `q` (`[batch, heads, tq, d]`) over the first `lens[i]` keys and values of
+/// sequence `i` in `k` and `v` (`[batch, kv_heads, rows, d]`, row-major, `heads` a multiple of
+/// `kv_heads`): each sequence's queries are its last `tq` positions. Recorded nowhere (a key/value
+/// cache's attention, checked by [`crate::nn::KvCache::attend`]); the output is rented in `q`'s
+/// scope.
+pub(crate) fn attend_filled<'s, T: Element>(
+    q: &Tensor<'s, T>,
+    k: &Tensor<'_, T>,
+    v: &Tensor<'_, T>,
+    lens: &[usize],
+    scale: f64,
+) -> Result<Tensor<'s, T>> {
+    let q = q.try_contiguous()?;
+    let ([batch, heads, tq, d], [_, kv_heads, rows, dv]) = (q.shape(), v.shape()) else {
+        unreachable!("ranks checked by the cache")
+    };
+    let dims = Dims {
+        heads: batch * heads,
+        tq: *tq,
+        tk: lens.iter().copied().max().unwrap_or(0),
+        d: *d,
+        dv: *dv,
+        causal: true,
+    };
+    let keys = Keys {
+        group: heads / kv_heads,
+        rows: *rows,
+        lens,
+        per_seq: *heads,
+    };
+    let mut out = Tensor::try_rent_in(&q.rents_in, &[*batch, *heads, *tq, *dv])?;
+    let inputs = (q.slice(), k.slice(), v.slice());
+    run_forward(&dims, keys, scale, inputs, &mut out, &mut None);
+    Ok(out)
+}
+
 impl<T: Element> Op<T> for Attention {
     /// `q`, `k` and `v`, and the output with each query's log-sum-exp.
     type Saved = ((Saved<T>, Saved<T>, Saved<T>), (Saved<T>, Saved<T>));
@@ -229,22 +329,9 @@ impl<T: Element> Op<T> for Attention {
             true => Some(cx.rent::<T>(&q.shape()[..q.ndim() - 1])?),
             false => None,
         };
-        if !dims.empty() {
-            let (granules, per_head) = (dims.heads * dims.blocks(), dims.blocks());
-            work::visit(granules);
-            let inputs = (q.slice(), k.slice(), v.slice());
-            let scale = T::from_f64(self.scale);
-            let row = |g: usize| (g / per_head) * dims.tq + (g % per_head) * BR;
-            let outputs = [(out.unique_slice_mut(), dims.dv), (elements(&mut lse), 1)];
-            // Two products a tile, `d` and `dv` deep.
-            let min = PER_PART.div_ceil(BR.min(dims.tq) * dims.tk * (dims.d + dims.dv));
-            super::for_each_part(
-                granules,
-                min,
-                |parts| runs(granules, parts, row, outputs),
-                |(blocks, [out, lse])| forward_blocks(&dims, scale, inputs, blocks, out, lse),
-            );
-        }
+        let inputs = (q.slice(), k.slice(), v.slice());
+        let keys = Keys::whole(&dims);
+        run_forward(&dims, keys, self.scale, inputs, &mut out, &mut lse);
         let saved = lse.map(|lse| {
             let inputs = (cx.save(q), cx.save(k), cx.save(v));
             (inputs, (cx.save(&out), cx.save(&lse)))
@@ -305,13 +392,14 @@ impl<T: Element> Op<T> for Attention {
 /// their rows of the output into `out`, and each row's log-sum-exp into `lse` (unless empty).
 fn forward_blocks<T: Element>(
     dims: &Dims,
+    keys: Keys<'_>,
     scale: T,
     (q, k, v): (&[T], &[T], &[T]),
     blocks: Range<usize>,
     out: &mut [T],
     lse: &mut [T],
 ) {
-    let Dims { tq, tk, d, dv, .. } = *dims;
+    let Dims { tq, d, dv, .. } = *dims;
     super::with_scratch(BR * BC + 2 * BR, |scratch: &mut [T]| {
         let (s, stats) = scratch.split_at_mut(BR * BC);
         let (m, l) = stats.split_at_mut(BR);
@@ -319,7 +407,9 @@ fn forward_blocks<T: Element>(
         for b in blocks {
             let (h, i0) = (b / dims.blocks(), (b % dims.blocks()) * BR);
             let br = BR.min(tq - i0);
-            let (qh, kh, vh) = (head(q, h, tq * d), head(k, h, tk * d), head(v, h, tk * dv));
+            let qh = head(q, h, tq * d);
+            let (dims, kh, vh) = keys.of(dims, h, k, v);
+            let dims = &dims;
             let o = &mut out[row * dv..][..br * dv];
             // The keys the block's last row sees, the most any of its rows sees: under the
             // causal mask, the blocks past them are wholly in the future.

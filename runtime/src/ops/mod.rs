@@ -88,7 +88,7 @@
 
 // The families are private: their ops are methods of `Tensor` and render on its page, so their
 // own pages would be empty. `mask` is public for `Cmp`.
-mod attention;
+pub(crate) mod attention;
 mod conv;
 mod dropout;
 mod elementwise;
