@@ -51,7 +51,7 @@ fn attend_is_the_fused_attention_over_each_sequences_filled_keys() {
                     &repeat_heads(&v, group),
                     CAUSAL,
                 );
-                let got = prompt_attention(p, &cache, seq, &q);
+                let got = cache.attend_to(seq, &q, None);
                 assert!(max_abs_diff(&got.to_vec(), &want.to_vec()) < 1e-5);
             });
         }
@@ -84,26 +84,6 @@ fn attend_is_the_fused_attention_over_each_sequences_filled_keys() {
 fn draw<'s>(s: &Scope<'s, '_>, shape: &[usize], seed: &Cell<u64>) -> Tensor<'s> {
     seed.set(seed.get() + 1);
     s.randn::<f32>(shape, seed.get())
-}
-
-/// The attention of sequence `seq`'s queries `q` (`[1, heads, t, d]`) over the cache, through a
-/// cache of that one sequence's keys: `attend` takes every sequence's queries at once.
-fn prompt_attention<'s>(
-    s: &Scope<'s, '_>,
-    cache: &KvCache<'_>,
-    seq: usize,
-    q: &Tensor<'s>,
-) -> Tensor<'s> {
-    let (keys, values) = (cache.keys(seq), cache.values(seq));
-    let [_, kv_heads, len, d] = *keys.shape() else {
-        unreachable!("rank 4")
-    };
-    // The output is rented in `q`'s scope: it outlives the child scope of the one-sequence cache.
-    s.scope(|child| {
-        let mut one = KvCache::<f32>::new(child, 1, kv_heads, len, d);
-        one.append(&keys, &values);
-        one.attend(q, None)
-    })
 }
 
 #[test]
@@ -202,6 +182,16 @@ fn bad_appends_and_queries_are_errors_that_change_nothing() {
         // Queries: 3 heads on 2 key/value heads, more queries than positions, a graph.
         let q = s.zeros::<f32>(&[2, 3, 1, 4]);
         assert!(text(cache.try_attend(&q, None).unwrap_err()).contains("cannot share"));
+        let one_q = s.zeros::<f32>(&[1, 2, 1, 4]);
+        assert!(matches!(
+            cache.try_attend_to(2, &one_q, None),
+            Err(Error::IndexOutOfRange {
+                index: 2,
+                len: 2,
+                ..
+            })
+        ));
+        assert_eq!(cache.attend_to(1, &one_q, None).shape(), &[1, 2, 1, 4]);
         let q = s.zeros::<f32>(&[2, 4, 4, 4]);
         assert!(text(cache.try_attend(&q, None).unwrap_err()).contains("fewer than the 4 queries"));
         assert!(matches!(

@@ -1,6 +1,8 @@
 //! A key/value cache for decoding: each attention layer's keys and values of the positions seen so
 //! far, preallocated for a maximum length, appended in place, read where they lie.
 
+use std::ops::Range;
+
 use crate::element::Element;
 use crate::error::{panicking, Error, Result, Shape};
 use crate::ops::attention::attend_filled;
@@ -53,8 +55,9 @@ pub struct KvCache<'s, T: Element = f32> {
     lens: Vec<usize>,
 }
 
-/// The name of the cache's appends in errors.
+/// The names of the cache's appends and attentions in errors.
 const APPEND: &str = "KvCache::append";
+const ATTEND: &str = "KvCache::attend";
 
 impl<'s, T: Element> KvCache<'s, T> {
     /// A cache for `batch` sequences of up to `max_len` positions, each position `kv_heads` keys
@@ -223,17 +226,70 @@ impl<'s, T: Element> KvCache<'s, T> {
     /// turn). The scores are scaled by `scale`, `1 / sqrt(head_dim)` if `None`. The output,
     /// `[batch, heads, tq, head_dim]`, is rented in `q`'s scope; it carries no gradient.
     ///
-    /// The kernel is the fused attention's ([`Tensor::scaled_dot_product_attention`]), with each
-    /// query head reading its key head's filled rows; no scores matrix, no copy of the cache.
+    /// The kernel is the fused attention's ([`Tensor::scaled_dot_product_attention`]), each query
+    /// head reading its key head's filled rows: no scores matrix, no copy of the cache.
     ///
     /// Fails with [`Error::ShapeMismatch`] if `q`'s batch or head dimension differs from the
     /// cache's, its heads are not a multiple of `kv_heads`, or a sequence holds fewer than `tq`
     /// positions; with [`Error::InvalidArgument`] for a scale that is not finite or a `q` that
     /// carries a gradient graph.
     pub fn try_attend<'t>(&self, q: &Tensor<'t, T>, scale: Option<f64>) -> Result<Tensor<'t, T>> {
-        let op = "KvCache::attend";
+        self.attend_rows(0..self.batch(), q, scale)
+    }
+
+    /// Causal attention of `q` (`[batch, heads, tq, head_dim]`) over the cache:
+    /// [`KvCache::try_attend`].
+    ///
+    /// # Panics
+    /// Where that returns an error, with the error's message.
+    #[track_caller]
+    pub fn attend<'t>(&self, q: &Tensor<'t, T>, scale: Option<f64>) -> Tensor<'t, T> {
+        crate::error::or_panic(self.try_attend(q, scale))
+    }
+
+    /// [`KvCache::attend`] of sequence `seq` alone: `q` is `[1, heads, tq, head_dim]`, its last
+    /// `tq` positions (a prompt appended by [`KvCache::append_to`]). Fails as `attend` does, and
+    /// with [`Error::IndexOutOfRange`] for a `seq` past the batch.
+    pub fn try_attend_to<'t>(
+        &self,
+        seq: usize,
+        q: &Tensor<'t, T>,
+        scale: Option<f64>,
+    ) -> Result<Tensor<'t, T>> {
+        if seq >= self.batch() {
+            return Err(Error::IndexOutOfRange {
+                op: ATTEND,
+                index: seq as i64,
+                axis: 0,
+                len: self.batch(),
+            });
+        }
+        self.attend_rows(seq..seq + 1, q, scale)
+    }
+
+    /// [`KvCache::attend`] of sequence `seq` alone: [`KvCache::try_attend_to`].
+    ///
+    /// # Panics
+    /// Where that returns an error, with the error's message.
+    #[track_caller]
+    pub fn attend_to<'t>(
+        &self,
+        seq: usize,
+        q: &Tensor<'t, T>,
+        scale: Option<f64>,
+    ) -> Tensor<'t, T> {
+        crate::error::or_panic(self.try_attend_to(seq, q, scale))
+    }
+
+    /// The attention of `q` over the sequences `rows` of the cache, checked.
+    fn attend_rows<'t>(
+        &self,
+        rows: Range<usize>,
+        q: &Tensor<'t, T>,
+        scale: Option<f64>,
+    ) -> Result<Tensor<'t, T>> {
         let mismatch = |reason: String| Error::ShapeMismatch {
-            op,
+            op: ATTEND,
             lhs: Shape::from(q.shape()),
             rhs: Shape::from(self.keys.shape()),
             reason,
@@ -245,48 +301,43 @@ impl<'s, T: Element> KvCache<'s, T> {
                     .into(),
             ));
         };
-        if batch != self.batch() || d != self.head_dim() {
+        if batch != rows.len() || d != self.head_dim() {
             return Err(mismatch(format!(
-                "q has batch {batch} and head dimension {d}, the cache {} and {}",
-                self.batch(),
+                "q has batch {batch} and head dimension {d}, for {} sequences of head dimension {}",
+                rows.len(),
                 self.head_dim()
             )));
         }
-        if heads == 0 || !heads.is_multiple_of(self.kv_heads()) {
+        let kv_heads = self.kv_heads();
+        if heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(mismatch(format!(
-                "{heads} query heads cannot share {} key/value heads evenly",
-                self.kv_heads()
+                "{heads} query heads cannot share {kv_heads} key/value heads evenly"
             )));
         }
-        if let Some(seq) = (0..batch).find(|&i| self.lens[i] < tq) {
+        let lens = &self.lens[rows.clone()];
+        if let Some(i) = lens.iter().position(|&len| len < tq) {
             return Err(mismatch(format!(
-                "sequence {seq} holds {} positions, fewer than the {tq} queries; append their \
-                 keys and values first",
-                self.lens[seq]
+                "sequence {} holds {} positions, fewer than the {tq} queries; append their keys \
+                 and values first",
+                rows.start + i,
+                lens[i]
             )));
         }
         if q.node.is_some() {
-            return Err(no_graph(op, "q"));
+            return Err(no_graph(ATTEND, "q"));
         }
         let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
         if !scale.is_finite() {
             return Err(Error::InvalidArgument {
-                op,
+                op: ATTEND,
                 arg: "scale",
                 reason: format!("{scale} is not finite"),
             });
         }
-        attend_filled(q, &self.keys, &self.values, &self.lens, scale)
-    }
-
-    /// Causal attention of `q` (`[batch, heads, tq, head_dim]`) over the cache:
-    /// [`KvCache::try_attend`].
-    ///
-    /// # Panics
-    /// Where that returns an error, with the error's message.
-    #[track_caller]
-    pub fn attend<'t>(&self, q: &Tensor<'t, T>, scale: Option<f64>) -> Tensor<'t, T> {
-        crate::error::or_panic(self.try_attend(q, scale))
+        let per_seq = kv_heads * self.max_len() * d;
+        let part = rows.start * per_seq..rows.end * per_seq;
+        let kv = (&self.keys.slice()[part.clone()], &self.values.slice()[part]);
+        attend_filled(q, kv, (kv_heads, self.max_len()), lens, scale)
     }
 
     /// Checks an append of `k` and `v` of `batch` sequences; the positions they hold.

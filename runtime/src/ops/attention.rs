@@ -272,38 +272,37 @@ fn run_forward<T: Element>(
 }
 
 /// Causal attention of `q` (`[batch, heads, tq, d]`) over the first `lens[i]` keys and values of
-/// sequence `i` in `k` and `v` (`[batch, kv_heads, rows, d]`, row-major, `heads` a multiple of
-/// `kv_heads`): each sequence's queries are its last `tq` positions. Recorded nowhere (a key/value
-/// cache's attention, checked by [`crate::nn::KvCache::attend`]); the output is rented in `q`'s
-/// scope.
+/// sequence `i` in `k` and `v` (`[batch, kv_heads, rows, d]` each, row-major, `heads` a multiple
+/// of `kv_heads`): each sequence's queries are its last `tq` positions. Recorded nowhere (a
+/// key/value cache's attention, checked by [`crate::nn::KvCache::attend`]); the output is rented
+/// in `q`'s scope.
 pub(crate) fn attend_filled<'s, T: Element>(
     q: &Tensor<'s, T>,
-    k: &Tensor<'_, T>,
-    v: &Tensor<'_, T>,
+    (k, v): (&[T], &[T]),
+    (kv_heads, rows): (usize, usize),
     lens: &[usize],
     scale: f64,
 ) -> Result<Tensor<'s, T>> {
     let q = q.try_contiguous()?;
-    let ([batch, heads, tq, d], [_, kv_heads, rows, dv]) = (q.shape(), v.shape()) else {
-        unreachable!("ranks checked by the cache")
+    let &[batch, heads, tq, d] = q.shape() else {
+        unreachable!("rank checked by the cache")
     };
     let dims = Dims {
         heads: batch * heads,
-        tq: *tq,
+        tq,
         tk: lens.iter().copied().max().unwrap_or(0),
-        d: *d,
-        dv: *dv,
+        d,
+        dv: d,
         causal: true,
     };
     let keys = Keys {
         group: heads / kv_heads,
-        rows: *rows,
+        rows,
         lens,
-        per_seq: *heads,
+        per_seq: heads,
     };
-    let mut out = Tensor::try_rent_in(&q.rents_in, &[*batch, *heads, *tq, *dv])?;
-    let inputs = (q.slice(), k.slice(), v.slice());
-    run_forward(&dims, keys, scale, inputs, &mut out, &mut None);
+    let mut out = Tensor::try_rent_in(&q.rents_in, q.shape())?;
+    run_forward(&dims, keys, scale, (q.slice(), k, v), &mut out, &mut None);
     Ok(out)
 }
 

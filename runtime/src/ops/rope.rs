@@ -13,11 +13,13 @@ use crate::tensor::Tensor;
 
 impl<'s, T: Element> Tensor<'s, T> {
     /// This `[.., t, d]` tensor of queries or keys rotated by the angles of `cos` and `sin`, tables
-    /// of shape `[t, d]` ([`Scope::rope_tables`]): `x * cos + rotate_half(x) * sin`, where
+    /// of shape `[t, d]` ([`Scope::rope_tables`]), or `[.., t, d]` broadcasting to this tensor's
+    /// shape (each sequence of a batch at its own positions: `[batch, 1, t, d]` for
+    /// `[batch, heads, t, d]`): `x * cos + rotate_half(x) * sin`, where
     /// `rotate_half(x)` is `cat(-x2, x1)` of the two halves `x1`, `x2` of the last axis (Hugging
     /// Face's `apply_rotary_pos_emb`). Every operand gets a gradient. Fails with
     /// [`Error::InvalidShape`] for a rank below 2 or an odd last axis, and with
-    /// [`Error::ShapeMismatch`] if a table is not `[t, d]`.
+    /// [`Error::ShapeMismatch`] if a table is neither `[t, d]` nor broadcasts to the tensor as one.
     ///
     /// ```
     /// use tensorscope_runtime::Pool;
@@ -47,12 +49,21 @@ impl<'s, T: Element> Tensor<'s, T> {
             });
         }
         for table in [cos, sin] {
-            if table.shape() != [t, d] {
+            let shape = table.shape();
+            let lead = self.ndim().checked_sub(shape.len());
+            let fits = lead.is_some_and(|lead| {
+                shape.ends_with(&[t, d])
+                    && (shape.iter().zip(&self.shape()[lead..])).all(|(&a, &x)| a == 1 || a == x)
+            });
+            if !fits {
                 return Err(Error::ShapeMismatch {
                     op: "rope",
                     lhs: Shape::from(self.shape()),
-                    rhs: Shape::from(table.shape()),
-                    reason: format!("the cos and sin tables must be [{t}, {d}]"),
+                    rhs: Shape::from(shape),
+                    reason: format!(
+                        "the cos and sin tables must be [{t}, {d}], or [.., {t}, {d}] with \
+                         leading axes that broadcast to the tensor's (a table per sequence)"
+                    ),
                 });
             }
         }

@@ -394,6 +394,22 @@ fn a_checkpointed_forward_of_these_ops_replays_them_bit_for_bit() {
 }
 
 #[test]
+fn rope_tables_per_sequence_rotate_each_at_its_own_positions() {
+    let pool = test_pool(4);
+    pool.scope(|s| {
+        // Two sequences of 2 heads, 3 new positions each: one from 0, one from 5.
+        let x = s.randn::<f32>(&[2, 2, 3, 8], 1);
+        let (cos, sin) = s.rope_tables::<f32>((0..3).chain(5..8), 8, 10_000.0);
+        let both = x.rope(&cos.reshape(&[2, 1, 3, 8]), &sin.reshape(&[2, 1, 3, 8]));
+        for (row, start) in [(0, 0), (1, 5)] {
+            let (cos, sin) = s.rope_tables::<f32>(start..start + 3, 8, 10_000.0);
+            let want = x.narrow(0, row, 1).rope(&cos, &sin);
+            assert_eq!(both.narrow(0, row, 1).to_vec(), want.to_vec());
+        }
+    });
+}
+
+#[test]
 fn errors_name_the_op_and_the_values_at_fault() {
     let pool = test_pool(4);
     pool.scope(|s| {
@@ -417,9 +433,15 @@ fn errors_name_the_op_and_the_values_at_fault() {
                 "rope",
                 &[2, 3, 4],
                 &[4, 4],
-                "the cos and sin tables must be [3, 4]"
+                "the cos and sin tables must be [3, 4], or [.., 3, 4] with leading axes that \
+                 broadcast to the tensor's (a table per sequence)"
             )
         );
+        let other_batch = s.zeros::<f32>(&[3, 3, 4]);
+        assert!(matches!(
+            err(x.try_rope(&other_batch, &other_batch)),
+            Error::ShapeMismatch { .. }
+        ));
         assert_eq!(
             s.try_rope_tables::<f32>(0..3, 5, 10_000.0)
                 .unwrap_err()
