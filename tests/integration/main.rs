@@ -20,6 +20,8 @@
 mod denoiser;
 #[path = "../../examples/common/gpt.rs"]
 mod gpt;
+#[path = "../../examples/common/llama.rs"]
+mod llama;
 #[path = "../../examples/common/pre_norm_mlp.rs"]
 mod pre_norm_mlp;
 #[path = "../../examples/common/swiglu.rs"]
@@ -38,6 +40,7 @@ mod display;
 mod dispose_scope;
 mod gpt_parity;
 mod kv_cache;
+mod llama_parity;
 mod nn;
 mod ops;
 mod reliability;

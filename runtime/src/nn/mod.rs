@@ -85,6 +85,7 @@
 //! ```
 
 mod error;
+mod generate;
 mod kv_cache;
 mod layers;
 mod optim;
@@ -92,6 +93,7 @@ mod params;
 mod safetensors;
 
 pub use error::NnError;
+pub use generate::{generate, CacheLayout, CausalLm, GenerateOptions, Generation, Sampling};
 pub use kv_cache::KvCache;
 pub use layers::{Activation, Dropout, LayerNorm, Linear, Module, Residual, Sequential};
 pub use optim::{Adam, Optimizer, Sgd};

@@ -1,0 +1,224 @@
+//! Text generation with a key/value cache: a [`CausalLm`] reads each prompt once (its prefill),
+//! then every sequence of the batch one token per step, each step in a scope of its own.
+
+use std::time::{Duration, Instant};
+
+use super::kv_cache::KvCache;
+use crate::error::{Error, Result};
+use crate::init::Generator;
+use crate::scope::Scope;
+use crate::tensor::Tensor;
+
+/// The caches a [`CausalLm`] decodes with: one [`KvCache`] per layer, each position `kv_heads`
+/// keys and values of `head_dim` elements, at most `max_positions` positions per sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheLayout {
+    /// Attention layers (caches).
+    pub layers: usize,
+    /// Key/value heads per position.
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Positions the model has position embeddings for.
+    pub max_positions: usize,
+}
+
+/// A decoder-only language model that reads tokens after those its key/value caches hold.
+pub trait CausalLm {
+    /// The caches it decodes with.
+    fn cache_layout(&self) -> CacheLayout;
+
+    /// The logits of the last `keep` positions of `ids` (`[rows, t]`), `[rows, keep, vocab]`,
+    /// rented in `scope`, appending the keys and values of the `t` tokens to `caches` (one per layer): `ids` are the
+    /// tokens after those the caches hold, for every sequence of their batch (`seq` is `None`,
+    /// `rows` the batch) or for sequence `seq` alone (`rows` is 1; a prompt's prefill).
+    fn forward_cached<'a, 'c: 'a>(
+        &self,
+        scope: &Scope<'a, '_>,
+        ids: &Tensor<'a, i64>,
+        caches: &mut [KvCache<'c>],
+        seq: Option<usize>,
+        keep: usize,
+    ) -> Result<Tensor<'a>>;
+}
+
+/// How the next token is chosen from the logits, as Hugging Face's `generate` samples
+/// ([`Tensor::sample_logits`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// The logits are divided by it; 0 is greedy (the largest logit, nothing drawn).
+    pub temperature: f32,
+    /// Only the `k` most likely tokens are kept.
+    pub top_k: Option<usize>,
+    /// Only the most likely tokens whose probabilities add up to `p` are kept (nucleus).
+    pub top_p: Option<f32>,
+    /// The seed of the draws: a generation is reproducible.
+    pub seed: u64,
+}
+
+impl Sampling {
+    /// The most likely token every step.
+    pub const GREEDY: Sampling = Sampling {
+        temperature: 0.0,
+        top_k: None,
+        top_p: None,
+        seed: 0,
+    };
+}
+
+/// What [`generate`] does: how many tokens, how they are chosen, when a sequence stops.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOptions {
+    /// Tokens generated per prompt at most.
+    pub max_new_tokens: usize,
+    /// How each token is chosen.
+    pub sampling: Sampling,
+    /// A sequence stops after generating one of these (which ends its tokens).
+    pub stop_tokens: Vec<i64>,
+}
+
+impl GenerateOptions {
+    /// `max_new_tokens` greedy tokens per prompt, no stop token.
+    pub fn greedy(max_new_tokens: usize) -> Self {
+        GenerateOptions {
+            max_new_tokens,
+            sampling: Sampling::GREEDY,
+            stop_tokens: Vec::new(),
+        }
+    }
+}
+
+/// What [`generate`] made, and what it took.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Generation {
+    /// The new tokens of each prompt, in the prompts' order (a stop token ends a sequence's).
+    pub tokens: Vec<Vec<i64>>,
+    /// The prompts' forwards and their first tokens: the time to the batch's first tokens.
+    pub prefill: Duration,
+    /// The decode steps (one token for every sequence still going each).
+    pub decode: Duration,
+    /// Decode steps run.
+    pub steps: usize,
+    /// The most pool bytes the generation's scope held at once: the caches and one step's
+    /// temporaries (the weights are the model's, outside every scope).
+    pub peak_bytes: usize,
+}
+
+/// Generates up to `options.max_new_tokens` tokens after each of `prompts` with `model`, in a
+/// child scope of `scope` (under its budget): the caches for the whole batch are rented first,
+/// each prompt is read in one forward of its own (prompts of different lengths need no padding),
+/// then every sequence still going gets one token per step, all in one forward per step. Each
+/// forward runs in a scope of its own, so a step holds only the caches and its own temporaries; a
+/// steady-state step makes no heap allocation.
+///
+/// Fails with [`Error::InvalidArgument`] for no prompt, an empty prompt, or a prompt that with
+/// its new tokens would pass the model's positions; with a budget error if the caches do not fit;
+/// and with the model's errors.
+pub fn generate<M: CausalLm + ?Sized>(
+    model: &M,
+    scope: &Scope<'_, '_>,
+    prompts: &[&[i64]],
+    options: &GenerateOptions,
+) -> Result<Generation> {
+    let layout = model.cache_layout();
+    let invalid = |reason: String| Error::InvalidArgument {
+        op: "generate",
+        arg: "prompts",
+        reason,
+    };
+    if prompts.is_empty() {
+        return Err(invalid("no prompt given".into()));
+    }
+    if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
+        return Err(invalid(format!("prompt {i} is empty")));
+    }
+    let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+    let max_len = longest + options.max_new_tokens;
+    if max_len > layout.max_positions {
+        return Err(invalid(format!(
+            "the longest prompt ({longest} tokens) and {} new tokens pass the model's {} positions",
+            options.max_new_tokens, layout.max_positions
+        )));
+    }
+    let batch = prompts.len();
+    let sampling = options.sampling;
+    let mut rng = Generator::new(sampling.seed);
+    let mut seqs = Sequences {
+        tokens: prompts
+            .iter()
+            .map(|_| Vec::with_capacity(options.max_new_tokens))
+            .collect(),
+        going: vec![options.max_new_tokens > 0; batch],
+        last: vec![0; batch],
+    };
+    let start = Instant::now();
+    let (result, stats) = scope.scope_with_stats(|s| -> Result<(Duration, usize)> {
+        let mut caches = (0..layout.layers)
+            .map(|_| KvCache::try_new(s, batch, layout.kv_heads, max_len, layout.head_dim))
+            .collect::<Result<Vec<_>>>()?;
+        if seqs.going[0] {
+            for (seq, prompt) in prompts.iter().enumerate() {
+                let id = s.scope(|p| -> Result<i64> {
+                    let ids = p.try_from_slice::<i64>(&[1, prompt.len()], prompt)?;
+                    let logits = model.forward_cached(p, &ids, &mut caches, Some(seq), 1)?;
+                    Ok(next(&logits, sampling, &mut rng)?.item())
+                })?;
+                seqs.take(seq, id, options);
+            }
+        }
+        let prefill = start.elapsed();
+        let mut steps = 0;
+        while seqs.going.contains(&true) {
+            s.scope(|p| -> Result<()> {
+                let ids = p.try_from_slice::<i64>(&[batch, 1], &seqs.last)?;
+                let logits = model.forward_cached(p, &ids, &mut caches, None, 1)?;
+                let ids = next(&logits, sampling, &mut rng)?;
+                let ids = ids.as_slice().expect("sampled ids are a fresh tensor");
+                for (seq, &id) in ids.iter().enumerate() {
+                    if seqs.going[seq] {
+                        seqs.take(seq, id, options);
+                    }
+                }
+                Ok(())
+            })?;
+            steps += 1;
+        }
+        Ok((prefill, steps))
+    });
+    let (prefill, steps) = result?;
+    Ok(Generation {
+        tokens: seqs.tokens,
+        prefill,
+        decode: start.elapsed() - prefill,
+        steps,
+        peak_bytes: stats.peak_bytes_in_use,
+    })
+}
+
+/// The sequences of a generation: the tokens each has made, whether it goes on, its last token.
+struct Sequences {
+    tokens: Vec<Vec<i64>>,
+    going: Vec<bool>,
+    last: Vec<i64>,
+}
+
+impl Sequences {
+    /// Sequence `seq` made token `id`: it stops at `options`' length or at a stop token.
+    fn take(&mut self, seq: usize, id: i64, options: &GenerateOptions) {
+        let tokens = &mut self.tokens[seq];
+        tokens.push(id);
+        self.last[seq] = id;
+        self.going[seq] =
+            tokens.len() < options.max_new_tokens && !options.stop_tokens.contains(&id);
+    }
+}
+
+/// The next token of each row of `logits` (`[rows, 1, vocab]`), as `sampling` chooses them.
+fn next<'a>(
+    logits: &Tensor<'a>,
+    sampling: Sampling,
+    rng: &mut Generator,
+) -> Result<Tensor<'a, i64>> {
+    logits.try_sample_logits(sampling.temperature, sampling.top_k, sampling.top_p, rng)
+}

@@ -1,0 +1,169 @@
+//! The Llama-style decoder of `examples/common/llama.rs` against Hugging Face's `LlamaForCausalLM`
+//! (`scripts/llama_fixture.py`: grouped-query attention, 4 heads on 2 key/value heads, untied
+//! head): a plain forward's logits, the last decode step's logits through the key/value cache,
+//! and greedy generation of three prompts of different lengths, one at a time and as one batch.
+
+use std::path::PathBuf;
+
+use tensorscope::nn::{generate, GenerateOptions, SafeTensorsFile, Sampling};
+use tensorscope::prelude::*;
+
+use crate::common::{max_abs_diff, test_pool};
+use crate::llama::Llama;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama_tiny.safetensors")
+}
+
+/// The model and the file's reference tensors.
+fn load(pool: &Pool) -> (Llama, SafeTensorsFile) {
+    let model = Llama::load(pool, &fixture()).unwrap();
+    (model, SafeTensorsFile::open(fixture()).unwrap())
+}
+
+fn ids(file: &SafeTensorsFile, pool: &Pool, name: &str) -> Vec<i64> {
+    file.param::<i64>(pool, name).unwrap().to_vec()
+}
+
+#[test]
+fn logits_match_hugging_face_within_1e_4() {
+    let pool = test_pool(64);
+    let (model, file) = load(&pool);
+    let want = file.param::<f32>(&pool, "ref.logits").unwrap();
+    let input = ids(&file, &pool, "ref.input_ids");
+    pool.scope(|s| {
+        let input = s.from_slice::<i64>(&[2, 12], &input);
+        let logits = model.forward(s, &input).unwrap();
+        assert_eq!(logits.shape(), want.shape());
+        let diff = max_abs_diff(&logits.to_vec(), &want.to_vec());
+        assert!(diff < 1e-4, "max |logits - PyTorch's| = {diff}");
+    });
+}
+
+#[test]
+fn greedy_tokens_through_the_cache_equal_hugging_faces() {
+    let pool = test_pool(64);
+    let (model, file) = load(&pool);
+    let prompts: Vec<Vec<i64>> = (0..3)
+        .map(|i| ids(&file, &pool, &format!("ref.prompt.{i}")))
+        .collect();
+    let want: Vec<Vec<i64>> = (0..3)
+        .map(|i| ids(&file, &pool, &format!("ref.generated.{i}")))
+        .collect();
+    let options = GenerateOptions::greedy(10);
+    // One prompt at a time, then the three as one batch of different lengths.
+    for (prompt, want) in prompts.iter().zip(&want) {
+        let got = pool
+            .scope(|s| generate(&model, s, &[prompt], &options))
+            .unwrap();
+        assert_eq!(&got.tokens[0], want);
+    }
+    let batch: Vec<&[i64]> = prompts.iter().map(Vec::as_slice).collect();
+    let got = pool
+        .scope(|s| generate(&model, s, &batch, &options))
+        .unwrap();
+    assert_eq!(got.tokens, want);
+    assert_eq!(
+        got.steps, 9,
+        "the first token comes from the prompt's forward"
+    );
+}
+
+#[test]
+fn the_last_decode_steps_logits_match_hugging_face_within_1e_4() {
+    let pool = test_pool(64);
+    let (model, file) = load(&pool);
+    let prompt = ids(&file, &pool, "ref.prompt.0");
+    let generated = ids(&file, &pool, "ref.generated.0");
+    let want = file
+        .param::<f32>(&pool, "ref.decode_logits")
+        .unwrap()
+        .to_vec();
+    // Prompt, then every generated token but the last through the cache one at a time: the
+    // logits of the last step are those that chose the last token.
+    let tokens: Vec<i64> = prompt
+        .iter()
+        .chain(&generated[..generated.len() - 1])
+        .copied()
+        .collect();
+    pool.scope(|s| {
+        let layout = tensorscope::nn::CausalLm::cache_layout(&model);
+        let mut caches: Vec<_> = (0..layout.layers)
+            .map(|_| tensorscope::nn::KvCache::new(s, 1, layout.kv_heads, 32, layout.head_dim))
+            .collect();
+        let first = s.from_slice::<i64>(&[1, prompt.len()], &prompt);
+        let mut logits = model_step(&model, s, &first, &mut caches);
+        for &token in &tokens[prompt.len()..] {
+            let id = s.from_slice::<i64>(&[1, 1], &[token]);
+            logits = model_step(&model, s, &id, &mut caches);
+        }
+        assert_eq!(caches[0].len(0), tokens.len());
+        let diff = max_abs_diff(&logits.to_vec(), &want);
+        assert!(diff < 1e-4, "max |logits - PyTorch's| = {diff}");
+    });
+}
+
+/// The logits of the last position of `ids` after what `caches` hold.
+fn model_step<'a>(
+    model: &Llama,
+    s: &Scope<'a, '_>,
+    ids: &Tensor<'a, i64>,
+    caches: &mut [tensorscope::nn::KvCache<'a>],
+) -> Tensor<'a> {
+    tensorscope::nn::CausalLm::forward_cached(model, s, ids, caches, None, 1).unwrap()
+}
+
+#[test]
+fn sampling_is_reproducible_from_its_seed_and_stops_at_a_stop_token() {
+    let pool = test_pool(64);
+    let (model, file) = load(&pool);
+    let prompt = ids(&file, &pool, "ref.prompt.1");
+    let sampled = |seed: u64, stop: Vec<i64>| {
+        let options = GenerateOptions {
+            max_new_tokens: 12,
+            sampling: Sampling {
+                temperature: 0.9,
+                top_k: Some(20),
+                top_p: Some(0.9),
+                seed,
+            },
+            stop_tokens: stop,
+        };
+        pool.scope(|s| generate(&model, s, &[&prompt, &prompt[..3]], &options))
+            .unwrap()
+            .tokens
+    };
+    let (a, b, c) = (sampled(1, vec![]), sampled(1, vec![]), sampled(2, vec![]));
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert!(a
+        .iter()
+        .all(|t| t.len() == 12 && t.iter().all(|&id| (0..128).contains(&id))));
+    // Stopping at the third token of the first sequence: it ends there, the other goes on unless
+    // it draws the same token.
+    let stop = a[0][2];
+    let stopped = sampled(1, vec![stop]);
+    let first_stop = a[0].iter().position(|&t| t == stop).unwrap();
+    assert_eq!(stopped[0], a[0][..=first_stop]);
+    let other = a[1].iter().position(|&t| t == stop).map_or(12, |i| i + 1);
+    assert_eq!(stopped[1], a[1][..other]);
+}
+
+#[test]
+fn bad_prompts_and_bad_files_are_errors_that_name_the_fault() {
+    let pool = test_pool(64);
+    let (model, _) = load(&pool);
+    let err = |prompts: &[&[i64]], new: usize| {
+        pool.scope(|s| generate(&model, s, prompts, &GenerateOptions::greedy(new)))
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err(&[], 4).contains("no prompt"));
+    assert!(err(&[&[1], &[]], 4).contains("prompt 1 is empty"));
+    assert!(err(&[&[1; 60]], 8).contains("pass the model's 64 positions"));
+    let e = err(&[&[1, 500]], 4);
+    assert!(e.contains("index 500 is out of range"), "{e}");
+    let missing = Llama::load(&pool, &fixture().with_file_name("gpt_tiny.safetensors"));
+    let e = missing.err().unwrap();
+    assert!(e.contains("config.json"), "{e}");
+}
