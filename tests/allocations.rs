@@ -3,6 +3,8 @@
 
 #[path = "../examples/common/gpt.rs"]
 mod gpt;
+#[path = "../examples/common/llama.rs"]
+mod llama;
 #[path = "../examples/common/pre_norm_mlp.rs"]
 mod pre_norm_mlp;
 #[path = "../examples/common/reference_model.rs"]
@@ -14,6 +16,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use tensorscope::nn::{CausalLm, KvCache};
 use tensorscope::ops::{autocast, Products};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Policy, Precision};
@@ -203,6 +206,53 @@ fn steady_state_gpt_forwards_and_training_steps_allocate_nothing() {
     assert_eq!(
         bf16, 0,
         "heap allocations over {STEADY_STEPS} steady-state training steps with bf16 products"
+    );
+}
+
+/// A decode step of the Llama-style model for two sequences at different positions, through its
+/// key/value caches (kept by the outer scope) in a scope of its own, then top-k/top-p sampling:
+/// the cache's appends, attention and the step's temporaries all reuse pooled buffers and
+/// recycled records.
+#[test]
+fn steady_state_decode_steps_allocate_nothing() {
+    let pool = Pool::with_max_memory_mb(64);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/llama_tiny.safetensors");
+    let model = llama::Llama::load(&pool, &path).unwrap();
+    let layout = model.cache_layout();
+    let count = per_step(|steps, boundary| {
+        pool.scope(|s| {
+            let mut caches: Vec<_> = (0..layout.layers)
+                .map(|_| KvCache::new(s, 2, layout.kv_heads, 32, layout.head_dim))
+                .collect();
+            for (seq, prompt) in [&[3i64, 1, 4][..], &[1, 5, 9, 2, 6, 5, 3]]
+                .iter()
+                .enumerate()
+            {
+                s.scope(|p| {
+                    let ids = p.from_slice::<i64>(&[1, prompt.len()], prompt);
+                    model
+                        .forward_cached(p, &ids, &mut caches, Some(seq), 1)
+                        .unwrap();
+                });
+            }
+            let mut last = [1i64, 2];
+            let mut rng = tensorscope::Generator::new(7);
+            for i in 0..steps {
+                boundary(i);
+                s.scope(|p| {
+                    let ids = p.from_slice::<i64>(&[2, 1], &last);
+                    let logits = model.forward_cached(p, &ids, &mut caches, None, 1).unwrap();
+                    let next = logits.sample_logits(0.8, Some(10), Some(0.9), &mut rng);
+                    last.copy_from_slice(next.as_slice().unwrap());
+                });
+            }
+            boundary(steps);
+        })
+    });
+    assert_eq!(
+        count, 0,
+        "heap allocations over {STEADY_STEPS} steady-state decode steps of the Llama-style model"
     );
 }
 

@@ -167,3 +167,52 @@ fn bad_prompts_and_bad_files_are_errors_that_name_the_fault() {
     let e = missing.err().unwrap();
     assert!(e.contains("config.json"), "{e}");
 }
+
+#[test]
+fn threads_serve_one_model_each_request_under_its_budget_and_one_failing_alone() {
+    let pool = test_pool(64);
+    let (model, file) = load(&pool);
+    let weights = pool.stats().bytes_in_use;
+    let model = std::sync::Arc::new(model);
+    let prompts: Vec<Vec<i64>> = (0..3)
+        .map(|i| ids(&file, &pool, &format!("ref.prompt.{i}")))
+        .collect();
+    let want: Vec<Vec<i64>> = (0..3)
+        .map(|i| ids(&file, &pool, &format!("ref.generated.{i}")))
+        .collect();
+    // Requests 0-2 are the fixture's prompts with room to spare; request 3's budget cannot hold
+    // its caches (2 layers x 2 x [1, 2, 13, 16] f32).
+    let budgets = [1 << 20, 1 << 20, 1 << 20, 2048];
+    let results = std::thread::scope(|threads| {
+        let handles: Vec<_> = budgets
+            .iter()
+            .enumerate()
+            .map(|(i, &budget)| {
+                let (model, prompt) = (std::sync::Arc::clone(&model), &prompts[i % 3]);
+                let pool = &pool;
+                threads.spawn(move || {
+                    pool.scope_with_budget(budget, |s| {
+                        generate(&*model, s, &[prompt], &GenerateOptions::greedy(10))
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    for (i, result) in results[..3].iter().enumerate() {
+        assert_eq!(result.as_ref().unwrap().tokens[0], want[i], "request {i}");
+    }
+    let err = results[3].as_ref().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            tensorscope::Error::ScopeBudgetExceeded { limit: 2048, .. }
+        ),
+        "{err}"
+    );
+    // Every request gave back what it rented: the pool holds the weights alone.
+    assert_eq!(pool.stats().bytes_in_use, weights);
+}

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::kv_cache::KvCache;
 use crate::error::{Error, Result};
 use crate::init::Generator;
-use crate::scope::Scope;
+use crate::scope::{Scope, ScopeStats};
 use crate::tensor::Tensor;
 
 /// The caches a [`CausalLm`] decodes with: one [`KvCache`] per layer, each position `kv_heads`
@@ -103,6 +103,11 @@ pub struct Generation {
     /// The most pool bytes the generation's scope held at once: the caches and one step's
     /// temporaries (the weights are the model's, outside every scope).
     pub peak_bytes: usize,
+    /// The pool bytes of the caches.
+    pub cache_bytes: usize,
+    /// The most pool bytes one forward's scope held at once (a prefill's or a step's
+    /// temporaries): `peak_bytes` is at most `cache_bytes` plus this.
+    pub step_peak_bytes: usize,
 }
 
 /// Generates up to `options.max_new_tokens` tokens after each of `prompts` with `model`, in a
@@ -153,24 +158,32 @@ pub fn generate<M: CausalLm + ?Sized>(
         last: vec![0; batch],
     };
     let start = Instant::now();
+    let (mut cache_bytes, mut step_peak_bytes) = (0, 0);
     let (result, stats) = scope.scope_with_stats(|s| -> Result<(Duration, usize)> {
         let mut caches = (0..layout.layers)
             .map(|_| KvCache::try_new(s, batch, layout.kv_heads, max_len, layout.head_dim))
             .collect::<Result<Vec<_>>>()?;
+        cache_bytes = caches.iter().map(KvCache::allocated_bytes).sum();
+        let mut step = |result: Result<()>, stats: ScopeStats| {
+            step_peak_bytes = step_peak_bytes.max(stats.peak_bytes_in_use);
+            result
+        };
         if seqs.going[0] {
             for (seq, prompt) in prompts.iter().enumerate() {
-                let id = s.scope(|p| -> Result<i64> {
+                let (result, stats) = s.scope_with_stats(|p| -> Result<()> {
                     let ids = p.try_from_slice::<i64>(&[1, prompt.len()], prompt)?;
                     let logits = model.forward_cached(p, &ids, &mut caches, Some(seq), 1)?;
-                    Ok(next(&logits, sampling, &mut rng)?.item())
-                })?;
-                seqs.take(seq, id, options);
+                    let id = next(&logits, sampling, &mut rng)?.try_item()?;
+                    seqs.take(seq, id, options);
+                    Ok(())
+                });
+                step(result, stats)?;
             }
         }
         let prefill = start.elapsed();
         let mut steps = 0;
         while seqs.going.contains(&true) {
-            s.scope(|p| -> Result<()> {
+            let (result, stats) = s.scope_with_stats(|p| -> Result<()> {
                 let ids = p.try_from_slice::<i64>(&[batch, 1], &seqs.last)?;
                 let logits = model.forward_cached(p, &ids, &mut caches, None, 1)?;
                 let ids = next(&logits, sampling, &mut rng)?;
@@ -181,7 +194,8 @@ pub fn generate<M: CausalLm + ?Sized>(
                     }
                 }
                 Ok(())
-            })?;
+            });
+            step(result, stats)?;
             steps += 1;
         }
         Ok((prefill, steps))
@@ -193,6 +207,8 @@ pub fn generate<M: CausalLm + ?Sized>(
         decode: start.elapsed() - prefill,
         steps,
         peak_bytes: stats.peak_bytes_in_use,
+        cache_bytes,
+        step_peak_bytes,
     })
 }
 
