@@ -38,6 +38,7 @@ use window::Window;
 
 pub(crate) mod bf16;
 mod pack;
+mod skinny;
 mod window;
 
 /// Rows of `a` per packed block: `MC x KC` of `f32` is 144 KiB, inside a core's L2 cache.
@@ -176,6 +177,9 @@ fn multiply<T: Element, P: Packing<T>>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &m
         return;
     }
     let c = Window::new(c, n);
+    if P::AS_IS && skinny::takes(&a, &b) {
+        return skinny::product(a, b, c, add);
+    }
     if std::mem::size_of::<T>() == 4 && simd::has_avx512() {
         split::<T, P, 12, 32>(a, b, c, add);
     } else if std::mem::size_of::<T>() == 4 {

@@ -114,6 +114,27 @@ pub(crate) fn dispatch_fma<K: FmaKernel>(k: K) -> K::Out {
     k.run::<false>()
 }
 
+/// Runs `k` with FMA at the widest level: compiled for AVX-512 (whose 32 registers hold more
+/// sums) where [`dispatch`] would use it, else as [`dispatch_fma`].
+#[inline]
+pub(crate) fn dispatch_fma_wide<K: FmaKernel>(k: K) -> K::Out {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        note(Level::Avx512);
+        // SAFETY: the CPU has every feature `avx512_fma` is compiled for (checked just above:
+        // AVX-512 F, VL, DQ and BW, and F implies FMA), which is the only requirement of calling
+        // it.
+        return unsafe { avx512_fma(k) };
+    }
+    dispatch_fma(k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw,fma")]
+unsafe fn avx512_fma<K: FmaKernel>(k: K) -> K::Out {
+    k.run::<true>()
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn avx2_fma<K: FmaKernel>(k: K) -> K::Out {
