@@ -9,7 +9,7 @@ and the fastest batch's (which a loaded machine disturbs least).
 
 Run (from the repository root; CI never runs Python):
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch numpy
-  /tmp/venv/bin/python scripts/matmul_torch.py [--threads 1] [--only NAME,NAME]
+  /tmp/venv/bin/python scripts/matmul_torch.py [--threads 1] [--decode] [--only NAME,NAME]
 """
 import argparse
 import re
@@ -39,6 +39,22 @@ SHAPES = [
     ("fc_dw768", 1, 768, 2048, 3072, True, False),
     ("scores768", 96, 256, 64, 256, False, True),
     ("av768", 96, 256, 256, 64, False, False),
+]
+# `--decode`: the products of a decode step (issue 28), `[m, k] x [n, k]^T` as `x @ w.T` with `w`
+# a PyTorch `[out, in]` weight; keep in step with DECODE in benches/matmul.rs.
+DECODE = [
+    ("head_gpt2_m1", 1, 1, 768, 50257, False, True),
+    ("head_gpt2_m512", 1, 512, 768, 50257, False, True),
+    ("q_m1", 1, 1, 768, 768, False, True),
+    ("q_m8", 1, 8, 768, 768, False, True),
+    ("kv_m1", 1, 1, 768, 256, False, True),
+    ("kv_m8", 1, 8, 768, 256, False, True),
+    ("up_m1", 1, 1, 768, 2048, False, True),
+    ("up_m8", 1, 8, 768, 2048, False, True),
+    ("down_m1", 1, 1, 2048, 768, False, True),
+    ("down_m8", 1, 8, 2048, 768, False, True),
+    ("head_llama_m1", 1, 1, 768, 32000, False, True),
+    ("head_llama_m8", 1, 8, 768, 32000, False, True),
 ]
 THREADS = 2
 WARM_UP_S = 0.3
@@ -83,6 +99,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--only", help="comma-separated shape names")
+    parser.add_argument("--decode", action="store_true",
+                        help="the decode step's shapes (benches/matmul.rs, group decode)")
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else None
     torch.set_num_threads(args.threads)
@@ -92,7 +110,7 @@ def main():
     cpu = re.search(r"CPU capability usage: (\w+)", config)
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"BLAS {blas.group(1) if blas else '?'}, CPU capability {cpu.group(1) if cpu else '?'}")
-    for name, batch, m, k, n, a_t, b_t in SHAPES:
+    for name, batch, m, k, n, a_t, b_t in DECODE if args.decode else SHAPES:
         if only and name not in only:
             continue
         a, b = operand(batch, m, k, a_t), operand(batch, k, n, b_t)

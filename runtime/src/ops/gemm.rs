@@ -22,6 +22,9 @@
 //! Operands are strided ([`Matrix`]), so a transposed operand is packed from where it lies instead
 //! of being copied first.
 //!
+//! Products with few rows of `a` (a decode step's) do not pack: [`skinny`] reads `b` where it
+//! lies, once, which bounds their time.
+//!
 //! What a packed step holds is a [`Packing`] ([`pack`]): the elements as they are, or, for
 //! [`bf16::product_bf16`], the `f32` operands rounded to bf16 as they are packed, multiplied by
 //! the AVX512-BF16 tile where the CPU has it and by the `f32` tiles elsewhere; both sum in `f32`.

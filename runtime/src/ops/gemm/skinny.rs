@@ -24,9 +24,9 @@ use super::{Matrix, Window, PER_PART};
 use crate::element::Element;
 
 /// The most rows of `a` a product with `b = W^T` takes this path with. Measured against the
-/// packed path on 2 threads of the AMD EPYC (`tests::skinny_against_packed`), this one was faster
-/// at every `m` tried up to 64, by 8-10x at 1, 2-3x at 8 to 16, 1.3-1.5x at 32 and 1.1-1.2x at
-/// 64 (the packed path packs the transposed `W` by strided reads); 32 keeps a margin.
+/// packed path on 2 threads of the AMD EPYC (`tests::skinny_against_packed`), this one was
+/// faster at every `m` tried up to 64: 3-10x at 1, 2.5-3.3x at 8, 2x at 16, 1.3-1.5x at 32 and
+/// 1.1-1.2x at 64 (the packed path packs the transposed `W` by strided reads); 32 keeps a margin.
 pub(super) const MAX_ROWS: usize = 32;
 /// Rows of `a` summed against the same rows of `W` in one pass.
 const DOT_ROWS: usize = 4;
