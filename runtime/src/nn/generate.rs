@@ -112,8 +112,9 @@ pub struct Generation {
 
 /// Generates up to `options.max_new_tokens` tokens after each of `prompts` with `model`, in a
 /// child scope of `scope` (under its budget): the caches for the whole batch are rented first,
-/// each prompt is read in one forward of its own (prompts of different lengths need no padding),
-/// then every sequence still going gets one token per step, all in one forward per step. Each
+/// the prompts are read in one forward if they have one length and else each in a forward of its
+/// own (prompts of different lengths need no padding), then every sequence still going gets one
+/// token per step, all in one forward per step. Each
 /// forward runs in a scope of its own, so a step holds only the caches and its own temporaries; a
 /// steady-state step makes no heap allocation.
 ///
@@ -168,14 +169,34 @@ pub fn generate<M: CausalLm + ?Sized>(
             step_peak_bytes = step_peak_bytes.max(stats.peak_bytes_in_use);
             result
         };
-        if seqs.going[0] {
+        let mut forward = Forward {
+            model,
+            caches: &mut caches,
+            sampling,
+            rng: &mut rng,
+            options,
+        };
+        let same_length = prompts.iter().all(|p| p.len() == prompts[0].len());
+        if !seqs.going[0] {
+            // Nothing to generate.
+        } else if same_length {
+            // One forward for the batch: larger products, and no padding to need one.
+            let len = prompts[0].len();
+            let (result, stats) = s.scope_with_stats(|p| {
+                let ids = p.try_rent_with::<i64>(&[batch, len], |mut ids| {
+                    let ids = ids.as_slice_mut().expect("a fresh tensor is row-major");
+                    for (row, prompt) in ids.chunks_exact_mut(len).zip(prompts) {
+                        row.copy_from_slice(prompt);
+                    }
+                })?;
+                forward.run(p, &ids, None, &mut seqs)
+            });
+            step(result, stats)?;
+        } else {
             for (seq, prompt) in prompts.iter().enumerate() {
-                let (result, stats) = s.scope_with_stats(|p| -> Result<()> {
+                let (result, stats) = s.scope_with_stats(|p| {
                     let ids = p.try_from_slice::<i64>(&[1, prompt.len()], prompt)?;
-                    let logits = model.forward_cached(p, &ids, &mut caches, Some(seq), 1)?;
-                    let id = next(&logits, sampling, &mut rng)?.try_item()?;
-                    seqs.take(seq, id, options);
-                    Ok(())
+                    forward.run(p, &ids, Some(seq), &mut seqs)
                 });
                 step(result, stats)?;
             }
@@ -183,17 +204,9 @@ pub fn generate<M: CausalLm + ?Sized>(
         let prefill = start.elapsed();
         let mut steps = 0;
         while seqs.going.contains(&true) {
-            let (result, stats) = s.scope_with_stats(|p| -> Result<()> {
+            let (result, stats) = s.scope_with_stats(|p| {
                 let ids = p.try_from_slice::<i64>(&[batch, 1], &seqs.last)?;
-                let logits = model.forward_cached(p, &ids, &mut caches, None, 1)?;
-                let ids = next(&logits, sampling, &mut rng)?;
-                let ids = ids.as_slice().expect("sampled ids are a fresh tensor");
-                for (seq, &id) in ids.iter().enumerate() {
-                    if seqs.going[seq] {
-                        seqs.take(seq, id, options);
-                    }
-                }
-                Ok(())
+                forward.run(p, &ids, None, &mut seqs)
             });
             step(result, stats)?;
             steps += 1;
@@ -230,11 +243,38 @@ impl Sequences {
     }
 }
 
-/// The next token of each row of `logits` (`[rows, 1, vocab]`), as `sampling` chooses them.
-fn next<'a>(
-    logits: &Tensor<'a>,
+/// What each forward of a generation uses.
+struct Forward<'m, 'c, 'x, M: ?Sized> {
+    model: &'m M,
+    caches: &'x mut [KvCache<'c>],
     sampling: Sampling,
-    rng: &mut Generator,
-) -> Result<Tensor<'a, i64>> {
-    logits.try_sample_logits(sampling.temperature, sampling.top_k, sampling.top_p, rng)
+    rng: &'x mut Generator,
+    options: &'m GenerateOptions,
+}
+
+impl<'c, M: CausalLm + ?Sized> Forward<'_, 'c, '_, M> {
+    /// Reads `ids` (`[rows, t]`) after what the caches hold, for sequence `seq` alone or for
+    /// every one, and gives each of those sequences still going its next token.
+    fn run<'a>(
+        &mut self,
+        scope: &Scope<'a, '_>,
+        ids: &Tensor<'a, i64>,
+        seq: Option<usize>,
+        seqs: &mut Sequences,
+    ) -> Result<()>
+    where
+        'c: 'a,
+    {
+        let logits = self.model.forward_cached(scope, ids, self.caches, seq, 1)?;
+        let s = self.sampling;
+        let next = logits.try_sample_logits(s.temperature, s.top_k, s.top_p, self.rng)?;
+        let next = next.as_slice().expect("sampled ids are a fresh tensor");
+        for (row, &id) in next.iter().enumerate() {
+            let seq = seq.unwrap_or(row);
+            if seqs.going[seq] {
+                seqs.take(seq, id, self.options);
+            }
+        }
+        Ok(())
+    }
 }
