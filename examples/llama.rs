@@ -141,6 +141,11 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     check_against_pytorch(&pool, &model, &a);
+    let (_, loading) = rss_mib();
+    println!(
+        "resident memory at its peak while loading: {loading:.1} MiB (the file is read whole, then \
+         copied into the pool)"
+    );
     reset_peak_rss();
     throughput(&pool, &model, &a, weights);
     let model = Arc::new(model);
@@ -273,7 +278,7 @@ fn streams(pool: &Pool, model: &Arc<Llama>, a: &Args) {
          budget each",
         a.prompt, a.new
     );
-    println!("| streams | decode tok/s, all streams | per stream | wall s |");
+    println!("| streams | tokens/s, all streams (prefill included) | per stream | wall s |");
     println!("|---|---|---|---|");
     let budget = a.budget_mb << 20;
     for &n in &a.streams {
