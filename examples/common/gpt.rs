@@ -1,7 +1,8 @@
 //! A GPT-2-style decoder written with tensorscope's ops: token and position embeddings, pre-LayerNorm
 //! blocks of causal multi-head attention (from one fused qkv projection) and a GELU MLP, a final
-//! LayerNorm and an LM head tied to the token embedding. Every forward is `#[dispose_scope]`; the
-//! block loop is also written with `#[checkpoint]` for training.
+//! LayerNorm and an LM head tied to the token embedding, read in place (`h.matmul(&wte.t())`). Every
+//! forward is `#[dispose_scope]`; the block loop is also written with `#[checkpoint]` for training,
+//! and the model decodes through a key/value cache per block (`CausalLm`, for `nn::generate`).
 //!
 //! Parameter names and shapes follow `scripts/gpt_fixture.py` (GPT-2's names, PyTorch `nn.Linear`
 //! layout in the file); [`Gpt::load`] transposes the Linear weights to tensorscope's `[in, out]`.
@@ -12,10 +13,10 @@
 
 use std::path::Path;
 
-use tensorscope::nn::{LoadOptions, NnError, ParamStore};
+use tensorscope::nn::{CacheLayout, CausalLm, KvCache, LoadOptions, NnError, ParamStore};
 use tensorscope::ops::AttentionOptions;
 use tensorscope::prelude::*;
-use tensorscope::{Checkpointer, Parameters};
+use tensorscope::{Checkpointer, Parameters, Result};
 
 /// The model's sizes.
 #[derive(Debug, Clone, Copy)]
@@ -131,14 +132,48 @@ impl Block {
     /// see (`[n_ctx, n_ctx]`, 1 above the diagonal).
     #[dispose_scope]
     pub(crate) fn forward<'a>(&self, x: &Tensor<'a>, future: &Param<u8>) -> Tensor<'a> {
-        let h = x + &self.attention(&self.ln_1.forward(x, self.eps), future);
+        let a = self.attention(&self.ln_1.forward(x, self.eps), |q, k, v| {
+            Ok(self.attention.apply((q, k, v), future))
+        });
+        self.mlp(x + &a.expect("the uncached attention returns its tensor"))
+    }
+
+    /// The block over the tokens after those `cache` holds (of every sequence, or of `seq`),
+    /// their keys and values appended to it.
+    pub(crate) fn forward_cached<'a, 'c: 'a>(
+        &self,
+        x: &Tensor<'a>,
+        cache: &mut KvCache<'c>,
+        seq: Option<usize>,
+    ) -> Result<Tensor<'a>> {
+        let attend = |q: &Tensor<'a>, k: &Tensor<'a>, v: &Tensor<'a>| match seq {
+            Some(seq) => {
+                cache.try_append_to(seq, k, v)?;
+                cache.try_attend_to(seq, q, None)
+            }
+            None => {
+                cache.try_append(k, v)?;
+                cache.try_attend(q, None)
+            }
+        };
+        let a = self.attention(&self.ln_1.forward(x, self.eps), attend)?;
+        Ok(self.mlp(x + &a))
+    }
+
+    /// `h + mlp(ln_2(h))`.
+    #[dispose_scope]
+    fn mlp<'a>(&self, h: Tensor<'a>) -> Tensor<'a> {
         let m = self.c_fc.forward(&self.ln_2.forward(&h, self.eps)).gelu();
         h + &self.mlp_proj.forward(&m)
     }
 
-    /// Causal multi-head self-attention over `[batch, t, dim]`, fused or not as the config says.
-    #[dispose_scope]
-    fn attention<'a>(&self, x: &Tensor<'a>, future: &Param<u8>) -> Tensor<'a> {
+    /// Multi-head self-attention over `[batch, t, dim]`: the heads of q, k and v (`[b, h, t,
+    /// d]`) attended by `attend` (causal), the result merged and projected.
+    fn attention<'a>(
+        &self,
+        x: &Tensor<'a>,
+        attend: impl FnOnce(&Tensor<'a>, &Tensor<'a>, &Tensor<'a>) -> Result<Tensor<'a>>,
+    ) -> Result<Tensor<'a>> {
         let &[b, t, c] = x.shape() else {
             panic!("attention takes [batch, t, dim], got {:?}", x.shape())
         };
@@ -151,10 +186,8 @@ impl Block {
                 .reshape(&[b, t, h, d])
                 .transpose(1, 2)
         };
-        let y = self
-            .attention
-            .apply((&heads(0), &heads(1), &heads(2)), future);
-        self.c_proj.forward(&y.transpose(1, 2).reshape(&[b, t, c]))
+        let y = attend(&heads(0), &heads(1), &heads(2))?;
+        Ok(self.c_proj.forward(&y.transpose(1, 2).reshape(&[b, t, c])))
     }
 }
 
@@ -330,7 +363,8 @@ impl Gpt {
     }
 
     /// `prompt` followed by `new` tokens, each the argmax of the logits at the last position
-    /// (the whole sequence recomputed each step; no cache).
+    /// (the whole sequence recomputed each step, no cache: the reference the cached generation
+    /// is tested against).
     pub(crate) fn generate(&self, pool: &Pool, prompt: &[i64], new: usize) -> Vec<i64> {
         let mut tokens = prompt.to_vec();
         for _ in 0..new {
@@ -373,6 +407,36 @@ impl Gpt {
             }
             _ => None,
         }
+    }
+}
+
+impl CausalLm for Gpt {
+    fn cache_layout(&self) -> CacheLayout {
+        let c = self.config;
+        CacheLayout {
+            layers: c.layers,
+            kv_heads: c.heads,
+            head_dim: c.dim / c.heads,
+            max_positions: c.n_ctx,
+        }
+    }
+
+    fn forward_cached<'a, 'c: 'a>(
+        &self,
+        s: &Scope<'a, '_>,
+        ids: &Tensor<'a, i64>,
+        caches: &mut [KvCache<'c>],
+        seq: Option<usize>,
+        keep: usize,
+    ) -> Result<Tensor<'a>> {
+        let t = ids.shape()[1];
+        let positions = caches[0].try_positions(s, seq, t)?;
+        let tokens = s.bind(&self.wte).try_embedding(ids)?;
+        let mut x = tokens.try_add(&s.bind(&self.wpe).try_embedding(&positions)?)?;
+        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            x = block.forward_cached(&x, cache, seq)?;
+        }
+        Ok(self.head(&x.try_narrow(1, t - keep, keep)?))
     }
 }
 

@@ -269,12 +269,7 @@ impl CausalLm for Llama {
             });
         };
         // Each row's positions follow those its sequence's cache holds.
-        let before = |row: usize| caches[0].len(seq.unwrap_or(row));
-        let positions = s.try_rent_with::<i64>(&[rows, t], |mut p| {
-            for ((row, j), at) in p.indexed_iter_mut().map(|(i, at)| ((i[0], i[1]), at)) {
-                *at = (before(row) + j) as i64;
-            }
-        })?;
+        let positions = caches[0].try_positions(s, seq, t)?;
         let hd = c.head_dim();
         let table = |t_: &Param| -> Result<Tensor<'a>> {
             s.bind(t_)

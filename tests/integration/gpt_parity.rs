@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use tensorscope::nn::SafeTensorsFile;
+use tensorscope::nn::{generate, GenerateOptions, SafeTensorsFile};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy};
 
@@ -118,4 +118,19 @@ fn greedy_generation_gives_pytorchs_tokens() {
     let want = file.param::<i64>(&pool, "generated").unwrap();
     let tokens = model.generate(&pool, &want.as_slice()[..4], 8);
     assert_eq!(tokens, want.as_slice());
+    // Through the key/value cache: the same tokens, alone and beside a longer prompt.
+    let (prompt, new) = want.as_slice().split_at(4);
+    let options = GenerateOptions::greedy(8);
+    let cached = pool
+        .scope(|s| generate(&model, s, &[prompt], &options))
+        .unwrap();
+    assert_eq!(cached.tokens, [new]);
+    let batch = pool
+        .scope(|s| generate(&model, s, &[prompt, &want.as_slice()[..7]], &options))
+        .unwrap();
+    assert_eq!(batch.tokens[0], new);
+    assert_eq!(
+        batch.tokens[1],
+        model.generate(&pool, &want.as_slice()[..7], 8)[7..]
+    );
 }

@@ -208,6 +208,65 @@ impl<'s, T: Element> KvCache<'s, T> {
         pub fn append_to(&mut self, seq: usize, k: &Tensor<'_, T>, v: &Tensor<'_, T>) -> () = try_append_to;
     }
 
+    /// The positions of `t` new tokens of every sequence (`seq` is `None`: `[batch, t]`) or of
+    /// sequence `seq` alone (`[1, t]`), each row counting on from the positions its sequence holds:
+    /// the ids of a model's position embeddings or rotary tables, rented in `scope`. Fails with
+    /// [`Error::IndexOutOfRange`] for a `seq` past the batch, or with a budget error.
+    ///
+    /// ```
+    /// use tensorscope_runtime::nn::KvCache;
+    /// use tensorscope_runtime::Pool;
+    /// let pool = Pool::with_max_memory_mb(16);
+    /// pool.scope(|s| {
+    ///     let mut cache = KvCache::<f32>::new(s, 2, 1, 8, 2);
+    ///     let k = s.zeros::<f32>(&[1, 1, 3, 2]);
+    ///     cache.append_to(1, &k, &k);
+    ///     assert_eq!(cache.positions(s, None, 2).to_vec(), [0, 1, 3, 4]);
+    ///     assert_eq!(cache.positions(s, Some(1), 1).to_vec(), [3]);
+    /// });
+    /// ```
+    pub fn try_positions<'t>(
+        &self,
+        scope: &Scope<'t, '_>,
+        seq: Option<usize>,
+        t: usize,
+    ) -> Result<Tensor<'t, i64>> {
+        let rows = match seq {
+            Some(seq) if seq >= self.batch() => {
+                return Err(Error::IndexOutOfRange {
+                    op: "KvCache::positions",
+                    index: seq as i64,
+                    axis: 0,
+                    len: self.batch(),
+                })
+            }
+            Some(seq) => seq..seq + 1,
+            None => 0..self.batch(),
+        };
+        let lens = &self.lens[rows];
+        scope.try_rent_with::<i64>(&[lens.len(), t], |mut positions| {
+            for (mut row, &len) in positions.outer_iter_mut().zip(lens) {
+                for (j, p) in row.iter_mut().enumerate() {
+                    *p = (len + j) as i64;
+                }
+            }
+        })
+    }
+
+    /// The positions of `t` new tokens: [`KvCache::try_positions`].
+    ///
+    /// # Panics
+    /// Where that returns an error, with the error's message.
+    #[track_caller]
+    pub fn positions<'t>(
+        &self,
+        scope: &Scope<'t, '_>,
+        seq: Option<usize>,
+        t: usize,
+    ) -> Tensor<'t, i64> {
+        crate::error::or_panic(self.try_positions(scope, seq, t))
+    }
+
     /// Sequence `seq`'s keys, `[1, kv_heads, len, head_dim]`: a view of the cache, no copy.
     pub fn keys(&self, seq: usize) -> Tensor<'s, T> {
         filled(&self.keys, seq, self.lens[seq])
