@@ -295,6 +295,7 @@ fn streams(pool: &Pool, model: &Arc<Llama>, a: &Args) {
             tokens as f64 / wall / n as f64
         );
     }
+    println!("\nthree requests at once, the middle one with a budget of 4 KiB, too small for its caches:");
     let results = serve(pool, model, &p, a.new, &[budget / 4, 4096, budget / 4]);
     for (i, r) in results.iter().enumerate() {
         match r {
