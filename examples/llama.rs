@@ -77,8 +77,8 @@ fn args() -> Args {
         let list = || value.split(',').map(number).collect::<Vec<_>>();
         match name {
             "--weights" => a.weights = PathBuf::from(value),
-            "--prompt" => a.prompt = number(value).max(1),
-            "--new" => a.new = number(value).max(2),
+            "--prompt" => a.prompt = number(value),
+            "--new" => a.new = number(value),
             "--batch" => a.batches = list(),
             "--rounds" => a.rounds = number(value).max(1),
             "--streams" => a.streams = list(),
@@ -92,6 +92,9 @@ fn args() -> Args {
                  --streams --temperature --top-k --top-p --seed --budget-mb"
             )),
         }
+    }
+    if a.prompt == 0 || a.new == 0 {
+        fail("--prompt and --new need at least 1 token".into())
     }
     a
 }
@@ -168,6 +171,9 @@ fn check_against_pytorch(pool: &Pool, model: &Llama, a: &Args) {
     let want: Vec<Vec<i64>> = (0..3)
         .map_while(|i| ids(format!("ref.generated.{i}")).ok())
         .collect();
+    if want.len() != prompts.len() {
+        return;
+    }
     let batch: Vec<&[i64]> = prompts.iter().map(Vec::as_slice).collect();
     let greedy = pool
         .scope(|s| generate(model, s, &batch, &GenerateOptions::greedy(want[0].len())))
@@ -281,13 +287,13 @@ fn streams(pool: &Pool, model: &Arc<Llama>, a: &Args) {
     println!("| streams | tokens/s, all streams (prefill included) | per stream | wall s |");
     println!("|---|---|---|---|");
     let budget = a.budget_mb << 20;
-    for &n in &a.streams {
+    for &n in a.streams.iter().filter(|&&n| n > 0) {
         let started = Instant::now();
         let results = serve(pool, model, &p, a.new, &vec![budget / n.max(1); n]);
         let wall = started.elapsed().as_secs_f64();
         let tokens: usize = results
             .iter()
-            .map(|r| r.as_ref().map_or(0, |g| g.steps))
+            .map(|r| r.as_ref().map_or(0, |g| g.tokens[0].len()))
             .sum();
         println!(
             "| {n} | {:.1} | {:.1} | {wall:.2} |",

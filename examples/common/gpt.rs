@@ -429,7 +429,8 @@ impl CausalLm for Gpt {
         seq: Option<usize>,
         keep: usize,
     ) -> Result<Tensor<'a>> {
-        let t = ids.shape()[1];
+        let layout = self.cache_layout();
+        let (_, t) = layout.check_forward("Gpt", ids.shape(), caches.len(), keep)?;
         let positions = caches[0].try_positions(s, seq, t)?;
         let tokens = s.bind(&self.wte).try_embedding(ids)?;
         let mut x = tokens.try_add(&s.bind(&self.wpe).try_embedding(&positions)?)?;

@@ -32,6 +32,8 @@ pub(crate) struct Config {
     pub(crate) max_position_embeddings: usize,
     pub(crate) rope_theta: f64,
     pub(crate) rms_norm_eps: f32,
+    /// The LM head is the token embedding (`lm_head.weight` absent from the file).
+    pub(crate) tie_word_embeddings: bool,
 }
 
 impl Config {
@@ -68,7 +70,37 @@ impl Config {
                     .ok_or_else(|| "the config has no `rope_theta`".to_string())
             })?,
             rms_norm_eps: value(&get, "rms_norm_eps")?,
+            tie_word_embeddings: value(&get, "tie_word_embeddings").unwrap_or(false),
         };
+        // What this model does not implement, refused rather than run with other results: a
+        // Llama 3.1 checkpoint's scaled rotary frequencies, projections with biases, another
+        // activation.
+        let text = |key: &str| get(key).map(|v| v.trim_matches('"').to_string());
+        let unsupported = |key: &str, value: String| {
+            Err(format!(
+                "the config's `{key}` is {value}; this model supports only the plain Llama"
+            ))
+        };
+        if let Some(act) = text("hidden_act").filter(|a| a != "silu") {
+            return unsupported("hidden_act", act);
+        }
+        for key in ["attention_bias", "mlp_bias"] {
+            if let Some(bias) = text(key).filter(|b| b != "false") {
+                return unsupported(key, bias);
+            }
+        }
+        if let Some(scaling) = text("rope_scaling").filter(|r| r != "null" && r != "None") {
+            return unsupported("rope_scaling", scaling);
+        }
+        let rope_type = text("rope_parameters")
+            .and_then(|p| serde_json::from_str::<serde_json::Value>(&p).ok())
+            .and_then(|p| p["rope_type"].as_str().map(str::to_string));
+        if let Some(kind) = rope_type.filter(|t| t != "default") {
+            return unsupported("rope_parameters.rope_type", kind);
+        }
+        if config.num_hidden_layers == 0 {
+            return Err("the config has no layer (`num_hidden_layers` is 0)".into());
+        }
         let (heads, kv) = (config.num_attention_heads, config.num_key_value_heads);
         if heads == 0
             || kv == 0
@@ -208,12 +240,18 @@ impl Llama {
                 Ok((cos.try_detach()?, sin.try_detach()?))
             })
             .map_err(|e| e.to_string())?;
+        let embed_tokens = param("model.embed_tokens.weight", &[c.vocab_size, d])?;
+        // A tied head is the embedding itself (a second handle, no copy), read transposed.
+        let lm_head = match c.tie_word_embeddings {
+            true => embed_tokens.clone(),
+            false => param("lm_head.weight", &[c.vocab_size, d])?,
+        };
         Ok(Llama {
             config,
-            embed_tokens: param("model.embed_tokens.weight", &[c.vocab_size, d])?,
+            embed_tokens,
             layers,
             norm: param("model.norm.weight", &[d])?,
-            lm_head: param("lm_head.weight", &[c.vocab_size, d])?,
+            lm_head,
             cos,
             sin,
         })
@@ -227,13 +265,10 @@ impl Llama {
         ids: &Tensor<'a, i64>,
     ) -> Result<Tensor<'a>> {
         let c = self.config;
-        let &[batch, t] = ids.shape() else {
-            return Err(tensorscope::Error::InvalidShape {
-                op: "Llama::forward",
-                shape: ids.shape().into(),
-                reason: "ids are [batch, t]".into(),
-            });
-        };
+        let layers = c.num_hidden_layers;
+        let (batch, t) = self
+            .cache_layout()
+            .check_forward("Llama", ids.shape(), layers, 0)?;
         // Rented in `s`, given back to the pool when they drop at the return.
         let mut caches = (0..c.num_hidden_layers)
             .map(|_| KvCache::try_new(s, batch, c.num_key_value_heads, t, c.head_dim()))
@@ -261,13 +296,8 @@ impl CausalLm for Llama {
         keep: usize,
     ) -> Result<Tensor<'a>> {
         let c = self.config;
-        let &[rows, t] = ids.shape() else {
-            return Err(tensorscope::Error::InvalidShape {
-                op: "Llama::forward_cached",
-                shape: ids.shape().into(),
-                reason: "ids are [rows, t]".into(),
-            });
-        };
+        let layout = self.cache_layout();
+        let (rows, t) = layout.check_forward("Llama", ids.shape(), caches.len(), keep)?;
         // Each row's positions follow those its sequence's cache holds.
         let positions = caches[0].try_positions(s, seq, t)?;
         let hd = c.head_dim();

@@ -161,6 +161,21 @@ fn bad_prompts_and_bad_files_are_errors_that_name_the_fault() {
     assert!(err(&[], 4).contains("no prompt"));
     assert!(err(&[&[1], &[]], 4).contains("prompt 1 is empty"));
     assert!(err(&[&[1; 60]], 8).contains("pass the model's 64 positions"));
+    assert!(err(&[&[1]], usize::MAX).contains("pass the model's 64 positions"));
+    let bad_sampling = GenerateOptions {
+        sampling: Sampling {
+            top_k: Some(0),
+            ..Sampling::default()
+        },
+        ..GenerateOptions::greedy(4)
+    };
+    let rents = |p: &Pool| p.stats().hits + p.stats().misses;
+    let before = rents(&pool);
+    pool.scope(|s| {
+        let e = generate(&model, s, &[&[1]], &bad_sampling).unwrap_err();
+        assert!(e.to_string().contains("generate: invalid top_k"), "{e}");
+    });
+    assert_eq!(rents(&pool), before, "refused before renting its caches");
     let e = err(&[&[1, 500]], 4);
     assert!(e.contains("index 500 is out of range"), "{e}");
     let missing = Llama::load(&pool, &fixture().with_file_name("gpt_tiny.safetensors"));
@@ -215,4 +230,56 @@ fn threads_serve_one_model_each_request_under_its_budget_and_one_failing_alone()
     );
     // Every request gave back what it rented: the pool holds the weights alone.
     assert_eq!(pool.stats().bytes_in_use, weights);
+}
+
+#[test]
+fn configs_the_model_does_not_implement_are_refused_and_a_tied_head_is_the_embedding() {
+    use crate::llama::Config;
+    let base = r#"{"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}"#;
+    let with = |extra: &str| Config::from_json(&format!("{base}{extra}}}"));
+    assert_eq!(with("").unwrap().rope_theta, 10_000.0);
+    for (extra, says) in [
+        (
+            r#", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}"#,
+            "`rope_scaling`",
+        ),
+        (r#", "attention_bias": true"#, "`attention_bias` is true"),
+        (r#", "hidden_act": "gelu""#, "`hidden_act` is gelu"),
+        (r#", "num_key_value_heads": 3"#, "does not divide evenly"),
+    ] {
+        let err = with(extra).unwrap_err();
+        assert!(err.contains(says), "{extra}: {err}");
+    }
+    // A file without `lm_head.weight` whose config ties the head: the embedding serves as both.
+    let pool = test_pool(64);
+    let file = SafeTensorsFile::open(fixture()).unwrap();
+    let mut store = tensorscope::nn::ParamStore::<f32>::new(&pool);
+    for name in file.names().iter().filter(|n| n.starts_with("model.")) {
+        store.add(name, file.param(&pool, name).unwrap()).unwrap();
+    }
+    let mut save = tensorscope::nn::SaveOptions::new().metadata("tie_word_embeddings", "true");
+    for (key, value) in file.metadata() {
+        if key != "tie_word_embeddings" {
+            save = save.metadata(key.as_str(), value.as_str());
+        }
+    }
+    let path = std::env::temp_dir().join(format!("llama_tied_{}.safetensors", std::process::id()));
+    store.save_safetensors(&path, &save).unwrap();
+    let tied = Llama::load(&pool, &path);
+    std::fs::remove_file(&path).unwrap();
+    let tied = tied.unwrap();
+    pool.scope(|s| {
+        let ids = s.from_slice::<i64>(&[1, 3], &[5, 9, 2]);
+        let logits = tied.forward(s, &ids).unwrap();
+        assert_eq!(logits.shape(), &[1, 3, 128]);
+        // The fixture's own head gives other logits: the tied model used the embedding.
+        let untied = Llama::load(&pool, &fixture())
+            .unwrap()
+            .forward(s, &ids)
+            .unwrap();
+        assert!(max_abs_diff(&logits.to_vec(), &untied.to_vec()) > 1e-3);
+    });
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::kv_cache::KvCache;
 use crate::error::{Error, Result};
 use crate::init::Generator;
+use crate::ops::sample::check_sampling;
 use crate::scope::{Scope, ScopeStats};
 use crate::tensor::Tensor;
 
@@ -23,15 +24,51 @@ pub struct CacheLayout {
     pub max_positions: usize,
 }
 
+impl CacheLayout {
+    /// Checks the arguments of a [`CausalLm::forward_cached`] of a model of this layout, `op`
+    /// naming it in the errors: `ids` of shape `[rows, t]`, `keep` at most `t`, one cache per
+    /// layer. Returns `(rows, t)`. Fails with [`Error::InvalidShape`] for `ids` of another rank
+    /// and with [`Error::InvalidArgument`] for the others.
+    pub fn check_forward(
+        &self,
+        op: &'static str,
+        ids: &[usize],
+        caches: usize,
+        keep: usize,
+    ) -> Result<(usize, usize)> {
+        let &[rows, t] = ids else {
+            return Err(Error::InvalidShape {
+                op,
+                shape: ids.into(),
+                reason: "token ids are [rows, t]".into(),
+            });
+        };
+        let invalid = |arg, reason: String| Error::InvalidArgument { op, arg, reason };
+        if keep > t {
+            return Err(invalid(
+                "keep",
+                format!("{keep} positions of {t} asked for"),
+            ));
+        }
+        if caches != self.layers {
+            let reason = format!("{caches} caches for {} layers", self.layers);
+            return Err(invalid("caches", reason));
+        }
+        Ok((rows, t))
+    }
+}
+
 /// A decoder-only language model that reads tokens after those its key/value caches hold.
 pub trait CausalLm {
     /// The caches it decodes with.
     fn cache_layout(&self) -> CacheLayout;
 
     /// The logits of the last `keep` positions of `ids` (`[rows, t]`), `[rows, keep, vocab]`,
-    /// rented in `scope`, appending the keys and values of the `t` tokens to `caches` (one per layer): `ids` are the
-    /// tokens after those the caches hold, for every sequence of their batch (`seq` is `None`,
-    /// `rows` the batch) or for sequence `seq` alone (`rows` is 1; a prompt's prefill).
+    /// rented in `scope`, appending the keys and values of the `t` tokens to `caches` (one per
+    /// layer): `ids` are the tokens after those the caches hold, for every sequence of their
+    /// batch (`seq` is `None`, `rows` the batch) or for sequence `seq` alone (`rows` is 1; a
+    /// prompt's prefill). An implementation fails with an error, not a panic, for `ids` of
+    /// another rank, a `keep` above `t`, or caches that do not match its layers.
     fn forward_cached<'a, 'c: 'a>(
         &self,
         scope: &Scope<'a, '_>,
@@ -54,6 +91,13 @@ pub struct Sampling {
     pub top_p: Option<f32>,
     /// The seed of the draws: a generation is reproducible.
     pub seed: u64,
+}
+
+impl Default for Sampling {
+    /// [`Sampling::GREEDY`].
+    fn default() -> Self {
+        Sampling::GREEDY
+    }
 }
 
 impl Sampling {
@@ -96,17 +140,17 @@ pub struct Generation {
     pub tokens: Vec<Vec<i64>>,
     /// The prompts' forwards and their first tokens: the time to the batch's first tokens.
     pub prefill: Duration,
-    /// The decode steps (one token for every sequence still going each).
+    /// The decode steps: one forward of every sequence each, those that stopped included (their
+    /// rows are computed and their tokens dropped: the batch keeps its shape).
     pub decode: Duration,
     /// Decode steps run.
     pub steps: usize,
-    /// The most pool bytes the generation's scope held at once: the caches and one step's
-    /// temporaries (the weights are the model's, outside every scope).
-    pub peak_bytes: usize,
-    /// The pool bytes of the caches.
+    /// The pool bytes of the caches, rented for the whole generation.
     pub cache_bytes: usize,
-    /// The most pool bytes one forward's scope held at once (a prefill's or a step's
-    /// temporaries): `peak_bytes` is at most `cache_bytes` plus this.
+    /// The most pool bytes one forward's own scope held at once (a prefill's or a step's
+    /// temporaries, its logits and sampled ids included). Buffers of scopes the model opens
+    /// inside its forward are counted there, not here: for a model that opens none, the
+    /// generation's peak is `cache_bytes` plus this.
     pub step_peak_bytes: usize,
 }
 
@@ -114,13 +158,15 @@ pub struct Generation {
 /// child scope of `scope` (under its budget): the caches for the whole batch are rented first,
 /// the prompts are read in one forward if they have one length and else each in a forward of its
 /// own (prompts of different lengths need no padding), then every sequence still going gets one
-/// token per step, all in one forward per step. Each
+/// token per step, all in one forward per step (a sequence that stopped stays in the step's batch,
+/// its token dropped). Each
 /// forward runs in a scope of its own, so a step holds only the caches and its own temporaries; a
 /// steady-state step makes no heap allocation.
 ///
-/// Fails with [`Error::InvalidArgument`] for no prompt, an empty prompt, or a prompt that with
-/// its new tokens would pass the model's positions; with a budget error if the caches do not fit;
-/// and with the model's errors.
+/// Fails, before renting anything, with [`Error::InvalidArgument`] for no prompt, an empty prompt,
+/// a prompt that with its new tokens would pass the model's positions, or sampling settings
+/// [`Tensor::sample_logits`] refuses; with a budget error if the caches do not fit; and with the
+/// model's errors.
 pub fn generate<M: CausalLm + ?Sized>(
     model: &M,
     scope: &Scope<'_, '_>,
@@ -140,15 +186,17 @@ pub fn generate<M: CausalLm + ?Sized>(
         return Err(invalid(format!("prompt {i} is empty")));
     }
     let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-    let max_len = longest + options.max_new_tokens;
+    let max_len = longest.saturating_add(options.max_new_tokens);
     if max_len > layout.max_positions {
         return Err(invalid(format!(
             "the longest prompt ({longest} tokens) and {} new tokens pass the model's {} positions",
             options.max_new_tokens, layout.max_positions
         )));
     }
-    let batch = prompts.len();
     let sampling = options.sampling;
+    let (t, k, p) = (sampling.temperature, sampling.top_k, sampling.top_p);
+    check_sampling("generate", t, k, p)?;
+    let batch = prompts.len();
     let mut rng = Generator::new(sampling.seed);
     let mut seqs = Sequences {
         tokens: prompts
@@ -160,7 +208,7 @@ pub fn generate<M: CausalLm + ?Sized>(
     };
     let start = Instant::now();
     let (mut cache_bytes, mut step_peak_bytes) = (0, 0);
-    let (result, stats) = scope.scope_with_stats(|s| -> Result<(Duration, usize)> {
+    let result = scope.scope(|s| -> Result<(Duration, usize)> {
         let mut caches = (0..layout.layers)
             .map(|_| KvCache::try_new(s, batch, layout.kv_heads, max_len, layout.head_dim))
             .collect::<Result<Vec<_>>>()?;
@@ -219,7 +267,6 @@ pub fn generate<M: CausalLm + ?Sized>(
         prefill,
         decode: start.elapsed() - prefill,
         steps,
-        peak_bytes: stats.peak_bytes_in_use,
         cache_bytes,
         step_peak_bytes,
     })

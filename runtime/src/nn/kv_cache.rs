@@ -55,6 +55,17 @@ pub struct KvCache<'s, T: Element = f32> {
     lens: Vec<usize>,
 }
 
+impl<T: Element> std::fmt::Debug for KvCache<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("kv_heads", &self.kv_heads())
+            .field("max_len", &self.max_len())
+            .field("head_dim", &self.head_dim())
+            .field("lens", &self.lens)
+            .finish()
+    }
+}
+
 /// The names of the cache's appends and attentions in errors.
 const APPEND: &str = "KvCache::append";
 const ATTEND: &str = "KvCache::attend";
@@ -124,7 +135,8 @@ impl<'s, T: Element> KvCache<'s, T> {
         self.keys.shape()[3]
     }
 
-    /// Positions sequence `seq` holds (panics if `seq` is not below [`KvCache::batch`]).
+    /// Positions sequence `seq` holds. Panics if `seq` is not below [`KvCache::batch`], as
+    /// [`KvCache::keys`], [`KvCache::values`] and [`KvCache::reset`] do.
     pub fn len(&self, seq: usize) -> usize {
         self.lens[seq]
     }
@@ -405,10 +417,15 @@ impl<'s, T: Element> KvCache<'s, T> {
         for (name, x) in [("k", k), ("v", v)] {
             let n = x.shape().get(2).copied().unwrap_or(0);
             if x.shape() != expected(n) || x.shape() != k.shape() {
+                // Against `k` when only the two operands disagree, else against the cache.
+                let other = match x.shape() == expected(n) {
+                    true => k.shape(),
+                    false => self.keys.shape(),
+                };
                 return Err(Error::ShapeMismatch {
                     op: APPEND,
                     lhs: Shape::from(x.shape()),
-                    rhs: Shape::from(self.keys.shape()),
+                    rhs: Shape::from(other),
                     reason: format!(
                         "{name} must be [{batch}, {}, n, {}] (batch, kv_heads, positions, \
                          head_dim), as k is, for this cache",

@@ -105,7 +105,7 @@ mod pointwise;
 mod pool2d;
 mod reduce;
 mod rope;
-mod sample;
+pub(crate) mod sample;
 mod scan;
 mod scatter;
 mod shape;

@@ -16,6 +16,31 @@ use crate::error::{panicking, Error, Result, Shape};
 use crate::init::Generator;
 use crate::tensor::Tensor;
 
+/// Checks the settings of [`Tensor::sample_logits`] for `op`: a finite `temperature` of at least 0,
+/// a `top_k` other than 0, a `top_p` in `[0, 1]`.
+pub(crate) fn check_sampling(
+    op: &'static str,
+    temperature: f32,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+) -> Result<()> {
+    let invalid = |arg, reason: String| Error::InvalidArgument { op, arg, reason };
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        let reason = format!("{temperature} is not a finite number of at least 0");
+        return Err(invalid("temperature", reason));
+    }
+    if top_k == Some(0) {
+        return Err(invalid(
+            "top_k",
+            "0 keeps no token; None keeps them all".into(),
+        ));
+    }
+    if let Some(p) = top_p.filter(|p| !(0.0..=1.0).contains(p)) {
+        return Err(invalid("top_p", format!("{p} is outside [0, 1]")));
+    }
+    Ok(())
+}
+
 /// One draw from `weights` (non-negative, summing to `total` > 0, added in order): the first
 /// position whose running sum passes a uniform draw in `[0, total)`, so a zero weight is never
 /// drawn. A draw that rounding puts at `total` takes the last positive weight.
@@ -145,18 +170,7 @@ impl<'s, T: Element> Tensor<'s, T> {
             arg,
             reason: reason.into(),
         };
-        if !(temperature >= 0.0 && temperature.is_finite()) {
-            return Err(invalid(
-                "temperature",
-                &format!("{temperature} is not a finite number of at least 0"),
-            ));
-        }
-        if top_k == Some(0) {
-            return Err(invalid("top_k", "0 keeps no token; None keeps them all"));
-        }
-        if let Some(p) = top_p.filter(|p| !(0.0..=1.0).contains(p)) {
-            return Err(invalid("top_p", &format!("{p} is outside [0, 1]")));
-        }
+        check_sampling(op, temperature, top_k, top_p)?;
         let vocab = self.last_axis(op)?;
         // Read row by row: a view (`logits.narrow(1, t - 1, 1)`) is copied first.
         let values = self.try_contiguous()?;
