@@ -160,8 +160,7 @@ impl Block {
         Ok(self.mlp(x + &a))
     }
 
-    /// `h + mlp(ln_2(h))`.
-    #[dispose_scope]
+    /// `h + mlp(ln_2(h))`, in the caller's scope.
     fn mlp<'a>(&self, h: Tensor<'a>) -> Tensor<'a> {
         let m = self.c_fc.forward(&self.ln_2.forward(&h, self.eps)).gelu();
         h + &self.mlp_proj.forward(&m)
