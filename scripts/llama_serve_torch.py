@@ -6,7 +6,11 @@ Loads DIR (default /tmp/llama_bench: model.safetensors and config.json, written 
 MLP 2048, vocabulary 32000, untied, 124.7 M parameters) into `transformers.LlamaForCausalLM`,
 float32, with attention `--attn` (default sdpa, PyTorch's fused `scaled_dot_product_attention` and
 transformers' default; `--attn eager` for the written-out matmul/softmax), under
-`torch.inference_mode()` on `--threads` threads.
+`torch.inference_mode()` on `--threads` threads. (At prompt 128 on 2 threads, sdpa and eager
+measured within noise of each other: prefill ~1.0 s at batch 8, decode ~25 tok/s at batch 1.)
+
+The machine may be shared: the per-round times are printed beside the medians, so a round slowed
+by another process shows.
 
 For each batch size of `--batch` (default 1 and 8): a prompt of `--prompt` random token ids
 (default 128; torch.manual_seed(0); every sequence of the batch gets the SAME ids, so no padding
