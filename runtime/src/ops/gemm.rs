@@ -69,7 +69,7 @@ const PART_ROWS: usize = 4;
 /// bytes apart: the `MR` rows of a sliver then share a few cache lines' worth of sets instead of
 /// conflicting in one (rows 4 KiB apart all map to the same set of the L1 cache), and packing them
 /// one element at a time cost more than it saved. The 12-row tile always packs `a`: its packing is
-/// a transpose in registers ([`simd::transpose_f32_12`]), and reading in place measured slower at
+/// a transpose in registers ([`simd::transpose_f32`]), and reading in place measured slower at
 /// every shape tried (E's product 0.70 -> 0.60 ms, `[32, 128] x [128, 256]` 14 -> 10 µs).
 const DIRECT_ROW_BYTES: usize = 1024;
 

@@ -310,14 +310,16 @@ fn tile_zmm<'c, T: Element, O: TileOut<'c, T>, S: bytemuck::Pod, const MR: usize
     }
 }
 
-/// Twelve lines of `f32` (the rows of `a` a sliver of the 12-row tile holds) into `sliver`, step by
-/// step: `sliver[p][w] = lines[w][p]`, each line at least `sliver.len()` long. Eight steps at a
-/// time are transposed in AVX2 registers, where LLVM moved the generic loop's elements one at a
-/// time through the stack. `false`, with nothing written, if the CPU lacks AVX2.
+/// `W` lines of `f32` (`W` a multiple of 4: the rows of `a` a sliver of the 12-row tile holds, or
+/// the rows of a transposed `b` a 32-wide sliver holds) into `sliver`, step by step:
+/// `sliver[p][w] = lines[w][p]`, each line at least `sliver.len()` long. Eight steps of eight
+/// lines at a time are transposed in AVX2 registers (a last four lines, four at a time), where LLVM
+/// moved the generic loop's elements one at a time through the stack. `false`, with nothing
+/// written, if the CPU lacks AVX2 or `W` is not a multiple of 4.
 #[inline(always)]
-pub(crate) fn transpose_f32_12(lines: [&[f32]; 12], sliver: &mut [[f32; 12]]) -> bool {
+pub(crate) fn transpose_f32<const W: usize>(lines: [&[f32]; W], sliver: &mut [[f32; W]]) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
+    if W.is_multiple_of(4) && std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked just above), the one feature `transpose_avx2` is
         // compiled for.
         unsafe { transpose_avx2(lines, sliver) };
@@ -329,49 +331,57 @@ pub(crate) fn transpose_f32_12(lines: [&[f32]; 12], sliver: &mut [[f32; 12]]) ->
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn transpose_avx2(lines: [&[f32]; 12], sliver: &mut [[f32; 12]]) {
+fn transpose_avx2<const W: usize>(lines: [&[f32]; W], sliver: &mut [[f32; W]]) {
     use std::arch::x86_64::{
         __m256, _mm256_permute2f128_ps as lanes, _mm256_shuffle_ps as shuffle,
         _mm256_unpackhi_ps as high, _mm256_unpacklo_ps as low,
     };
     let (blocks, rest) = sliver.as_chunks_mut::<8>();
+    let load = |w: usize, i: usize| {
+        bytemuck::cast::<[f32; 8], __m256>(lines[w][8 * i..][..8].try_into().expect("8"))
+    };
+    let u = |a: __m256, b: __m256| [shuffle::<0x44>(a, b), shuffle::<0xEE>(a, b)];
     for (i, block) in blocks.iter_mut().enumerate() {
-        let r: [__m256; 12] = std::array::from_fn(|w| {
-            bytemuck::cast::<[f32; 8], __m256>(lines[w][8 * i..][..8].try_into().expect("8"))
-        });
-        // Lines 0-7: pairs interleaved, then fours (step s of four lines in the low half, s + 4
-        // in the high), then halves swapped between the fours: step q of all eight lines.
-        let t: [__m256; 8] = std::array::from_fn(|j| {
-            let (a, b) = (r[2 * (j / 2)], r[2 * (j / 2) + 1]);
-            if j % 2 == 0 {
-                low(a, b)
-            } else {
-                high(a, b)
+        for g in 0..W / 8 {
+            let r: [__m256; 8] = std::array::from_fn(|w| load(8 * g + w, i));
+            // Pairs interleaved, then fours (step s of four lines in the low half, s + 4 in the
+            // high), then halves swapped between the fours: step q of all eight lines.
+            let t: [__m256; 8] = std::array::from_fn(|j| {
+                let (a, b) = (r[2 * (j / 2)], r[2 * (j / 2) + 1]);
+                if j % 2 == 0 {
+                    low(a, b)
+                } else {
+                    high(a, b)
+                }
+            });
+            let [u0, u1] = u(t[0], t[2]);
+            let [u2, u3] = u(t[1], t[3]);
+            let [u4, u5] = u(t[4], t[6]);
+            let [u6, u7] = u(t[5], t[7]);
+            let eight: [[f32; 8]; 8] = [
+                lanes::<0x20>(u0, u4),
+                lanes::<0x20>(u1, u5),
+                lanes::<0x20>(u2, u6),
+                lanes::<0x20>(u3, u7),
+                lanes::<0x31>(u0, u4),
+                lanes::<0x31>(u1, u5),
+                lanes::<0x31>(u2, u6),
+                lanes::<0x31>(u3, u7),
+            ]
+            .map(bytemuck::cast);
+            for (q, step) in block.iter_mut().enumerate() {
+                step[8 * g..][..8].copy_from_slice(&eight[q]);
             }
-        });
-        let u = |a: __m256, b: __m256| [shuffle::<0x44>(a, b), shuffle::<0xEE>(a, b)];
-        let [u0, u1] = u(t[0], t[2]);
-        let [u2, u3] = u(t[1], t[3]);
-        let [u4, u5] = u(t[4], t[6]);
-        let [u6, u7] = u(t[5], t[7]);
-        let eight: [[f32; 8]; 8] = [
-            lanes::<0x20>(u0, u4),
-            lanes::<0x20>(u1, u5),
-            lanes::<0x20>(u2, u6),
-            lanes::<0x20>(u3, u7),
-            lanes::<0x31>(u0, u4),
-            lanes::<0x31>(u1, u5),
-            lanes::<0x31>(u2, u6),
-            lanes::<0x31>(u3, u7),
-        ]
-        .map(bytemuck::cast);
-        // Lines 8-11: steps q and q + 4 of the four lines in one register.
-        let [v0, v1] = u(low(r[8], r[9]), low(r[10], r[11]));
-        let [v2, v3] = u(high(r[8], r[9]), high(r[10], r[11]));
-        let four: [[f32; 8]; 4] = [v0, v1, v2, v3].map(bytemuck::cast);
-        for (q, step) in block.iter_mut().enumerate() {
-            step[..8].copy_from_slice(&eight[q]);
-            step[8..].copy_from_slice(&four[q % 4][4 * (q / 4)..][..4]);
+        }
+        if W % 8 == 4 {
+            // The last four lines: steps q and q + 4 of the four in one register.
+            let r: [__m256; 4] = std::array::from_fn(|w| load(W - 4 + w, i));
+            let [v0, v1] = u(low(r[0], r[1]), low(r[2], r[3]));
+            let [v2, v3] = u(high(r[0], r[1]), high(r[2], r[3]));
+            let four: [[f32; 8]; 4] = [v0, v1, v2, v3].map(bytemuck::cast);
+            for (q, step) in block.iter_mut().enumerate() {
+                step[W - 4..].copy_from_slice(&four[q % 4][4 * (q / 4)..][..4]);
+            }
         }
     }
     let done = 8 * blocks.len();
@@ -672,20 +682,30 @@ mod tests {
     }
 
     #[test]
-    fn twelve_lines_transposed_step_by_step() {
-        // 19 steps: two blocks of eight in registers and three left over.
-        let data: Vec<Vec<f32>> = (0..12)
-            .map(|w| (0..19).map(|p| (100 * w + p) as f32).collect())
-            .collect();
-        let lines: [&[f32]; 12] = std::array::from_fn(|w| &data[w][..]);
-        let mut sliver = [[0.0f32; 12]; 19];
-        if transpose_f32_12(lines, &mut sliver) {
-            for (p, step) in sliver.iter().enumerate() {
-                assert_eq!(*step, std::array::from_fn(|w| data[w][p]), "step {p}");
+    fn lines_transposed_step_by_step() {
+        fn check<const W: usize>() {
+            // 19 steps: two blocks of eight in registers and three left over.
+            let data: Vec<Vec<f32>> = (0..W)
+                .map(|w| (0..19).map(|p| (100 * w + p) as f32).collect())
+                .collect();
+            let lines: [&[f32]; W] = std::array::from_fn(|w| &data[w][..]);
+            let mut sliver = [[0.0f32; W]; 19];
+            if transpose_f32(lines, &mut sliver) {
+                for (p, step) in sliver.iter().enumerate() {
+                    assert_eq!(
+                        *step,
+                        std::array::from_fn(|w| data[w][p]),
+                        "{W} lines, step {p}"
+                    );
+                }
+            } else {
+                assert_eq!(sliver, [[0.0; W]; 19], "nothing written without AVX2");
             }
-        } else {
-            assert_eq!(sliver, [[0.0; 12]; 19], "nothing written without AVX2");
         }
+        check::<4>();
+        check::<12>();
+        check::<16>();
+        check::<32>();
     }
 
     #[test]

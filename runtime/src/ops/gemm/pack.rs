@@ -97,23 +97,27 @@ impl<T: Element> Packing<T> for Exact {
     }
 }
 
-/// Twelve lines of `f32` (`T`) packed into `sliver`, the slots (of 32 bits, as `f32`s) step by
-/// step: transposed in AVX2 registers ([`simd::transpose_f32_12`]) as they lie if a slot is its
+/// `W` lines of `f32` (`T`; `W` a multiple of 4: the 12 rows of a sliver of `a`, the 32 of a
+/// transposed `b`) packed into `sliver`, the slots (of 32 bits, as `f32`s) step by step:
+/// transposed in AVX2 registers ([`simd::transpose_f32`]) as they lie if a slot is its
 /// element, else converted `RUN` steps at a time into a buffer first (written `W` apart one at a
 /// time instead, the bf16 product `[2048, 384] x [384, 1152]` took 19.4 ms on one thread of the
 /// AMD EPYC, against 11.2 ms). `false`, with nothing written, if the CPU lacks AVX2.
 #[inline(always)]
-fn transpose_12<T: Element, P: Packing<T>>(lines: [&[T]; 12], sliver: &mut [[f32; 12]]) -> bool {
+fn transpose<T: Element, P: Packing<T>, const W: usize>(
+    lines: [&[T]; W],
+    sliver: &mut [[f32; W]],
+) -> bool {
     if P::AS_IS {
-        return simd::transpose_f32_12(lines.map(bytemuck::cast_slice), sliver);
+        return simd::transpose_f32(lines.map(bytemuck::cast_slice), sliver);
     }
-    let mut runs = [[<P::Slot as bytemuck::Zeroable>::zeroed(); RUN]; 12];
+    let mut runs = [[<P::Slot as bytemuck::Zeroable>::zeroed(); RUN]; W];
     for (r, out) in sliver.chunks_mut(RUN).enumerate() {
         for (line, run) in lines.iter().zip(&mut runs) {
             P::run(&line[r * RUN * P::K..], &mut run[..out.len()]);
         }
         let runs = std::array::from_fn(|w| bytemuck::cast_slice(&runs[w][..out.len()]));
-        if !simd::transpose_f32_12(runs, out) {
+        if !simd::transpose_f32(runs, out) {
             return false;
         }
     }
@@ -200,15 +204,16 @@ pub(super) fn pack<T: Element, P: Packing<T>, const W: usize>(
         let (sliver, _) = sliver.as_chunks_mut::<W>();
         if m.cs == 1
             && height == W
-            && W == 12
+            && W.is_multiple_of(4)
             && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
             && size_of::<P::Slot>() == 4
-            && transpose_12::<T, P>(
+            && transpose::<T, P, W>(
                 std::array::from_fn(|w| m.row(first + w, p0, depth)),
                 bytemuck::cast_slice_mut(sliver),
             )
         {
-            // Twelve lines of `f32`, their slots transposed in registers.
+            // Lines of `f32` (12 of `a`, or 32 of a transposed `b`), their slots transposed in
+            // registers.
         } else if m.cs == 1 {
             // Each line lies in order: read it in order, written `W` apart.
             for w in 0..W {
