@@ -199,14 +199,7 @@ impl<'s, T: Element> KvCache<'s, T> {
         k: &Tensor<'_, T>,
         v: &Tensor<'_, T>,
     ) -> Result<()> {
-        if seq >= self.batch() {
-            return Err(Error::IndexOutOfRange {
-                op: APPEND,
-                index: seq as i64,
-                axis: 0,
-                len: self.batch(),
-            });
-        }
+        self.rows(APPEND, Some(seq))?;
         let n = self.check_append(k, v, 1)?;
         if self.lens[seq] + n > self.max_len() {
             return Err(self.no_room(seq, n));
@@ -243,19 +236,7 @@ impl<'s, T: Element> KvCache<'s, T> {
         seq: Option<usize>,
         t: usize,
     ) -> Result<Tensor<'t, i64>> {
-        let rows = match seq {
-            Some(seq) if seq >= self.batch() => {
-                return Err(Error::IndexOutOfRange {
-                    op: "KvCache::positions",
-                    index: seq as i64,
-                    axis: 0,
-                    len: self.batch(),
-                })
-            }
-            Some(seq) => seq..seq + 1,
-            None => 0..self.batch(),
-        };
-        let lens = &self.lens[rows];
+        let lens = &self.lens[self.rows("KvCache::positions", seq)?];
         scope.try_rent_with::<i64>(&[lens.len(), t], |mut positions| {
             for (mut row, &len) in positions.outer_iter_mut().zip(lens) {
                 for (j, p) in row.iter_mut().enumerate() {
@@ -305,7 +286,7 @@ impl<'s, T: Element> KvCache<'s, T> {
     /// positions; with [`Error::InvalidArgument`] for a scale that is not finite or a `q` that
     /// carries a gradient graph.
     pub fn try_attend<'t>(&self, q: &Tensor<'t, T>, scale: Option<f64>) -> Result<Tensor<'t, T>> {
-        self.attend_rows(0..self.batch(), q, scale)
+        self.attend_rows(self.rows(ATTEND, None)?, q, scale)
     }
 
     /// Causal attention of `q` (`[batch, heads, tq, head_dim]`) over the cache:
@@ -327,15 +308,7 @@ impl<'s, T: Element> KvCache<'s, T> {
         q: &Tensor<'t, T>,
         scale: Option<f64>,
     ) -> Result<Tensor<'t, T>> {
-        if seq >= self.batch() {
-            return Err(Error::IndexOutOfRange {
-                op: ATTEND,
-                index: seq as i64,
-                axis: 0,
-                len: self.batch(),
-            });
-        }
-        self.attend_rows(seq..seq + 1, q, scale)
+        self.attend_rows(self.rows(ATTEND, Some(seq))?, q, scale)
     }
 
     /// [`KvCache::attend`] of sequence `seq` alone: [`KvCache::try_attend_to`].
@@ -409,6 +382,21 @@ impl<'s, T: Element> KvCache<'s, T> {
         let part = rows.start * per_seq..rows.end * per_seq;
         let kv = (&self.keys.slice()[part.clone()], &self.values.slice()[part]);
         attend_filled(q, kv, (kv_heads, self.max_len()), lens, scale)
+    }
+
+    /// The sequences an op `op` of sequence `seq`, or of every one (`None`), works on; fails with
+    /// [`Error::IndexOutOfRange`] for a `seq` past the batch.
+    fn rows(&self, op: &'static str, seq: Option<usize>) -> Result<Range<usize>> {
+        match seq {
+            None => Ok(0..self.batch()),
+            Some(seq) if seq < self.batch() => Ok(seq..seq + 1),
+            Some(seq) => Err(Error::IndexOutOfRange {
+                op,
+                index: seq as i64,
+                axis: 0,
+                len: self.batch(),
+            }),
+        }
     }
 
     /// Checks an append of `k` and `v` of `batch` sequences; the positions they hold.
