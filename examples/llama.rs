@@ -125,7 +125,7 @@ fn main() {
     let a = args();
     let pool = Pool::with_max_memory_mb(a.budget_mb);
     let started = Instant::now();
-    let model = Llama::load(&pool, &a.weights).unwrap_or_else(|e| {
+    let (model, file) = Llama::open(&pool, &a.weights).unwrap_or_else(|e| {
         eprintln!("{e}");
         std::process::exit(1)
     });
@@ -143,7 +143,8 @@ fn main() {
         weights as f64 / MIB,
         started.elapsed().as_secs_f64()
     );
-    check_against_pytorch(&pool, &model, &a);
+    check_against_pytorch(&pool, &model, &file, &a);
+    drop(file);
     let (_, loading) = rss_mib();
     println!(
         "resident memory at its peak while loading: {loading:.1} MiB (the file is read whole, then \
@@ -157,10 +158,7 @@ fn main() {
 
 /// On the fixture (a file holding `ref.prompt.*`): transformers' greedy tokens, then a sampled
 /// generation of the same prompts.
-fn check_against_pytorch(pool: &Pool, model: &Llama, a: &Args) {
-    let Ok(file) = SafeTensorsFile::open(&a.weights) else {
-        return;
-    };
+fn check_against_pytorch(pool: &Pool, model: &Llama, file: &SafeTensorsFile, a: &Args) {
     if !file.contains("ref.prompt.0") {
         return;
     }

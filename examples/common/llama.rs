@@ -174,6 +174,12 @@ impl Llama {
     /// the file's metadata or, if it has none, the `config.json` beside it. Every tensor's name
     /// and shape is checked against the config; the errors name the tensor.
     pub(crate) fn load(pool: &Pool, path: &Path) -> Result<Llama, String> {
+        Llama::open(pool, path).map(|(model, _)| model)
+    }
+
+    /// [`Llama::load`], also handing back the open file, for its other tensors (a fixture's
+    /// reference values) without reading it again.
+    pub(crate) fn open(pool: &Pool, path: &Path) -> Result<(Llama, SafeTensorsFile), String> {
         let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         let file = SafeTensorsFile::open(path).map_err(|e| fail(&e))?;
         let config = match file.metadata().contains_key("hidden_size") {
@@ -186,7 +192,8 @@ impl Llama {
             }
         }
         .map_err(|e| fail(&e))?;
-        Llama::from_file(pool, &file, config).map_err(|e| fail(&e))
+        let model = Llama::from_file(pool, &file, config).map_err(|e| fail(&e))?;
+        Ok((model, file))
     }
 
     /// The model of `config` from the tensors of `file`.

@@ -17,12 +17,21 @@ fn fixture() -> PathBuf {
 
 /// The model and the file's reference tensors.
 fn load(pool: &Pool) -> (Llama, SafeTensorsFile) {
-    let model = Llama::load(pool, &fixture()).unwrap();
-    (model, SafeTensorsFile::open(fixture()).unwrap())
+    Llama::open(pool, &fixture()).unwrap()
 }
 
 fn ids(file: &SafeTensorsFile, pool: &Pool, name: &str) -> Vec<i64> {
     file.param::<i64>(pool, name).unwrap().to_vec()
+}
+
+/// The fixture's three prompts and transformers' greedy tokens after each.
+fn references(file: &SafeTensorsFile, pool: &Pool) -> (Vec<Vec<i64>>, Vec<Vec<i64>>) {
+    let all = |kind: &str| {
+        (0..3)
+            .map(|i| ids(file, pool, &format!("ref.{kind}.{i}")))
+            .collect()
+    };
+    (all("prompt"), all("generated"))
 }
 
 #[test]
@@ -44,12 +53,7 @@ fn logits_match_hugging_face_within_1e_4() {
 fn greedy_tokens_through_the_cache_equal_hugging_faces() {
     let pool = test_pool(64);
     let (model, file) = load(&pool);
-    let prompts: Vec<Vec<i64>> = (0..3)
-        .map(|i| ids(&file, &pool, &format!("ref.prompt.{i}")))
-        .collect();
-    let want: Vec<Vec<i64>> = (0..3)
-        .map(|i| ids(&file, &pool, &format!("ref.generated.{i}")))
-        .collect();
+    let (prompts, want) = references(&file, &pool);
     let options = GenerateOptions::greedy(10);
     // One prompt at a time, then the three as one batch of different lengths.
     for (prompt, want) in prompts.iter().zip(&want) {
@@ -189,12 +193,7 @@ fn threads_serve_one_model_each_request_under_its_budget_and_one_failing_alone()
     let (model, file) = load(&pool);
     let weights = pool.stats().bytes_in_use;
     let model = std::sync::Arc::new(model);
-    let prompts: Vec<Vec<i64>> = (0..3)
-        .map(|i| ids(&file, &pool, &format!("ref.prompt.{i}")))
-        .collect();
-    let want: Vec<Vec<i64>> = (0..3)
-        .map(|i| ids(&file, &pool, &format!("ref.generated.{i}")))
-        .collect();
+    let (prompts, want) = references(&file, &pool);
     // Requests 0-2 are the fixture's prompts with room to spare; request 3's budget cannot hold
     // its caches (2 layers x 2 x [1, 2, 13, 16] f32).
     let budgets = [1 << 20, 1 << 20, 1 << 20, 2048];
