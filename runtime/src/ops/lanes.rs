@@ -34,7 +34,14 @@ pub(super) fn sum_with<T: Element>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> T
     for (k, (&x, &y)) in ra.iter().zip(rb).enumerate() {
         acc[k] = acc[k] + f(x, y);
     }
-    let mut width = ACC;
+    halves(acc)
+}
+
+/// The sum of `N` partial sums (`N` a power of two) in halves: `acc[k] + acc[k + N/2]`, and so on
+/// down to one: the fixed order every lane sum and the few-rows products add in.
+#[inline(always)]
+pub(in crate::ops) fn halves<T: Element, const N: usize>(mut acc: [T; N]) -> T {
+    let mut width = N;
     while width > 1 {
         width /= 2;
         for k in 0..width {

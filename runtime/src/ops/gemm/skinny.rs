@@ -20,6 +20,7 @@
 //! threads or the instruction set (the blocks only decide which sums share a pass over `b`), so a
 //! shape gives the same bits on any number of threads.
 
+use super::super::lanes;
 use super::super::simd::{self, FmaKernel};
 use super::{Matrix, Window, PER_PART};
 use crate::element::Element;
@@ -212,18 +213,11 @@ fn sums<T: Element, const R: usize, const C: usize, const L: usize, const FMA: b
     out
 }
 
-/// The sum of `L` lanes (a power of two) in halves: lane `l` plus lane `l + L/2`, and so on.
-/// Out of line: inlined, LLVM vectorised the loop of [`sums`] for this tree, two lanes wide.
+/// The sum of `L` lanes (a power of two) in halves ([`lanes::halves`]). Out of line: inlined,
+/// LLVM vectorised the loop of [`sums`] for this tree, two lanes wide.
 #[inline(never)]
-fn lanes_sum<T: Element, const L: usize>(mut lanes: [T; L]) -> T {
-    let mut half = L;
-    while half > 1 {
-        half /= 2;
-        for l in 0..half {
-            lanes[l] = lanes[l] + lanes[l + half];
-        }
-    }
-    lanes[0]
+fn lanes_sum<T: Element, const L: usize>(lanes: [T; L]) -> T {
+    lanes::halves(lanes)
 }
 
 /// Writes (or with `add` adds) the sums into `out`, the part of each row that fits.
