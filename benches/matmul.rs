@@ -5,7 +5,7 @@
 //!
 //! Group `decode` (issue 28): the products of a decode step, `[m, k]` activations times a weight
 //! kept as PyTorch's `[out, in]` and read through its transposed view, `x.matmul(&w.t())`, as
-//! `nn::Linear` and a tied LM head read theirs: GPT-2's head (`wte`, 50257 x 768) at m = 1 and at
+//! the Llama example and a tied LM head read theirs: GPT-2's head (`wte`, 50257 x 768) at m = 1 and at
 //! a 512-token prefill, and a small Llama's projections at m = 1 and 8.
 //!
 //! The comparison with other libraries (matrixmultiply, gemm, faer, OpenBLAS) on these shapes and
@@ -18,24 +18,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use tensorscope::prelude::*;
 
 fn products(c: &mut Criterion) {
-    let mut g = c.benchmark_group("matmul");
-    g.sample_size(20);
-    g.warm_up_time(Duration::from_secs(1));
-    g.measurement_time(Duration::from_secs(4));
-    for (name, m, k, n) in [("M", 256, 1024, 1024), ("E", 16384, 64, 64)] {
-        g.throughput(Throughput::Elements((2 * m * k * n) as u64));
-        let pool = Pool::with_max_memory_mb(512);
-        let (a, b) = pool.scope(|s| {
-            (
-                s.randn::<f32>(&[m, k], 1).detach(),
-                s.randn::<f32>(&[k, n], 2).detach(),
-            )
-        });
-        g.bench_function(BenchmarkId::new("tensorscope", name), |bench| {
-            bench.iter(|| pool.scope(|s| black_box(s.bind(&a).matmul(&b).as_slice().unwrap()[0])))
-        });
-    }
-    g.finish();
+    let shapes = [("M", 256, 1024, 1024), ("E", 16384, 64, 64)];
+    group(c, "matmul", &shapes, Layout::RowMajor, 4);
 }
 
 /// `(name, m, k, n)`: `[m, k] x [n, k]^T`.
@@ -55,24 +39,52 @@ const DECODE: [(&str, usize, usize, usize); 12] = [
 ];
 
 fn decode(c: &mut Criterion) {
-    let mut g = c.benchmark_group("decode");
+    group(c, "decode", &DECODE, Layout::Transposed, 3);
+}
+
+/// How a group's weights lie.
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    /// `[k, n]`, multiplied as it lies.
+    RowMajor,
+    /// `[n, k]` (PyTorch's `[out, in]`), multiplied through its transposed view.
+    Transposed,
+}
+
+/// The group `name`: for each `(name, m, k, n)` of `shapes`, the product of an `[m, k]` operand and
+/// a `[k, n]` weight laid out as `layout` says, each measured for `seconds`.
+fn group(
+    c: &mut Criterion,
+    name: &str,
+    shapes: &[(&str, usize, usize, usize)],
+    layout: Layout,
+    seconds: u64,
+) {
+    let mut g = c.benchmark_group(name);
     g.sample_size(20);
     g.warm_up_time(Duration::from_secs(1));
-    g.measurement_time(Duration::from_secs(3));
-    for (name, m, k, n) in DECODE {
+    g.measurement_time(Duration::from_secs(seconds));
+    for &(name, m, k, n) in shapes {
         g.throughput(Throughput::Elements((2 * m * k * n) as u64));
         let pool = Pool::with_max_memory_mb(1024);
+        let stored = match layout {
+            Layout::RowMajor => [k, n],
+            Layout::Transposed => [n, k],
+        };
         let (x, w) = pool.scope(|s| {
             (
                 s.randn::<f32>(&[m, k], 1).detach(),
-                s.randn::<f32>(&[n, k], 2).detach(),
+                s.randn::<f32>(&stored, 2).detach(),
             )
         });
         g.bench_function(BenchmarkId::new("tensorscope", name), |bench| {
             bench.iter(|| {
                 pool.scope(|s| {
-                    let y = s.bind(&x).matmul(&s.bind(&w).t());
-                    black_box(y.as_slice().unwrap()[0])
+                    let w = match layout {
+                        Layout::RowMajor => s.bind(&w),
+                        Layout::Transposed => s.bind(&w).t(),
+                    };
+                    black_box(s.bind(&x).matmul(&w).as_slice().unwrap()[0])
                 })
             })
         });
