@@ -159,9 +159,8 @@ pub struct Generation {
 /// the prompts are read in one forward if they have one length and else each in a forward of its
 /// own (prompts of different lengths need no padding), then every sequence still going gets one
 /// token per step, all in one forward per step (a sequence that stopped stays in the step's batch,
-/// its token dropped). Each
-/// forward runs in a scope of its own, so a step holds only the caches and its own temporaries; a
-/// steady-state step makes no heap allocation.
+/// its token dropped). Each forward runs in a scope of its own, so a step holds only the caches
+/// and its own temporaries; a steady-state step makes no heap allocation.
 ///
 /// Fails, before renting anything, with [`Error::InvalidArgument`] for no prompt, an empty prompt,
 /// a prompt that with its new tokens would pass the model's positions, or sampling settings
