@@ -418,8 +418,17 @@ fn topological<T: Element>(root: &NodeRef<T>) -> RecycledVec<NodeRef<T>> {
         node.walk.set((walk, usize::MAX));
         stack.push((node.clone(), true));
         if let Kind::Op { inputs, .. } = &node.kind {
-            let unseen = inputs.iter().flatten().filter(|n| n.walk.get().0 != walk);
-            stack.extend(unseen.map(|n| (n.clone(), false)));
+            // Leaves are pushed first, so popped (and placed) last: right before the op, where
+            // the backward reaches them as soon as their gradient is complete. Placed before the
+            // op's other inputs, a parameter's gradient would wait in memory until the backward
+            // of everything those inputs came from had run.
+            let unseen = || inputs.iter().flatten().filter(|n| n.walk.get().0 != walk);
+            stack.extend(unseen().filter(|n| n.is_leaf()).map(|n| (n.clone(), false)));
+            stack.extend(
+                unseen()
+                    .filter(|n| !n.is_leaf())
+                    .map(|n| (n.clone(), false)),
+            );
         }
     }
     order
