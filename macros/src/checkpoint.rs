@@ -26,6 +26,12 @@ const OPTIONS: Options = Options {
             example: "policy = \"sqrt\"",
         },
         Accepted {
+            name: "memory",
+            kind: Kind::Str,
+            value: "a byte budget for the whole training step, such as \"64 MiB\"",
+            example: "memory = \"64 MiB\"",
+        },
+        Accepted {
             name: "precision",
             kind: Kind::Str,
             value: "\"f32\", \"f16\" or \"bf16\"",
@@ -95,13 +101,22 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
         // Rules about the value point at the value; the one about the key, at the key.
         let error = |message: String| syn::Error::new(*value_span, message);
         match (key.as_str(), value) {
-            ("every" | "policy", _) if policy_key.is_some() => errors.push(syn::Error::new(
-                *key_span,
-                format!(
-                    "give either `every` or `policy`, not both (`{}` is already given)",
-                    policy_key.unwrap_or_default()
-                ),
-            )),
+            ("every" | "policy" | "memory", _) if policy_key.is_some() => {
+                errors.push(syn::Error::new(
+                    *key_span,
+                    format!(
+                        "give one of `every`, `policy` and `memory` (`{}` is already given)",
+                        policy_key.unwrap_or_default()
+                    ),
+                ))
+            }
+            ("memory", Value::Str(budget)) => match bytes(budget) {
+                Ok(bytes) => {
+                    policy_key = Some("memory");
+                    settings.policy = quote!(Memory(#bytes));
+                }
+                Err(message) => errors.push(error(message)),
+            },
             ("every", Value::Int(0)) => errors.push(error(
                 "`every = 0` would never store a checkpoint; give at least 1".into(),
             )),
@@ -148,8 +163,8 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
             errors.push(syn::Error::new(
                 found.key_span,
                 format!(
-                    "`{}` goes with a policy (`every = N` or `policy = \"sqrt\"`); without one, \
-                     the checkpointer's own configuration applies",
+                    "`{}` goes with a policy (`every = N`, `policy = \"sqrt\"` or `memory = \
+                     \"64 MiB\"`); without one, the checkpointer's own configuration applies",
                     found.key
                 ),
             ));
@@ -291,6 +306,38 @@ fn checkpointer_param(func: &ItemFn) -> Option<&Ident> {
     })
 }
 
+/// The bytes of a budget written as a number and a unit (`"64 MiB"`, `"1.5 GB"`, `"4096"` bytes):
+/// B, KB, MB, GB (powers of 1000) and KiB, MiB, GiB (powers of 1024).
+fn bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `memory = \"{text}\"`; accepted: B, KB, MB, GB, KiB, \
+                 MiB, GiB"
+            ))
+        }
+    };
+    match number.replace('_', "").parse::<f64>() {
+        Ok(n) if n * scale >= 1.0 && n * scale < usize::MAX as f64 => Ok((n * scale) as usize),
+        _ => Err(format!(
+            "`memory = \"{text}\"` is not a budget; give a number of bytes and a unit, such as \
+             \"64 MiB\""
+        )),
+    }
+}
+
 fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
     let krate = &settings.krate;
     let private = quote!(#krate::__private);
@@ -306,11 +353,16 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
     let config = if policy.is_empty() {
         quote!(::core::option::Option::None)
     } else {
+        // The site names the function, so that `memory = ...` keeps the costs it measured from
+        // call to call without a checkpointer.
         quote! {
             ::core::option::Option::Some(
                 #private::CheckpointConfig::new(#private::Policy::#policy)
                     .with_precision(#private::Precision::#precision)
                     #max
+                    .at_site(::core::concat!(
+                        ::core::module_path!(), ":", ::core::line!(), ":", ::core::column!()
+                    ))
             )
         }
     };

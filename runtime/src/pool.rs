@@ -209,6 +209,9 @@ struct State {
     /// Idle buffers per size class, oldest at the front.
     idle: Vec<VecDeque<Idle>>,
     stats: PoolStats,
+    /// The most bytes in use since the checkpointer's profiling last restarted it (see
+    /// [`Pool::probe_start`]); kept apart from the public peak, which it must not disturb.
+    probe_peak: usize,
 }
 
 struct Idle {
@@ -317,6 +320,7 @@ impl State {
     fn note_peak(&mut self) {
         let s = &mut self.stats;
         s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
+        self.probe_peak = self.probe_peak.max(s.bytes_in_use);
     }
 
     /// Takes the least recently returned idle buffer out of the cache.
@@ -418,6 +422,20 @@ impl Pool {
     pub fn reset_peak(&self) {
         let mut state = self.lock();
         state.stats.peak_bytes_in_use = state.stats.bytes_in_use;
+    }
+
+    /// Restarts the profiling peak and returns the bytes in use now: the start of a phase whose
+    /// pool bytes the checkpointer measures (see [`Pool::probe`]).
+    pub(crate) fn probe_start(&self) -> usize {
+        let mut state = self.lock();
+        state.probe_peak = state.stats.bytes_in_use;
+        state.probe_peak
+    }
+
+    /// The bytes in use now and the most in use since [`Pool::probe_start`].
+    pub(crate) fn probe(&self) -> (usize, usize) {
+        let state = self.lock();
+        (state.stats.bytes_in_use, state.probe_peak)
     }
 
     /// Frees every idle buffer. Buffers in use are untouched and return to the pool as usual; the

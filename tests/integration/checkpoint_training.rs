@@ -66,20 +66,20 @@ fn every_policy_gives_the_plain_gradients_bit_for_bit() {
             }
             let report = ckpt.last_backward().expect("the backward ran");
             // Each step replayed once, but those of the last segment, whose graph the forward
-            // kept (its backward comes first); under Budget every step is replayed.
+            // kept (its backward comes first); under Budget the last segment is the last step.
             let last_segment = match &policy {
                 Policy::Every(k) => *k,
                 Policy::Sqrt => (n as f64).sqrt().ceil() as usize,
                 Policy::Explicit(at) => n - at[1],
-                _ => 0,
+                _ => 1,
             };
             assert_eq!(report.replayed_steps, n - last_segment, "{policy:?} n={n}");
             match policy {
                 Policy::Budget(_) => {
-                    // The reverse sweep recomputes what revolve's formula says for these slots,
-                    // beyond the one taped replay of each step.
+                    // The reverse sweep of the steps before the last recomputes what revolve's
+                    // formula says for these slots, beyond the one taped replay of each step.
                     let slots = 3;
-                    let formula = binomial_recompute_steps(n as u64, slots) as usize;
+                    let formula = binomial_recompute_steps(n as u64 - 1, slots) as usize;
                     assert_eq!(report.recomputed_steps, formula, "n={n}");
                 }
                 _ => assert_eq!(report.recomputed_steps, 0, "{policy:?}"),
@@ -170,10 +170,10 @@ fn a_checkpointed_step_holds_a_fraction_of_the_activations() {
 #[test]
 fn a_budget_backward_runs_revolves_forward_steps() {
     // 100 layer steps, 10 slots. Revolve reverses 100 steps with 10 slots in t(100, 10) = 222
-    // forward steps, the last step's taped evaluation not counted. Here the forward pass evaluates
-    // all 100 steps (the loss needs the output), so the reversal starts one step later: forward
-    // steps = 100 + recomputed = t(101, 10) = 225, 3 more than revolve's count for 100 steps; each
-    // step is then run once more with recording on, to build its graph (the taped evaluation).
+    // forward steps, plus one taped evaluation of each step, the last one's at the end of the
+    // forward sweep. Here too: the forward pass keeps the last step's graph (its taped
+    // evaluation), stores the binomial chain of the 99 steps before it, and the reverse sweep
+    // recomputes t(100, 10) - 99 steps and replays each of the 99 once with recording on.
     let pool = Pool::with_max_memory_mb(256);
     let n = 100;
     let model = model(&pool, n);
@@ -183,16 +183,14 @@ fn a_budget_backward_runs_revolves_forward_steps() {
     let (_, got) = step(&pool, &model, Some(&mut ckpt));
     assert_eq!(got, plain, "bit for bit");
     let report = ckpt.last_backward().unwrap();
-    assert_eq!(report.recomputed_steps, 125);
+    assert_eq!(report.recomputed_steps, 123);
+    assert_eq!(report.replayed_steps, n - 1);
+    // Every evaluation of a step: exactly revolve's count.
     assert_eq!(
-        n + report.recomputed_steps,
-        revolve_forward_steps(n as u64 + 1, 10) as usize
+        n + report.recomputed_steps + report.replayed_steps,
+        revolve_forward_steps(n as u64, 10) as usize + n
     );
     assert_eq!(revolve_forward_steps(n as u64, 10), 222);
-    assert_eq!(
-        report.replayed_steps, n,
-        "under Budget every step is replayed"
-    );
     assert!(report.peak_activations <= 10 + 1, "{report:?}");
 }
 
@@ -256,10 +254,10 @@ fn transformer_blocks_and_the_denoiser_checkpoint_exactly_under_every_policy() {
         );
         assert!(got == plain, "denoiser, {policy:?}");
         // Every(4) is one segment: nothing to replay, the forward kept its graph; Budget
-        // replays every step.
+        // replays every step but the last, whose graph the forward kept.
         let replayed = ckpt.last_backward().map_or(0, |r| r.replayed_steps);
-        let all = matches!(policy, Policy::Budget(_));
-        assert!(all == (replayed == 4), "{policy:?}: {replayed}");
+        let budget = matches!(policy, Policy::Budget(_));
+        assert!(budget == (replayed == 3), "{policy:?}: {replayed}");
     }
     assert_eq!(
         pool.stats().bytes_in_use - pool_weights(&model, &denoiser),

@@ -34,6 +34,7 @@ mod common;
 mod autograd;
 mod checkpoint;
 mod checkpoint_macro;
+mod checkpoint_memory;
 mod checkpoint_training;
 mod custom_op;
 mod display;

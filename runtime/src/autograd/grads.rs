@@ -89,6 +89,12 @@ impl<'s, T: Element> Gradients<'s, T> {
         self.slots.is_empty()
     }
 
+    /// Pool bytes the gradients hold.
+    pub(crate) fn held_bytes(&self) -> usize {
+        let grads = self.slots.iter().filter_map(|slot| slot.grad.as_ref());
+        grads.map(Tensor::allocated_bytes).sum()
+    }
+
     /// Sets every gradient to zero, keeping its buffer: the gradients of the next backward passes
     /// ([`Tensor::backward_into`]) are added in place, so a training loop that keeps one
     /// `Gradients` across its steps rents no gradient memory after the first (PyTorch's

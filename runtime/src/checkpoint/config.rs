@@ -7,7 +7,9 @@ use crate::element::Element;
 /// Which layers' input activations a forward pass stores.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Policy {
-    /// Every `k`-th layer, starting with the first: `n / k` checkpoints, segments of `k` layers.
+    /// Every `k`-th layer, starting with the first: segments of `k` layers, `ceil(n / k)`
+    /// checkpoints in inference. In training the last segment keeps its graph instead, so
+    /// `ceil(n / k) - 1` are stored.
     Every(usize),
     /// Every `ceil(sqrt(n))`-th layer (Chen et al. 2016): about `2 sqrt(n)` activations live at the
     /// peak of the backward pass, for about one extra forward.
@@ -21,6 +23,22 @@ pub enum Policy {
     /// the storage precision rounded up to the pool's size class (at most 25% more, see
     /// [`Pool`](crate::Pool)), so the stored checkpoints never take more pool memory than this.
     Budget(usize),
+    /// The fastest schedule whose training step holds at most this many pool bytes: the stored
+    /// checkpoints, the graphs and temporaries of the steps being run or replayed, and what the
+    /// code after the layers (the loss) holds until their backward, above what is in use when the
+    /// checkpointed forward starts. The chain's output counts from the start.
+    ///
+    /// The schedule is the optimum of the dynamic program for heterogeneous chains (Beaumont et
+    /// al. 2019) on each step's measured costs: its forward and backward time, its input's bytes,
+    /// and the pool bytes its forward, its recorded graph and its backward hold. They are measured
+    /// by the first training forward and its backward (a *profiling step*: only the input is
+    /// stored, every step is recomputed from it, and each step's peak is read off the pool), or
+    /// stated with [`Checkpointer::set_costs`]. A budget below the smallest feasible one fails
+    /// with [`CheckpointError::MemoryBudgetTooSmall`], which names that smallest budget.
+    ///
+    /// Storage is at full precision. A forward that records no graph has no backward to plan
+    /// for: it stores the checkpoints of [`Policy::Sqrt`].
+    Memory(usize),
 }
 
 /// How stored activations are kept.
@@ -55,6 +73,9 @@ pub struct CheckpointConfig {
     /// At most this many stored activations; a save past it fails with
     /// [`CheckpointError::LimitExceeded`].
     pub max_checkpoints: Option<usize>,
+    /// The `#[checkpoint]` function this config is of, if any: where a forward without a
+    /// checkpointer keeps what `Policy::Memory` measured.
+    pub(crate) site: Option<&'static str>,
 }
 
 impl CheckpointConfig {
@@ -64,7 +85,17 @@ impl CheckpointConfig {
             policy,
             precision: Precision::Full,
             max_checkpoints: None,
+            site: None,
         }
+    }
+
+    /// The same config for the `#[checkpoint]` function at `site` (its module, line and column):
+    /// a forward of it without a checkpointer keeps the costs `Policy::Memory` measured for the
+    /// next one, on this thread. Used by the attribute's expansion.
+    #[doc(hidden)]
+    pub fn at_site(mut self, site: &'static str) -> Self {
+        self.site = Some(site);
+        self
     }
 
     /// The same config storing activations in `precision`.

@@ -3,6 +3,7 @@
 //! (each segment in a child scope). A recording forward records each step on a tape and gives the
 //! output the region's node (see `region`).
 
+use super::memory::{self, Layout};
 use super::region::{self, Recording};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
 use crate::element::Element;
@@ -19,25 +20,27 @@ enum Slot<'c, T: Element> {
     None,
 }
 
-/// One forward over layers: the plan, the checkpointer, and the recording, if any.
+/// One forward over layers: the plan, the checkpointer, and the recording of the region being
+/// run, if any.
 struct Driver<'c, T: Element> {
     slot: Slot<'c, T>,
+    /// Where segments start: the stored positions, and 0.
     plan: RecycledVec<usize>,
-    recording: Option<Recording<T>>,
-    /// In a recording forward, the steps recorded on tapes: all of them under `Budget`; under the
-    /// other policies all but the last segment, whose graph is kept instead, since its backward
-    /// comes first (replaying it would cost a forward of it and save nothing: one segment's graph
-    /// is alive at a time either way).
-    taped: usize,
+    /// Whether the forward records a gradient graph.
+    records: bool,
+    /// Which steps run on tapes and where regions start (see `Layout`).
+    layout: Layout,
+    /// The region being run and the position of its first step.
+    recording: Option<(Recording<T>, usize)>,
 }
 
 impl<'c, T: Element> Driver<'c, T> {
-    /// Plans a forward over `ids` from `input` (taking its graph node if the forward records).
+    /// Plans a forward over `ids` from `input`.
     fn start(
         mut config: CheckpointConfig,
         ckpt: Option<&'c mut Checkpointer<T>>,
         ids: impl ExactSizeIterator<Item = usize> + Clone,
-        input: &mut Tensor<'_, T>,
+        input: &Tensor<'_, T>,
     ) -> Result<Self> {
         let n = ids.len();
         let mut plan = RecycledVec::new();
@@ -47,7 +50,14 @@ impl<'c, T: Element> Driver<'c, T> {
                 ckpt.set_config(config);
                 Slot::Given(ckpt)
             }
-            None if records => Slot::Own(Box::new(Checkpointer::new(config))),
+            None if records => {
+                let site = config.site;
+                let mut own = Checkpointer::new(config);
+                if let Some(site) = site {
+                    own.memory = memory::take_site(site);
+                }
+                Slot::Own(Box::new(own))
+            }
             None => {
                 // Nothing is stored, so there is no limit to respect: the plan only groups segments.
                 config.max_checkpoints = None;
@@ -55,65 +65,74 @@ impl<'c, T: Element> Driver<'c, T> {
                 return Ok(Driver {
                     slot: Slot::None,
                     plan,
+                    records,
+                    layout: Layout::Prefix(0),
                     recording: None,
-                    taped: 0,
                 });
             }
         };
         let ckpt = slot.get().expect("a checkpointer was given or made");
-        ckpt.begin(ids, input)?;
+        let layout = ckpt.begin(ids, input, records)?;
+        // The segments start where checkpoints are stored, and at the first step.
+        if ckpt.planned().first() != Some(&0) {
+            plan.push(0);
+        }
         plan.extend_from_slice(ckpt.planned());
-        let taped = match (records, ckpt.slots, plan.last()) {
-            (false, ..) => 0,
-            (true, 0, Some(&last)) => last,
-            (true, ..) => n,
-        };
         Ok(Driver {
             slot,
             plan,
-            // A forward with no step to tape records its graph as it goes.
-            recording: (taped > 0).then(|| Recording::start(input)),
-            taped,
+            records,
+            layout,
+            recording: None,
         })
     }
 
-    /// The input of the step at `pos`: stored if the plan says so, and opening the step's tape. The
-    /// first step past the taped ones starts from the region's output.
+    /// The input of the step at `pos`: stored if the plan says so and, for a step on a tape,
+    /// opening it (and a region, if one starts here). A step that keeps its graph gets the
+    /// previous region's output, with the region's node.
     fn enter<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        if pos >= self.taped && self.recording.is_some() {
-            return self.close_region(x);
-        }
-        if self.recording.is_none() && self.taped > 0 {
-            // Past the region: the step records its graph as any ops do.
-            return Ok(x);
-        }
-        let x = match self.slot.get() {
-            Some(ckpt) => ckpt.record(pos, x)?,
-            None => x,
+        let taped = self.records && self.layout.taped(pos);
+        let mut x = if !taped || self.layout.starts_region(pos) {
+            self.close_region(pos, x)?
+        } else {
+            x
         };
+        if taped && self.recording.is_none() {
+            self.recording = Some((Recording::start(&mut x), pos));
+        }
+        if let Some(ckpt) = self.slot.get() {
+            x = ckpt.record(pos, x)?;
+            if matches!(self.layout, Layout::Profile) && self.records {
+                let bytes = crate::pool::class_bytes_of(x.data_bytes());
+                ckpt.memory
+                    .measuring
+                    .borrow_mut()
+                    .enter(x.rents_in.pool(), bytes);
+            }
+        }
         Ok(match &mut self.recording {
-            Some(recording) => recording.open(x),
-            None => x,
+            Some((recording, _)) if taped => recording.open(x),
+            _ => x,
         })
     }
 
     /// What the step returned, as the next step's input.
     fn leave<'s>(&mut self, y: Tensor<'s, T>) -> Tensor<'s, T> {
+        if let (Layout::Profile, Some(ckpt)) = (&self.layout, self.slot.get()) {
+            ckpt.memory.measuring.borrow_mut().leave(y.rents_in.pool());
+        }
         match &mut self.recording {
-            Some(recording) => recording.close(y),
+            Some((recording, _)) => recording.close(y),
             None => y,
         }
     }
 
-    /// `x`, the output of the taped steps, with the region's node. The last segment's input is
-    /// not stored in training (its graph is kept), so it leaves the plan too.
-    fn close_region<'s>(&mut self, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        let taped = self.taped;
+    /// `x`, the output of the region being run (steps before `end`), with the region's node; `x`
+    /// as it is if no region is open.
+    fn close_region<'s>(&mut self, end: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         match (self.recording.take(), self.slot.get()) {
-            (Some(recording), Some(ckpt)) => {
-                let x = recording.finish(ckpt, taped, x)?;
-                ckpt.plan.retain(|&p| p < taped);
-                Ok(x)
+            (Some((recording, start)), Some(ckpt)) => {
+                recording.finish(ckpt, &self.layout, start, end, x)
             }
             _ => Ok(x),
         }
@@ -122,14 +141,27 @@ impl<'c, T: Element> Driver<'c, T> {
     /// Moves the accounting of what the tapes keep to `target`, the scope a segment's output
     /// escapes to.
     fn settle(&self, target: &State) {
-        if let Some(recording) = &self.recording {
+        if let Some((recording, _)) = &self.recording {
             recording.settle(target);
         }
     }
 
-    /// The forward's output: `x`, with the region's node if every step was taped.
-    fn finish<'s>(mut self, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        self.close_region(x)
+    /// The forward's output: `x`, with the node of the region that ends it, if one does.
+    fn finish<'s>(mut self, n: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+        let x = self.close_region(n, x)?;
+        if let (Layout::Profile, true, Some(ckpt)) = (&self.layout, self.records, self.slot.get()) {
+            let bytes = crate::pool::class_bytes_of(x.data_bytes());
+            ckpt.memory
+                .measuring
+                .borrow_mut()
+                .forward_ended(x.rents_in.pool(), bytes);
+        }
+        if let Slot::Own(own) = &mut self.slot {
+            if let Some(site) = own.config.site {
+                memory::keep_site(site, std::mem::take(&mut own.memory));
+            }
+        }
+        Ok(x)
     }
 }
 
@@ -174,12 +206,12 @@ impl<T: Element> Checkpointer<T> {
         let mut x = input.clone();
         let config = self.config.clone();
         let ids = layers.iter().copied();
-        let mut driver = Driver::start(config, Some(self), ids, &mut x)?;
+        let mut driver = Driver::start(config, Some(self), ids, &x)?;
         for (pos, &layer) in layers.iter().enumerate() {
             x = driver.enter(pos, x)?;
             x = driver.leave(forward(&x, layer));
         }
-        driver.finish(x)
+        driver.finish(layers.len(), x)
     }
 }
 
@@ -220,7 +252,7 @@ pub(crate) fn run_layers<'s, T: Element, L>(
 fn run_counted<'s, T: Element, L>(
     config: Option<CheckpointConfig>,
     ckpt: Option<&mut Checkpointer<T>>,
-    mut input: Tensor<'s, T>,
+    input: Tensor<'s, T>,
     mut layers: impl Iterator<Item = L>,
     n: usize,
     mut step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
@@ -237,7 +269,7 @@ fn run_counted<'s, T: Element, L>(
             .0);
         }
     };
-    let mut driver = Driver::start(config, ckpt, 0..n, &mut input)?;
+    let mut driver = Driver::start(config, ckpt, 0..n, &input)?;
     let mut x = input;
     let mut taken = 0;
     for j in 0..driver.plan.len() {
@@ -261,5 +293,5 @@ fn run_counted<'s, T: Element, L>(
         "the layer iterator of a #[checkpoint] loop gave another number of layers than its exact \
          size hint ({n})"
     );
-    driver.finish(x)
+    driver.finish(n, x)
 }

@@ -34,8 +34,10 @@
 mod config;
 mod driver;
 mod install;
+mod memory;
 mod plan;
 mod region;
+mod rotor;
 mod schedule;
 mod stored;
 mod sweep;
@@ -49,9 +51,11 @@ pub use crate::error::checkpoint::{CheckpointError, Result};
 pub use config::{CheckpointConfig, Policy, Precision};
 pub(crate) use driver::run_layers;
 pub(crate) use install::with_active;
+pub use rotor::{ChainCosts, StepCost};
 pub use schedule::{binomial_recompute_steps, revolve_forward_steps};
 pub use sweep::ReverseReport;
 
+use memory::Layout;
 use stored::{narrowed, ByLayer, Stored};
 
 use crate::element::Element;
@@ -73,6 +77,15 @@ pub struct Checkpointer<T: Element = f32> {
     saved_bytes: usize,
     /// What the backward of the last recording forward did, once it has run.
     last_backward: Rc<Cell<Option<ReverseReport>>>,
+    /// The layers and bytes of the checkpoints the last forward handed to its backward, which
+    /// releases each as it consumes it.
+    handed: RecycledVec<(usize, usize)>,
+    /// Whether `reverse` has consumed the last forward's checkpoints.
+    swept: bool,
+    /// What `Policy::Memory` plans with.
+    memory: memory::Memory,
+    /// Pool bytes in use when the last forward started.
+    forward_start: usize,
 }
 
 impl<T: Element> Checkpointer<T> {
@@ -88,7 +101,17 @@ impl<T: Element> Checkpointer<T> {
             slots: 0,
             saved_bytes: 0,
             last_backward: Rc::new(Cell::new(None)),
+            handed: RecycledVec::new(),
+            swept: false,
+            memory: memory::Memory::default(),
+            forward_start: 0,
         }
+    }
+
+    /// Pool bytes in use when the last checkpointed forward started (0 before any): what
+    /// [`Policy::Memory`]'s budget is counted above.
+    pub fn forward_start_bytes(&self) -> usize {
+        self.forward_start
     }
 
     /// The configuration.
@@ -96,14 +119,17 @@ impl<T: Element> Checkpointer<T> {
         &self.config
     }
 
-    /// Stored activations.
+    /// Stored activations: those this checkpointer holds, and those the last forward that
+    /// recorded a graph handed to its backward, until that backward has consumed them.
     pub fn num_checkpoints(&self) -> usize {
-        self.stored.len()
+        self.stored.len() + self.handed.len()
     }
 
-    /// Bytes of the stored activations, in their storage precision.
+    /// Bytes of the stored activations (see [`Checkpointer::num_checkpoints`]), in their storage
+    /// precision.
     pub fn memory_stored_bytes(&self) -> usize {
-        self.stored.iter().map(|(_, s)| s.data_bytes()).sum()
+        let held: usize = self.stored.iter().map(|(_, s)| s.data_bytes()).sum();
+        held + self.handed.iter().map(|&(_, bytes)| bytes).sum::<usize>()
     }
 
     /// Bytes of the activations the last forward pass computed but did not store.
@@ -118,20 +144,27 @@ impl<T: Element> Checkpointer<T> {
         self.last_backward.get()
     }
 
-    /// The stored activations keyed by position in the last forward's layer list.
-    pub(crate) fn stored_by_position(&self) -> ByLayer<T> {
+    /// Takes the stored activations of positions `start .. end` of the last forward out of this
+    /// checkpointer, keyed by position from `start`: the backward that gets them releases each as
+    /// it consumes it. What they were stays countable ([`Checkpointer::num_checkpoints`]).
+    pub(crate) fn hand_over(&mut self, start: usize, end: usize) -> ByLayer<T> {
         let mut by_position = ByLayer::default();
-        for (pos, &id) in self.layers.iter().enumerate() {
-            if let Some(stored) = self.stored.get(id) {
-                by_position.insert(pos, stored.clone());
+        for pos in start..end {
+            let id = self.layers[pos];
+            if let Some(stored) = self.stored.remove(id) {
+                self.handed.push((id, stored.data_bytes()));
+                by_position.insert(pos - start, stored);
             }
         }
         by_position
     }
 
-    /// The layers that have a checkpoint, in order.
+    /// The layers that have a checkpoint (see [`Checkpointer::num_checkpoints`]), in order.
     pub fn stored_layers(&self) -> Vec<usize> {
-        self.stored.layers()
+        let mut layers = self.stored.layers();
+        layers.extend(self.handed.iter().map(|&(id, _)| id));
+        layers.sort_unstable();
+        layers
     }
 
     /// Whether the policy stores the input of `layer`.
@@ -139,8 +172,10 @@ impl<T: Element> Checkpointer<T> {
     /// After a forward pass: whether that forward's plan stored it (`false` for an id that was not
     /// in its layer list). Before any forward, the id is taken as a position: `Every(k)` and
     /// `Explicit` answer from the policy alone, and every policy stores position 0; `Sqrt` and
-    /// `Budget` place the rest by the layer count, unknown until a forward, so they answer `false`
-    /// for every other position.
+    /// `Budget` and `Memory` place the rest by the layer count (and the layers' costs), unknown
+    /// until a forward, so they answer `false` for every other position. A reverse sweep that
+    /// consumed the checkpoints leaves the answers as they were; [`Checkpointer::clear`] makes
+    /// them `false`.
     pub fn is_checkpoint_layer(&self, layer: usize) -> bool {
         if !self.layers.is_empty() {
             return self
@@ -153,13 +188,14 @@ impl<T: Element> Checkpointer<T> {
             _ if layer == 0 => true,
             Policy::Every(k) => layer.is_multiple_of(*k),
             Policy::Explicit(positions) => positions.contains(&layer),
-            Policy::Sqrt | Policy::Budget(_) => false,
+            Policy::Sqrt | Policy::Budget(_) | Policy::Memory(_) => false,
         }
     }
 
     /// Drops every stored activation (their buffers go back to the pool).
     pub fn clear(&mut self) {
         self.stored.clear();
+        self.handed.clear();
         self.plan.clear();
         self.slots = 0;
         self.saved_bytes = 0;
@@ -250,16 +286,40 @@ impl<T: Element> Checkpointer<T> {
         }
     }
 
-    /// Starts a forward over `layers` from `input`: plans, and drops earlier checkpoints.
+    /// Starts a forward over `layers` from `input`: plans, and drops earlier checkpoints. `records`
+    /// when the forward records a gradient graph; the layout says how its steps run then.
     pub(crate) fn begin(
         &mut self,
         layers: impl ExactSizeIterator<Item = usize> + Clone,
         input: &Tensor<'_, T>,
-    ) -> Result<()> {
+        records: bool,
+    ) -> Result<Layout> {
+        let n = layers.len();
         let mut plan = RecycledVec::new();
-        let slots = self
-            .config
-            .plan::<T>(layers.len(), input.len(), &mut plan)?;
+        let (slots, layout) = match self.config.policy {
+            Policy::Memory(budget) if records => {
+                (0, self.plan_memory(budget, n, input.shape(), &mut plan)?)
+            }
+            // The last step keeps its graph, as revolve reverses its last step at once: the
+            // binomial chain is of the steps before it.
+            Policy::Budget(_) if records && n >= 2 => {
+                let slots = self.config.plan::<T>(n - 1, input.len(), &mut plan)?;
+                (slots, Layout::Prefix(n - 1))
+            }
+            _ => {
+                let slots = self.config.plan::<T>(n, input.len(), &mut plan)?;
+                let taped = match (records, slots, plan.last()) {
+                    (false, ..) => 0,
+                    (true, 0, Some(&last)) => last,
+                    (true, ..) => n,
+                };
+                (slots, Layout::Prefix(taped))
+            }
+        };
+        if records {
+            // A step that keeps its graph needs no checkpoint.
+            plan.retain(|&p| layout.taped(p));
+        }
         if let Some(limit) = self.config.max_checkpoints {
             if plan.len() > limit {
                 return Err(CheckpointError::LimitExceeded {
@@ -270,13 +330,16 @@ impl<T: Element> Checkpointer<T> {
             }
         }
         self.clear();
+        self.swept = false;
+        self.last_backward.set(None);
+        self.forward_start = input.rents_in.pool().probe().0;
         // Refilled rather than replaced, so that their buffers serve every forward.
         self.layers.clear();
         self.layers.extend(layers);
         self.shapes.clear();
         self.plan.extend_from_slice(&plan);
         self.slots = slots;
-        Ok(())
+        Ok(layout)
     }
 
     /// Records `x`, the input of the layer at `pos`: stored if the plan says so, else counted saved.

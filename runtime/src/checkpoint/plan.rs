@@ -26,7 +26,7 @@ impl CheckpointConfig {
                 plan.extend((0..n).step_by(*k));
                 Ok(0)
             }
-            Policy::Sqrt => {
+            Policy::Sqrt | Policy::Memory(_) => {
                 plan.extend((0..n).step_by(((n as f64).sqrt().ceil() as usize).max(1)));
                 Ok(0)
             }

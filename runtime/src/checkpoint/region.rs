@@ -17,9 +17,12 @@
 //! gradients go straight into the backward's `Gradients`; the gradients of the region's input and
 //! of values from before the region are returned to the outer backward.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::time::Instant;
 
+use super::memory::{Layout, Measuring, MemoryPlan};
+use super::rotor::Choice;
 use super::stored::ByLayer;
 use super::sweep::{check_shape, ReverseReport, Sweep};
 use super::{CheckpointError, Checkpointer, Result};
@@ -99,13 +102,16 @@ impl<T: Element> Recording<T> {
         }
     }
 
-    /// `x`, the output of the `taped` steps, with the node whose backward replays them from what
-    /// `ckpt` stored; without a node if nothing in the steps needs a gradient. Fails with
-    /// [`CheckpointError::CrossStepValue`] if a step read a value of an earlier step.
+    /// `x`, the output of the steps `start .. end` (those recorded), with the node whose backward
+    /// replays them from what `ckpt` stored, which it takes over; without a node if nothing in the
+    /// steps needs a gradient. Fails with [`CheckpointError::CrossStepValue`] if a step read a value
+    /// of an earlier step.
     pub(super) fn finish<'s>(
         self,
-        ckpt: &Checkpointer<T>,
-        taped: usize,
+        ckpt: &mut Checkpointer<T>,
+        layout: &Layout,
+        start: usize,
+        end: usize,
         mut x: Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
         // The region's graph inputs: its input, and the values from before it that its steps read
@@ -129,6 +135,22 @@ impl<T: Element> Recording<T> {
             // Nothing the steps read carries a gradient: neither does their output.
             return Ok(x);
         }
+        let reverse = match layout {
+            Layout::Prefix(_) if ckpt.slots > 0 => Reverse::Binomial(ckpt.slots),
+            Layout::Prefix(_) => Reverse::Segments,
+            Layout::Profile => Reverse::Profile(ckpt.memory.measuring.clone()),
+            Layout::Rotor(plan) => Reverse::Rotor {
+                plan: plan.clone(),
+                offset: start,
+                free: plan
+                    .top
+                    .regions
+                    .iter()
+                    .find(|r| r.start == start)
+                    .expect("the plan has a region here")
+                    .free,
+            },
+        };
         let inputs = std::iter::once(self.input)
             .chain(externals.iter().cloned().map(Some))
             .collect();
@@ -136,16 +158,39 @@ impl<T: Element> Recording<T> {
             ids: (0..self.tapes.len()).collect(),
             tapes: self.tapes,
             externals,
-            stored: ckpt.stored_by_position(),
-            shapes: ckpt.shapes.iter().cloned().collect(),
-            plan: ckpt.plan.iter().copied().filter(|&p| p < taped).collect(),
-            slots: ckpt.slots,
+            stored: ckpt.hand_over(start, end),
+            shapes: ckpt.shapes.iter().skip(start).cloned().collect(),
+            plan: ckpt
+                .plan
+                .iter()
+                .filter(|&&p| (start..end).contains(&p))
+                .map(|&p| p - start)
+                .collect(),
+            reverse,
             report: ckpt.last_backward.clone(),
         };
         let rule = Rule::new(recycle::slot(region));
         x.node = Some(Node::op(inputs, rule, &x.rents_in));
         Ok(x)
     }
+}
+
+/// How a region's backward reverses its steps.
+enum Reverse {
+    /// Each segment of the plan replayed once, with recording on (`Every`, `Sqrt`, `Explicit`).
+    Segments,
+    /// The binomial schedule with this many slots (`Budget`).
+    Binomial(usize),
+    /// `Policy::Memory`'s schedule: the region is the steps from `offset` of the plan's chain, and
+    /// its backward has `free` memory units.
+    Rotor {
+        plan: Rc<MemoryPlan>,
+        offset: usize,
+        free: u64,
+    },
+    /// The profiling step of `Policy::Memory`: every step recomputed from the input and replayed,
+    /// its graph's and its backward's pool bytes measured.
+    Profile(Rc<RefCell<Measuring>>),
 }
 
 /// The backward of a checkpointed region: what its forward recorded and stored. It is the rule of
@@ -163,9 +208,9 @@ pub(crate) struct Region<T: DType> {
     stored: ByLayer<T>,
     /// The shapes of the steps' inputs, for [`CheckpointError::ShapeDrift`].
     shapes: RecycledVec<Dims>,
+    /// The stored positions.
     plan: RecycledVec<usize>,
-    /// Slots of the binomial schedule (`Budget`), 0 otherwise.
-    slots: usize,
+    reverse: Reverse,
     /// Where the report of the backward goes (the checkpointer's).
     report: Rc<Cell<Option<ReverseReport>>>,
 }
@@ -253,9 +298,23 @@ impl<T: Element> Region<T> {
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
-        let Some(seed) = flow.grad.take() else {
+        if flow.grad.is_none() {
             return Ok(());
-        };
+        }
+        let (_, graph) = self.record(start, end, x, at, flow)?;
+        self.settle(graph, at, grads, flow)
+    }
+
+    /// Steps `start..end` replayed from `x` with recording on: their output's values, and their
+    /// graph for [`Region::settle`].
+    fn record(
+        &self,
+        start: usize,
+        end: usize,
+        x: Saved<T>,
+        at: &State,
+        flow: &mut Flow<T>,
+    ) -> Result<(Saved<T>, Graph<T>)> {
         let mut keys = Keys::new();
         let mut y = x;
         y.node = Some(Node::leaf(keys.input, None, at));
@@ -264,7 +323,24 @@ impl<T: Element> Region<T> {
             check_shape(&self.shapes, &self.ids, pos + 1, &y)?;
         }
         flow.report.replayed_steps += end - start;
-        if let Some(root) = y.node.take() {
+        let root = y.node.take();
+        Ok((y, Graph { root, keys }))
+    }
+
+    /// Backpropagates `flow.grad` through `graph`: the gradient of the graph's input becomes
+    /// `flow.grad`, those of external values are added to `flow.externals`.
+    fn settle(
+        &self,
+        graph: Graph<T>,
+        at: &State,
+        grads: &mut Gradients<'_, T>,
+        flow: &mut Flow<T>,
+    ) -> Result<()> {
+        let Some(seed) = flow.grad.take() else {
+            return Ok(());
+        };
+        let Graph { root, keys } = graph;
+        if let Some(root) = root {
             autograd::backward(&root, seed, at, grads)?;
         }
         flow.grad = grads.take(keys.input);
@@ -284,6 +360,110 @@ impl<T: Element> Region<T> {
         Ok(())
     }
 
+    /// Takes the stored input of the region's step `pos` out of the region, as a tensor of `at`.
+    fn restore(&mut self, pos: usize, at: &State) -> Result<Saved<T>> {
+        let stored = self
+            .stored
+            .remove(pos)
+            .ok_or_else(|| CheckpointError::UnknownLayer {
+                layer: pos,
+                stored: self.stored.layers(),
+            })?;
+        Ok(stored.restore(at)?.without_grad())
+    }
+
+    /// Values only: `x` advanced from step `from` to the input of step `to`.
+    fn advance(
+        &self,
+        from: usize,
+        to: usize,
+        x: &Saved<T>,
+        at: &State,
+        flow: &mut Flow<T>,
+    ) -> Result<Saved<T>> {
+        let mut a = x.saved();
+        for pos in from..to {
+            a = self.replay(pos, a, at, None)?;
+            check_shape(&self.shapes, &self.ids, pos + 1, &a)?;
+        }
+        flow.report.recomputed_steps += to - from;
+        Ok(a)
+    }
+
+    /// `Policy::Memory`'s schedule for steps `s ..= t` of the region from `x`, their input, with
+    /// `m` memory units free: the choices of the dynamic program, whose memory they keep to.
+    #[allow(clippy::too_many_arguments)]
+    fn rotor(
+        &self,
+        plan: &MemoryPlan,
+        offset: usize,
+        (s, t, m): (usize, usize, u64),
+        x: Saved<T>,
+        at: &State,
+        grads: &mut Gradients<'_, T>,
+        flow: &mut Flow<T>,
+    ) -> Result<()> {
+        let rotor = &plan.rotor;
+        match rotor.solve(offset + s, offset + t, m).1 {
+            Choice::All => {
+                let rest = rotor.all_free(offset + s, m).expect("the plan fits");
+                let (y, graph) = self.record(s, s + 1, x, at, flow)?;
+                if s < t {
+                    self.rotor(plan, offset, (s + 1, t, rest), y, at, grads, flow)?;
+                } else {
+                    drop(y);
+                }
+                self.settle(graph, at, grads, flow)
+            }
+            Choice::Ck(to) => {
+                let (right, left) = rotor
+                    .solve_ck_free(offset + t, to, m)
+                    .expect("the plan fits");
+                // The dynamic program counts steps along the whole chain; the region from its start.
+                let sp = to - offset;
+                let a = self.advance(s, sp, &x, at, flow)?;
+                self.rotor(plan, offset, (sp, t, right), a, at, grads, flow)?;
+                self.rotor(plan, offset, (s, sp - 1, left), x, at, grads, flow)
+            }
+        }
+    }
+
+    /// The profiling step's backward: each step, last first, recomputed from the region's input,
+    /// replayed with recording on and backpropagated, the pool bytes of its graph and of its
+    /// backward measured into `measuring`. It holds the least a backward can: the input, one
+    /// activation, one step's graph.
+    fn profile(
+        &mut self,
+        measuring: &RefCell<Measuring>,
+        at: &State,
+        grads: &mut Gradients<'_, T>,
+        flow: &mut Flow<T>,
+    ) -> Result<()> {
+        let pool = at.pool();
+        measuring.borrow_mut().backward_started(pool);
+        let input = self.restore(0, at)?;
+        for t in (0..self.tapes.len()).rev() {
+            let a = self.advance(0, t, &input, at, flow)?;
+            let before = pool.probe_start();
+            let (y, graph) = self.record(t, t + 1, a, at, flow)?;
+            let (held, peak) = pool.probe();
+            let (started, gradients) = (pool.probe_start(), gradient_bytes(grads, flow));
+            let clock = Instant::now();
+            self.settle(graph, at, grads, flow)?;
+            let secs = clock.elapsed().as_secs_f64();
+            drop(y);
+            let mut measuring = measuring.borrow_mut();
+            let step = &mut measuring.costs.steps[t];
+            step.graph_bytes = held.saturating_sub(before);
+            step.record_peak = peak.saturating_sub(before);
+            step.backward_secs = secs;
+            step.backward_peak = pool.probe().1.saturating_sub(started);
+            step.gradient_bytes = gradient_bytes(grads, flow).saturating_sub(gradients);
+        }
+        measuring.borrow_mut().backward_ended(pool);
+        Ok(())
+    }
+
     /// Segment by segment, last first: each replayed once from its boundary, with recording on.
     fn segments(
         &mut self,
@@ -295,15 +475,7 @@ impl<T: Element> Region<T> {
         let plan = std::mem::take(&mut self.plan);
         for (j, &start) in plan.iter().enumerate().rev() {
             let end = plan.get(j + 1).copied().unwrap_or(n);
-            let stored =
-                self.stored
-                    .remove(start)
-                    .ok_or_else(|| CheckpointError::UnknownLayer {
-                        layer: start,
-                        stored: self.stored.layers(),
-                    })?;
-            let x = stored.restore(at)?.without_grad();
-            drop(stored);
+            let x = self.restore(start, at)?;
             flow.report.peak_activations = flow.report.peak_activations.max(self.stored.len() + 1);
             self.backpropagate(start, end, x, at, grads, flow)?;
         }
@@ -314,6 +486,7 @@ impl<T: Element> Region<T> {
     /// step is replayed with recording on when its turn comes.
     fn binomial(
         &mut self,
+        slots: usize,
         at: &State,
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
@@ -333,7 +506,7 @@ impl<T: Element> Region<T> {
             report: ReverseReport::default(),
             held: 0,
         };
-        let result = sweep.binomial(&this.plan, this.slots);
+        let result = sweep.binomial(&this.plan, slots);
         let report = sweep.report;
         drop(sweep);
         result?;
@@ -341,6 +514,19 @@ impl<T: Element> Region<T> {
         flow.report.peak_activations = report.peak_activations;
         Ok(())
     }
+}
+
+/// Pool bytes the gradients of a backward hold until it ends: the parameters' and those of the
+/// region's external values.
+fn gradient_bytes<T: Element>(grads: &Gradients<'_, T>, flow: &Flow<T>) -> usize {
+    let externals = flow.externals.iter().flatten().map(Tensor::allocated_bytes);
+    grads.held_bytes() + externals.sum::<usize>()
+}
+
+/// A replayed step's graph, until its backward: its root and the leaves standing for its inputs.
+struct Graph<T: Element> {
+    root: Option<NodeRef<T>>,
+    keys: Keys<T>,
 }
 
 /// A value the region keeps, or a gradient it passes: an alias without a brand.
@@ -389,10 +575,23 @@ impl<T: Element> Region<T> {
             externals: self.externals.iter().map(|_| None).collect(),
             report: ReverseReport::default(),
         };
-        let result = if self.slots > 0 {
-            self.binomial(at, grads, &mut flow)
-        } else {
-            self.segments(at, grads, &mut flow)
+        let result = match &self.reverse {
+            Reverse::Segments => self.segments(at, grads, &mut flow),
+            &Reverse::Binomial(slots) => self.binomial(slots, at, grads, &mut flow),
+            Reverse::Rotor { plan, offset, free } => {
+                let (plan, offset, free) = (plan.clone(), *offset, *free);
+                match self.restore(0, at) {
+                    Ok(x) => {
+                        let last = self.tapes.len() - 1;
+                        self.rotor(&plan, offset, (0, last, free), x, at, grads, &mut flow)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Reverse::Profile(measuring) => {
+                let measuring = measuring.clone();
+                self.profile(&measuring, at, grads, &mut flow)
+            }
         };
         result.map_err(|e| match e {
             CheckpointError::Tensor(e) => e,

@@ -105,7 +105,7 @@ impl<T: Element> Checkpointer<T> {
         mut forward: impl FnMut(&Tensor<'s, T>, usize) -> Result<Tensor<'s, T>>,
         mut backward: impl FnMut(usize, &Tensor<'s, T>) -> Result<()>,
     ) -> Result<ReverseReport> {
-        if self.plan.is_empty() && !self.layers.is_empty() {
+        if self.swept || (self.plan.is_empty() && !self.layers.is_empty()) {
             // Already swept (or cleared): the checkpoints are gone.
             return Err(CheckpointError::UnknownLayer {
                 layer: self.layers[0],
@@ -134,7 +134,10 @@ impl<T: Element> Checkpointer<T> {
             sweep.segments(&self.plan)
         };
         let report = sweep.report;
-        self.clear();
+        // The checkpoints are consumed; the plan stays, for `is_checkpoint_layer`.
+        drop(sweep);
+        self.swept = true;
+        self.handed.clear();
         result.map(|()| report)
     }
 }

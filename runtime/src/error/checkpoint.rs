@@ -52,6 +52,21 @@ pub enum CheckpointError {
         /// The limit.
         limit: usize,
     },
+    /// [`Policy::Memory`](crate::Policy::Memory) with a budget no schedule of the measured (or
+    /// stated) costs fits in.
+    #[error(
+        "no schedule of these {layers} layers fits in {budget} bytes; the smallest budget that \
+         fits is {smallest} bytes"
+    )]
+    MemoryBudgetTooSmall {
+        /// The budget given.
+        budget: usize,
+        /// The smallest budget a schedule fits in (to the memory unit of the plan: about a
+        /// thousandth of it).
+        smallest: usize,
+        /// The layers of the forward.
+        layers: usize,
+    },
     /// A recomputed activation whose shape differs from the one the forward pass produced.
     #[error(
         "recomputing the input of layer {layer} gave shape {got}, but the forward pass gave {expected}"

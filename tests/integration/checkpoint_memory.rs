@@ -1,0 +1,326 @@
+//! `Policy::Memory`: checkpointing placed by a byte budget for the whole training step. The pool's
+//! own peak stays within the budget, the gradients are the plain ones bit for bit, a budget no
+//! schedule fits in names the smallest one that does, and layers of different sizes are placed
+//! by their costs.
+
+use tensorscope::prelude::*;
+use tensorscope::{CheckpointConfig, CheckpointError, Checkpointer, Policy};
+
+use tensorscope::Gradients;
+
+use crate::denoiser::Denoiser;
+use crate::gpt::{Config, Gpt};
+use crate::pre_norm_mlp::Model;
+
+/// One training step into gradients kept from an earlier step (their buffers are the training
+/// loop's, as the parameters are): its loss, every parameter's gradient, and the pool's peak above
+/// what was in use when the forward started (the input and the target made).
+fn step(
+    pool: &Pool,
+    model: &Model,
+    ckpt: Option<&mut Checkpointer>,
+    width: usize,
+) -> (f32, Vec<Vec<f32>>, usize) {
+    pool.train(|s| {
+        let x = s.randn::<f32>(&[16, width], 100);
+        let target = s.randn::<f32>(&[16, width], 101);
+        let mut grads = model
+            .forward_plain(x.clone())
+            .mse(&target)
+            .backward()
+            .unwrap();
+        grads.zero().unwrap();
+        let start = pool.stats().bytes_in_use;
+        pool.reset_peak();
+        let y = match ckpt {
+            Some(ckpt) => model.forward(ckpt, x),
+            None => model.forward_plain(x),
+        };
+        let loss = y.mse(&target);
+        loss.backward_into(&mut grads).unwrap();
+        let peak = pool.stats().peak_bytes_in_use - start;
+        let mut all = Vec::new();
+        model.each_param(&mut |p| all.push(grads.get(p).expect("a gradient").to_vec()));
+        (loss.item(), all, peak)
+    })
+}
+
+#[test]
+fn the_step_stays_within_the_budget_with_the_plain_gradients() {
+    let pool = Pool::with_max_memory_mb(256);
+    let width = 32;
+    let model = Model::new(&pool, 64, width);
+    let (loss, grads, plain_peak) = step(&pool, &model, None, width);
+    // The smallest budget, from the error of one far too small.
+    let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(1)));
+    let (_, _, profiling_peak) = step(&pool, &model, Some(&mut probe), width);
+    let smallest = match pool.train(|s| {
+        let x = s.randn::<f32>(&[16, width], 100);
+        let layers: Vec<usize> = (0..64).collect();
+        probe
+            .checkpointed_forward(&x, &layers, |x, i| model.blocks[i].forward(x))
+            .map(drop)
+    }) {
+        Err(CheckpointError::MemoryBudgetTooSmall {
+            smallest, layers, ..
+        }) => {
+            assert_eq!(layers, 64);
+            smallest
+        }
+        other => panic!("{other:?}"),
+    };
+    println!("plain {plain_peak} B, profiling {profiling_peak} B, smallest {smallest} B");
+    assert!(smallest < plain_peak / 4, "{smallest} vs {plain_peak}");
+    for budget in [
+        smallest,
+        smallest * 3 / 2,
+        smallest * 2,
+        plain_peak / 2,
+        plain_peak * 2,
+    ] {
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
+        for round in 0..3 {
+            let (got_loss, got, peak) = step(&pool, &model, Some(&mut ckpt), width);
+            assert_eq!(got_loss.to_bits(), loss.to_bits(), "budget {budget}");
+            assert!(
+                got == grads,
+                "budget {budget}, round {round}: the plain gradients"
+            );
+            let report = ckpt.last_backward();
+            println!("budget {budget} round {round}: peak {peak} B, {report:?}");
+            if round > 0 {
+                assert!(
+                    peak <= budget,
+                    "budget {budget}, round {round}: peak {peak}"
+                );
+            }
+        }
+    }
+}
+
+/// A chain of 32 steps `tanh(x W_i)` whose activations alternate between 64 and 640 wide.
+struct Alternating {
+    weights: Vec<Param>,
+    input: usize,
+}
+
+impl Alternating {
+    fn new(pool: &Pool, starts_narrow: bool) -> Self {
+        let (a, b) = if starts_narrow { (64, 640) } else { (640, 64) };
+        let weights = (0..32)
+            .map(|i| {
+                let shape = if i % 2 == 0 { [a, b] } else { [b, a] };
+                pool.scope(|s| (s.randn::<f32>(&shape, i as u64) * 0.05).detach())
+            })
+            .collect();
+        Alternating { weights, input: a }
+    }
+
+    fn layer<'s>(&self, x: &Tensor<'s>, i: usize) -> Tensor<'s> {
+        x.matmul(&x.bind(&self.weights[i])).tanh()
+    }
+
+    /// The loss's gradients (kept buffers), the step's pool peak, and the backward's report.
+    fn step(&self, pool: &Pool, ckpt: Option<&mut Checkpointer>) -> (Vec<Vec<f32>>, usize) {
+        pool.train(|s| {
+            let x = s.randn::<f32>(&[4, self.input], 7);
+            let layers: Vec<usize> = (0..32).collect();
+            let plain = layers.iter().fold(x.clone(), |x, &i| self.layer(&x, i));
+            let mut grads = plain.sum_all().backward().unwrap();
+            grads.zero().unwrap();
+            let start = pool.stats().bytes_in_use;
+            pool.reset_peak();
+            let y = match ckpt {
+                Some(ckpt) => ckpt
+                    .checkpointed_forward(&x, &layers, |x, i| self.layer(x, i))
+                    .unwrap(),
+                None => layers.iter().fold(x, |x, &i| self.layer(&x, i)),
+            };
+            y.sum_all().backward_into(&mut grads).unwrap();
+            let peak = pool.stats().peak_bytes_in_use - start;
+            let all = self
+                .weights
+                .iter()
+                .map(|w| grads.get(w).unwrap().to_vec())
+                .collect();
+            (all, peak)
+        })
+    }
+}
+
+#[test]
+fn layers_of_different_sizes_are_placed_by_their_costs_within_the_budget() {
+    let pool = Pool::with_max_memory_mb(256);
+    let chain = Alternating::new(&pool, false);
+    let (plain, plain_peak) = chain.step(&pool, None);
+    let memory_steps = |chain: &Alternating, plain: &[Vec<f32>], budget: usize| {
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
+        chain.step(&pool, Some(&mut ckpt)); // profiling
+        let (grads, peak) = chain.step(&pool, Some(&mut ckpt));
+        assert!(grads == plain, "budget {budget}: the plain gradients");
+        assert!(peak <= budget, "budget {budget}: peak {peak}");
+        let r = ckpt
+            .last_backward()
+            .map_or(0, |r| r.recomputed_steps + r.replayed_steps);
+        (peak, r)
+    };
+    // Against Budget at the peak Budget's own step reaches: no more layer steps run again.
+    for slots in [2, 4, 8] {
+        let wide = 4 * 640 * 4;
+        let mut budget = Checkpointer::new(CheckpointConfig::new(Policy::Budget(slots * wide)));
+        let (grads, budget_peak) = chain.step(&pool, Some(&mut budget));
+        assert!(grads == plain);
+        let r = budget.last_backward().unwrap();
+        let budget_steps = r.recomputed_steps + r.replayed_steps;
+        let (peak, steps) = memory_steps(&chain, &plain, budget_peak);
+        println!(
+            "{slots} wide slots: Budget {budget_steps} steps at {budget_peak} B; \
+             Memory {steps} at {peak} B (plain {plain_peak} B)"
+        );
+        assert!(steps <= budget_steps, "{steps} > {budget_steps}");
+    }
+    // A chain that starts narrow, at budgets from the smallest that fits to the plain step's.
+    let chain = Alternating::new(&pool, true);
+    let (plain, plain_peak) = chain.step(&pool, None);
+    let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(1)));
+    chain.step(&pool, Some(&mut probe));
+    let smallest = match pool.train(|s| {
+        let layers: Vec<usize> = (0..32).collect();
+        probe
+            .checkpointed_forward(&s.randn::<f32>(&[4, 64], 7), &layers, |x, i| {
+                chain.layer(x, i)
+            })
+            .map(drop)
+    }) {
+        Err(CheckpointError::MemoryBudgetTooSmall { smallest, .. }) => smallest,
+        other => panic!("{other:?}"),
+    };
+    for k in 0..=8 {
+        let budget = smallest + (plain_peak - smallest) * k / 8;
+        let (peak, steps) = memory_steps(&chain, &plain, budget);
+        println!("starts narrow, budget {budget}: {steps} steps at {peak} B");
+    }
+}
+
+/// Steps of a model under `Policy::Memory` at budgets between the least that fits and its plain
+/// step's peak: each planned step within its budget, with the plain step's gradients. `step` runs
+/// one training step into kept gradients and returns them with the pool's peak above what was in
+/// use when the checkpointed forward started.
+fn within_budgets(name: &str, step: impl Fn(Option<&mut Checkpointer>) -> (Vec<Vec<f32>>, usize)) {
+    let (plain, plain_peak) = step(None);
+    let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(plain_peak)));
+    let (grads, profiling_peak) = step(Some(&mut probe));
+    assert!(grads == plain, "{name}: the profiling step's gradients");
+    let smallest = probe.smallest_budget().unwrap();
+    assert!(
+        smallest < plain_peak,
+        "{name}: {smallest} B, plain {plain_peak} B"
+    );
+    for fraction in [0.0, 0.3, 0.7] {
+        let budget = smallest + ((plain_peak - smallest) as f64 * fraction) as usize;
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
+        ckpt.set_costs(probe.costs().unwrap());
+        for round in 0..2 {
+            let (grads, peak) = step(Some(&mut ckpt));
+            println!(
+                "{name}: plain {plain_peak} B, profiling {profiling_peak} B, budget {budget}: \
+                 peak {peak} B, {:?}",
+                ckpt.last_backward()
+            );
+            assert!(
+                grads == plain,
+                "{name}, budget {budget}: the plain gradients"
+            );
+            assert!(
+                peak <= budget,
+                "{name}, budget {budget}, round {round}: peak {peak} B"
+            );
+        }
+    }
+}
+
+/// One training step into `grads` (made by a plain step first, then kept): the gradients of
+/// `params` and the pool's peak above what was in use when the checkpointed forward started (when
+/// `loss` started, without a checkpointer).
+fn kept_step<'s>(
+    pool: &Pool,
+    grads: &mut Option<Gradients<'s>>,
+    loss: impl FnOnce(Option<&mut Checkpointer>) -> Tensor<'s>,
+    ckpt: Option<&mut Checkpointer>,
+    params: &[&Param],
+) -> (Vec<Vec<f32>>, usize) {
+    let mut start = pool.stats().bytes_in_use;
+    pool.reset_peak();
+    let loss = match ckpt {
+        Some(ckpt) => {
+            let loss = loss(Some(&mut *ckpt));
+            start = ckpt.forward_start_bytes();
+            loss
+        }
+        None => loss(None),
+    };
+    match grads {
+        Some(grads) => loss.backward_into(grads).unwrap(),
+        None => *grads = Some(loss.backward().unwrap()),
+    }
+    let peak = pool.stats().peak_bytes_in_use - start;
+    let grads = grads.as_ref().unwrap();
+    let all = params
+        .iter()
+        .map(|p| grads.get(p).unwrap().to_vec())
+        .collect();
+    (all, peak)
+}
+
+#[test]
+fn the_gpt_and_the_denoiser_steps_stay_within_their_budgets() {
+    let pool = Pool::with_max_memory_mb(512);
+    let config = Config {
+        layers: 4,
+        dim: 64,
+        n_ctx: 32,
+        ..Config::TINY
+    };
+    let gpt = Gpt::random(&pool, config, 5).unwrap();
+    let names: Vec<String> = Gpt::shapes(&config).into_iter().map(|(n, _)| n).collect();
+    let params: Vec<&Param> = names.iter().map(|n| gpt.param(n).unwrap()).collect();
+    within_budgets("gpt", |ckpt| {
+        pool.train(|s| {
+            let ids =
+                s.from_slice::<i64>(&[2, 32], &(0..64).map(|i| i * 7 % 96).collect::<Vec<_>>());
+            let mut grads = None;
+            let loss = |ckpt: Option<&mut Checkpointer>| {
+                let logits = match ckpt {
+                    Some(ckpt) => gpt.forward_checkpointed(ckpt, &ids),
+                    None => gpt.forward(&ids),
+                };
+                Gpt::loss(&logits, &ids)
+            };
+            kept_step(&pool, &mut grads, loss, None, &params);
+            grads.as_mut().unwrap().zero().unwrap();
+            kept_step(&pool, &mut grads, loss, ckpt, &params)
+        })
+    });
+
+    let denoiser = Denoiser::new(&pool, 4, 16, 4);
+    let mut params = Vec::new();
+    denoiser.each_param(&mut |p| params.push(p.clone()));
+    let params: Vec<&Param> = params.iter().collect();
+    within_budgets("denoiser", |ckpt| {
+        pool.train(|s| {
+            let x = s.randn::<f32>(&[1, 4, 24, 24], 3);
+            let target = s.randn::<f32>(&[1, 4, 24, 24], 4);
+            let mut grads = None;
+            let loss = |ckpt: Option<&mut Checkpointer>| {
+                let y = match ckpt {
+                    Some(ckpt) => denoiser.predict_noise_checkpointed(ckpt, x.clone()),
+                    None => denoiser.predict_noise(&x),
+                };
+                y.mse(&target)
+            };
+            kept_step(&pool, &mut grads, loss, None, &params);
+            grads.as_mut().unwrap().zero().unwrap();
+            kept_step(&pool, &mut grads, loss, ckpt, &params)
+        })
+    });
+}
