@@ -126,6 +126,9 @@ const WARM_UP: usize = 3;
 /// only some steps later (a hash map whose keys are removed and inserted every step grew once its
 /// tombstones filled it, at a step its random hashes decided).
 const STEADY_STEPS: usize = 8;
+/// Budgets for the 4-block MLP of `training_loops::mlp` under `Policy::Memory`.
+const MEMORY_TIGHT: usize = 120 * 1024;
+const MEMORY_LOOSE: usize = 160 * 1024;
 
 /// Allocations made by the `STEADY_STEPS` steps after `WARM_UP` of `run(steps, boundary)`, a loop of
 /// `training_loops` calling `boundary(i)` before step `i` and after the last (counting one loop at a
@@ -159,6 +162,16 @@ fn steady_state_mlp_training_steps_allocate_nothing() {
         (
             "Every(1), f16",
             Some(CheckpointConfig::new(Policy::Every(1)).with_precision(Precision::F16)),
+        ),
+        // Planned from the third step on (the second measures), near the smallest budget that
+        // fits (115,490 B) and above it.
+        (
+            "Memory(tight)",
+            Some(CheckpointConfig::new(Policy::Memory(MEMORY_TIGHT))),
+        ),
+        (
+            "Memory(loose)",
+            Some(CheckpointConfig::new(Policy::Memory(MEMORY_LOOSE))),
         ),
     ];
     let counts: Vec<(&str, usize)> = cases

@@ -8,7 +8,7 @@
 #![allow(dead_code)] // each user needs a different part
 
 use tensorscope::prelude::*;
-use tensorscope::Checkpointer;
+use tensorscope::{Checkpointer, Parameters};
 
 pub(crate) struct Denoiser {
     conv_in: Param,
@@ -77,5 +77,19 @@ impl Denoiser {
         ]
         .into_iter()
         .for_each(f)
+    }
+}
+
+impl Parameters<f32> for Denoiser {
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
+        let Denoiser {
+            conv_in,
+            down,
+            mid,
+            up,
+            conv_out,
+            ..
+        } = self;
+        [conv_in, down, mid, up, conv_out].into_iter().for_each(f)
     }
 }

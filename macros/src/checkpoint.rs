@@ -314,6 +314,15 @@ fn bytes(text: &str) -> Result<usize, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
+    let not_a_budget = || {
+        format!(
+            "`memory = \"{text}\"` is not a budget; give a number of bytes and a unit, such as \
+             \"64 MiB\""
+        )
+    };
+    if number.is_empty() {
+        return Err(not_a_budget());
+    }
     let scale: f64 = match unit.trim() {
         "" | "B" => 1.0,
         "KB" => 1e3,
@@ -331,10 +340,7 @@ fn bytes(text: &str) -> Result<usize, String> {
     };
     match number.replace('_', "").parse::<f64>() {
         Ok(n) if n * scale >= 1.0 && n * scale < usize::MAX as f64 => Ok((n * scale) as usize),
-        _ => Err(format!(
-            "`memory = \"{text}\"` is not a budget; give a number of bytes and a unit, such as \
-             \"64 MiB\""
-        )),
+        _ => Err(not_a_budget()),
     }
 }
 

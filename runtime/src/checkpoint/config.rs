@@ -31,9 +31,11 @@ pub enum Policy {
     /// The schedule is the optimum of the dynamic program for heterogeneous chains (Beaumont et
     /// al. 2019) on each step's measured costs: its forward and backward time, its input's bytes,
     /// and the pool bytes its forward, its recorded graph and its backward hold. They are measured
-    /// by the first training forward and its backward (a *profiling step*: only the input is
-    /// stored, every step is recomputed from it, and each step's peak is read off the pool), or
-    /// stated with [`Checkpointer::set_costs`]. A budget below the smallest feasible one fails
+    /// by the second training step (a *profiling step*: only the input is stored, every step is
+    /// recomputed from it, and each step's peak is read off the pool), or stated with
+    /// [`Checkpointer::set_costs`]. The first training step runs as under [`Policy::Sqrt`]: it
+    /// allocates the gradients and the optimizer's state, which later steps reuse, so it is no
+    /// step to measure; from the third on, the plan holds the budget. A budget below the smallest feasible one fails
     /// with [`CheckpointError::MemoryBudgetTooSmall`], which names that smallest budget.
     ///
     /// Storage is at full precision. A forward that records no graph has no backward to plan

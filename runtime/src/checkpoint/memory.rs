@@ -21,6 +21,9 @@ pub(crate) struct Memory {
     pub(crate) measuring: Rc<RefCell<Measuring>>,
     /// The plan of the last budget, for its costs.
     plan: Option<Rc<MemoryPlan>>,
+    /// Whether a training forward ran: the first one allocates the gradients and the optimizer's
+    /// state, so the step after it is the one measured.
+    warmed: bool,
 }
 
 thread_local! {
@@ -175,14 +178,15 @@ impl<T: Element> Checkpointer<T> {
     }
 
     /// The layout of a recording forward over `n` layers from an input of `shape` under
-    /// `Policy::Memory(budget)`, with the positions it stores written into `plan`.
+    /// `Policy::Memory(budget)`, with the positions it stores written into `plan`; `None` for the
+    /// first training forward, which runs as `Policy::Sqrt` does (see [`Policy::Memory`]).
     pub(crate) fn plan_memory(
         &mut self,
         budget: usize,
         n: usize,
         shape: &[usize],
         plan: &mut Vec<usize>,
-    ) -> Result<Layout> {
+    ) -> Result<Option<Layout>> {
         if self.config.precision != Precision::Full {
             return Err(CheckpointError::InvalidPolicy(
                 "Policy::Memory stores at full precision; its plan counts every byte it holds"
@@ -194,6 +198,9 @@ impl<T: Element> Checkpointer<T> {
             costs.steps.len() == n && input.as_ref().is_none_or(|d| d.slice() == shape)
         };
         let Some((costs, _)) = self.memory.costs.as_ref().filter(|(c, i)| fits(c, i)) else {
+            if !std::mem::replace(&mut self.memory.warmed, true) {
+                return Ok(None);
+            }
             // Nothing known of these layers: this step measures them.
             let mut measuring = self.memory.measuring.borrow_mut();
             *measuring = Measuring {
@@ -202,7 +209,7 @@ impl<T: Element> Checkpointer<T> {
             };
             plan.clear();
             plan.push(0);
-            return Ok(Layout::Profile);
+            return Ok(Some(Layout::Profile));
         };
         let current = self.memory.plan.as_ref().filter(|p| p.budget == budget);
         let memory_plan = match current {
@@ -224,7 +231,7 @@ impl<T: Element> Checkpointer<T> {
         };
         plan.clear();
         plan.extend(memory_plan.top.regions.iter().map(|r| r.start));
-        Ok(Layout::Rotor(memory_plan))
+        Ok(Some(Layout::Rotor(memory_plan)))
     }
 
     /// Keeps the costs a finished profiling step measured.

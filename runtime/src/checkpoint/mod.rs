@@ -296,17 +296,21 @@ impl<T: Element> Checkpointer<T> {
     ) -> Result<Layout> {
         let n = layers.len();
         let mut plan = RecycledVec::new();
-        let (slots, layout) = match self.config.policy {
+        let memory = match self.config.policy {
             Policy::Memory(budget) if records => {
-                (0, self.plan_memory(budget, n, input.shape(), &mut plan)?)
+                self.plan_memory(budget, n, input.shape(), &mut plan)?
             }
+            _ => None,
+        };
+        let (slots, layout) = match (memory, &self.config.policy) {
+            (Some(layout), _) => (0, layout),
             // The last step keeps its graph, as revolve reverses its last step at once: the
             // binomial chain is of the steps before it.
-            Policy::Budget(_) if records && n >= 2 => {
+            (None, Policy::Budget(_)) if records && n >= 2 => {
                 let slots = self.config.plan::<T>(n - 1, input.len(), &mut plan)?;
                 (slots, Layout::Prefix(n - 1))
             }
-            _ => {
+            (None, _) => {
                 let slots = self.config.plan::<T>(n, input.len(), &mut plan)?;
                 let taped = match (records, slots, plan.last()) {
                     (false, ..) => 0,
