@@ -101,10 +101,18 @@ fn curve<M: Parameters<f32>>(
         ckpt.set_costs(costs.clone());
         rows.push(row(format!("memory {:.2} MiB", mib(budget)), Some(ckpt)));
     }
-    // Two warm-up steps, then the rows take turns, a few steps each.
-    for start in (0..steps + 2).step_by(CHUNK) {
+    // Two warm-up steps, then the rows take turns, a few steps each, in one order and then the
+    // other, so that no row always runs first or last.
+    for (turn, start) in (0..steps + 2).step_by(CHUNK).enumerate() {
+        let chunk = start..(start + CHUNK).min(steps + 2);
+        if turn % 2 == 1 {
+            rows.reverse();
+        }
         for r in &mut rows {
-            run(r, loss_of, start..(start + CHUNK).min(steps + 2));
+            run(r, loss_of, chunk.clone());
+        }
+        if turn % 2 == 1 {
+            rows.reverse();
         }
     }
     println!("\n{model_name}: {} rows, {steps} steps each", rows.len());

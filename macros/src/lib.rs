@@ -128,7 +128,10 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// **Training.** In a training scope (or from an input that carries a gradient graph), the layers
 /// record what it takes to run them again instead of a graph that keeps their activations, and the
 /// output's graph node replays them in the backward pass: segment by segment from the stored
-/// inputs (`every`, `sqrt`, explicit positions), or by the binomial schedule of a byte budget.
+/// inputs (`every`, `sqrt`, explicit positions), by the binomial schedule of a byte budget, or by
+/// the fastest schedule whose whole step fits `memory = "64 MiB"` (`Policy::Memory`: its second
+/// training step measures each layer's time and pool bytes, and the plan holds from the third on;
+/// without a checkpointer the measurements are kept for the function, on its thread).
 /// The last segment keeps its graph (its backward comes first). At full precision the loss and
 /// every gradient are bit-identical to the same forward without the attribute, but for a parameter
 /// read by several steps (an RNN's weight), whose per-step gradients are summed segment by segment
@@ -195,7 +198,8 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// return the activation tensor, and the loop's iterable and body to use only parameters (not locals
 /// made before the loop); it panics with the index and the layer count for an index past the end.
 ///
-/// **Options:** `every = N` or `policy = "sqrt"` (or neither: the checkpointer's configuration),
+/// **Options:** `every = N`, `policy = "sqrt"` or `memory = "64 MiB"` (B, KB, MB, GB, KiB, MiB,
+/// GiB; or none of them: the checkpointer's configuration),
 /// with a policy `precision = "f32" | "f16" | "bf16"` and `max = M` (at most `M` checkpoints),
 /// `replay = "name"`, `crate = "path"`. Misuse is a compile error at the offending tokens, and the
 /// function is still emitted as written.

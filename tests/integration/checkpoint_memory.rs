@@ -390,3 +390,43 @@ fn the_attribute_keeps_what_it_measured_without_a_checkpointer() {
         }
     }
 }
+
+#[test]
+fn a_budget_too_small_and_narrow_storage_are_refused_with_what_would_fit() {
+    use tensorscope::Precision;
+    let pool = Pool::with_max_memory_mb(64);
+    let chain = Alternating::new(&pool, true);
+    let layers: Vec<usize> = (0..32).collect();
+    let forward = |ckpt: &mut Checkpointer| {
+        pool.train(|s| {
+            let x = s.randn::<f32>(&[4, 64], 7);
+            ckpt.checkpointed_forward(&x, &layers, |x, i| chain.layer(x, i))
+                .map(|y| y.sum_all().backward().map(drop))
+        })
+    };
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(1000)));
+    assert!(ckpt.costs().is_none() && ckpt.smallest_budget().is_none());
+    // The first step runs as under Sqrt and the second measures, whatever the budget.
+    for _ in 0..2 {
+        forward(&mut ckpt).unwrap().unwrap();
+    }
+    let smallest = ckpt.smallest_budget().unwrap();
+    let err = forward(&mut ckpt).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "no schedule of these 32 layers fits in 1000 bytes; the smallest budget that fits is \
+             {smallest} bytes"
+        )
+    );
+    // That smallest budget fits.
+    ckpt.set_config(CheckpointConfig::new(Policy::Memory(smallest)));
+    forward(&mut ckpt).unwrap().unwrap();
+
+    let narrow = CheckpointConfig::new(Policy::Memory(1 << 20)).with_precision(Precision::F16);
+    let mut ckpt = Checkpointer::new(narrow);
+    assert!(matches!(
+        forward(&mut ckpt),
+        Err(CheckpointError::InvalidPolicy(why)) if why.contains("full precision")
+    ));
+}

@@ -165,6 +165,23 @@ fn a_checkpointed_step_holds_a_fraction_of_the_activations() {
     let sqrt = peak(Some(&mut ckpt));
     println!("peak beyond parameters and gradients: plain {plain} B, sqrt {sqrt} B");
     assert!(sqrt * 4 <= plain, "sqrt {sqrt} B against plain {plain} B");
+    // Budget, counted by the pool: each slot more holds one activation more, as the stored
+    // checkpoints are released while the reverse sweep consumes them (the checkpointer held them
+    // all through the backward before, so slots it reused were never freed).
+    let activation = (BATCH * WIDTH * 4) as f64;
+    let budget = |slots: usize| {
+        let policy = Policy::Budget(slots * BATCH * WIDTH * 4);
+        peak(Some(&mut Checkpointer::new(CheckpointConfig::new(policy))))
+    };
+    let one = budget(1);
+    for slots in [2, 5, 10, 20] {
+        let more = (budget(slots) as f64 - one as f64) / activation;
+        println!("Budget({slots} slots): {more:.2} activations more than one slot");
+        assert!(
+            more <= (slots - 1) as f64,
+            "{slots} slots: {more:.2} activations more"
+        );
+    }
 }
 
 #[test]

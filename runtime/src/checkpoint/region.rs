@@ -597,7 +597,16 @@ impl<T: Element> Region<T> {
             CheckpointError::Tensor(e) => e,
             e => crate::error::Error::Checkpoint(Box::new(e)),
         })?;
-        self.report.set(Some(flow.report));
+        // A forward of several regions reports them together (its start cleared the report).
+        let report = match self.report.get() {
+            Some(earlier) => ReverseReport {
+                recomputed_steps: earlier.recomputed_steps + flow.report.recomputed_steps,
+                replayed_steps: earlier.replayed_steps + flow.report.replayed_steps,
+                peak_activations: earlier.peak_activations.max(flow.report.peak_activations),
+            },
+            None => flow.report,
+        };
+        self.report.set(Some(report));
         let input = flow
             .grad
             .filter(|_| needs.first().copied().unwrap_or(false));
