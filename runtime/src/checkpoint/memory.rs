@@ -72,6 +72,9 @@ pub(crate) struct MemoryPlan {
 /// How a recording forward runs its steps.
 pub(crate) enum Layout {
     /// The steps before this position run on tapes in one region; the rest record their graphs.
+    /// Under `Every`, `Sqrt` and `Explicit` the last segment records its graph, since its backward
+    /// comes first (replaying it would cost a forward of it and save nothing: one segment's graph
+    /// is alive at a time either way); under `Budget` the last step does, as revolve's does.
     Prefix(usize),
     /// Every step on a tape in one region, only the input stored, each step measured: the
     /// profiling step of `Policy::Memory`.

@@ -1,21 +1,26 @@
-//! Checkpointed training: a forward over layers that records each layer step on a tape instead of
-//! keeping a graph, stores the policy's boundaries, and gives its output one graph node whose
-//! backward replays the steps.
+//! Checkpointed training: a forward over layers that records layer steps on tapes instead of
+//! keeping their graphs, stores the policy's boundaries, and gives the output of each run of taped
+//! steps (a region) one graph node whose backward replays them.
 //!
-//! **Forward.** Each layer step starts from an input whose node opens a [`Tape`]: the step's ops
+//! **Forward.** Each taped step starts from an input whose node opens a [`Tape`]: the step's ops
 //! record what to run and on which values (see `autograd::tape`), and keep nothing of their own, so
 //! the step's activations go back to the pool as the forward drops them. The policy's boundaries
 //! are stored as in inference (full precision without a copy when the activation has no other
-//! handle, or narrowed to `f16`/`bf16`).
+//! handle, or narrowed to `f16`/`bf16`), and the region's node takes them over from the
+//! checkpointer: its backward releases each as it consumes it.
 //!
 //! **Backward.** The region's node runs nested backward passes, last step first. Under `Every`,
 //! `Sqrt` and `Explicit` the last segment is not in the region: it records its graph as it runs,
 //! since its backward comes first. The region replays one segment at a time from its stored
 //! boundary with recording on (one extra forward of all segments but the last), backpropagates
-//! through that segment's graph and drops it before the next. Under `Budget` the binomial schedule of the reverse sweep recomputes the boundaries it
-//! did not store, and each step is replayed with recording on once, when its turn comes. Parameters'
-//! gradients go straight into the backward's `Gradients`; the gradients of the region's input and
-//! of values from before the region are returned to the outer backward.
+//! through that segment's graph and drops it before the next. Under `Budget` the last step records
+//! its graph; the binomial schedule of the reverse sweep recomputes the boundaries it did not store,
+//! and each step is replayed with recording on once, when its turn comes. Under `Memory` each taped
+//! run is a region of its own, whose backward follows the dynamic program's choices
+//! ([`Region::rotor`]); the profiling step's one region recomputes every step from its input and
+//! measures it ([`Region::profile`]). Parameters' gradients go straight into the backward's
+//! `Gradients`; the gradients of the region's input and of values from before the region are
+//! returned to the outer backward.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
