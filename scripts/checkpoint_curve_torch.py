@@ -32,9 +32,10 @@ optimizer; PyTorch's own random numbers):
 Configurations per model (each from the same seed, in a model of its own):
 - `eager`: no checkpointing.
 - `ckpt_seq N`: `checkpoint_sequential(layers, N, x, use_reentrant=False)` over the checkpointed
-  layers. PyTorch runs the last segment without checkpointing (as the Rust checkpointer keeps the
-  last segment's graph), so N = 1 is the same as eager and is not run; N = the layer count stores
-  every layer's input.
+  layers, N the powers of 2 below the layer count n, sqrt(n) rounded down and up, and n (the MLP
+  2, 4, 8, 16, 32, 64; the GPT 2, 3, 4, 6; the denoiser 2, 4). PyTorch runs the last segment
+  without checkpointing (as the Rust checkpointer keeps the last segment's graph), so N = 1 is
+  the same as eager and is not run; N = n stores every layer's input.
 - `compile`: `torch.compile` of the forward and loss (the default partitioner; the budget left at
   its default, printed), then `compile budget B` for each B in {1.0, 0.8, 0.6, 0.5, 0.3, 0.1,
   0.0}, each a fresh compile (`torch._dynamo.reset()` first, the budget set before the first call,
@@ -299,9 +300,10 @@ def denoiser_task(latent=4, channels=64, size=64, groups=8):
 
 
 def segment_counts(layers):
-    """2, 4, 8, ... below the layer count, about sqrt(n), and n itself (1 is eager: see above)."""
+    """2, 4, 8, ... below the layer count, sqrt(n) rounded down and up, and n itself (1 is eager:
+    see above)."""
     counts = {2 ** k for k in range(1, 12) if 2 ** k < layers}
-    counts |= {max(2, round(math.sqrt(layers))), layers}
+    counts |= {math.floor(math.sqrt(layers)), math.ceil(math.sqrt(layers)), layers}
     return sorted(c for c in counts if 2 <= c <= layers)
 
 
