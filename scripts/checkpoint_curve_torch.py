@@ -80,17 +80,21 @@ How the figures are measured:
 
 Output: a table on stdout and a JSON list (`--out`, default `docs/checkpoint_curves_torch.json`)
 of {model, config, family, param, step_ms, peak_bytes, saved_bytes, held_after_forward_bytes,
-final_loss, other_load, threads, torch_version, cpu}; `family` is `eager`, `checkpoint_sequential`
+loss, other_load, threads, torch_version, cpu}; `family` is `eager`, `checkpoint_sequential`
 or `torch.compile`, `param` the segment count or budget (null for eager and the default compile).
 `other_load` is the CPU the rest of the machine used during the timed steps, in cores (from
 /proc/stat less this process's own time). Two threads on two cores slow down many times over when
-another job takes a core, so while it is above 0.25 the timed steps run again (`--retries`, the
-least disturbed attempt kept), and a row still above it is flagged as not to be trusted.
+another job takes a core, so while it is above 0.25 the timed steps run again (`--retries`, each
+after waiting up to `--max-wait` seconds for the machine to be quiet; the least disturbed attempt
+kept), and a row still above it is flagged as not to be trusted. `loss` is the loss of the
+profiled step, the same step from the same seeds in every configuration of a model: equal, to
+rounding, when the configurations compute the same thing.
 
 Run (from the repository root; CI never runs Python; about 5 to 10 minutes on 2 cores, mostly
 compiling):
   /work/venv/bin/python scripts/checkpoint_curve_torch.py [--threads 2] [--rounds 5] [--warmup 2]
-      [--retries 3] [--models mlp,gpt,denoiser] [--no-compile] [--out docs/checkpoint_curves_torch.json]
+      [--retries 3] [--max-wait 30] [--models mlp,gpt,denoiser] [--no-compile]
+      [--out docs/checkpoint_curves_torch.json]
 """
 import argparse
 import json
@@ -100,6 +104,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -160,7 +165,7 @@ class Mlp(nn.Module):
 
 
 class GptBlock(nn.Module):
-    """One pre-LayerNorm block of `examples/common/gpt.rs`: fused qkv, causal attention, GELU MLP."""
+    """A pre-LayerNorm block of `examples/common/gpt.rs`: fused qkv, causal attention, GELU MLP."""
 
     def __init__(self, dim, heads):
         super().__init__()
@@ -208,7 +213,7 @@ class Gpt(nn.Module):
 
 
 class Denoiser(nn.Module):
-    """`examples/common/denoiser.rs`: 3x3 convolutions (no bias), group norm without affine, SiLU."""
+    """`examples/common/denoiser.rs`: 3x3 convolutions (no bias), group norm (no affine), SiLU."""
 
     def __init__(self, latent, channels, groups):
         super().__init__()
@@ -447,7 +452,11 @@ def measure(task, config, segments, budget, compiled, args):
         step()
     warm_s = time.perf_counter() - started
 
-    peak, held, left = profiled_peak(lambda: step(lambda: record_function(FORWARD_RANGE)))
+    # The loss of this step (the same step of the same seeds in every configuration) shows that
+    # they all compute the same thing.
+    loss_box = []
+    peak, held, left = profiled_peak(
+        lambda: loss_box.append(step(lambda: record_function(FORWARD_RANGE))))
 
     graphs = compiled_graphs() if compiled else 0
     seen = {}
@@ -469,19 +478,21 @@ def measure(task, config, segments, budget, compiled, args):
     # The timed steps, again (up to --retries times) while another process was busy during them;
     # the attempt the rest of the machine disturbed least is kept.
     best = None
-    for _ in range(1 + args.retries):
-        times, losses = [], []
+    for attempt in range(1 + args.retries):
+        if attempt > 0:
+            wait_for_quiet(args.max_wait)
+        times = []
         others = OtherLoad()
         for _ in range(args.rounds):
             started = time.perf_counter()
-            losses.append(step())
+            step()
             times.append((time.perf_counter() - started) * 1e3)
         load = others.cores()
-        if best is None or (load is not None and load < best[2]):
-            best = (times, losses, load)
+        if best is None or (load is not None and load < best[1]):
+            best = (times, load)
         if load is None or load <= BUSY:
             break
-    times, losses, other_load = best
+    times, other_load = best
     if compiled and budget is not None:
         torch._functorch.config.activation_memory_budget = DEFAULT_BUDGET
     return {
@@ -490,7 +501,7 @@ def measure(task, config, segments, budget, compiled, args):
         "saved_bytes": saved,
         "held_after_forward_bytes": held,
         "left_bytes": left,
-        "final_loss": losses[-1],
+        "loss": loss_box[0],
         "other_load": other_load,
         "warmup_s": warm_s,
     }
@@ -527,6 +538,18 @@ class OtherLoad:
         return max(0.0, (busy - self.busy) - (self.own_cpu() - self.own)) / wall
 
 
+def wait_for_quiet(most_s):
+    """Waits, up to `most_s` seconds, until the rest of the machine keeps less than `BUSY` cores
+    busy over a second."""
+    deadline = time.perf_counter() + most_s
+    while time.perf_counter() < deadline:
+        others = OtherLoad()
+        time.sleep(1.0)
+        load = others.cores()
+        if load is None or load <= BUSY:
+            return
+
+
 def fmt(value, scale=1.0, digits=2):
     return "n/a" if value is None else f"{value / scale:.{digits}f}"
 
@@ -552,6 +575,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile)")
     parser.add_argument("--retries", type=int, default=3,
                         help="times the timed steps are run again while another process is busy")
+    parser.add_argument("--max-wait", type=float, default=30.0,
+                        help="seconds to wait for the machine to be quiet before a retry")
     parser.add_argument("--models", default="mlp,gpt,denoiser")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     parser.add_argument("--mlp-blocks", type=int, default=64)
@@ -591,6 +616,7 @@ def main():
                 m = measure(task, config, segments, budget, compiled, args)
             except Exception as e:  # noqa: BLE001: a configuration failing here is a row left out
                 print(f"  {config}: not run ({type(e).__name__}: {str(e)[:200]})")
+                traceback.print_exc()
                 continue
             row = {
                 "model": name,
@@ -603,10 +629,11 @@ def main():
                 "cpu": cpu,
             }
             rows.append(row)
-            print(f"  {config:<20} {m['step_ms']:9.1f} ms  peak {fmt(m['peak_bytes'], MIB):>8} MiB  "
+            print(f"  {config:<20} {m['step_ms']:9.1f} ms  "
+                  f"peak {fmt(m['peak_bytes'], MIB):>8} MiB  "
                   f"saved {fmt(m['saved_bytes'], MIB):>7} MiB  held after fwd "
                   f"{fmt(m['held_after_forward_bytes'], MIB):>8}"
-                  f" MiB  loss {m['final_loss']:.4f}  (warm-up {m['warmup_s']:.1f} s, other load "
+                  f" MiB  loss {m['loss']:.4f}  (warm-up {m['warmup_s']:.1f} s, other load "
                   f"{fmt(m['other_load'])} cores)", flush=True)
             if m["other_load"] is not None and m["other_load"] > BUSY:
                 print(f"    warning: other processes kept {m['other_load']:.2f} cores busy during "

@@ -27,7 +27,8 @@ drawn hollow and its label starred. A missing input file, model or series is lef
 missing file with a note on stderr); nothing is invented.
 
 Pure Python, no plotting library. Run from the repository root:
-  /work/venv/bin/python scripts/plot_checkpoint_curves.py [--torch docs/checkpoint_curves_torch.json]
+  /work/venv/bin/python scripts/plot_checkpoint_curves.py
+      [--torch docs/checkpoint_curves_torch.json]
       [--tensorscope docs/checkpoint_curves_tensorscope.json] [--out docs/checkpoint_curves.svg]
       [--saved]
 """
