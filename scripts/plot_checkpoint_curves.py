@@ -18,9 +18,9 @@ in its label). The series:
   point labelled with its count;
 - PyTorch `torch.compile` budgets: a line through `activation_memory_budget` from 1.0 down, each
   point labelled with its budget; the compile without a budget a hollow marker;
-- with `--saved`, also the `torch.compile` budgets placed at their bytes saved for backward
-  rather than their peak (dashed, hollow): what the budget promises against what the allocator
-  sees.
+- the `torch.compile` budgets once more, placed at their bytes saved for backward rather than
+  their peak (dashed, hollow; `--no-saved` leaves them out): what the budget cuts against what the
+  allocator sees.
 
 A PyTorch row whose timed steps another process disturbed (`other_load` above 0.25 cores) is
 drawn hollow and its label starred. A missing input file, model or series is left out (a
@@ -30,7 +30,7 @@ Pure Python, no plotting library. Run from the repository root:
   /work/venv/bin/python scripts/plot_checkpoint_curves.py
       [--torch docs/checkpoint_curves_torch.json]
       [--tensorscope docs/checkpoint_curves_tensorscope.json] [--out docs/checkpoint_curves.svg]
-      [--saved]
+      [--no-saved]
 """
 import argparse
 import json
@@ -318,8 +318,8 @@ def main():
     parser.add_argument("--torch", default="docs/checkpoint_curves_torch.json")
     parser.add_argument("--tensorscope", default="docs/checkpoint_curves_tensorscope.json")
     parser.add_argument("--out", default="docs/checkpoint_curves.svg")
-    parser.add_argument("--saved", action="store_true",
-                        help="also place the torch.compile budgets at their saved bytes")
+    parser.add_argument("--no-saved", dest="saved", action="store_false",
+                        help="leave out the torch.compile budgets placed at their saved bytes")
     args = parser.parse_args()
 
     torch_rows = load(args.torch, "PyTorch's series")
