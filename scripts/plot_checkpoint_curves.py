@@ -9,8 +9,11 @@ above what the step starts with), y the median step time in ms, both from 0 (a p
 2.5x the panel's 80th percentile time is an outlier, drawn at the top of the axis with its time
 in its label). The series:
 
-- tensorscope, memory-budget policy: the configurations whose name starts with `budget`, a line
-  through them in the order of the number after `budget` (else of their peak);
+- tensorscope, memory budget: the configurations whose name starts with `memory` (`memory 1.04
+  MiB`: checkpoints chosen to fit that many bytes), a line through them in the order of the number
+  after `memory` (else of their peak), each point labelled with that number;
+- tensorscope, `Budget(n)`: the configurations whose name starts with `budget` (`budget 8`: room
+  for n activations, the binomial schedule), a thinner line in the order of n, labelled;
 - tensorscope, fixed policies: every other configuration (`none`, `every 4`, `sqrt`, ...), a
   marker each, labelled with its name;
 - PyTorch eager: a marker;
@@ -55,13 +58,14 @@ ORDER = ["mlp", "gpt", "denoiser"]
 
 # name, colour, dashed, drawn as a line
 SERIES = {
-    "ts_budget": ("tensorscope, Budget policy", "#d62728", False, True),
+    "ts_memory": ("tensorscope, memory budget (MiB)", "#d62728", False, True),
+    "ts_budget": ("tensorscope, Budget(n activations)", "#ff7f0e", True, True),
     "ts_fixed": ("tensorscope, fixed policies", "#d62728", False, False),
     "pt_eager": ("PyTorch eager", "#333333", False, False),
     "pt_ckpt": ("PyTorch checkpoint_sequential (segments)", "#1f77b4", False, True),
     "pt_compile": ("PyTorch torch.compile, activation_memory_budget", "#2ca02c", False, True),
     "pt_compile_default": ("PyTorch torch.compile, no budget", "#2ca02c", False, False),
-    "pt_saved": ("torch.compile budgets at their saved-for-backward bytes (not a peak)",
+    "pt_saved": ("torch.compile budgets placed at saved bytes (not a peak)",
                  "#98df8a", True, True),
 }
 
@@ -113,12 +117,22 @@ def series_of(model, torch_rows, ts_rows, saved):
     """{series key: [points]} for one model; empty series left out."""
     out = {}
     ts = [r for r in ts_rows if r["model"] == model]
-    budget = [r for r in ts if str(r["config"]).strip().lower().startswith("budget")]
-    fixed = [r for r in ts if r not in budget]
-    budget.sort(key=lambda r: (number_after(r["config"], "budget") is None,
-                               number_after(r["config"], "budget") or 0.0,
-                               float(r["peak_bytes"])))
-    out["ts_budget"] = [point(r, label=str(r["config"])) for r in budget]
+
+    def prefixed(word):
+        rows = [r for r in ts if str(r["config"]).strip().lower().startswith(word)]
+        rows.sort(key=lambda r: (number_after(r["config"], word) is None,
+                                 number_after(r["config"], word) or 0.0,
+                                 float(r["peak_bytes"])))
+        return rows
+
+    def short(r, word):
+        n = number_after(r["config"], word)
+        return f"{n:g}" if n is not None else str(r["config"])
+
+    memory, budget = prefixed("memory"), prefixed("budget")
+    fixed = [r for r in ts if r not in memory and r not in budget]
+    out["ts_memory"] = [point(r, label=short(r, "memory")) for r in memory]
+    out["ts_budget"] = [point(r, label=f"n={short(r, 'budget')}") for r in budget]
     out["ts_fixed"] = [point(r, label=str(r["config"])) for r in fixed]
 
     pt = [r for r in torch_rows if r["model"] == model]
@@ -274,7 +288,9 @@ def panel(model, series, top):
             d = "".join(f'{"M" if k == 0 else "L"}{px(p["x"]):.1f},{py(p["y"]):.1f}'
                         for k, p in enumerate(ps))
             dash = ' stroke-dasharray="6 4"' if dashed else ""
-            out.append(f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
+            width = 1.5 if dashed else 2
+            out.append(f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="{width}"'
+                       f'{dash}/>')
     labels = Labels([(px(p["x"]), py(p["y"])) for p in points])
     texts = []
     for key, ps in series.items():
