@@ -47,9 +47,11 @@ buffers persist from step to step, as the Rust side's `Gradients` do, so what a 
 beyond what it starts with is activations, the gradients a backward hands over before they are
 accumulated, and the optimizer's temporaries. Each configuration runs `--warmup` steps (the first
 compiles), one profiled step (peak and held bytes), one step under saved-tensor hooks (saved bytes),
-then `--rounds` timed steps, whose median is `step_ms`. A configuration's steps run one after
-another (the compiled ones cannot take turns: each budget needs `torch._dynamo.reset()`), so a
-drift in the machine's speed is not spread evenly across configurations.
+then timed steps, at least `--rounds` of them and at least `--min-seconds` of them, whose median
+is `step_ms` (`step_ms_quartiles` the first and third quartiles, `steps_timed` their count). A
+configuration's steps run one after another (the compiled ones cannot take turns: each budget
+needs `torch._dynamo.reset()`), so a drift in the machine's speed is not spread evenly across
+configurations.
 
 How the figures are measured:
 - `peak_bytes`: the profiled step runs under `torch.profiler.profile(profile_memory=True)`; every
@@ -79,9 +81,10 @@ How the figures are measured:
   compiled nothing new (else the figure would be another graph's and is reported as null).
 
 Output: a table on stdout and a JSON list (`--out`, default `docs/checkpoint_curves_torch.json`)
-of {model, config, family, param, step_ms, peak_bytes, saved_bytes, held_after_forward_bytes,
-loss, other_load, threads, torch_version, cpu}; `family` is `eager`, `checkpoint_sequential`
-or `torch.compile`, `param` the segment count or budget (null for eager and the default compile).
+of {model, config, family, param, step_ms, step_ms_quartiles, steps_timed, peak_bytes,
+saved_bytes, held_after_forward_bytes, loss, other_load, threads, torch_version, cpu}; `family`
+is `eager`, `checkpoint_sequential` or `torch.compile`, `param` the segment count or budget (null
+for eager and the default compile).
 `other_load` is the CPU the rest of the machine used during the timed steps, in cores (from
 /proc/stat less this process's own time). Two threads on two cores slow down many times over when
 another job takes a core, so while it is above 0.25 the timed steps run again (`--retries`, each
@@ -92,9 +95,9 @@ rounding, when the configurations compute the same thing.
 
 Run (from the repository root; CI never runs Python; about 5 to 10 minutes on 2 cores, mostly
 compiling):
-  /work/venv/bin/python scripts/checkpoint_curve_torch.py [--threads 2] [--rounds 5] [--warmup 2]
-      [--retries 3] [--max-wait 30] [--models mlp,gpt,denoiser] [--no-compile]
-      [--out docs/checkpoint_curves_torch.json]
+  /work/venv/bin/python scripts/checkpoint_curve_torch.py [--threads 2] [--rounds 7]
+      [--min-seconds 2] [--warmup 2] [--retries 3] [--max-wait 30] [--models mlp,gpt,denoiser]
+      [--no-compile] [--out docs/checkpoint_curves_torch.json]
 """
 import argparse
 import json
@@ -483,7 +486,8 @@ def measure(task, config, segments, budget, compiled, args):
             wait_for_quiet(args.max_wait)
         times = []
         others = OtherLoad()
-        for _ in range(args.rounds):
+        began = time.perf_counter()
+        while len(times) < args.rounds or time.perf_counter() - began < args.min_seconds:
             started = time.perf_counter()
             step()
             times.append((time.perf_counter() - started) * 1e3)
@@ -497,6 +501,8 @@ def measure(task, config, segments, budget, compiled, args):
         torch._functorch.config.activation_memory_budget = DEFAULT_BUDGET
     return {
         "step_ms": statistics.median(times),
+        "step_ms_quartiles": [round(q, 3) for q in statistics.quantiles(times, n=4)[::2]],
+        "steps_timed": len(times),
         "peak_bytes": peak,
         "saved_bytes": saved,
         "held_after_forward_bytes": held,
@@ -571,7 +577,10 @@ DEFAULT_BUDGET = torch._functorch.config.activation_memory_budget
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5, help="timed steps per configuration")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="timed steps per configuration, at least")
+    parser.add_argument("--min-seconds", type=float, default=2.0,
+                        help="seconds of timed steps per configuration, at least")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile)")
     parser.add_argument("--retries", type=int, default=3,
                         help="times the timed steps are run again while another process is busy")
@@ -642,7 +651,8 @@ def main():
                 print(f"    note: the profiled step ended {m['left_bytes']} B above its start")
 
     print(f"\nPyTorch {torch.__version__}, {args.threads} threads, CPU: {cpu}; "
-          f"median of {args.rounds} steps; {time.perf_counter() - run_started:.0f} s in all")
+          f"median of at least {args.rounds} steps and {args.min_seconds:g} s; "
+          f"{time.perf_counter() - run_started:.0f} s in all")
     print("\n| model | config | step ms | peak MiB | saved MiB | held after forward MiB "
           "| other load (cores) |")
     print("|---|---|---:|---:|---:|---:|---:|")
@@ -652,9 +662,8 @@ def main():
               f"| {fmt(r['other_load'])} |")
     for r in rows:
         del r["left_bytes"], r["warmup_s"]
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
-        f.write("\n")
+    with open(args.out, "w") as f:  # a row a line
+        f.write("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")
     print(f"\nwrote {len(rows)} rows to {args.out}")
 
 
