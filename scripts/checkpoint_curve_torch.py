@@ -93,8 +93,8 @@ kept), and a row still above it is flagged as not to be trusted. `loss` is the l
 profiled step, the same step from the same seeds in every configuration of a model: equal, to
 rounding, when the configurations compute the same thing.
 
-Run (from the repository root; CI never runs Python; about 5 to 10 minutes on 2 cores, mostly
-compiling):
+Run (from the repository root; CI never runs Python; on 2 cores about 3 minutes with Inductor's
+cache warm, 10 to 15 with it cold, most of it compiling the 64-block MLP at each budget):
   /work/venv/bin/python scripts/checkpoint_curve_torch.py [--threads 2] [--rounds 7]
       [--min-seconds 2] [--warmup 2] [--retries 3] [--max-wait 30] [--models mlp,gpt,denoiser]
       [--no-compile] [--out docs/checkpoint_curves_torch.json]
