@@ -24,7 +24,8 @@ optimizer; PyTorch's own random numbers):
   `examples/diffusion_denoise.rs` sizes it: latent 4, 64 channels, 64x64, group norm of 8 groups
   (no affine), SiLU, no conv biases, a stride-2 conv down, nearest 2x upsampling back and the skip
   from the first layer's output. Trained one step at a time on `[1, 4, 64, 64]` noise against a
-  random target, mean squared error, Adam lr 1e-3 (the Rust examples do not train it yet). The
+  random target, mean squared error, Adam lr 1e-3 (no Rust example on main trains it yet; the
+  Rust side of the curve is to train it the same way). The
   checkpointed layers are the 4 that `predict_noise_checkpointed`'s `#[checkpoint]` sequence
   covers: mid conv block, upsample + skip, up conv block, output conv (the first conv block and
   the stride-2 block run before it; the skip source `h1` is kept, captured by the second layer).
@@ -42,7 +43,7 @@ Configurations per model (each from the same seed, in a model of its own):
   when AOTAutograd partitions the joint graph). The optimizer is not compiled.
 
 A step is: the batch made, forward, loss, `loss.backward()`, `Adam.step()` (`foreach=False`, the
-per-parameter loop, PyTorch's default on CPU), `zero_grad(set_to_none=False)`: the gradient
+per-parameter loop, what PyTorch picks by default for CPU tensors), `zero_grad(set_to_none=False)`: the gradient
 buffers persist from step to step, as the Rust side's `Gradients` do, so what a step allocates
 beyond what it starts with is activations, the gradients a backward hands over before they are
 accumulated, and the optimizer's temporaries. Each configuration runs `--warmup` steps (the first
