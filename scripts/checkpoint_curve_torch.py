@@ -43,8 +43,9 @@ Configurations per model (each from the same seed, in a model of its own):
   when AOTAutograd partitions the joint graph). The optimizer is not compiled.
 
 A step is: the batch made, forward, loss, `loss.backward()`, `Adam.step()` (`foreach=False`, the
-per-parameter loop, what PyTorch picks by default for CPU tensors), `zero_grad(set_to_none=False)`: the gradient
-buffers persist from step to step, as the Rust side's `Gradients` do, so what a step allocates
+per-parameter loop, what PyTorch picks by default for CPU tensors),
+`zero_grad(set_to_none=False)`: the gradient buffers persist from step to step, as the Rust
+side's `Gradients` do, so what a step allocates
 beyond what it starts with is activations, the gradients a backward hands over before they are
 accumulated, and the optimizer's temporaries. Each configuration runs `--warmup` steps (the first
 compiles), one profiled step (peak and held bytes), one step under saved-tensor hooks (saved bytes),
