@@ -27,7 +27,7 @@ mod measured_training;
 #[path = "common/pre_norm_mlp.rs"]
 mod pre_norm_mlp;
 
-use measured_training::{Measured, CHUNK};
+use measured_training::Measured;
 
 /// One model's training step: the loss of batch `step` under `ckpt` (none: the plain forward),
 /// its backward added into `grads`.
@@ -52,94 +52,208 @@ struct Point {
     peak_bytes: usize,
 }
 
-/// Every row of one model, trained `steps` steps in turns; the Memory rows' budgets come from the
-/// costs a profiling step measured and the plain row's peak.
+/// A row's policy, as the command line of the process that runs it gives it.
+#[derive(Clone, Copy)]
+enum Spec {
+    None,
+    Every(usize),
+    Sqrt,
+    /// Room for this many activations.
+    Budget(usize),
+    /// This many bytes for the whole step.
+    Memory(usize),
+}
+
+impl Spec {
+    fn name(self) -> String {
+        match self {
+            Spec::None => "none".into(),
+            Spec::Every(k) => format!("every {k}"),
+            Spec::Sqrt => "sqrt".into(),
+            Spec::Budget(slots) => format!("budget {slots}"),
+            Spec::Memory(bytes) => format!("memory {:.2} MiB", mib(bytes)),
+        }
+    }
+
+    fn arg(self) -> String {
+        match self {
+            Spec::None => "none".into(),
+            Spec::Every(k) => format!("every:{k}"),
+            Spec::Sqrt => "sqrt".into(),
+            Spec::Budget(slots) => format!("budget:{slots}"),
+            Spec::Memory(bytes) => format!("memory:{bytes}"),
+        }
+    }
+
+    fn parse(arg: &str) -> Spec {
+        let (kind, n) = arg.split_once(':').unwrap_or((arg, "0"));
+        let n = n
+            .parse()
+            .unwrap_or_else(|_| panic!("--row {arg}: not a number after ':'"));
+        match kind {
+            "none" => Spec::None,
+            "every" => Spec::Every(n),
+            "sqrt" => Spec::Sqrt,
+            "budget" => Spec::Budget(n),
+            "memory" => Spec::Memory(n),
+            _ => panic!("--row {arg}: accepted none, every:K, sqrt, budget:SLOTS, memory:BYTES"),
+        }
+    }
+
+    fn checkpointer(self, activation: usize) -> Option<Checkpointer> {
+        let policy = match self {
+            Spec::None => return None,
+            Spec::Every(k) => Policy::Every(k),
+            Spec::Sqrt => Policy::Sqrt,
+            Spec::Budget(slots) => Policy::Budget(slots * activation),
+            Spec::Memory(bytes) => Policy::Memory(bytes),
+        };
+        Some(Checkpointer::new(CheckpointConfig::new(policy)))
+    }
+}
+
+/// Whether this process draws a model's curve or runs one row of it.
+#[derive(Clone, Copy)]
+enum Mode {
+    Curve,
+    Row(Spec),
+}
+
+/// One model's curve: each row runs in a process of its own (`--row`), twice, the rows in one
+/// order and then the other, and its timed steps are pooled. A process of its own gives each row
+/// the same start (memory allocated in the same order, the same caches): in one process the
+/// same schedule ran 10-15% faster or slower by its place among the rows. The Memory rows'
+/// budgets range from the smallest that fits the costs a profiling step measured to the plain
+/// step's peak.
 fn curve<M: Parameters<f32>>(
     model_name: &'static str,
+    mode: Mode,
     steps: usize,
     make: &dyn Fn(&Pool) -> M,
     loss_of: &LossOf<'_, M>,
     activation: usize,
     every: &[usize],
 ) -> Vec<Point> {
-    let row = |name: String, ckpt: Option<Checkpointer>| {
+    let row = |spec: Spec| {
         let pool = Pool::with_max_memory_mb(8192);
         Row {
-            name,
+            name: spec.name(),
             model: make(&pool),
             pool,
             adam: Adam::new(1e-3),
-            ckpt,
+            ckpt: spec.checkpointer(activation),
             measured: Measured::default(),
         }
     };
-    let policy = |p: Policy| Some(Checkpointer::new(CheckpointConfig::new(p)));
-    let mut rows = vec![row("none".into(), None)];
-    rows.extend(
-        every
-            .iter()
-            .map(|&k| row(format!("every {k}"), policy(Policy::Every(k)))),
-    );
-    rows.push(row("sqrt".into(), policy(Policy::Sqrt)));
-    for slots in [2, 4, 8] {
-        let p = policy(Policy::Budget(slots * activation));
-        rows.push(row(format!("budget {slots}"), p));
+    if let Mode::Row(spec) = mode {
+        // Three untimed steps (under Memory: as Sqrt, profiling, planning), then the timed ones.
+        let mut r = row(spec);
+        run(&mut r, loss_of, 0..3);
+        r.measured = Measured::default();
+        run(&mut r, loss_of, 3..steps + 4);
+        let report = r.ckpt.as_ref().and_then(Checkpointer::last_backward);
+        let (recomputed, replayed) =
+            report.map_or((0, 0), |b| (b.recomputed_steps, b.replayed_steps));
+        let m = &r.measured;
+        let times: Vec<String> = m.times.iter().map(|t| format!("{t:.3}")).collect();
+        println!(
+            "row {} {recomputed} {replayed} {} {}",
+            m.peak,
+            m.losses[m.losses.len() - 1],
+            times.join(" ")
+        );
+        return Vec::new();
     }
-    // The costs, from a profiling step (the second), and the plain step's peak: the range of the
-    // budgets.
-    let mut plain = row("plain".into(), None);
-    let mut probe = row("profile".into(), policy(Policy::Memory(usize::MAX)));
+    let mut specs = vec![Spec::None];
+    specs.extend(every.iter().map(|&k| Spec::Every(k)));
+    specs.extend([
+        Spec::Sqrt,
+        Spec::Budget(2),
+        Spec::Budget(4),
+        Spec::Budget(8),
+    ]);
+    // The plain step's peak and the smallest budget that fits: the range of the Memory rows.
+    let mut plain = row(Spec::None);
+    let mut probe = row(Spec::Memory(usize::MAX));
     run(&mut plain, loss_of, 0..3);
     run(&mut probe, loss_of, 0..2);
-    let ckpt = probe.ckpt.as_ref().expect("the probe has a checkpointer");
-    let (costs, smallest) = (ckpt.costs().expect("measured"), ckpt.smallest_budget());
-    let smallest = smallest.expect("measured");
-    let plain = plain.measured.peak.max(smallest);
+    let smallest = probe
+        .ckpt
+        .as_ref()
+        .and_then(Checkpointer::smallest_budget)
+        .expect("the second step measured");
+    let most = plain.measured.peak.max(smallest);
     for fraction in [0.0, 0.05, 0.1, 0.2, 0.35, 0.6, 1.0] {
-        let budget = smallest + ((plain - smallest) as f64 * fraction) as usize;
-        let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
-        ckpt.set_costs(costs.clone());
-        rows.push(row(format!("memory {:.2} MiB", mib(budget)), Some(ckpt)));
+        specs.push(Spec::Memory(
+            smallest + ((most - smallest) as f64 * fraction) as usize,
+        ));
     }
-    // Two warm-up steps, then the rows take turns, a few steps each, in one order and then the
-    // other, so that no row always runs first or last.
-    for (turn, start) in (0..steps + 2).step_by(CHUNK).enumerate() {
-        let chunk = start..(start + CHUNK).min(steps + 2);
-        if turn % 2 == 1 {
-            rows.reverse();
+    drop((plain, probe));
+    let mut results: Vec<(usize, usize, usize, f32, Vec<f64>)> =
+        specs.iter().map(|_| (0, 0, 0, 0.0, Vec::new())).collect();
+    for round in 0..2 {
+        let mut order: Vec<usize> = (0..specs.len()).collect();
+        if round == 1 {
+            order.reverse();
         }
-        for r in &mut rows {
-            run(r, loss_of, chunk.clone());
-        }
-        if turn % 2 == 1 {
-            rows.reverse();
+        for i in order {
+            let out = std::process::Command::new(std::env::current_exe().expect("this program"))
+                .args(["--models", model_name, "--steps", &steps.to_string()])
+                .args(["--row", &specs[i].arg()])
+                .output()
+                .expect("a row's process runs");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text
+                .lines()
+                .find_map(|l| l.strip_prefix("row "))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{}: {}",
+                        specs[i].name(),
+                        String::from_utf8_lossy(&out.stderr)
+                    )
+                });
+            let fields: Vec<&str> = line.split(' ').collect();
+            let r = &mut results[i];
+            r.0 = r.0.max(fields[0].parse().expect("a peak"));
+            r.1 = fields[1].parse().expect("a count");
+            r.2 = fields[2].parse().expect("a count");
+            r.3 = fields[3].parse().expect("a loss");
+            r.4.extend(
+                fields[4..]
+                    .iter()
+                    .map(|t| t.parse::<f64>().expect("a time")),
+            );
         }
     }
-    println!("\n{model_name}: {} rows, {steps} steps each", rows.len());
+    println!(
+        "\n{model_name}: {} rows, each in its own process twice, {steps} timed steps each time",
+        specs.len()
+    );
     println!(
         "{:<18} {:>10} {:>11} {:>10} {:>9} {:>11}",
         "policy", "peak MiB", "median ms", "recomputed", "replayed", "final loss"
     );
-    rows.iter()
-        .map(|r| {
-            let m = &r.measured;
-            let report = r.ckpt.as_ref().and_then(Checkpointer::last_backward);
-            let (recomputed, replayed) =
-                report.map_or((0, 0), |b| (b.recomputed_steps, b.replayed_steps));
+    specs
+        .iter()
+        .zip(results)
+        .map(|(spec, (peak, recomputed, replayed, loss, mut times))| {
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
             println!(
                 "{:<18} {:>10.3} {:>11.2} {:>10} {:>9} {:>11.5}",
-                r.name,
-                mib(m.peak),
-                m.median_ms(),
+                spec.name(),
+                mib(peak),
+                median,
                 recomputed,
                 replayed,
-                m.losses[m.losses.len() - 1]
+                loss
             );
             Point {
                 model: model_name,
-                config: r.name.clone(),
-                step_ms: m.median_ms(),
-                peak_bytes: m.peak,
+                config: spec.name(),
+                step_ms: median,
+                peak_bytes: peak,
             }
         })
         .collect()
@@ -171,6 +285,7 @@ fn main() {
     let mut steps = 12;
     let mut models = "mlp,gpt,denoiser".to_string();
     let mut json = None;
+    let mut mode = Mode::Curve;
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
         let value = pair.get(1).cloned().unwrap_or_default();
@@ -178,15 +293,16 @@ fn main() {
             "--steps" => steps = value.parse().expect("--steps needs a whole number"),
             "--models" => models = value,
             "--json" => json = Some(value),
-            other => panic!("unknown argument {other}; accepted: --steps --models --json"),
+            "--row" => mode = Mode::Row(Spec::parse(&value)),
+            other => panic!("unknown argument {other}; accepted: --steps --models --json --row"),
         }
     }
     let mut points = Vec::new();
     for model in models.split(',') {
         points.extend(match model {
-            "mlp" => mlp(steps),
-            "gpt" => gpt_curve(steps),
-            "denoiser" => denoiser_curve(steps),
+            "mlp" => mlp(mode, steps),
+            "gpt" => gpt_curve(mode, steps),
+            "denoiser" => denoiser_curve(mode, steps),
             other => panic!("unknown model {other}; accepted: mlp, gpt, denoiser"),
         });
     }
@@ -207,7 +323,7 @@ fn main() {
 }
 
 /// The 64-block pre-norm MLP, width 128, batch 32, against a teacher `tanh(x A)`.
-fn mlp(steps: usize) -> Vec<Point> {
+fn mlp(mode: Mode, steps: usize) -> Vec<Point> {
     let (blocks, width, batch) = (64, 128, 32);
     let teacher = Param::from_slice(
         Pool::global(),
@@ -235,6 +351,7 @@ fn mlp(steps: usize) -> Vec<Point> {
     let make = |pool: &Pool| pre_norm_mlp::Model::new(pool, blocks, width);
     curve(
         "mlp",
+        mode,
         steps,
         &make,
         &loss_of,
@@ -245,7 +362,7 @@ fn mlp(steps: usize) -> Vec<Point> {
 
 /// A GPT of 6 blocks of width 384 (6 heads), context 256, batch 4, GPT-2's tiny vocabulary of
 /// the fixture (96).
-fn gpt_curve(steps: usize) -> Vec<Point> {
+fn gpt_curve(mode: Mode, steps: usize) -> Vec<Point> {
     let config = gpt::Config {
         layers: 6,
         dim: 384,
@@ -277,12 +394,12 @@ fn gpt_curve(steps: usize) -> Vec<Point> {
     };
     let make = |pool: &Pool| gpt::Gpt::random(pool, config, 1).expect("the model's own shapes");
     let activation = rows * config.n_ctx * config.dim * 4;
-    curve("gpt", steps, &make, &loss_of, activation, &[1, 2, 3])
+    curve("gpt", mode, steps, &make, &loss_of, activation, &[1, 2, 3])
 }
 
 /// The denoiser of `diffusion_denoise`: 64 channels, latent 4, 64x64, 8 groups, one step of a
 /// mean squared error against noise.
-fn denoiser_curve(steps: usize) -> Vec<Point> {
+fn denoiser_curve(mode: Mode, steps: usize) -> Vec<Point> {
     let loss_of = |model: &denoiser::Denoiser,
                    ckpt: Option<&mut Checkpointer>,
                    s: &Scope<'_, '_>,
@@ -303,5 +420,13 @@ fn denoiser_curve(steps: usize) -> Vec<Point> {
     };
     let make = |pool: &Pool| denoiser::Denoiser::new(pool, 4, 64, 8);
     // The largest activation the checkpointed layers store: 64 channels at 64x64.
-    curve("denoiser", steps, &make, &loss_of, 64 * 64 * 64 * 4, &[2])
+    curve(
+        "denoiser",
+        mode,
+        steps,
+        &make,
+        &loss_of,
+        64 * 64 * 64 * 4,
+        &[2],
+    )
 }

@@ -2,7 +2,10 @@
 //! gradients kept in a scope around a chunk of steps and zeroed after each update, and each step's
 //! time and peak pool bytes beyond what was in use before it.
 //!
-//! Shared by `examples/checkpointed_training.rs` and `examples/gpt.rs` through `#[path]`.
+//! Shared by `examples/checkpointed_training.rs`, `examples/gpt.rs` and
+//! `examples/checkpoint_curve.rs` through `#[path]`.
+
+#![allow(dead_code)] // each user needs a different part
 
 use std::ops::Range;
 use std::time::Instant;
