@@ -21,7 +21,9 @@ pub struct ReverseReport {
     /// Layer steps run again with recording on, to build their graph for the backward pass (a
     /// checkpointed region's backward: each layer once).
     pub replayed_steps: usize,
-    /// The most activations held at once: stored checkpoints plus recomputed ones.
+    /// The most activations held at once: stored checkpoints plus recomputed ones (0 under
+    /// [`Policy::Memory`](super::Policy::Memory), whose plan counts bytes, not activations: the
+    /// pool's peak is its measure).
     pub peak_activations: usize,
 }
 
