@@ -552,3 +552,26 @@ fn binomial_plans_for_long_models_cost_far_less_than_their_forward() {
         assert_eq!(ckpt.num_checkpoints(), 120);
     });
 }
+
+#[test]
+fn is_checkpoint_layer_answers_for_the_last_forward_after_its_reverse_sweep() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let ids: Vec<usize> = (100..108).collect();
+        let mut ckpt = Checkpointer::new(config(Policy::Every(2)));
+        ckpt.checkpointed_forward(&s.ones::<f32>(&[4]), &ids, layer_step)
+            .unwrap();
+        let mut seen = Vec::new();
+        ckpt.reverse(s, layer_step, |layer, _| seen.push(layer))
+            .unwrap();
+        assert_eq!(seen, (100..108).rev().collect::<Vec<_>>());
+        // The checkpoints are consumed; the plan is still that forward's.
+        assert_eq!(ckpt.num_checkpoints(), 0);
+        assert!(ckpt.is_checkpoint_layer(100) && ckpt.is_checkpoint_layer(106));
+        assert!(!ckpt.is_checkpoint_layer(101) && !ckpt.is_checkpoint_layer(4));
+        // A second sweep has nothing to start from.
+        assert!(ckpt.reverse(s, layer_step, |_, _| {}).is_err());
+        ckpt.clear();
+        assert!(!ckpt.is_checkpoint_layer(100));
+    });
+}
