@@ -3,7 +3,7 @@
 //! (each segment in a child scope). A recording forward records each step on a tape and gives the
 //! output the region's node (see `region`).
 
-use super::memory::{self, Layout};
+use super::memory::{self, Layout, Measuring};
 use super::region::{self, Recording};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
 use crate::element::Element;
@@ -26,9 +26,8 @@ struct Driver<'c, T: Element> {
     slot: Slot<'c, T>,
     /// Where segments start: the stored positions, and 0.
     plan: RecycledVec<usize>,
-    /// Whether the forward records a gradient graph.
-    records: bool,
-    /// Which steps run on tapes and where regions start (see `Layout`).
+    /// Which steps run on tapes and where regions start (see `Layout`; none when the forward
+    /// records no graph).
     layout: Layout,
     /// The region being run and the position of its first step.
     recording: Option<(Recording<T>, usize)>,
@@ -65,7 +64,6 @@ impl<'c, T: Element> Driver<'c, T> {
                 return Ok(Driver {
                     slot: Slot::None,
                     plan,
-                    records,
                     layout: Layout::Prefix(0),
                     recording: None,
                 });
@@ -81,7 +79,6 @@ impl<'c, T: Element> Driver<'c, T> {
         Ok(Driver {
             slot,
             plan,
-            records,
             layout,
             recording: None,
         })
@@ -91,7 +88,7 @@ impl<'c, T: Element> Driver<'c, T> {
     /// opening it (and a region, if one starts here). A step that keeps its graph gets the
     /// previous region's output, with the region's node.
     fn enter<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        let taped = self.records && self.layout.taped(pos);
+        let taped = self.layout.taped(pos);
         let mut x = if !taped || self.layout.starts_region(pos) {
             self.close_region(pos, x)?
         } else {
@@ -102,13 +99,9 @@ impl<'c, T: Element> Driver<'c, T> {
         }
         if let Some(ckpt) = self.slot.get() {
             x = ckpt.record(pos, x)?;
-            if matches!(self.layout, Layout::Profile) && self.records {
-                let bytes = crate::pool::class_bytes_of(x.data_bytes());
-                ckpt.memory
-                    .measuring
-                    .borrow_mut()
-                    .enter(x.rents_in.pool(), bytes);
-            }
+        }
+        if let Some(mut measuring) = self.measuring() {
+            measuring.enter(x.rents_in.pool(), x.data_bytes());
         }
         Ok(match &mut self.recording {
             Some((recording, _)) if taped => recording.open(x),
@@ -116,10 +109,18 @@ impl<'c, T: Element> Driver<'c, T> {
         })
     }
 
+    /// The measurements of this forward, if it is the profiling step of `Policy::Memory`.
+    fn measuring(&mut self) -> Option<std::cell::RefMut<'_, Measuring>> {
+        match (&self.layout, self.slot.get()) {
+            (Layout::Profile, Some(ckpt)) => Some(ckpt.memory.measuring.borrow_mut()),
+            _ => None,
+        }
+    }
+
     /// What the step returned, as the next step's input.
     fn leave<'s>(&mut self, y: Tensor<'s, T>) -> Tensor<'s, T> {
-        if let (Layout::Profile, Some(ckpt)) = (&self.layout, self.slot.get()) {
-            ckpt.memory.measuring.borrow_mut().leave(y.rents_in.pool());
+        if let Some(mut measuring) = self.measuring() {
+            measuring.leave(y.rents_in.pool());
         }
         match &mut self.recording {
             Some((recording, _)) => recording.close(y),
@@ -149,12 +150,8 @@ impl<'c, T: Element> Driver<'c, T> {
     /// The forward's output: `x`, with the node of the region that ends it, if one does.
     fn finish<'s>(mut self, n: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         let x = self.close_region(n, x)?;
-        if let (Layout::Profile, true, Some(ckpt)) = (&self.layout, self.records, self.slot.get()) {
-            let bytes = crate::pool::class_bytes_of(x.data_bytes());
-            ckpt.memory
-                .measuring
-                .borrow_mut()
-                .forward_ended(x.rents_in.pool(), bytes);
+        if let Some(mut measuring) = self.measuring() {
+            measuring.forward_ended(x.rents_in.pool(), x.data_bytes());
         }
         if let Slot::Own(own) = &mut self.slot {
             if let Some(site) = own.config.site {

@@ -103,10 +103,10 @@ impl Layout {
 }
 
 impl Measuring {
-    /// Starts measuring the forward of the step whose input holds `input_bytes`.
+    /// Starts measuring the forward of the step whose input holds `input_bytes` of data.
     pub(crate) fn enter(&mut self, pool: &Pool, input_bytes: usize) {
         self.costs.steps.push(StepCost {
-            input_bytes,
+            input_bytes: crate::pool::class_bytes_of(input_bytes),
             ..StepCost::default()
         });
         self.step_start = Some((pool.probe_start(), Instant::now()));
@@ -123,10 +123,10 @@ impl Measuring {
         step.forward_peak = pool.probe().1.saturating_sub(before);
     }
 
-    /// The forward ended with an output of `output_bytes`: what follows is measured up to the
-    /// chain's backward.
+    /// The forward ended with an output of `output_bytes` of data: what follows is measured up
+    /// to the chain's backward.
     pub(crate) fn forward_ended(&mut self, pool: &Pool, output_bytes: usize) {
-        self.costs.output_bytes = output_bytes;
+        self.costs.output_bytes = crate::pool::class_bytes_of(output_bytes);
         self.forward_end = pool.probe_start();
     }
 

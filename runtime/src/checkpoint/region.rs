@@ -27,7 +27,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use super::memory::{Layout, Measuring, MemoryPlan};
-use super::rotor::Choice;
+use super::rotor::{Choice, Rotor};
 use super::stored::ByLayer;
 use super::sweep::{check_shape, ReverseReport, Sweep};
 use super::{CheckpointError, Checkpointer, Result};
@@ -400,7 +400,7 @@ impl<T: Element> Region<T> {
     #[allow(clippy::too_many_arguments)]
     fn rotor(
         &self,
-        plan: &MemoryPlan,
+        rotor: &Rotor,
         offset: usize,
         (s, t, m): (usize, usize, u64),
         x: Saved<T>,
@@ -408,15 +408,12 @@ impl<T: Element> Region<T> {
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
-        let rotor = &plan.rotor;
         match rotor.solve(offset + s, offset + t, m).1 {
             Choice::All => {
                 let rest = rotor.all_free(offset + s, m).expect("the plan fits");
                 let (y, graph) = self.record(s, s + 1, x, at, flow)?;
                 if s < t {
-                    self.rotor(plan, offset, (s + 1, t, rest), y, at, grads, flow)?;
-                } else {
-                    drop(y);
+                    self.rotor(rotor, offset, (s + 1, t, rest), y, at, grads, flow)?;
                 }
                 self.settle(graph, at, grads, flow)
             }
@@ -427,8 +424,8 @@ impl<T: Element> Region<T> {
                 // The dynamic program counts steps along the whole chain; the region from its start.
                 let sp = to - offset;
                 let a = self.advance(s, sp, &x, at, flow)?;
-                self.rotor(plan, offset, (sp, t, right), a, at, grads, flow)?;
-                self.rotor(plan, offset, (s, sp - 1, left), x, at, grads, flow)
+                self.rotor(rotor, offset, (sp, t, right), a, at, grads, flow)?;
+                self.rotor(rotor, offset, (s, sp - 1, left), x, at, grads, flow)
             }
         }
     }
@@ -585,13 +582,18 @@ impl<T: Element> Region<T> {
             &Reverse::Binomial(slots) => self.binomial(slots, at, grads, &mut flow),
             Reverse::Rotor { plan, offset, free } => {
                 let (plan, offset, free) = (plan.clone(), *offset, *free);
-                match self.restore(0, at) {
-                    Ok(x) => {
-                        let last = self.tapes.len() - 1;
-                        self.rotor(&plan, offset, (0, last, free), x, at, grads, &mut flow)
-                    }
-                    Err(e) => Err(e),
-                }
+                let last = self.tapes.len() - 1;
+                self.restore(0, at).and_then(|x| {
+                    self.rotor(
+                        &plan.rotor,
+                        offset,
+                        (0, last, free),
+                        x,
+                        at,
+                        grads,
+                        &mut flow,
+                    )
+                })
             }
             Reverse::Profile(measuring) => {
                 let measuring = measuring.clone();

@@ -263,22 +263,13 @@ impl Rotor {
         if let Some(cost) = self.solve_all(s, t, m) {
             best = (cost, Choice::All);
         }
-        if self.pf[s] <= m {
-            let mut advance = self.f[s];
-            for sp in s + 1..=t {
-                if sp - 1 > s {
-                    if self.x[sp - 1] + self.pf[sp - 1] > m {
-                        break;
-                    }
-                    advance += self.f[sp - 1];
-                }
-                let Some((right, left)) = self.solve_ck_free(t, sp, m) else {
-                    continue;
-                };
-                let cost = advance + self.solve(sp, t, right).0 + self.solve(s, sp - 1, left).0;
-                if cost < best.0 {
-                    best = (cost, Choice::Ck(sp));
-                }
+        for (sp, advance) in self.advances(s, t, m) {
+            let Some((right, left)) = self.solve_ck_free(t, sp, m) else {
+                continue;
+            };
+            let cost = advance + self.solve(sp, t, right).0 + self.solve(s, sp - 1, left).0;
+            if cost < best.0 {
+                best = (cost, Choice::Ck(sp));
             }
         }
         self.keep(&self.solve, at, m, s, best);
@@ -312,6 +303,21 @@ impl Rotor {
         Some((right, left))
     }
 
+    /// The positions `sp` in `s + 1 ..= last` that advancing values from `a_s` reaches with `m`
+    /// units free (each step's forward peak on top of its input, held but for the first step's,
+    /// whose holder is the caller), each with the time of the steps to it.
+    fn advances(&self, s: usize, last: usize, m: u64) -> impl Iterator<Item = (usize, f64)> + '_ {
+        let first_fits = self.pf[s] <= m;
+        (s + 1..=last)
+            .take_while(move |&sp| {
+                first_fits && (sp - 1 == s || self.x[sp - 1] + self.pf[sp - 1] <= m)
+            })
+            .scan(0.0, move |time, sp| {
+                *time += self.f[sp - 1];
+                Some((sp, *time))
+            })
+    }
+
     /// The gradient units steps `from .. to` leave, rounded up.
     fn kept(&self, from: usize, to: usize) -> u64 {
         (self.k[from] - self.k[to]).div_ceil(self.unit)
@@ -343,23 +349,13 @@ impl Rotor {
             }
         }
         if let Some(m0) = m.checked_sub(if fresh { 0 } else { self.x[s] }) {
-            if self.pf[s] <= m0 {
-                let mut advance = self.f[s];
-                for sp in s + 1..=self.n {
-                    if sp - 1 > s {
-                        if self.x[sp - 1] + self.pf[sp - 1] > m0 {
-                            break;
-                        }
-                        advance += self.f[sp - 1];
-                    }
-                    let Some((right, left)) = self.top_ck_free(sp, m0) else {
-                        continue;
-                    };
-                    let cost =
-                        advance + self.top(sp, right, true).0 + self.solve(s, sp - 1, left).0;
-                    if cost < best.0 {
-                        best = (cost, Choice::Ck(sp));
-                    }
+            for (sp, advance) in self.advances(s, self.n, m0) {
+                let Some((right, left)) = self.top_ck_free(sp, m0) else {
+                    continue;
+                };
+                let cost = advance + self.top(sp, right, true).0 + self.solve(s, sp - 1, left).0;
+                if cost < best.0 {
+                    best = (cost, Choice::Ck(sp));
                 }
             }
         }
