@@ -2,7 +2,7 @@
 //! residual MLP of `checkpointed_training`, a GPT of 6 blocks of width 384 over 256 tokens, and the
 //! convolutional denoiser of `diffusion_denoise` (64 channels, 64x64).
 //!
-//! `cargo run --release --example checkpoint_curve [-- --steps 12 --models mlp,gpt,denoiser --json PATH]`
+//! `cargo run --release --example checkpoint_curve [-- --steps 12 --models mlp,gpt,denoiser --vocab 50257 --json PATH]`
 //!
 //! Rows: no checkpointing, `Every(k)`, `Sqrt`, `Budget` at several slot counts, and
 //! `Policy::Memory` at seven budgets from the smallest that fits to the plain step's peak. Each row
@@ -199,6 +199,7 @@ fn curve<M: Parameters<f32>>(
         for i in order {
             let out = std::process::Command::new(std::env::current_exe().expect("this program"))
                 .args(["--models", model_name, "--steps", &steps.to_string()])
+                .args(["--vocab", &gpt_vocab().to_string()])
                 .args(["--row", &specs[i].arg()])
                 .output()
                 .expect("a row's process runs");
@@ -292,9 +293,15 @@ fn main() {
         match pair[0].as_str() {
             "--steps" => steps = value.parse().expect("--steps needs a whole number"),
             "--models" => models = value,
+            "--vocab" => {
+                let vocab = value.parse().expect("--vocab needs a whole number");
+                VOCAB.set(vocab).expect("--vocab is given once");
+            }
             "--json" => json = Some(value),
             "--row" => mode = Mode::Row(Spec::parse(&value)),
-            other => panic!("unknown argument {other}; accepted: --steps --models --json --row"),
+            other => {
+                panic!("unknown argument {other}; accepted: --steps --models --vocab --json --row")
+            }
         }
     }
     let mut points = Vec::new();
@@ -360,14 +367,22 @@ fn mlp(mode: Mode, steps: usize) -> Vec<Point> {
     )
 }
 
-/// A GPT of 6 blocks of width 384 (6 heads), context 256, batch 4, GPT-2's tiny vocabulary of
-/// the fixture (96).
+/// The GPT's vocabulary: `--vocab`, else the fixture's 96 (`--vocab 50257` for GPT-2's).
+static VOCAB: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+fn gpt_vocab() -> usize {
+    *VOCAB.get_or_init(|| gpt::Config::TINY.vocab)
+}
+
+/// A GPT of 6 blocks of width 384 (6 heads), context 256, batch 4, the vocabulary of
+/// [`gpt_vocab`].
 fn gpt_curve(mode: Mode, steps: usize) -> Vec<Point> {
     let config = gpt::Config {
         layers: 6,
         dim: 384,
         heads: 6,
         n_ctx: 256,
+        vocab: gpt_vocab(),
         ..gpt::Config::TINY
     };
     let rows = 4;
