@@ -45,7 +45,7 @@ impl EscapeTarget<'_, '_> {
 /// with their brand as `'from`, passing the target on:
 ///
 /// ```
-/// use tensorscope_runtime::{Escape, EscapeTarget, Pool, Tensor};
+/// use tensorscope::{Escape, EscapeTarget, Pool, Tensor};
 ///
 /// enum Output<'a> {
 ///     One(Tensor<'a>),

@@ -50,7 +50,7 @@ thread_local! {
 /// fixed seed, so a program that never seeds is reproducible too.
 ///
 /// ```
-/// use tensorscope_runtime::{manual_seed, Pool};
+/// use tensorscope::{manual_seed, Pool};
 /// let pool = Pool::with_max_memory_mb(16);
 /// pool.scope(|s| {
 ///     let x = s.ones::<f32>(&[64]);

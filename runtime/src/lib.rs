@@ -9,7 +9,7 @@
 //! - [`ops`]: arithmetic with broadcasting, matmul, activations, softmax, layer norm, reductions.
 //!
 //! ```
-//! use tensorscope_runtime::{Param, Pool, TensorOps};
+//! use tensorscope::{Param, Pool, TensorOps};
 //!
 //! let pool = Pool::with_max_memory_mb(64);
 //! let w = Param::from_array(&pool, &ndarray::Array2::<f32>::eye(4));

@@ -25,7 +25,7 @@ use crate::recycle::RecycledArc;
 /// - `Display` prints the values and `Param[shape; dtype]`, as a [tensor prints](crate::Tensor#printing).
 ///
 /// ```
-/// use tensorscope_runtime::{Param, Pool, TensorOps};
+/// use tensorscope::{Param, Pool, TensorOps};
 ///
 /// let pool = Pool::with_max_memory_mb(16);
 /// let w = Param::from_slice(&pool, &[2, 2], &[1.0f32, 0.0, 0.0, 2.0]);
@@ -41,7 +41,7 @@ use crate::recycle::RecycledArc;
 /// Copy on write:
 ///
 /// ```
-/// use tensorscope_runtime::{Param, Pool};
+/// use tensorscope::{Param, Pool};
 ///
 /// let pool = Pool::with_max_memory_mb(16);
 /// let mut w = Param::from_slice(&pool, &[2], &[1.0f32, 2.0]);
@@ -354,7 +354,7 @@ impl<T: DType> fmt::Debug for Param<T> {
 /// A model that keeps its parameters as fields lists them:
 ///
 /// ```
-/// use tensorscope_runtime::{Param, Parameters};
+/// use tensorscope::{Param, Parameters};
 ///
 /// struct Mlp {
 ///     w1: Param,

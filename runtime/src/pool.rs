@@ -121,7 +121,7 @@ impl PoolStats {
 /// every element type.
 ///
 /// ```
-/// use tensorscope_runtime::Pool;
+/// use tensorscope::Pool;
 ///
 /// let pool = Pool::with_max_memory_mb(64);
 /// for _ in 0..3 {
@@ -149,7 +149,7 @@ impl PoolStats {
 /// bytes (the panicking forms panic with that message).
 ///
 /// ```
-/// use tensorscope_runtime::{Error, Pool};
+/// use tensorscope::{Error, Pool};
 ///
 /// let pool = Pool::with_max_memory_mb(1);
 /// pool.scope(|s| {

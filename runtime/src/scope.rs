@@ -235,7 +235,7 @@ pub(crate) fn deeper<'a>(a: &'a State, b: &'a State) -> &'a State {
 /// the tensors made in it and `'p` is the parent's brand.
 ///
 /// ```
-/// use tensorscope_runtime::{Param, Pool};
+/// use tensorscope::{Param, Pool};
 ///
 /// let pool = Pool::with_max_memory_mb(64);
 /// let kept: Param = pool.scope(|s| {
@@ -274,13 +274,13 @@ pub(crate) fn deeper<'a>(a: &'a State, b: &'a State) -> &'a State {
 /// whatever is computed belongs to a scope that the compiler tracks.
 ///
 /// ```compile_fail
-/// use tensorscope_runtime::Pool;
+/// use tensorscope::Pool;
 /// let pool = Pool::with_max_memory_mb(64);
 /// let leaked = pool.scope(|s| s.zeros::<f32>(&[4])); // error: the tensor would outlive its scope
 /// ```
 ///
 /// ```compile_fail
-/// use tensorscope_runtime::{Pool, Tensor};
+/// use tensorscope::{Pool, Tensor};
 /// let pool = Pool::with_max_memory_mb(64);
 /// pool.scope(|s| {
 ///     let mut acc: Vec<Tensor<'_>> = Vec::new();
@@ -291,14 +291,14 @@ pub(crate) fn deeper<'a>(a: &'a State, b: &'a State) -> &'a State {
 /// ```
 ///
 /// ```compile_fail
-/// use tensorscope_runtime::Pool;
+/// use tensorscope::Pool;
 /// let pool = Pool::with_max_memory_mb(64);
 /// let escaped = pool.scope(|s| s.escape(s.zeros::<f32>(&[4]))); // error: an outermost scope's
 /// // parent brand is as local to the closure as its own
 /// ```
 ///
 /// ```compile_fail
-/// use tensorscope_runtime::Pool;
+/// use tensorscope::Pool;
 /// let pool = Pool::with_max_memory_mb(64);
 /// pool.scope(|outer| {
 ///     // error: `outer` can escape only its own tensors, not those of `inner`

@@ -29,7 +29,7 @@ use crate::storage::{Rented, Storage};
 ///   their input's buffer, no copy ([`Tensor::is_contiguous`], [`Tensor::contiguous`]).
 ///
 /// ```
-/// use tensorscope_runtime::{Param, Pool, TensorOps};
+/// use tensorscope::{Param, Pool, TensorOps};
 ///
 /// let pool = Pool::with_max_memory_mb(16);
 /// let w = Param::from_slice(&pool, &[2, 2], &[1.0f32, 2.0, 3.0, 4.0]);
@@ -44,7 +44,7 @@ use crate::storage::{Rented, Storage};
 /// Shapes, ops that write in place, and the data as ndarray arrays:
 ///
 /// ```
-/// use tensorscope_runtime::{Pool, TensorOps};
+/// use tensorscope::{Pool, TensorOps};
 ///
 /// let pool = Pool::with_max_memory_mb(16);
 /// let array = pool.scope(|s| {
@@ -67,7 +67,7 @@ use crate::storage::{Rented, Storage};
 /// a line with the shape and element type, as PyTorch and candle do:
 ///
 /// ```
-/// use tensorscope_runtime::Pool;
+/// use tensorscope::Pool;
 ///
 /// let pool = Pool::with_max_memory_mb(16);
 /// pool.scope(|s| {
@@ -110,7 +110,7 @@ use crate::storage::{Rented, Storage};
 /// `Tensor` is neither `Send` nor `Sync`: it belongs to its scope's thread.
 ///
 /// ```compile_fail
-/// use tensorscope_runtime::Pool;
+/// use tensorscope::Pool;
 /// let pool = Pool::with_max_memory_mb(8);
 /// pool.scope(|s| {
 ///     let t = s.zeros::<f32>(&[4]);

@@ -48,8 +48,8 @@ impl GradCheck {
 /// more than one value.
 ///
 /// ```
-/// use tensorscope_runtime::autograd::check_gradients;
-/// use tensorscope_runtime::{Pool, TensorOps};
+/// use tensorscope::autograd::check_gradients;
+/// use tensorscope::{Pool, TensorOps};
 ///
 /// let pool = Pool::with_max_memory_mb(16);
 /// let x = ndarray::arr2(&[[0.3, -1.2], [2.0, 0.7]]).into_dyn();

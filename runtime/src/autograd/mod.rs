@@ -7,7 +7,7 @@
 //! [`Gradients`] of every parameter and marked tensor it depends on, as tensors of the loss's scope.
 //!
 //! ```
-//! use tensorscope_runtime::{Param, Pool, TensorOps};
+//! use tensorscope::{Param, Pool, TensorOps};
 //!
 //! let pool = Pool::with_max_memory_mb(16);
 //! let w = Param::from_slice(&pool, &[2, 1], &[0.5f64, -1.0]);

@@ -4,8 +4,8 @@
 //! an op written outside the crate are the same kind of thing.
 //!
 //! ```
-//! use tensorscope_runtime::autograd::{Backward, Forward, Grads, Op, Saved};
-//! use tensorscope_runtime::{Pool, Result, Tensor, TensorOps};
+//! use tensorscope::autograd::{Backward, Forward, Grads, Op, Saved};
+//! use tensorscope::{Pool, Result, Tensor, TensorOps};
 //!
 //! /// `x^3`, with its derivative `3 x^2`.
 //! #[derive(Clone)]

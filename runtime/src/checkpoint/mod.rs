@@ -11,8 +11,8 @@
 //! of layer `L`" is the input of layer `L`.
 //!
 //! ```
-//! use tensorscope_runtime::checkpoint::{CheckpointConfig, Checkpointer, Policy};
-//! use tensorscope_runtime::{Pool, Tensor, TensorOps};
+//! use tensorscope::checkpoint::{CheckpointConfig, Checkpointer, Policy};
+//! use tensorscope::{Pool, Tensor, TensorOps};
 //!
 //! /// One layer of the model: any function of the activation and the layer index.
 //! fn step<'s>(x: &Tensor<'s>, i: usize) -> Tensor<'s> {

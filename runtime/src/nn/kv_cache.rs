@@ -27,8 +27,8 @@ use crate::tensor::Tensor;
 /// [`KvCache::attend`] keeps no view.
 ///
 /// ```
-/// use tensorscope_runtime::nn::KvCache;
-/// use tensorscope_runtime::Pool;
+/// use tensorscope::nn::KvCache;
+/// use tensorscope::Pool;
 /// let pool = Pool::with_max_memory_mb(16);
 /// pool.scope(|request| {
 ///     // One sequence, 2 key/value heads of dimension 4, room for 8 positions.
@@ -219,8 +219,8 @@ impl<'s, T: Element> KvCache<'s, T> {
     /// [`Error::IndexOutOfRange`] for a `seq` past the batch, or with a budget error.
     ///
     /// ```
-    /// use tensorscope_runtime::nn::KvCache;
-    /// use tensorscope_runtime::Pool;
+    /// use tensorscope::nn::KvCache;
+    /// use tensorscope::Pool;
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     let mut cache = KvCache::<f32>::new(s, 2, 1, 8, 2);

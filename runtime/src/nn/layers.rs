@@ -204,8 +204,8 @@ impl<T: Element> Parameters<T> for LayerNorm<T> {
 /// [`Dropout::set_training`] switches it.
 ///
 /// ```
-/// use tensorscope_runtime::nn::{Dropout, Module};
-/// use tensorscope_runtime::Pool;
+/// use tensorscope::nn::{Dropout, Module};
+/// use tensorscope::Pool;
 /// let pool = Pool::with_max_memory_mb(16);
 /// let mut dropout = Dropout::new(0.5).unwrap();
 /// pool.scope(|s| {

@@ -11,8 +11,8 @@
 //! A training step is the loop written out: forward, loss, backward, step.
 //!
 //! ```
-//! use tensorscope_runtime::nn::{Activation, Adam, Linear, Module, Optimizer, Sequential};
-//! use tensorscope_runtime::{Pool, TensorOps};
+//! use tensorscope::nn::{Activation, Adam, Linear, Module, Optimizer, Sequential};
+//! use tensorscope::{Pool, TensorOps};
 //!
 //! let pool = Pool::with_max_memory_mb(64);
 //! let mut model = Sequential::new()
@@ -58,8 +58,8 @@
 //! and on save.
 //!
 //! ```
-//! use tensorscope_runtime::nn::{LoadOptions, ParamStore, SaveOptions};
-//! use tensorscope_runtime::{f16, Pool};
+//! use tensorscope::nn::{LoadOptions, ParamStore, SaveOptions};
+//! use tensorscope::{f16, Pool};
 //!
 //! let pool = Pool::with_max_memory_mb(16);
 //! let path = std::env::temp_dir().join(format!("tensorscope-doc-{}.safetensors", std::process::id()));

@@ -14,8 +14,8 @@ use super::error::{close_names, NnError};
 /// parameter has one owner and optimizers update it in place.
 ///
 /// ```
-/// use tensorscope_runtime::nn::ParamStore;
-/// use tensorscope_runtime::Pool;
+/// use tensorscope::nn::ParamStore;
+/// use tensorscope::Pool;
 ///
 /// let pool = Pool::with_max_memory_mb(16);
 /// let mut params = ParamStore::<f32>::new(&pool);

@@ -343,8 +343,8 @@ pub struct LoadReport {
 /// reference values) or to look inside a checkpoint.
 ///
 /// ```
-/// use tensorscope_runtime::nn::{FileDType, LoadOptions, ParamStore, SafeTensorsFile, SaveOptions};
-/// use tensorscope_runtime::{Param, Pool};
+/// use tensorscope::nn::{FileDType, LoadOptions, ParamStore, SafeTensorsFile, SaveOptions};
+/// use tensorscope::{Param, Pool};
 ///
 /// let pool = Pool::with_max_memory_mb(16);
 /// let path = std::env::temp_dir().join(format!("tensorscope-file-{}.safetensors", std::process::id()));

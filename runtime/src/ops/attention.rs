@@ -37,7 +37,7 @@ const NAME: &str = "scaled_dot_product_attention";
 /// query to every key, scaled by `1 / sqrt(d)`:
 ///
 /// ```
-/// use tensorscope_runtime::ops::AttentionOptions;
+/// use tensorscope::ops::AttentionOptions;
 /// let causal = AttentionOptions { causal: true, ..AttentionOptions::default() };
 /// assert_eq!(causal.scale, None);
 /// ```
@@ -755,8 +755,8 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// scale that is not finite.
     ///
     /// ```
-    /// use tensorscope_runtime::ops::AttentionOptions;
-    /// use tensorscope_runtime::Pool;
+    /// use tensorscope::ops::AttentionOptions;
+    /// use tensorscope::Pool;
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     // Batch 1, 2 heads, 3 positions, head dimension 4.

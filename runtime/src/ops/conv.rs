@@ -22,7 +22,7 @@ use crate::tensor::Tensor;
 /// differ:
 ///
 /// ```
-/// use tensorscope_runtime::ops::ConvOptions;
+/// use tensorscope::ops::ConvOptions;
 /// let options = ConvOptions { dilation: 2, groups: 4, ..ConvOptions::default() };
 /// assert_eq!((options.stride, options.padding), (1, 0));
 /// ```
@@ -485,8 +485,8 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// [`Error::DimensionOverflow`] for a padding or dilation that makes the sizes too large.
     ///
     /// ```
-    /// use tensorscope_runtime::ops::ConvOptions;
-    /// use tensorscope_runtime::Pool;
+    /// use tensorscope::ops::ConvOptions;
+    /// use tensorscope::Pool;
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     // Depthwise: 4 channels, each with its own dilated 3x3 kernel.
@@ -512,8 +512,8 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// for an input that is not 3-D and [`Error::ShapeMismatch`] for a weight that is not.
     ///
     /// ```
-    /// use tensorscope_runtime::ops::ConvOptions;
-    /// use tensorscope_runtime::Pool;
+    /// use tensorscope::ops::ConvOptions;
+    /// use tensorscope::Pool;
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     let x = s.from_slice::<f32>(&[1, 1, 5], &[1., 2., 3., 4., 5.]);

@@ -81,7 +81,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// training flag). Fails with [`Error::InvalidArgument`] for a `p` outside `[0, 1)`.
     ///
     /// ```
-    /// use tensorscope_runtime::Pool;
+    /// use tensorscope::Pool;
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     let y = s.ones::<f32>(&[1000]).dropout(0.25).to_vec();

@@ -192,7 +192,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// table is not 2-D, or [`Error::IndexOutOfRange`] naming the first id past the vocabulary.
     ///
     /// ```
-    /// use tensorscope_runtime::{Param, Pool};
+    /// use tensorscope::{Param, Pool};
     /// let pool = Pool::with_max_memory_mb(16);
     /// let table = Param::from_slice(&pool, &[3, 2], &[0.0f32, 0.5, 1.0, 1.5, 2.0, 2.5]);
     /// pool.scope(|s| {

@@ -4,7 +4,7 @@
 //! rents in the deeper of the operands' scopes. Comparisons are [`Tensor::cmp`]'s, for every type.
 //!
 //! ```
-//! use tensorscope_runtime::Pool;
+//! use tensorscope::Pool;
 //! let pool = Pool::with_max_memory_mb(16);
 //! pool.scope(|s| {
 //!     let ids = s.from_slice::<i64>(&[2, 2], &[7, -7, 7, -7]);

@@ -52,8 +52,8 @@ thread_local! {
 /// `#[checkpoint]`, compute the same way wherever they run.
 ///
 /// ```
-/// use tensorscope_runtime::ops::{autocast, Products};
-/// use tensorscope_runtime::Pool;
+/// use tensorscope::ops::{autocast, Products};
+/// use tensorscope::Pool;
 ///
 /// let pool = Pool::with_max_memory_mb(16);
 /// pool.scope(|s| {

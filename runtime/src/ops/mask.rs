@@ -2,7 +2,7 @@
 //! (`where_cond`, `masked_fill`), and triangles (`tril`, `triu`), which make causal masks.
 //!
 //! ```
-//! use tensorscope_runtime::Pool;
+//! use tensorscope::Pool;
 //! let pool = Pool::with_max_memory_mb(16);
 //! pool.scope(|s| {
 //!     // A causal attention mask: scores above the diagonal become -inf before the softmax.

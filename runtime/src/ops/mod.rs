@@ -74,7 +74,7 @@
 //!   [`Scope::rent_with`](crate::Scope::rent_with).
 //!
 //! ```
-//! use tensorscope_runtime::Pool;
+//! use tensorscope::Pool;
 //! let pool = Pool::with_max_memory_mb(16);
 //! pool.scope(|s| {
 //!     let x = s.from_slice::<f32>(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
@@ -216,7 +216,7 @@ pub(crate) fn rows(shape: &[usize]) -> usize {
 /// op reads where it lies (no copy). The output rents in the scoped operand's scope.
 ///
 /// ```
-/// use tensorscope_runtime::{Param, Pool};
+/// use tensorscope::{Param, Pool};
 /// let pool = Pool::with_max_memory_mb(16);
 /// let b = Param::from_slice(&pool, &[2], &[10.0f32, 20.0]);
 /// pool.scope(|s| {

@@ -22,7 +22,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// [`Error::ShapeMismatch`] if a table is neither `[t, d]` nor broadcasts to the tensor as one.
     ///
     /// ```
-    /// use tensorscope_runtime::Pool;
+    /// use tensorscope::Pool;
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     let (cos, sin) = s.rope_tables::<f32>(0..3, 4, 10_000.0);

@@ -69,7 +69,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// more draws than a row has positive probabilities.
     ///
     /// ```
-    /// use tensorscope_runtime::{Generator, Pool};
+    /// use tensorscope::{Generator, Pool};
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     let probs = s.from_slice::<f32>(&[2, 3], &[0.0, 1.0, 0.0, 0.5, 0.0, 0.5]);
@@ -147,7 +147,7 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// holding NaN or `+inf`, or no finite logit.
     ///
     /// ```
-    /// use tensorscope_runtime::{Generator, Pool};
+    /// use tensorscope::{Generator, Pool};
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     let logits = s.from_slice::<f32>(&[2, 4], &[0.0, 3.0, 1.0, 2.9, 5.0, 1.0, 0.0, 4.0]);

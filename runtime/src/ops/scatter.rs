@@ -91,7 +91,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// [`Error::IndexOutOfRange`] naming the first id past the axis.
     ///
     /// ```
-    /// use tensorscope_runtime::Pool;
+    /// use tensorscope::Pool;
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     let x = s.zeros::<f32>(&[3, 2]);
@@ -136,7 +136,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// [`Error::IndexOutOfRange`] naming the first index past the axis.
     ///
     /// ```
-    /// use tensorscope_runtime::Pool;
+    /// use tensorscope::Pool;
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     // Sums per class: row i of `src` goes to column `labels[i]`.

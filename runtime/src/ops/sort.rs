@@ -38,7 +38,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// positions. Fails with [`Error::AxisOutOfRange`].
     ///
     /// ```
-    /// use tensorscope_runtime::Pool;
+    /// use tensorscope::Pool;
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     let x = s.from_slice::<f32>(&[5], &[2.0, f32::NAN, -1.0, 2.0, 0.5]);
@@ -71,7 +71,7 @@ impl<'s, T: DType> Tensor<'s, T> {
     /// [`Error::InvalidArgument`] for a `k` past the axis's length.
     ///
     /// ```
-    /// use tensorscope_runtime::Pool;
+    /// use tensorscope::Pool;
     /// let pool = Pool::with_max_memory_mb(16);
     /// pool.scope(|s| {
     ///     let x = s.from_slice::<f32>(&[2, 4], &[0.1, 0.7, 0.2, 0.7, 3.0, 1.0, 2.0, 0.0]);

@@ -290,7 +290,7 @@ macro_rules! elementwise {
 /// overwritten.
 ///
 /// ```
-/// use tensorscope_runtime::{Pool, TensorOps};
+/// use tensorscope::{Pool, TensorOps};
 /// let pool = Pool::with_max_memory_mb(16);
 /// pool.scope(|s| {
 ///     let x = s.from_slice::<f32>(&[3], &[-1.0, 0.0, 2.0]);
