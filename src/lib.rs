@@ -1,7 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-pub use tensorscope_macros::{checkpoint, dispose_scope, Escape};
+pub use tensorscope_macros::{checkpoint, dispose_scope, Escape, Parameters};
 // The glob makes every runtime item reachable from here (`__private` too, which generated code
 // calls). It is hidden from the docs because rustdoc inlines whatever a glob from another crate
 // brings, `doc(no_inline)` or not (rust-lang/rust#131180), which copied all of ndarray's and
@@ -12,7 +12,7 @@ pub use tensorscope_runtime::*;
 pub use tensorscope_runtime::{
     autograd, checkpoint, current_pool, manual_seed, nn, ops, scope, CheckpointConfig,
     CheckpointError, Checkpointer, DType, Element, Error, Escape, EscapeTarget, Generator,
-    Gradients, Operand, Param, Parameters, Policy, Pool, PoolBuffer, PoolConfig, PoolStats,
+    Gradients, Operand, Param, ParamPath, Parameters, Policy, Pool, PoolBuffer, PoolConfig, PoolStats,
     Precision, Result, Scope, ScopeStats, Shape, Tensor, TensorOps, TimelinePoint, ALIGN,
     DEFAULT_MAX_MEMORY_MB, POISON_BYTE,
 };
@@ -24,7 +24,9 @@ pub mod prelude {
     // Links to the items' own pages, as std's prelude does, rather than second copies of them.
     // `checkpoint` is named from the macro crate: `crate::checkpoint` is also the module.
     #[doc(no_inline)]
-    pub use crate::{dispose_scope, scope, Escape, Param, Pool, Scope, Tensor, TensorOps};
+    pub use crate::{
+        dispose_scope, scope, Escape, Param, ParamPath, Parameters, Pool, Scope, Tensor, TensorOps,
+    };
     #[doc(no_inline)]
     pub use tensorscope_macros::checkpoint;
 }

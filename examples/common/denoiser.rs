@@ -10,12 +10,14 @@
 use tensorscope::prelude::*;
 use tensorscope::{Checkpointer, Parameters};
 
+#[derive(Parameters)]
 pub(crate) struct Denoiser {
     conv_in: Param,
     down: Param,
     mid: Param,
     up: Param,
     conv_out: Param,
+    #[param(skip)]
     groups: usize,
 }
 
@@ -64,32 +66,5 @@ impl Denoiser {
         let h = h.conv2d(&self.up, 1, 1).group_norm(g, 1e-5).silu();
         let h = h.conv2d(&self.conv_out, 1, 1);
         h
-    }
-
-    /// Calls `f` on every parameter.
-    pub(crate) fn each_param(&self, f: &mut dyn FnMut(&Param)) {
-        [
-            &self.conv_in,
-            &self.down,
-            &self.mid,
-            &self.up,
-            &self.conv_out,
-        ]
-        .into_iter()
-        .for_each(f)
-    }
-}
-
-impl Parameters<f32> for Denoiser {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
-        let Denoiser {
-            conv_in,
-            down,
-            mid,
-            up,
-            conv_out,
-            ..
-        } = self;
-        [conv_in, down, mid, up, conv_out].into_iter().for_each(f)
     }
 }

@@ -4,8 +4,9 @@
 //! forward is `#[dispose_scope]`; the block loop is also written with `#[checkpoint]` for training,
 //! and the model decodes through a key/value cache per block (`CausalLm`, for `nn::generate`).
 //!
-//! Parameter names and shapes follow `scripts/gpt_fixture.py` (GPT-2's names, PyTorch `nn.Linear`
-//! layout in the file); [`Gpt::load`] transposes the Linear weights to tensorscope's `[in, out]`.
+//! Parameter names are the structs' field paths (`#[derive(Parameters)]`), renamed where GPT-2's
+//! differ (`h.0.attn.c_attn.weight`), so the model loads and saves `scripts/gpt_fixture.py`'s files by
+//! itself; [`Gpt::load`] transposes the Linear weights from PyTorch's `[out, in]` to `[in, out]`.
 //!
 //! Shared by `examples/gpt.rs` and `tests/integration/gpt_parity.rs` through `#[path]`.
 
@@ -13,10 +14,10 @@
 
 use std::path::Path;
 
-use tensorscope::nn::{CacheLayout, CausalLm, KvCache, LoadOptions, NnError, ParamStore};
+use tensorscope::nn::{CacheLayout, CausalLm, KvCache, LoadOptions, NnError};
 use tensorscope::ops::AttentionOptions;
 use tensorscope::prelude::*;
-use tensorscope::{Checkpointer, Parameters, Result};
+use tensorscope::{Checkpointer, ParamPath, Parameters, Result};
 
 /// The model's sizes.
 #[derive(Debug, Clone, Copy)]
@@ -89,6 +90,7 @@ pub(crate) fn is_linear_weight(name: &str) -> bool {
 }
 
 /// A LayerNorm's scale and shift.
+#[derive(Parameters)]
 pub(crate) struct Norm {
     weight: Param,
     bias: Param,
@@ -102,6 +104,7 @@ impl Norm {
 }
 
 /// `x W + b`, with `W` as `[in, out]`.
+#[derive(Parameters)]
 pub(crate) struct Dense {
     weight: Param,
     bias: Param,
@@ -115,15 +118,23 @@ impl Dense {
 }
 
 /// One pre-LayerNorm block.
+#[derive(Parameters)]
 pub(crate) struct Block {
     ln_1: Norm,
+    #[param(rename = "attn.c_attn")]
     c_attn: Dense,
+    #[param(rename = "attn.c_proj")]
     c_proj: Dense,
     ln_2: Norm,
+    #[param(rename = "mlp.c_fc")]
     c_fc: Dense,
+    #[param(rename = "mlp.c_proj")]
     mlp_proj: Dense,
+    #[param(skip)]
     heads: usize,
+    #[param(skip)]
     eps: f32,
+    #[param(skip)]
     attention: Attention,
 }
 
@@ -191,119 +202,93 @@ impl Block {
 }
 
 /// The decoder.
+#[derive(Parameters)]
 pub(crate) struct Gpt {
+    #[param(skip)]
     pub(crate) config: Config,
     wte: Param,
     wpe: Param,
+    #[param(rename = "h")]
     pub(crate) blocks: Vec<Block>,
     ln_f: Norm,
     /// 1 above the diagonal: the future a query must not attend to.
+    #[param(skip)]
     future: Param<u8>,
 }
 
 impl Gpt {
     /// Loads the model from a safetensors file of GPT-2's names (PyTorch layout), into `pool`.
     pub(crate) fn load(pool: &Pool, path: &Path, config: Config) -> Result<Gpt, NnError> {
-        let options = LoadOptions::new().pytorch_linear(is_linear_weight);
-        let mut store = ParamStore::<f32>::new(pool);
-        for (name, shape) in Gpt::shapes(&config) {
-            store.zeros(&name, &shape)?;
-        }
-        store.load_safetensors(path, &options)?;
-        Gpt::from_store(&mut store, config)
+        let mut model = Gpt::zeros(pool, config)?;
+        model.load_safetensors(path, &LoadOptions::new().pytorch_linear(is_linear_weight))?;
+        Ok(model)
     }
 
     /// A model of random weights initialised as GPT-2's (normal, std 0.02; LayerNorms at 1 and 0),
-    /// reproducible from `seed`.
+    /// reproducible from `seed`: the `i`-th parameter of the walk from `seed + i`.
     pub(crate) fn random(pool: &Pool, config: Config, seed: u64) -> Result<Gpt, NnError> {
-        let mut store = ParamStore::<f32>::new(pool);
-        for (i, (name, shape)) in Gpt::shapes(&config).into_iter().enumerate() {
-            if name.contains("ln_") && name.ends_with(".weight") {
-                store.ones(&name, &shape)?;
-            } else if name.contains("ln_") || name.ends_with(".bias") {
-                store.zeros(&name, &shape)?;
-            } else {
-                store.randn(&name, &shape, 0.02, seed + i as u64)?;
+        let mut model = Gpt::zeros(pool, config)?;
+        let mut i = 0;
+        let mut failure = None;
+        model.visit_params_mut(&ParamPath::ROOT, &mut |path, p| {
+            let name = path.to_string();
+            let init = pool.scope(|s| {
+                let values = if name.contains("ln_") && name.ends_with(".weight") {
+                    s.try_full::<f32>(p.shape(), 1.0)?
+                } else if name.contains("ln_") || name.ends_with(".bias") {
+                    return Ok(());
+                } else {
+                    s.try_randn::<f32>(p.shape(), seed + i)? * 0.02
+                };
+                p.try_view_mut()?.assign(&values.view());
+                Ok(())
+            });
+            if let Err(e) = init {
+                failure.get_or_insert(e);
             }
-        }
-        Gpt::from_store(&mut store, config)
+            i += 1;
+        });
+        failure.map_or(Ok(model), |e: tensorscope::Error| Err(e.into()))
     }
 
-    /// Every parameter's name and shape (Linear weights as `[in, out]`), in GPT-2's order.
-    pub(crate) fn shapes(c: &Config) -> Vec<(String, Vec<usize>)> {
-        let (v, n, d) = (c.vocab, c.n_ctx, c.dim);
-        let mut all = vec![
-            ("wte".to_string(), vec![v, d]),
-            ("wpe".to_string(), vec![n, d]),
-        ];
-        for i in 0..c.layers {
-            let p = |s: &str| format!("h.{i}.{s}");
-            all.extend([
-                (p("ln_1.weight"), vec![d]),
-                (p("ln_1.bias"), vec![d]),
-                (p("attn.c_attn.weight"), vec![d, 3 * d]),
-                (p("attn.c_attn.bias"), vec![3 * d]),
-                (p("attn.c_proj.weight"), vec![d, d]),
-                (p("attn.c_proj.bias"), vec![d]),
-                (p("ln_2.weight"), vec![d]),
-                (p("ln_2.bias"), vec![d]),
-                (p("mlp.c_fc.weight"), vec![d, 4 * d]),
-                (p("mlp.c_fc.bias"), vec![4 * d]),
-                (p("mlp.c_proj.weight"), vec![4 * d, d]),
-                (p("mlp.c_proj.bias"), vec![d]),
-            ]);
-        }
-        all.extend([
-            ("ln_f.weight".to_string(), vec![d]),
-            ("ln_f.bias".to_string(), vec![d]),
-        ]);
-        all
-    }
-
-    /// The model from a store holding every parameter of [`Gpt::shapes`] (taken out of it).
-    pub(crate) fn from_store(store: &mut ParamStore, config: Config) -> Result<Gpt, NnError> {
-        let mut take = |name: String| store.take(&name);
-        let norm = |take: &mut dyn FnMut(String) -> Result<Param, NnError>, p: &str| {
-            Ok::<_, NnError>(Norm {
-                weight: take(format!("{p}.weight"))?,
-                bias: take(format!("{p}.bias"))?,
+    /// A model of zeros, its shapes from `config` (Linear weights as `[in, out]`).
+    pub(crate) fn zeros(pool: &Pool, config: Config) -> Result<Gpt, NnError> {
+        let (v, n, d) = (config.vocab, config.n_ctx, config.dim);
+        let zeros = |shape: &[usize]| Param::try_zeros(pool, shape);
+        let norm = || -> Result<Norm> {
+            Ok(Norm {
+                weight: zeros(&[d])?,
+                bias: zeros(&[d])?,
             })
         };
-        let dense = |take: &mut dyn FnMut(String) -> Result<Param, NnError>, p: &str| {
-            Ok::<_, NnError>(Dense {
-                weight: take(format!("{p}.weight"))?,
-                bias: take(format!("{p}.bias"))?,
+        let dense = |inputs: usize, outputs: usize| -> Result<Dense> {
+            Ok(Dense {
+                weight: zeros(&[inputs, outputs])?,
+                bias: zeros(&[outputs])?,
             })
         };
-        let wte = take("wte".into())?;
-        let wpe = take("wpe".into())?;
         let blocks = (0..config.layers)
-            .map(|i| {
-                let p = |s: &str| format!("h.{i}.{s}");
+            .map(|_| {
                 Ok(Block {
-                    ln_1: norm(&mut take, &p("ln_1"))?,
-                    c_attn: dense(&mut take, &p("attn.c_attn"))?,
-                    c_proj: dense(&mut take, &p("attn.c_proj"))?,
-                    ln_2: norm(&mut take, &p("ln_2"))?,
-                    c_fc: dense(&mut take, &p("mlp.c_fc"))?,
-                    mlp_proj: dense(&mut take, &p("mlp.c_proj"))?,
+                    ln_1: norm()?,
+                    c_attn: dense(d, 3 * d)?,
+                    c_proj: dense(d, d)?,
+                    ln_2: norm()?,
+                    c_fc: dense(d, 4 * d)?,
+                    mlp_proj: dense(4 * d, d)?,
                     heads: config.heads,
                     eps: config.eps,
                     attention: config.attention,
                 })
             })
-            .collect::<Result<Vec<_>, NnError>>()?;
-        let ln_f = norm(&mut take, "ln_f")?;
-        let n = config.n_ctx;
-        let future = store
-            .pool()
-            .scope(|s| s.ones::<u8>(&[n, n]).triu(1).detach());
+            .collect::<Result<Vec<_>>>()?;
+        let future = pool.scope(|s| s.try_full::<u8>(&[n, n], 1)?.try_triu(1)?.try_detach())?;
         Ok(Gpt {
             config,
-            wte,
-            wpe,
+            wte: zeros(&[v, d])?,
+            wpe: zeros(&[n, d])?,
             blocks,
-            ln_f,
+            ln_f: norm()?,
             future,
         })
     }
@@ -376,37 +361,6 @@ impl Gpt {
         }
         tokens
     }
-
-    /// The named parameter (for comparing gradients), with its name in GPT-2's scheme.
-    pub(crate) fn param(&self, name: &str) -> Option<&Param> {
-        let block = |i: usize| self.blocks.get(i);
-        let parts: Vec<&str> = name.splitn(3, '.').collect();
-        match parts[..] {
-            ["wte"] => Some(&self.wte),
-            ["wpe"] => Some(&self.wpe),
-            ["ln_f", "weight"] => Some(&self.ln_f.weight),
-            ["ln_f", "bias"] => Some(&self.ln_f.bias),
-            ["h", i, rest] => {
-                let b = block(i.parse().ok()?)?;
-                Some(match rest {
-                    "ln_1.weight" => &b.ln_1.weight,
-                    "ln_1.bias" => &b.ln_1.bias,
-                    "attn.c_attn.weight" => &b.c_attn.weight,
-                    "attn.c_attn.bias" => &b.c_attn.bias,
-                    "attn.c_proj.weight" => &b.c_proj.weight,
-                    "attn.c_proj.bias" => &b.c_proj.bias,
-                    "ln_2.weight" => &b.ln_2.weight,
-                    "ln_2.bias" => &b.ln_2.bias,
-                    "mlp.c_fc.weight" => &b.c_fc.weight,
-                    "mlp.c_fc.bias" => &b.c_fc.bias,
-                    "mlp.c_proj.weight" => &b.mlp_proj.weight,
-                    "mlp.c_proj.bias" => &b.mlp_proj.bias,
-                    _ => return None,
-                })
-            }
-            _ => None,
-        }
-    }
 }
 
 impl CausalLm for Gpt {
@@ -437,24 +391,5 @@ impl CausalLm for Gpt {
             x = block.forward_cached(&x, cache, seq)?;
         }
         Ok(self.head(&x.try_narrow(1, t - keep, keep)?))
-    }
-}
-
-impl Parameters<f32> for Gpt {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
-        f(&mut self.wte);
-        f(&mut self.wpe);
-        for b in &mut self.blocks {
-            for n in [&mut b.ln_1, &mut b.ln_2] {
-                f(&mut n.weight);
-                f(&mut n.bias);
-            }
-            for d in [&mut b.c_attn, &mut b.c_proj, &mut b.c_fc, &mut b.mlp_proj] {
-                f(&mut d.weight);
-                f(&mut d.bias);
-            }
-        }
-        f(&mut self.ln_f.weight);
-        f(&mut self.ln_f.bias);
     }
 }

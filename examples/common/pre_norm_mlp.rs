@@ -14,6 +14,7 @@ use tensorscope::{Checkpointer, Parameters};
 const EPS: f32 = 1e-5;
 
 /// One block as tensor ops on parameters it owns.
+#[derive(Parameters)]
 pub(crate) struct Block {
     gamma: Param,
     beta: Param,
@@ -53,34 +54,6 @@ impl Block {
         let h = (h.matmul(&self.w1) + &self.b1).gelu();
         h.matmul(&self.w2) + &self.b2 + x
     }
-
-    /// Calls `f` on every parameter.
-    pub(crate) fn each_param(&self, f: &mut dyn FnMut(&Param)) {
-        [
-            &self.gamma,
-            &self.beta,
-            &self.w1,
-            &self.b1,
-            &self.w2,
-            &self.b2,
-        ]
-        .into_iter()
-        .for_each(f)
-    }
-}
-
-impl Parameters<f32> for Block {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
-        let Block {
-            gamma,
-            beta,
-            w1,
-            b1,
-            w2,
-            b2,
-        } = self;
-        [gamma, beta, w1, b1, w2, b2].into_iter().for_each(f)
-    }
 }
 
 /// A residual block a [`Model`] stacks: made from its place in the model and the width, run on
@@ -104,6 +77,7 @@ impl Residual for Block {
 
 /// The blocks as one model: the forward written once, with checkpointing under the control of the
 /// checkpointer it is given.
+#[derive(Parameters)]
 pub(crate) struct Model<B = Block> {
     pub(crate) blocks: Vec<B>,
 }
@@ -132,18 +106,5 @@ impl<B: Residual> Model<B> {
     /// The same forward without the attribute.
     pub(crate) fn forward_plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
         self.blocks.iter().fold(x, |x, block| block.forward(&x))
-    }
-}
-
-impl Model {
-    /// Calls `f` on every parameter.
-    pub(crate) fn each_param(&self, f: &mut dyn FnMut(&Param)) {
-        self.blocks.iter().for_each(|b| b.each_param(f))
-    }
-}
-
-impl<B: Residual> Parameters<f32> for Model<B> {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
-        self.blocks.for_each_param(f)
     }
 }

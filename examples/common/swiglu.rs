@@ -94,6 +94,7 @@ const EPS: f32 = 1e-5;
 
 /// One pre-norm SwiGLU block, `x + W3 (silu(W1 h) * W2 h)` with `h = LayerNorm(x)`, as in
 /// LLaMA's feed-forward (without its RMS norm's scale).
+#[derive(Parameters)]
 pub(crate) struct Block {
     w1: Param,
     w2: Param,
@@ -139,13 +140,6 @@ impl Residual for Block {
         let h = x.layer_norm(EPS);
         let gated = swiglu(&h.matmul(&self.w1), &h.matmul(&self.w2));
         gated.matmul(&self.w3) + x
-    }
-}
-
-impl Parameters<f32> for Block {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
-        let Block { w1, w2, w3 } = self;
-        [w1, w2, w3].into_iter().for_each(f)
     }
 }
 

@@ -15,11 +15,13 @@ fn weight(s: &Scope<'_, '_>, rows: usize, cols: usize, seed: u64) -> Param {
 }
 
 /// Single-head self-attention over `[batch, seq, dim]`.
+#[derive(Parameters)]
 pub(crate) struct Attention {
     wq: Param,
     wk: Param,
     wv: Param,
     wo: Param,
+    #[param(skip)]
     scale: f32,
 }
 
@@ -36,6 +38,7 @@ impl Attention {
 }
 
 /// `gelu(x W1 + b1) W2 + b2`, hidden width 4x.
+#[derive(Parameters)]
 pub(crate) struct Mlp {
     w1: Param,
     b1: Param,
@@ -52,6 +55,7 @@ impl Mlp {
 }
 
 /// Pre-norm block: `h = x + attn(ln(x)); y = h + mlp(ln(h))`.
+#[derive(Parameters)]
 pub(crate) struct Block {
     attention: Attention,
     mlp: Mlp,
@@ -67,6 +71,7 @@ impl Block {
 }
 
 /// `blocks` blocks of width `dim`.
+#[derive(Parameters)]
 pub(crate) struct Transformer {
     pub(crate) blocks: Vec<Block>,
 }
@@ -115,29 +120,5 @@ impl Transformer {
             x = block.forward(&x);
         }
         x
-    }
-
-    /// Calls `f` on every parameter, block by block.
-    pub(crate) fn each_param(&self, f: &mut dyn FnMut(&Param)) {
-        for b in &self.blocks {
-            let (a, m) = (&b.attention, &b.mlp);
-            [&a.wq, &a.wk, &a.wv, &a.wo, &m.w1, &m.b1, &m.w2, &m.b2]
-                .into_iter()
-                .for_each(&mut *f);
-        }
-    }
-}
-
-impl Parameters<f32> for Transformer {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
-        for b in &mut self.blocks {
-            let (a, m) = (&mut b.attention, &mut b.mlp);
-            [
-                &mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo, &mut m.w1, &mut m.b1, &mut m.w2,
-                &mut m.b2,
-            ]
-            .into_iter()
-            .for_each(&mut *f);
-        }
     }
 }

@@ -14,6 +14,7 @@ mod checkpoint;
 mod dispose;
 mod escape;
 mod item;
+mod params;
 
 /// Runs the function body in a child scope of the caller's and escapes its return value, so every
 /// tensor the body makes is released when it drops (at the function's end at the latest) and the
@@ -141,8 +142,9 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// ```
 /// use tensorscope::nn::{Adam, Optimizer};
 /// use tensorscope::prelude::*;
-/// use tensorscope::{CheckpointConfig, Checkpointer, Parameters, Policy};
+/// use tensorscope::{CheckpointConfig, Checkpointer, Policy};
 ///
+/// #[derive(Parameters)]
 /// struct Mlp { weights: Vec<Param> }
 ///
 /// impl Mlp {
@@ -153,12 +155,6 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 ///             x = x.matmul(w).tanh();
 ///         }
 ///         x
-///     }
-/// }
-///
-/// impl Parameters<f32> for Mlp {
-///     fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
-///         self.weights.for_each_param(f)
 ///     }
 /// }
 ///
@@ -238,4 +234,45 @@ pub fn checkpoint(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_derive(Escape, attributes(escape))]
 pub fn derive_escape(input: TokenStream) -> TokenStream {
     escape::derive(input.into()).into()
+}
+
+/// Implements `Parameters` for a model struct: each field is walked under its name (the elements of
+/// a `Vec` or an array under their index, an `Option` when it holds a value), so the parameters'
+/// names are their field paths, `blocks.3.mlp.w1`, as in PyTorch's `state_dict()`. A field's type
+/// must be a set of parameters (`Param`, a module, a `Vec`, array, `Box` or `Option` of them);
+/// another is a compile error at the field.
+///
+/// Field options: `#[param(rename = "c_fc.weight")]` walks the field under another name (a file's);
+/// `#[param(flatten)]` walks it under its parent's path (a wrapper's fields as its own);
+/// `#[param(skip)]` leaves it out (a field that holds no parameters, or frozen ones).
+///
+/// Struct options: `#[param(element = "f64")]` names the parameters' element type, which is
+/// otherwise the struct's type parameter bounded by `Element`, or `f32`; `#[param(crate = "path")]`
+/// names the tensorscope crate when it is re-exported under another path.
+///
+/// ```
+/// use tensorscope::nn::Linear;
+/// use tensorscope::{Parameters, Pool};
+///
+/// #[derive(Parameters)]
+/// struct TwoLayer {
+///     #[param(rename = "c_fc")]
+///     up: Linear,
+///     down: Linear,
+///     #[param(skip)]
+///     name: String,
+/// }
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// let model = TwoLayer {
+///     up: Linear::new(&pool, 4, 8, 0).unwrap(),
+///     down: Linear::new(&pool, 8, 4, 1).unwrap(),
+///     name: "mlp".into(),
+/// };
+/// let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["c_fc.weight", "c_fc.bias", "down.weight", "down.bias"]);
+/// ```
+#[proc_macro_derive(Parameters, attributes(param))]
+pub fn derive_parameters(input: TokenStream) -> TokenStream {
+    params::derive(input.into()).into()
 }

@@ -58,7 +58,7 @@ pub use error::{Error, Result, Shape};
 pub use escape::{Escape, EscapeTarget};
 pub use init::{manual_seed, Generator};
 pub use ops::{Operand, TensorOps};
-pub use param::{Param, Parameters};
+pub use param::{Param, ParamPath, Parameters};
 pub use pool::{
     Pool, PoolBuffer, PoolConfig, PoolStats, TimelinePoint, ALIGN, DEFAULT_MAX_MEMORY_MB,
     POISON_BYTE,

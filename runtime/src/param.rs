@@ -2,10 +2,12 @@
 
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, AsArray, Dimension, IxDyn};
 use std::fmt;
+use std::path::Path;
 
 use crate::element::{DType, Element};
 use crate::error::{panicking, Result};
 use crate::pool::{check_length, Pool, PoolBuffer};
+use crate::nn::{LoadOptions, LoadReport, NnError, SaveOptions};
 use crate::recycle::RecycledArc;
 
 /// A value kept outside every scope: a model's weights, an optimizer's state, a stored checkpoint, a
@@ -250,6 +252,13 @@ impl<T: DType> Param<T> {
             .expect("a parameter's buffer holds exactly its shape"))
     }
 
+    /// The elements of a parameter no other handle shares (checked, or made so by a copy the
+    /// caller took first), written in place as a new version.
+    pub(crate) fn unique_slice_mut(&mut self) -> &mut [T] {
+        self.try_slice_mut()
+            .expect("a parameter no other handle shares is written in place")
+    }
+
     /// The elements, writable, as [`Param::try_view_mut`] gives them (a new version).
     pub(crate) fn try_slice_mut(&mut self) -> Result<&mut [T]> {
         if let Some(copy) = self.copy_for_write()? {
@@ -347,71 +356,317 @@ impl<T: DType> fmt::Debug for Param<T> {
     }
 }
 
-/// A set of parameters an optimizer updates in place: a [`Param`], a
-/// [`ParamStore`](crate::nn::ParamStore), a `Vec`, array, slice or `Option` of parameter sets, or a
-/// model struct of your own.
-///
-/// A model that keeps its parameters as fields lists them:
+/// Where a parameter sits in a model: the path of fields and indices that leads to it, printed
+/// with dots (`blocks.3.mlp.w1`, the names of PyTorch's `state_dict()`). A path is built on the
+/// stack as a walk descends ([`ParamPath::field`], [`ParamPath::index`]), so walking a model
+/// allocates nothing; `to_string()` gives the name.
 ///
 /// ```
-/// use tensorscope::{Param, Parameters};
+/// use tensorscope::ParamPath;
 ///
+/// let root = ParamPath::ROOT;
+/// let blocks = root.field("blocks");
+/// let third = blocks.index(3);
+/// assert_eq!(third.field("mlp.w1").to_string(), "blocks.3.mlp.w1");
+/// assert_eq!(root.to_string(), "");
+/// ```
+#[derive(Clone, Copy)]
+pub struct ParamPath<'a> {
+    parent: Option<&'a ParamPath<'a>>,
+    segment: Segment<'a>,
+}
+
+#[derive(Clone, Copy)]
+enum Segment<'a> {
+    Root,
+    Field(&'a str),
+    Index(usize),
+}
+
+impl<'a> ParamPath<'a> {
+    /// The empty path: where a walk over a whole model starts.
+    pub const ROOT: ParamPath<'static> = ParamPath {
+        parent: None,
+        segment: Segment::Root,
+    };
+
+    /// This path followed by `name` (which may hold dots of its own: a renamed field's
+    /// `"c_fc.weight"`).
+    pub fn field<'b>(&'b self, name: &'b str) -> ParamPath<'b> {
+        self.child(Segment::Field(name))
+    }
+
+    /// This path followed by the index `i` of an element of a `Vec` or an array.
+    pub fn index(&self, i: usize) -> ParamPath<'_> {
+        self.child(Segment::Index(i))
+    }
+
+    fn child<'b>(&'b self, segment: Segment<'b>) -> ParamPath<'b> {
+        ParamPath {
+            parent: Some(self),
+            segment,
+        }
+    }
+
+    /// Whether this is [`ParamPath::ROOT`].
+    pub fn is_root(&self) -> bool {
+        matches!(self.segment, Segment::Root)
+    }
+}
+
+impl fmt::Display for ParamPath<'_> {
+    /// The segments joined by dots; the root prints nothing.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(parent) = self.parent.filter(|p| !p.is_root()) {
+            write!(f, "{parent}.")?;
+        }
+        match self.segment {
+            Segment::Root => Ok(()),
+            Segment::Field(name) => f.write_str(name),
+            Segment::Index(i) => write!(f, "{i}"),
+        }
+    }
+}
+
+impl fmt::Debug for ParamPath<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ParamPath(\"{self}\")")
+    }
+}
+
+/// A set of named parameters: a model struct, a [`Param`], a
+/// [`ParamStore`](crate::nn::ParamStore), a `Vec`, array, slice or `Option` of parameter sets.
+/// Optimizers update it in place, and it saves and loads itself by its parameters' names
+/// ([`Parameters::save_safetensors`], [`Parameters::load_safetensors`]).
+///
+/// A model struct derives it: each field is walked under its name, the elements of a `Vec` or an
+/// array under their index, an `Option` when it holds a value, so the names are the field paths
+/// (`blocks.3.w1`). `#[param(rename = "c_fc.weight")]` gives a field another name (a file's, say
+/// PyTorch's), and `#[param(skip)]` leaves out a field that holds no parameters or frozen ones.
+///
+/// ```
+/// use tensorscope::nn::{LayerNorm, Linear};
+/// use tensorscope::{Param, Parameters, Pool};
+///
+/// #[derive(Parameters)]
+/// struct Block {
+///     norm: LayerNorm,
+///     #[param(rename = "c_fc")]
+///     fc: Linear,
+/// }
+///
+/// #[derive(Parameters)]
 /// struct Mlp {
-///     w1: Param,
-///     w2: Param,
-///     blocks: Vec<Param>,
+///     blocks: Vec<Block>,
+///     head: Option<Param>,
+///     #[param(skip)]
+///     width: usize,
 /// }
 ///
-/// impl Parameters<f32> for Mlp {
-///     fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
-///         f(&mut self.w1);
-///         f(&mut self.w2);
-///         self.blocks.for_each_param(f);
-///     }
-/// }
+/// let pool = Pool::with_max_memory_mb(16);
+/// let block = |seed| Block {
+///     norm: LayerNorm::new(&pool, 4, 1e-5).unwrap(),
+///     fc: Linear::new(&pool, 4, 4, seed).unwrap(),
+/// };
+/// let mlp = Mlp { blocks: vec![block(1), block(2)], head: Some(Param::zeros(&pool, &[4])), width: 4 };
+/// let names: Vec<String> = mlp.named_params().into_iter().map(|(name, _)| name).collect();
+/// assert_eq!(names, [
+///     "blocks.0.norm.weight", "blocks.0.norm.bias", "blocks.0.c_fc.weight", "blocks.0.c_fc.bias",
+///     "blocks.1.norm.weight", "blocks.1.norm.bias", "blocks.1.c_fc.weight", "blocks.1.c_fc.bias",
+///     "head",
+/// ]);
+/// assert_eq!(mlp.param_count(), 2 * (4 + 4 + 16 + 4) + 4);
 /// ```
 ///
 /// The model must own its parameters: an optimizer writes a parameter that another handle shares
 /// (a clone kept elsewhere) by copying it first, and the other handle keeps the old values.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a set of parameters of element type `{T}`",
+    label = "not a set of `Param<{T}>`",
+    note = "a model struct gets the impl from `#[derive(Parameters)]`; a field that holds no \
+            parameters is marked `#[param(skip)]`"
+)]
 pub trait Parameters<T: Element> {
+    /// Calls `f` on every parameter with its path below `path`, in the same order on every call.
+    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>));
+
+    /// The same walk as [`Parameters::visit_params`], with the parameters writable.
+    fn visit_params_mut(
+        &mut self,
+        path: &ParamPath<'_>,
+        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    );
+
     /// Calls `f` on every parameter, in the same order on every call.
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>));
+    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
+        self.visit_params_mut(&ParamPath::ROOT, &mut |_, p| f(p))
+    }
+
+    /// Every parameter with its name, in the walk's order: handles sharing the data (no copy).
+    fn named_params(&self) -> Vec<(String, Param<T>)> {
+        let mut named = Vec::new();
+        self.visit_params(&ParamPath::ROOT, &mut |path, p| {
+            named.push((path.to_string(), p.clone()))
+        });
+        named
+    }
+
+    /// The parameter named `name` (a handle sharing its data), if there is one: to read it, or its
+    /// gradient (`grads.get(&model.param("h.0.attn.c_attn.weight").unwrap())`).
+    fn param(&self, name: &str) -> Option<Param<T>> {
+        let mut found = None;
+        self.visit_params(&ParamPath::ROOT, &mut |path, p| {
+            if found.is_none() && path.to_string() == name {
+                found = Some(p.clone());
+            }
+        });
+        found
+    }
+
+    /// The number of elements of all the parameters.
+    fn param_count(&self) -> usize {
+        let mut count = 0;
+        self.visit_params(&ParamPath::ROOT, &mut |_, p| count += p.len());
+        count
+    }
+
+    /// Writes every parameter under its name to a safetensors file at `path`, as
+    /// [`Parameters::save_safetensors`](crate::nn::Parameters::save_safetensors) describes; fails
+    /// with [`NnError::DuplicateParam`](crate::nn::NnError::DuplicateParam) if two parameters have
+    /// one name.
+    fn save_safetensors(
+        &self,
+        path: impl AsRef<Path>,
+        options: &SaveOptions,
+    ) -> std::result::Result<(), NnError>
+    where
+        Self: Sized,
+    {
+        crate::nn::safetensors::save(self, path.as_ref(), options)
+    }
+
+    /// Fills every parameter from the tensor of its name in the safetensors file at `path`, and
+    /// returns the file's tensors no parameter took. Every name, shape and dtype is checked before
+    /// anything is written, and a failure changes nothing: see
+    /// [`SafeTensorsError::Mismatch`](crate::nn::SafeTensorsError::Mismatch), which names every
+    /// parameter at fault. The file is mapped, not read whole into memory; a parameter no other
+    /// handle shares is written in place.
+    fn load_safetensors(
+        &mut self,
+        path: impl AsRef<Path>,
+        options: &LoadOptions,
+    ) -> std::result::Result<LoadReport, NnError>
+    where
+        Self: Sized,
+    {
+        crate::nn::safetensors::load(self, path.as_ref(), options)
+    }
 }
 
 impl<T: Element> Parameters<T> for Param<T> {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        f(self)
+    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
+        f(path, self)
+    }
+
+    fn visit_params_mut(
+        &mut self,
+        path: &ParamPath<'_>,
+        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    ) {
+        f(path, self)
     }
 }
 
 impl<T: Element, P: Parameters<T> + ?Sized> Parameters<T> for &mut P {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        (**self).for_each_param(f)
+    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
+        (**self).visit_params(path, f)
+    }
+
+    fn visit_params_mut(
+        &mut self,
+        path: &ParamPath<'_>,
+        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    ) {
+        (**self).visit_params_mut(path, f)
     }
 }
 
+impl<T: Element, P: Parameters<T> + ?Sized> Parameters<T> for Box<P> {
+    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
+        (**self).visit_params(path, f)
+    }
+
+    fn visit_params_mut(
+        &mut self,
+        path: &ParamPath<'_>,
+        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    ) {
+        (**self).visit_params_mut(path, f)
+    }
+}
+
+/// Elements under their index: `layers.0`, `layers.1`, ...
 impl<T: Element, P: Parameters<T>> Parameters<T> for [P] {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        self.iter_mut().for_each(|p| p.for_each_param(f))
+    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
+        for (i, p) in self.iter().enumerate() {
+            p.visit_params(&path.index(i), f)
+        }
+    }
+
+    fn visit_params_mut(
+        &mut self,
+        path: &ParamPath<'_>,
+        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    ) {
+        for (i, p) in self.iter_mut().enumerate() {
+            p.visit_params_mut(&path.index(i), f)
+        }
     }
 }
 
 impl<T: Element, P: Parameters<T>, const N: usize> Parameters<T> for [P; N] {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        self.as_mut_slice().for_each_param(f)
+    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
+        self.as_slice().visit_params(path, f)
+    }
+
+    fn visit_params_mut(
+        &mut self,
+        path: &ParamPath<'_>,
+        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    ) {
+        self.as_mut_slice().visit_params_mut(path, f)
     }
 }
 
 impl<T: Element, P: Parameters<T>> Parameters<T> for Vec<P> {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        self.as_mut_slice().for_each_param(f)
+    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
+        self.as_slice().visit_params(path, f)
+    }
+
+    fn visit_params_mut(
+        &mut self,
+        path: &ParamPath<'_>,
+        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    ) {
+        self.as_mut_slice().visit_params_mut(path, f)
     }
 }
 
+/// The value's parameters under the same path, if there is a value.
 impl<T: Element, P: Parameters<T>> Parameters<T> for Option<P> {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
+    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
         if let Some(p) = self {
-            p.for_each_param(f)
+            p.visit_params(path, f)
+        }
+    }
+
+    fn visit_params_mut(
+        &mut self,
+        path: &ParamPath<'_>,
+        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    ) {
+        if let Some(p) = self {
+            p.visit_params_mut(path, f)
         }
     }
 }

@@ -40,7 +40,7 @@ fn step(
         loss.backward_into(&mut grads).unwrap();
         let peak = pool.stats().peak_bytes_in_use - start;
         let mut all = Vec::new();
-        model.each_param(&mut |p| all.push(grads.get(p).expect("a gradient").to_vec()));
+        model.visit_params(&ParamPath::ROOT, &mut |_, p| all.push(grads.get(p).expect("a gradient").to_vec()));
         (loss.item(), all, peak)
     })
 }
@@ -291,8 +291,8 @@ fn the_gpt_and_the_denoiser_steps_stay_within_their_budgets() {
         ..Config::TINY
     };
     let gpt = Gpt::random(&pool, config, 5).unwrap();
-    let names: Vec<String> = Gpt::shapes(&config).into_iter().map(|(n, _)| n).collect();
-    let params: Vec<&Param> = names.iter().map(|n| gpt.param(n).unwrap()).collect();
+    let params: Vec<Param> = gpt.named_params().into_iter().map(|(_, p)| p).collect();
+    let params: Vec<&Param> = params.iter().collect();
     within_budgets("gpt", |ckpt| {
         pool.train(|s| {
             let ids =
@@ -312,8 +312,7 @@ fn the_gpt_and_the_denoiser_steps_stay_within_their_budgets() {
     });
 
     let denoiser = Denoiser::new(&pool, 4, 16, 4);
-    let mut params = Vec::new();
-    denoiser.each_param(&mut |p| params.push(p.clone()));
+    let params: Vec<Param> = denoiser.named_params().into_iter().map(|(_, p)| p).collect();
     let params: Vec<&Param> = params.iter().collect();
     within_budgets("denoiser", |ckpt| {
         pool.train(|s| {
@@ -377,7 +376,7 @@ fn the_attribute_keeps_what_it_measured_without_a_checkpointer() {
             let mut all = Vec::new();
             model
                 .0
-                .each_param(&mut |p| all.push(kept.get(p).unwrap().to_vec()));
+                .visit_params(&ParamPath::ROOT, &mut |_, p| all.push(kept.get(p).unwrap().to_vec()));
             (loss.item(), all, peak)
         });
         assert_eq!(got_loss.to_bits(), loss.to_bits());

@@ -31,7 +31,7 @@ fn step(pool: &Pool, model: &Model, ckpt: Option<&mut Checkpointer>) -> (f32, Ve
         let loss = y.mse(&target);
         let grads = loss.backward().unwrap();
         let mut all = Vec::new();
-        model.each_param(&mut |p| all.push(grads.get(p).expect("a gradient").to_vec()));
+        model.visit_params(&ParamPath::ROOT, &mut |_, p| all.push(grads.get(p).expect("a gradient").to_vec()));
         assert_eq!(
             grads.len(),
             all.len(),
@@ -239,7 +239,7 @@ fn transformer_blocks_and_the_denoiser_checkpoint_exactly_under_every_policy() {
         &pool,
         &shape,
         |x| model.forward(&x),
-        |f| model.each_param(f),
+        |f| model.visit_params(&ParamPath::ROOT, &mut |_, p| f(p)),
     );
     for policy in policies(6, 2 * 5 * 8 * 4) {
         let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy.clone()));
@@ -247,7 +247,7 @@ fn transformer_blocks_and_the_denoiser_checkpoint_exactly_under_every_policy() {
             &pool,
             &shape,
             |x| model.forward_checkpointed(&mut ckpt, x),
-            |f| model.each_param(f),
+            |f| model.visit_params(&ParamPath::ROOT, &mut |_, p| f(p)),
         );
         assert!(got == plain, "transformer, {policy:?}");
     }
@@ -258,7 +258,7 @@ fn transformer_blocks_and_the_denoiser_checkpoint_exactly_under_every_policy() {
         &pool,
         &shape,
         |x| denoiser.predict_noise(&x),
-        |f| denoiser.each_param(f),
+        |f| denoiser.visit_params(&ParamPath::ROOT, &mut |_, p| f(p)),
     );
     // Four steps after the skip's source; the skip is a value from before the region.
     for policy in policies(4, 4 * 6 * 6 * 4) {
@@ -267,7 +267,7 @@ fn transformer_blocks_and_the_denoiser_checkpoint_exactly_under_every_policy() {
             &pool,
             &shape,
             |x| denoiser.predict_noise_checkpointed(&mut ckpt, x),
-            |f| denoiser.each_param(f),
+            |f| denoiser.visit_params(&ParamPath::ROOT, &mut |_, p| f(p)),
         );
         assert!(got == plain, "denoiser, {policy:?}");
         // Every(4) is one segment: nothing to replay, the forward kept its graph; Budget
@@ -284,8 +284,8 @@ fn transformer_blocks_and_the_denoiser_checkpoint_exactly_under_every_policy() {
 
 fn pool_weights(model: &transformer::Transformer, denoiser: &denoiser::Denoiser) -> usize {
     let mut bytes = 0;
-    model.each_param(&mut |p| bytes += p.allocated_bytes());
-    denoiser.each_param(&mut |p| bytes += p.allocated_bytes());
+    model.visit_params(&ParamPath::ROOT, &mut |_, p| bytes += p.allocated_bytes());
+    denoiser.visit_params(&ParamPath::ROOT, &mut |_, p| bytes += p.allocated_bytes());
     bytes
 }
 

@@ -57,7 +57,7 @@ fn logits_loss_and_gradients_match_pytorch() {
             for name in GRADIENTS {
                 let param = model.param(name).unwrap();
                 let got = grads
-                    .get(param)
+                    .get(&param)
                     .unwrap_or_else(|| panic!("no gradient for {name}"));
                 let want = file.param::<f32>(&pool, &format!("grad.{name}")).unwrap();
                 // Linear weights are [out, in] in PyTorch, [in, out] here.
@@ -97,7 +97,7 @@ fn the_checkpointed_forward_gives_the_plain_logits_and_gradients_bit_for_bit() {
                 let grads = Gpt::loss(&logits, &ids).backward().unwrap();
                 let grads: Vec<Vec<f32>> = GRADIENTS
                     .iter()
-                    .map(|n| grads.get(model.param(n).unwrap()).unwrap().to_vec())
+                    .map(|n| grads.get(&model.param(n).unwrap()).unwrap().to_vec())
                     .collect();
                 (logits.to_vec(), grads)
             })

@@ -423,10 +423,19 @@ struct Shifty {
 }
 
 impl Parameters<f32> for Shifty {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param)) {
+    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param)) {
+        let i = (self.pick)(self.walks);
+        f(&path.index(i), &self.params[i]);
+    }
+
+    fn visit_params_mut(
+        &mut self,
+        path: &ParamPath<'_>,
+        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param),
+    ) {
         let i = (self.pick)(self.walks);
         self.walks += 1;
-        f(&mut self.params[i]);
+        f(&path.index(i), &mut self.params[i]);
     }
 }
 

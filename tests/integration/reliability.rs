@@ -153,7 +153,9 @@ fn one_model_shared_by_four_threads_gives_the_single_thread_outputs_and_exact_fi
 }
 
 /// A layer that panics on demand (the flag is shared with the test), in the middle of a model.
+#[derive(Parameters)]
 struct Faulty {
+    #[param(skip)]
     fail: Rc<Cell<bool>>,
 }
 
@@ -167,9 +169,6 @@ impl Module for Faulty {
     }
 }
 
-impl Parameters<f32> for Faulty {
-    fn for_each_param(&mut self, _: &mut dyn FnMut(&mut Param)) {}
-}
 
 #[test]
 fn a_panic_in_a_checkpointed_training_step_leaves_the_pool_consistent() {

@@ -8,7 +8,8 @@ use crate::checkpoint::{self, Checkpointer};
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
 use crate::ops::{check_probability, Unary};
-use crate::param::{Param, Parameters};
+use crate::param::{Param, ParamPath, Parameters};
+use tensorscope_macros::Parameters;
 use crate::pool::Pool;
 use crate::scope::Scope;
 use crate::tensor::Tensor;
@@ -33,7 +34,9 @@ fn full<T: Element>(pool: &Pool, shape: &[usize], value: T) -> Result<Param<T>> 
 }
 
 /// `y = x W + b` over the last axis of `x` (any leading axes: `[.., inputs]` to `[.., outputs]`),
-/// `W` of shape `[inputs, outputs]`, `b` `[outputs]`.
+/// `W` of shape `[inputs, outputs]`, `b` `[outputs]`. Its parameters are named `weight` and `bias`.
+#[derive(Parameters)]
+#[param(crate = "crate")]
 pub struct Linear<T: Element = f32> {
     weight: Param<T>,
     bias: Param<T>,
@@ -106,13 +109,6 @@ impl<T: Element> Module<T> for Linear<T> {
     }
 }
 
-impl<T: Element> Parameters<T> for Linear<T> {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        f(&mut self.weight);
-        f(&mut self.bias);
-    }
-}
-
 /// An elementwise activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Activation(Unary);
@@ -151,14 +147,27 @@ impl<T: Element> Module<T> for Activation {
 }
 
 impl<T: Element> Parameters<T> for Activation {
-    fn for_each_param(&mut self, _: &mut dyn FnMut(&mut Param<T>)) {}
+    fn visit_params(&self, _: &ParamPath<'_>, _: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {}
+
+    fn visit_params_mut(
+        &mut self,
+        _: &ParamPath<'_>,
+        _: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    ) {
+    }
 }
 
 /// Layer normalization over the last axis with a learned scale and shift:
-/// `y = gamma (x - mean) / sqrt(var + eps) + beta`.
+/// `y = gamma (x - mean) / sqrt(var + eps) + beta`. Its parameters are named as PyTorch's
+/// `nn.LayerNorm` names them: `weight` (`gamma`) and `bias` (`beta`).
+#[derive(Parameters)]
+#[param(crate = "crate")]
 pub struct LayerNorm<T: Element = f32> {
+    #[param(rename = "weight")]
     gamma: Param<T>,
+    #[param(rename = "bias")]
     beta: Param<T>,
+    #[param(skip)]
     eps: T,
 }
 
@@ -170,6 +179,21 @@ impl<T: Element> LayerNorm<T> {
             beta: full(pool, &[width], T::zero())?,
             eps,
         })
+    }
+
+    /// A layer over these parameters (a scale `gamma` and a shift `beta`, both `[width]`), e.g.
+    /// loaded from a file. Fails with [`Error::ShapeMismatch`] if their shapes differ or are not
+    /// one axis.
+    pub fn from_params(gamma: Param<T>, beta: Param<T>, eps: T) -> Result<Self> {
+        if gamma.shape().len() != 1 || beta.shape() != gamma.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "LayerNorm::from_params",
+                lhs: Shape::from(gamma.shape()),
+                rhs: Shape::from(beta.shape()),
+                reason: "gamma and beta must both have shape [width]".into(),
+            });
+        }
+        Ok(LayerNorm { gamma, beta, eps })
     }
 
     /// The scale, `[width]`.
@@ -188,13 +212,6 @@ impl<T: Element> Module<T> for LayerNorm<T> {
         x.try_layer_norm(self.eps)?
             .try_mul(&self.gamma)?
             .try_add(&self.beta)
-    }
-}
-
-impl<T: Element> Parameters<T> for LayerNorm<T> {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        f(&mut self.gamma);
-        f(&mut self.beta);
     }
 }
 
@@ -255,11 +272,21 @@ impl<T: Element> Module<T> for Dropout {
 }
 
 impl<T: Element> Parameters<T> for Dropout {
-    fn for_each_param(&mut self, _: &mut dyn FnMut(&mut Param<T>)) {}
+    fn visit_params(&self, _: &ParamPath<'_>, _: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {}
+
+    fn visit_params_mut(
+        &mut self,
+        _: &ParamPath<'_>,
+        _: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    ) {
+    }
 }
 
-/// `y = x + inner(x)`.
+/// `y = x + inner(x)`. Its parameters are the inner layers', under the same names.
+#[derive(Parameters)]
+#[param(crate = "crate")]
 pub struct Residual<T: Element = f32> {
+    #[param(flatten)]
     inner: Sequential<T>,
 }
 
@@ -276,14 +303,12 @@ impl<T: Element> Module<T> for Residual<T> {
     }
 }
 
-impl<T: Element> Parameters<T> for Residual<T> {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        self.inner.for_each_param(f)
-    }
-}
-
-/// Modules applied in order.
+/// Modules applied in order. Their parameters are named by position, as in PyTorch's
+/// `nn.Sequential`: `0.weight`, `0.bias`, `2.weight`, ...
+#[derive(Parameters)]
+#[param(crate = "crate")]
 pub struct Sequential<T: Element = f32> {
+    #[param(flatten)]
     layers: Vec<Box<dyn Module<T>>>,
 }
 
@@ -348,13 +373,5 @@ impl<T: Element> Module<T> for Sequential<T> {
         self.layers
             .iter()
             .try_fold(x.clone(), |x, layer| layer.forward(&x))
-    }
-}
-
-impl<T: Element> Parameters<T> for Sequential<T> {
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        for layer in &mut self.layers {
-            layer.for_each_param(f);
-        }
     }
 }

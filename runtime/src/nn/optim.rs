@@ -115,7 +115,7 @@ impl<S> States<S> {
                 .by_key
                 .get_mut(&p.key())
                 .expect("made for every key walked");
-            update(slice_mut(p), state, g.slice());
+            update(p.unique_slice_mut(), state, g.slice());
             updated += 1;
         });
         let missing = self.walked.len().saturating_sub(met);
@@ -183,13 +183,6 @@ impl<S> States<S> {
     }
 }
 
-/// The elements of `p`, writable: in place, since every parameter an update writes is unique by
-/// then (a new version).
-fn slice_mut<T: Element>(p: &mut Param<T>) -> &mut [T] {
-    p.try_slice_mut()
-        .expect("a unique parameter is written in place")
-}
-
 /// Stochastic gradient descent with momentum (PyTorch's form):
 /// `v = momentum v + g; p = p - lr v` (plain SGD for `momentum = 0`).
 pub struct Sgd<T: Element = f32> {
@@ -223,7 +216,7 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
             |w, v, g| {
                 simd::update(
                     w,
-                    slice_mut(v),
+                    v.unique_slice_mut(),
                     g,
                     #[inline(always)]
                     move |w, v, g| {
@@ -300,7 +293,7 @@ impl<T: Element> Optimizer<T> for Adam<T> {
                 *t = t.saturating_add(1);
                 let correction1 = T::one() - b1.powi(*t);
                 let correction2 = T::one() - b2.powi(*t);
-                let states = (slice_mut(m), slice_mut(v));
+                let states = (m.unique_slice_mut(), v.unique_slice_mut());
                 simd::update(
                     w,
                     states,

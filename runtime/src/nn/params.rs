@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use crate::element::Element;
-use crate::param::{Param, Parameters};
+use crate::param::{Param, ParamPath, Parameters};
 use crate::pool::Pool;
 use crate::tensor::Tensor;
 
@@ -150,9 +150,21 @@ impl<T: Element> ParamStore<T> {
     }
 }
 
+/// Every parameter under its registered name, in registration order.
 impl<T: Element> Parameters<T> for ParamStore<T> {
-    /// Every parameter, in registration order.
-    fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        self.params.iter_mut().for_each(f)
+    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
+        for (name, p) in self.iter() {
+            f(&path.field(name), p)
+        }
+    }
+
+    fn visit_params_mut(
+        &mut self,
+        path: &ParamPath<'_>,
+        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+    ) {
+        for (name, p) in self.iter_mut() {
+            f(&path.field(name), p)
+        }
     }
 }

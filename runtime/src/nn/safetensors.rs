@@ -2,6 +2,7 @@
 //! renders them).
 
 mod header;
+mod mapped;
 
 use std::any::TypeId;
 use std::collections::{HashMap, HashSet};
@@ -14,9 +15,10 @@ use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 
 use super::error::{close_names, suggest, NnError};
 use super::params::ParamStore;
+use mapped::Bytes;
 use crate::element::{is_integer, DType, Element};
 use crate::error::Shape;
-use crate::param::Param;
+use crate::param::{Param, ParamPath, Parameters};
 use crate::pool::{Pool, PoolBuffer};
 
 /// The bytes of the header length that starts every safetensors file.
@@ -107,6 +109,15 @@ pub enum SafeTensorsError {
         /// Its shape (in the file on load, the parameter's on save).
         shape: Shape,
     },
+    /// A load found several parameters that do not match the file: each problem (a
+    /// [`SafeTensorsError::MissingTensor`], [`SafeTensorsError::ShapeMismatch`],
+    /// [`SafeTensorsError::UnsupportedDType`], [`SafeTensorsError::NotAMatrix`]), in the model's
+    /// order. A load with one problem fails with that problem itself.
+    #[error("{} parameters do not match the file:{}", problems.len(), list(problems))]
+    Mismatch {
+        /// Every problem, in the order of the model's parameters.
+        problems: Vec<SafeTensorsError>,
+    },
     /// A value the target element type cannot hold: not an integer, or out of range, for an
     /// integer type; a finite value beyond the range of a float type.
     #[error("tensor \"{name}\": element {index} is {value}, which {target} cannot hold")]
@@ -129,6 +140,10 @@ fn describe_source(path: &Option<PathBuf>) -> String {
     }
 }
 
+fn list(problems: &[SafeTensorsError]) -> String {
+    problems.iter().map(|p| format!("\n  - {p}")).collect()
+}
+
 fn describe_shape_mismatch(
     name: &str,
     file: &Shape,
@@ -144,7 +159,17 @@ fn describe_shape_mismatch(
     } else {
         String::new()
     };
-    format!("tensor \"{name}\" has shape {file} in the file{layout}, but the parameter has shape {param}")
+    let transposed = file.0.len() == 2 && file.0.iter().rev().eq(param.0.iter());
+    let hint = if transposed && !pytorch_linear {
+        "; it is the parameter's transpose: a file in PyTorch's Linear layout ([out, in]) loads \
+         with `LoadOptions::pytorch_linear`"
+    } else {
+        ""
+    };
+    format!(
+        "tensor \"{name}\" has shape {file} in the file{layout}, but the parameter has shape \
+         {param}{hint}"
+    )
 }
 
 impl SafeTensorsError {
@@ -255,7 +280,7 @@ impl fmt::Debug for Layout {
     }
 }
 
-/// How [`ParamStore::load_safetensors`] and [`ParamStore::from_safetensors`] read a file.
+/// How [`Parameters::load_safetensors`] and [`ParamStore::from_safetensors`] read a file.
 #[derive(Debug, Default)]
 pub struct LoadOptions {
     pytorch_linear: Layout,
@@ -280,7 +305,7 @@ impl LoadOptions {
     }
 }
 
-/// How [`ParamStore::save_safetensors`] writes a file.
+/// How [`Parameters::save_safetensors`] writes a file.
 #[derive(Debug)]
 pub struct SaveOptions {
     dtype: Dtype,
@@ -330,7 +355,7 @@ impl SaveOptions {
     }
 }
 
-/// What [`ParamStore::load_safetensors`] did not use.
+/// What [`Parameters::load_safetensors`] did not use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct LoadReport {
@@ -361,7 +386,8 @@ pub struct LoadReport {
 /// std::fs::remove_file(&path).unwrap();
 /// ```
 pub struct SafeTensorsFile {
-    bytes: Vec<u8>,
+    /// Mapped by [`SafeTensorsFile::open`], owned from [`SafeTensorsFile::from_bytes`].
+    bytes: Bytes,
     /// Where the data (after the header) starts in `bytes`.
     data_start: usize,
     header: Metadata,
@@ -379,27 +405,34 @@ struct StoredTensor<'a> {
     /// The shape it is read as (transposed for PyTorch's Linear layout).
     shape: Vec<usize>,
     transposed: bool,
+    /// Where `data` lies in the file's bytes.
+    range: std::ops::Range<usize>,
     data: &'a [u8],
 }
 
 impl SafeTensorsFile {
-    /// Reads the file at `path` into memory and parses its header. Fails with
-    /// [`SafeTensorsError::Io`] if it cannot be read, and [`SafeTensorsError::Corrupt`] if it is not
-    /// a safetensors file (truncated, a bad header, a tensor listed twice, byte ranges that do not
-    /// fit).
+    /// Maps the file at `path` into memory (read-only: its pages are read as tensors are, not all
+    /// at once) and parses its header. Fails with [`SafeTensorsError::Io`] if it cannot be read,
+    /// and [`SafeTensorsError::Corrupt`] if it is not a safetensors file (truncated, a bad header,
+    /// a tensor listed twice, byte ranges that do not fit).
+    ///
+    /// The file must not be written by another process while it is open: a mapped file's contents
+    /// change under the reader (every mapped loader shares this condition). Where that cannot be
+    /// ruled out, read the file and use [`SafeTensorsFile::from_bytes`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, NnError> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| SafeTensorsError::io("read", path, &e))?;
-        Self::parse(bytes, Some(path))
+        let read = |e| SafeTensorsError::io("read", path, &e);
+        let file = std::fs::File::open(path).map_err(read)?;
+        Self::parse(Bytes::map(&file).map_err(read)?, Some(path))
     }
 
     /// Parses `bytes` as a safetensors file (e.g. from `include_bytes!`). Fails with
     /// [`SafeTensorsError::Corrupt`] as [`SafeTensorsFile::open`] does.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, NnError> {
-        Self::parse(bytes, None)
+        Self::parse(Bytes::Owned(bytes), None)
     }
 
-    fn parse(bytes: Vec<u8>, path: Option<&Path>) -> Result<Self, NnError> {
+    fn parse(bytes: Bytes, path: Option<&Path>) -> Result<Self, NnError> {
         let corrupt = |reason| SafeTensorsError::Corrupt {
             path: path.map(Path::to_path_buf),
             reason,
@@ -521,8 +554,30 @@ impl SafeTensorsFile {
             file_shape: &info.shape,
             shape,
             transposed: pytorch_linear,
+            range: self.data_start + start..self.data_start + end,
             data: &self.bytes[self.data_start + start..self.data_start + end],
         })
+    }
+
+    /// The tensor a parameter of `shape` named `name` loads from, checked: readable as a float,
+    /// in the layout `options` gives, of the parameter's shape.
+    fn for_param<'a>(
+        &'a self,
+        name: &'a str,
+        shape: &[usize],
+        options: &LoadOptions,
+    ) -> Result<StoredTensor<'a>, SafeTensorsError> {
+        let linear = options.pytorch_linear.is_pytorch_linear(name);
+        let tensor = self.tensor(name, true, linear)?;
+        if tensor.shape != shape {
+            return Err(SafeTensorsError::ShapeMismatch {
+                name: name.to_string(),
+                file: Shape::from(tensor.file_shape),
+                param: Shape::from(shape),
+                pytorch_linear: tensor.transposed,
+            });
+        }
+        Ok(tensor)
     }
 }
 
@@ -541,19 +596,38 @@ impl StoredTensor<'_> {
     /// The values converted to `T`, in a buffer of `pool` laid out as `self.shape`.
     fn to_buffer<T: DType>(&self, pool: &Pool) -> Result<PoolBuffer<T>, NnError> {
         let mut buf = pool.try_rent::<T>(&self.shape)?;
-        match (self.transposed, self.file_shape) {
-            (true, &[out, inp]) if !buf.is_empty() => {
-                let mut stored = vec![T::default(); buf.len()];
-                self.decode(&mut stored)?;
-                let stored = ArrayView2::from_shape((out, inp), &stored)
-                    .expect("the file's shape holds the tensor");
-                ArrayViewMut2::from_shape((inp, out), &mut buf)
-                    .expect("the buffer was rented for the transposed shape")
-                    .assign(&stored.t());
-            }
-            _ => self.decode(&mut buf)?,
-        }
+        self.write_to(&mut buf)?;
         Ok(buf)
+    }
+
+    /// The values converted to `T` into `out`, laid out as `self.shape`.
+    fn write_to<T: DType>(&self, out: &mut [T]) -> Result<(), SafeTensorsError> {
+        match (self.transposed, self.file_shape) {
+            (true, &[rows, cols]) if !out.is_empty() => {
+                let mut stored = vec![T::default(); out.len()];
+                self.decode(&mut stored)?;
+                let stored = ArrayView2::from_shape((rows, cols), &stored)
+                    .expect("the file's shape holds the tensor");
+                ArrayViewMut2::from_shape((cols, rows), out)
+                    .expect("the output holds the transposed shape")
+                    .assign(&stored.t());
+                Ok(())
+            }
+            _ => self.decode(out),
+        }
+    }
+
+    /// Whether converting to `T` may fail: to a narrower float (`F32` into `f16`), where a finite
+    /// value can be out of range.
+    fn may_not_fit<T: Element>(&self) -> bool {
+        let width = |dtype: Dtype| match dtype {
+            Dtype::F64 | Dtype::I64 => 8,
+            Dtype::F32 | Dtype::I32 => 4,
+            Dtype::F16 | Dtype::BF16 => 2,
+            _ => 1,
+        };
+        let same = FileDType::of_element::<T>() == self.dtype;
+        !same && width(self.dtype) >= size_of::<T>()
     }
 
     /// Converts the file's values, in their stored order, into `out`.
@@ -701,66 +775,125 @@ fn encode_as<T: DType, U: DType>(
     Ok(le_bytes(&out))
 }
 
-impl<T: Element> ParamStore<T> {
-    /// Fills every registered parameter from the tensor of its name in the safetensors file at
-    /// `path`, converting the file's `F32`, `F64`, `F16` or `BF16` to `T` (rounding to nearest), and
-    /// transposing the tensors [`LoadOptions::pytorch_linear`] names. Returns the file's tensors no
-    /// parameter took.
-    ///
-    /// All or nothing: every tensor is converted into a new buffer first, and the store changes only
-    /// once all succeeded. A loaded parameter stays the same parameter (an optimizer keeps its
-    /// state); handles cloned from it before keep the old values.
-    ///
-    /// Fails, checking the parameters in registration order, with the first of:
-    /// [`SafeTensorsError::Io`] or [`SafeTensorsError::Corrupt`] for the file;
-    /// [`SafeTensorsError::MissingTensor`] for a parameter the file lacks (with the file's names
-    /// that look alike); [`SafeTensorsError::UnsupportedDType`] for a tensor that is not a float;
-    /// [`SafeTensorsError::NotAMatrix`] for a tensor named as in PyTorch's layout without 2 axes;
-    /// [`SafeTensorsError::ShapeMismatch`] naming both shapes; [`SafeTensorsError::Unrepresentable`]
-    /// for a finite value beyond `T`'s range; a budget error if the pool cannot hold the new values.
-    pub fn load_safetensors(
-        &mut self,
-        path: impl AsRef<Path>,
-        options: &LoadOptions,
-    ) -> Result<LoadReport, NnError> {
-        let file = SafeTensorsFile::open(path)?;
-        let mut loaded = Vec::with_capacity(self.len());
-        for (name, param) in self.iter() {
-            let tensor = file.tensor(name, true, options.pytorch_linear.is_pytorch_linear(name))?;
-            if tensor.shape != param.shape() {
-                return Err(SafeTensorsError::ShapeMismatch {
-                    name: name.to_string(),
-                    file: Shape::from(tensor.file_shape),
-                    param: Shape::from(param.shape()),
-                    pytorch_linear: tensor.transposed,
-                }
-                .into());
-            }
-            loaded.push(tensor.to_buffer::<T>(self.pool())?);
+/// Fills every parameter of `params` from the tensor of its name in the file at `path`: see
+/// [`Parameters::load_safetensors`].
+///
+/// Three passes, so that a failure changes nothing: every parameter is checked against the file
+/// (every problem is reported); then the tensors that need a buffer of their own are converted into
+/// new ones (a parameter another handle shares, or a conversion to a narrower float, which can
+/// fail); then the rest are converted in place, which cannot fail, and the new buffers are given
+/// to their parameters. A parameter keeps its key (an optimizer keeps its state). Each tensor's
+/// pages of the mapped file are released once it is converted.
+pub(crate) fn load<T: Element, P: Parameters<T> + ?Sized>(
+    params: &mut P,
+    path: &Path,
+    options: &LoadOptions,
+) -> Result<LoadReport, NnError> {
+    let file = SafeTensorsFile::open(path)?;
+    let mut names: Vec<String> = Vec::new();
+    let mut problems = Vec::new();
+    let mut taken = HashSet::new();
+    params.visit_params(&ParamPath::ROOT, &mut |path, p| {
+        let name = path.to_string();
+        if !taken.insert(name.clone()) {
+            problems.push(Err(NnError::DuplicateParam(name.clone())));
+        } else if let Err(e) = file.for_param(&name, p.shape(), options) {
+            problems.push(Ok(e));
         }
-        for ((_, param), buf) in self.iter_mut().zip(loaded) {
-            param.replace_buffer(buf);
-        }
-        let taken: HashSet<&str> = self.iter().map(|(name, _)| name).collect();
-        let unused = file
-            .names()
-            .iter()
-            .filter(|name| !taken.contains(name.as_str()))
-            .cloned()
-            .collect();
-        Ok(LoadReport { unused })
+        names.push(name);
+    });
+    if let Some(duplicate) = problems.iter().position(Result::is_err) {
+        return Err(problems.swap_remove(duplicate).expect_err("found above"));
     }
+    let mut problems: Vec<SafeTensorsError> = problems.into_iter().map(Result::unwrap).collect();
+    match problems.len() {
+        0 => {}
+        1 => return Err(problems.remove(0).into()),
+        _ => return Err(SafeTensorsError::Mismatch { problems }.into()),
+    }
+    let tensor = |i: usize, p: &Param<T>| {
+        file.for_param(&names[i], p.shape(), options)
+            .expect("checked above")
+    };
+    let mut fresh: Vec<Option<PoolBuffer<T>>> = Vec::with_capacity(names.len());
+    let mut failure = None;
+    params.visit_params(&ParamPath::ROOT, &mut |_, p| {
+        let stored = tensor(fresh.len(), p);
+        let buffer = if failure.is_none() && (!p.is_unique() || stored.may_not_fit::<T>()) {
+            stored
+                .to_buffer::<T>(p.pool())
+                .map_err(|e| failure = Some(e))
+                .ok()
+        } else {
+            None
+        };
+        fresh.push(buffer);
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let mut fresh = fresh.into_iter();
+    let mut index = 0;
+    params.visit_params_mut(&ParamPath::ROOT, &mut |_, p| {
+        let stored = tensor(index, p);
+        match fresh.next().expect("one per parameter") {
+            Some(buffer) => p.replace_buffer(buffer),
+            None => stored
+                .write_to(p.unique_slice_mut())
+                .expect("a conversion to a type as wide cannot fail"),
+        }
+        file.bytes.release(stored.range.clone());
+        index += 1;
+    });
+    let unused = file
+        .names()
+        .iter()
+        .filter(|name| !taken.contains(name.as_str()))
+        .cloned()
+        .collect();
+    Ok(LoadReport { unused })
+}
 
+/// Writes every parameter of `params` under its name: see [`Parameters::save_safetensors`].
+pub(crate) fn save<T: Element, P: Parameters<T> + ?Sized>(
+    params: &P,
+    path: &Path,
+    options: &SaveOptions,
+) -> Result<(), NnError> {
+    let named = params.named_params();
+    let mut seen = HashSet::new();
+    if let Some((name, _)) = named.iter().find(|(name, _)| !seen.insert(name)) {
+        return Err(NnError::DuplicateParam(name.clone()));
+    }
+    let tensors = named
+        .iter()
+        .map(|(name, param)| {
+            let linear = options.pytorch_linear.is_pytorch_linear(name);
+            Ok((name, encode(name, param, options.dtype, linear)?))
+        })
+        .collect::<Result<Vec<_>, SafeTensorsError>>()?;
+    let metadata = (!options.metadata.is_empty()).then(|| options.metadata.clone());
+    safetensors::serialize_to_file(tensors, metadata, path).map_err(|e| match e {
+        SafeTensorError::IoError(io) => SafeTensorsError::io("write", path, &io),
+        other => SafeTensorsError::Serialize {
+            path: path.to_path_buf(),
+            reason: other.to_string(),
+        },
+    })?;
+    Ok(())
+}
+
+impl<T: Element> ParamStore<T> {
     /// A store holding every tensor of the safetensors file at `path`, converted to `T` as
-    /// [`ParamStore::load_safetensors`] converts, in buffers of `pool`. Parameters are registered in
+    /// [`Parameters::load_safetensors`] converts, in buffers of `pool`. Parameters are registered in
     /// the order of their names, sorted byte-wise (the order of Python's `safe_open(..).keys()`;
     /// `"layer.10"` comes before `"layer.2"`).
     ///
     /// Every tensor must be a float: an integer one (a PyTorch BatchNorm's `num_batches_tracked`,
     /// say) fails with [`SafeTensorsError::UnsupportedDType`] naming it. To load a file that holds
-    /// other tensors too, register the parameters and use [`ParamStore::load_safetensors`], which
+    /// other tensors too, register the parameters and use [`Parameters::load_safetensors`], which
     /// lists the rest, or read any tensor with [`SafeTensorsFile::param`]. Fails otherwise as
-    /// [`ParamStore::load_safetensors`] does.
+    /// [`Parameters::load_safetensors`] does.
     pub fn from_safetensors(
         pool: &Pool,
         path: impl AsRef<Path>,
@@ -771,41 +904,9 @@ impl<T: Element> ParamStore<T> {
         for name in file.names() {
             let tensor = file.tensor(name, true, options.pytorch_linear.is_pytorch_linear(name))?;
             let param = Param::from_buffer(tensor.to_buffer::<T>(pool)?, &tensor.shape);
+            file.bytes.release(tensor.range.clone());
             store.add(name, param)?;
         }
         Ok(store)
-    }
-
-    /// Writes every parameter to a safetensors file at `path` (replacing it; the file is written
-    /// beside it and renamed, so a failed save leaves an existing file whole), in
-    /// [`SaveOptions::dtype`] (`F32` by default), with the options' metadata, and transposing the
-    /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`.
-    ///
-    /// Fails with [`SafeTensorsError::NotAMatrix`] for a parameter named as in PyTorch's layout
-    /// without 2 axes, [`SafeTensorsError::Unrepresentable`] for a finite value beyond the dtype's
-    /// range (`1e5` as `F16`), [`SafeTensorsError::Io`] if the file cannot be written, and
-    /// [`SafeTensorsError::Serialize`] if the `safetensors` crate refuses the header.
-    pub fn save_safetensors(
-        &self,
-        path: impl AsRef<Path>,
-        options: &SaveOptions,
-    ) -> Result<(), NnError> {
-        let path = path.as_ref();
-        let tensors = self
-            .iter()
-            .map(|(name, param)| {
-                let linear = options.pytorch_linear.is_pytorch_linear(name);
-                Ok((name, encode(name, param, options.dtype, linear)?))
-            })
-            .collect::<Result<Vec<_>, SafeTensorsError>>()?;
-        let metadata = (!options.metadata.is_empty()).then(|| options.metadata.clone());
-        safetensors::serialize_to_file(tensors, metadata, path).map_err(|e| match e {
-            SafeTensorError::IoError(io) => SafeTensorsError::io("write", path, &io),
-            other => SafeTensorsError::Serialize {
-                path: path.to_path_buf(),
-                reason: other.to_string(),
-            },
-        })?;
-        Ok(())
     }
 }

@@ -309,10 +309,12 @@ fn integer_arithmetic_wraps_and_floors_as_pytorch() {
 }
 
 /// A forward that uses every differentiable op above, a layer step at a time.
+#[derive(Parameters)]
 struct AllOps {
     w: Param,
     cos: Param,
     sin: Param,
+    #[param(skip)]
     steps: usize,
 }
 
@@ -356,10 +358,6 @@ impl AllOps {
     fn plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
         (0..self.steps).fold(x, |x, _| self.layer(x))
     }
-
-    fn each_param(&self, f: &mut dyn FnMut(&Param)) {
-        [&self.w, &self.cos, &self.sin].into_iter().for_each(f)
-    }
 }
 
 #[test]
@@ -370,7 +368,7 @@ fn a_checkpointed_forward_of_these_ops_replays_them_bit_for_bit() {
         &pool,
         &[2, 4, 8],
         |x| model.plain(x),
-        |f| model.each_param(f),
+        |f| model.visit_params(&ParamPath::ROOT, &mut |_, p| f(p)),
     );
     assert!(plain.1.iter().flatten().all(|g| g.is_finite()));
     assert!(
@@ -383,7 +381,7 @@ fn a_checkpointed_forward_of_these_ops_replays_them_bit_for_bit() {
             &pool,
             &[2, 4, 8],
             |x| model.forward(&mut ckpt, x),
-            |f| model.each_param(f),
+            |f| model.visit_params(&ParamPath::ROOT, &mut |_, p| f(p)),
         );
         assert!(got == plain, "{policy:?}");
         assert!(

@@ -1,0 +1,278 @@
+//! `#[derive(Parameters)]`: a model struct's parameters walked by field, named by field path.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned, ToTokens};
+use syn::meta::ParseNestedMeta;
+use syn::spanned::Spanned;
+use syn::{Data, DeriveInput, Fields, GenericParam, LitStr, Path, Type, TypeParamBound};
+
+use crate::args::{self, Accepted, Kind, Options, Value};
+
+const OPTIONS: Options = Options {
+    attr: "#[param(..)] on the struct",
+    accepted: &[
+        Accepted {
+            name: "crate",
+            kind: Kind::Path,
+            value: "the path of the tensorscope crate as a string",
+            example: "crate = \"my_reexports::tensorscope\"",
+        },
+        Accepted {
+            name: "element",
+            kind: Kind::Path,
+            value: "the element type of the parameters as a string",
+            example: "element = \"f64\"",
+        },
+    ],
+};
+
+/// What `#[param(..)]` says of a field.
+#[derive(Default)]
+struct FieldOptions {
+    skip: bool,
+    flatten: bool,
+    rename: Option<LitStr>,
+}
+
+pub(crate) fn derive(input: TokenStream) -> TokenStream {
+    let input = match syn::parse2::<DeriveInput>(input) {
+        Ok(input) => input,
+        Err(error) => return error.into_compile_error(),
+    };
+    generate(&input).unwrap_or_else(|error| {
+        // The error, and an impl that lets the rest of the crate type-check, so that one mistake
+        // is one error rather than one more at every use of the model.
+        let error = error.into_compile_error();
+        let fallback = fallback(&input);
+        quote!(#error #fallback)
+    })
+}
+
+/// The struct's options: the crate path (`::tensorscope` unless given) and the element type, if
+/// given.
+fn container(input: &DeriveInput) -> syn::Result<(Path, Option<Path>)> {
+    let mut krate: Path = syn::parse_quote!(::tensorscope);
+    let mut element = None;
+    for attr in input.attrs.iter().filter(|a| a.path().is_ident("param")) {
+        let tokens = attr.meta.require_list()?.tokens.clone();
+        let mut errors = Vec::new();
+        for found in args::parse(&OPTIONS, tokens, &mut errors) {
+            match (found.key.as_str(), found.value) {
+                ("crate", Value::Path(path)) => krate = path,
+                (_, Value::Path(path)) => element = Some(path),
+                _ => unreachable!("both options take a path"),
+            }
+        }
+        args::combine(errors)?;
+    }
+    Ok((krate, element))
+}
+
+/// The element type: `element = ".."` if given, else the struct's type parameter bounded by
+/// `Element` (as `struct Linear<T: Element>`), else `f32`.
+fn element_type(input: &DeriveInput, given: Option<Path>) -> syn::Result<TokenStream> {
+    if let Some(path) = given {
+        return Ok(path.into_token_stream());
+    }
+    let bounded: Vec<_> = input
+        .generics
+        .params
+        .iter()
+        .filter_map(|p| match p {
+            GenericParam::Type(t) if t.bounds.iter().any(is_element_bound) => Some(&t.ident),
+            _ => None,
+        })
+        .collect();
+    match bounded[..] {
+        [] => Ok(quote!(f32)),
+        [ident] => Ok(ident.into_token_stream()),
+        _ => Err(syn::Error::new_spanned(
+            &input.generics,
+            "derive(Parameters) found several type parameters bounded by `Element`; name the \
+             parameters' element type with `#[param(element = \"T\")]`",
+        )),
+    }
+}
+
+fn is_element_bound(bound: &TypeParamBound) -> bool {
+    matches!(bound, TypeParamBound::Trait(t)
+        if t.path.segments.last().is_some_and(|s| s.ident == "Element"))
+}
+
+fn field_options(field: &syn::Field) -> syn::Result<FieldOptions> {
+    let mut options = FieldOptions::default();
+    let mut errors = Vec::new();
+    for attr in field.attrs.iter().filter(|a| a.path().is_ident("param")) {
+        let parser = |meta: ParseNestedMeta<'_>| {
+            let key = meta.path.get_ident().map(ToString::to_string);
+            let given = match key.as_deref() {
+                Some("skip") => std::mem::replace(&mut options.skip, true),
+                Some("flatten") => std::mem::replace(&mut options.flatten, true),
+                Some("rename") => {
+                    let name: LitStr = meta.value()?.parse()?;
+                    if name.value().split('.').any(str::is_empty) {
+                        errors.push(syn::Error::new_spanned(
+                            &name,
+                            "a parameter name cannot be empty or hold an empty segment \
+                             (`a..b`, `.a`, `a.`)",
+                        ));
+                    }
+                    options.rename.replace(name).is_some()
+                }
+                _ => {
+                    errors.push(meta.error(
+                        "unknown option for #[param(..)] on a field; accepted: `skip`, \
+                         `flatten`, `rename = \"c_fc.weight\"`",
+                    ));
+                    false
+                }
+            };
+            if given {
+                errors.push(meta.error("given twice; keep one"));
+            }
+            Ok(())
+        };
+        if let Err(e) = attr.parse_nested_meta(parser) {
+            errors.push(e);
+        }
+    }
+    let exclusive = [options.skip, options.flatten, options.rename.is_some()];
+    if exclusive.into_iter().filter(|&given| given).count() > 1 {
+        errors.push(syn::Error::new_spanned(
+            field,
+            "`skip`, `flatten` and `rename` exclude each other: a field is left out, walked under \
+             its parent's name, or walked under a name",
+        ));
+    }
+    args::combine(errors)?;
+    Ok(options)
+}
+
+fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
+    let Data::Struct(data) = &input.data else {
+        return Err(syn::Error::new_spanned(
+            &input.ident,
+            "derive(Parameters) supports structs; implement `Parameters` by hand for an enum, \
+             walking the variant it holds",
+        ));
+    };
+    let (krate, element) = container(input)?;
+    let element = element_type(input, element)?;
+    let fields: Vec<(TokenStream, String, &Type, FieldOptions)> = match &data.fields {
+        Fields::Named(fields) => fields
+            .named
+            .iter()
+            .map(|f| {
+                let ident = f.ident.as_ref().expect("named");
+                let name = ident.to_string();
+                Ok((quote!(#ident), name, &f.ty, field_options(f)?))
+            })
+            .collect::<syn::Result<_>>()?,
+        Fields::Unnamed(fields) => fields
+            .unnamed
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let index = syn::Index::from(i);
+                Ok((quote!(#index), i.to_string(), &f.ty, field_options(f)?))
+            })
+            .collect::<syn::Result<_>>()?,
+        Fields::Unit => Vec::new(),
+    };
+    let walk = |method: TokenStream, reference: TokenStream| {
+        let calls = fields.iter().filter(|(.., o)| !o.skip).map(|(access, name, ty, o)| {
+            let path = if o.flatten {
+                quote!(__path)
+            } else {
+                let name = o.rename.as_ref().map_or_else(|| name.clone(), LitStr::value);
+                quote!(&__path.field(#name))
+            };
+            // At the field's type, so that a field that is no set of parameters is an error there.
+            quote_spanned! {ty.span()=>
+                <#ty as #krate::Parameters<#element>>::#method(#reference self.#access, #path, __f);
+            }
+        });
+        quote!(#(#calls)*)
+    };
+    let visit = walk(quote!(visit_params), quote!(&));
+    let visit_mut = walk(quote!(visit_params_mut), quote!(&mut));
+    let name = &input.ident;
+    // A field whose type holds one of the struct's type parameters (`blocks: Vec<B>`) is a set of
+    // parameters where that parameter is: the impl says so, as serde's derives do.
+    let mut generics = input.generics.clone();
+    let type_params: Vec<&syn::Ident> = input.generics.type_params().map(|t| &t.ident).collect();
+    let element_name = element.to_string();
+    for (.., ty, o) in &fields {
+        let generic = type_params
+            .iter()
+            .any(|t| **t != element_name && mentions(ty, t));
+        if generic && !o.skip {
+            generics
+                .make_where_clause()
+                .predicates
+                .push(syn::parse_quote!(#ty: #krate::Parameters<#element>));
+        }
+    }
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    Ok(quote! {
+        #[automatically_derived]
+        impl #impl_generics #krate::Parameters<#element> for #name #ty_generics #where_clause {
+            fn visit_params(
+                &self,
+                __path: &#krate::ParamPath<'_>,
+                __f: &mut dyn FnMut(&#krate::ParamPath<'_>, &#krate::Param<#element>),
+            ) {
+                #visit
+            }
+
+            fn visit_params_mut(
+                &mut self,
+                __path: &#krate::ParamPath<'_>,
+                __f: &mut dyn FnMut(&#krate::ParamPath<'_>, &mut #krate::Param<#element>),
+            ) {
+                #visit_mut
+            }
+        }
+    })
+}
+
+/// An impl that type-checks and is never run: the one emitted beside a derive error.
+fn fallback(input: &DeriveInput) -> TokenStream {
+    let (krate, element) = container(input).unwrap_or_else(|_| (syn::parse_quote!(::tensorscope), None));
+    let element = element_type(input, element).unwrap_or_else(|_| quote!(f32));
+    let name = &input.ident;
+    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    quote! {
+        #[automatically_derived]
+        impl #impl_generics #krate::Parameters<#element> for #name #ty_generics #where_clause {
+            fn visit_params(
+                &self,
+                _: &#krate::ParamPath<'_>,
+                _: &mut dyn FnMut(&#krate::ParamPath<'_>, &#krate::Param<#element>),
+            ) {
+                ::core::unimplemented!("derive(Parameters) failed to compile")
+            }
+
+            fn visit_params_mut(
+                &mut self,
+                _: &#krate::ParamPath<'_>,
+                _: &mut dyn FnMut(&#krate::ParamPath<'_>, &mut #krate::Param<#element>),
+            ) {
+                ::core::unimplemented!("derive(Parameters) failed to compile")
+            }
+        }
+    }
+}
+
+/// Whether `ty` names the type parameter `param`.
+fn mentions(ty: &Type, param: &syn::Ident) -> bool {
+    struct Finder<'p>(&'p syn::Ident, bool);
+    impl<'ast> syn::visit::Visit<'ast> for Finder<'_> {
+        fn visit_ident(&mut self, ident: &'ast syn::Ident) {
+            self.1 |= ident == self.0;
+        }
+    }
+    let mut finder = Finder(param, false);
+    syn::visit::Visit::visit_type(&mut finder, ty);
+    finder.1
+}
