@@ -111,6 +111,61 @@ impl<'s, T: Element> Gradients<'s, T> {
         Ok(())
     }
 
+    /// The L2 norm of all the gradients together, as one vector (summed in `f64`).
+    pub fn norm(&self) -> f64 {
+        let grads = self.slots.iter().filter_map(|slot| slot.grad.as_ref());
+        let squares: f64 = grads
+            .flat_map(|g| g.slice().iter())
+            .map(|&x| DType::to_f64(x) * DType::to_f64(x))
+            .sum();
+        squares.sqrt()
+    }
+
+    /// Scales every gradient so that their norm ([`Gradients::norm`]) is at most `max_norm`, and
+    /// returns the norm before: PyTorch's `clip_grad_norm_`, whose factor is
+    /// `max_norm / (norm + 1e-6)`, applied only when below 1. A norm that is not finite is returned
+    /// and nothing is scaled, so the caller can skip the step. In place; fails only with a budget
+    /// error (a gradient another handle shares is copied first).
+    ///
+    /// ```
+    /// use tensorscope::{Gradients, Param, Pool};
+    ///
+    /// let pool = Pool::with_max_memory_mb(16);
+    /// let w = Param::zeros(&pool, &[2]);
+    /// pool.scope(|s| {
+    ///     let mut grads = Gradients::new(s);
+    ///     grads.accumulate(&w, s.from_slice(&[2], &[3.0f32, 4.0])).unwrap();
+    ///     assert_eq!(grads.clip_norm(1.0).unwrap(), 5.0);
+    ///     assert!((grads.norm() - 1.0).abs() < 1e-6);
+    ///     grads.clip_value(0.5).unwrap();
+    ///     assert_eq!(grads.get(&w).unwrap().to_vec(), vec![0.5, 0.5]);
+    /// });
+    /// ```
+    pub fn clip_norm(&mut self, max_norm: f64) -> Result<f64> {
+        let norm = self.norm();
+        let factor = max_norm / (norm + 1e-6);
+        if norm.is_finite() && factor < 1.0 {
+            let factor = T::from_f64(factor);
+            self.each_mut(|g| *g = *g * factor)?;
+        }
+        Ok(norm)
+    }
+
+    /// Clamps every gradient element to `[-max, max]` (PyTorch's `clip_grad_value_`), in place;
+    /// fails only as [`Gradients::clip_norm`] does.
+    pub fn clip_value(&mut self, max: f64) -> Result<()> {
+        let (low, high) = (T::from_f64(-max), T::from_f64(max));
+        self.each_mut(|g| *g = num_traits::clamp(*g, low, high))
+    }
+
+    /// Calls `f` on every element of every gradient, written in place.
+    fn each_mut(&mut self, mut f: impl FnMut(&mut T)) -> Result<()> {
+        for g in self.slots.iter_mut().filter_map(|slot| slot.grad.as_mut()) {
+            g.try_view_mut()?.iter_mut().for_each(&mut f);
+        }
+        Ok(())
+    }
+
     /// Whether the gradient of `param` (if any) was computed from the values `param` holds now,
     /// rather than from another copy (a clone written after it, or written before it).
     pub(crate) fn is_of_current_values(&self, param: &Param<T>) -> bool {

@@ -44,6 +44,14 @@ pub enum NnError {
         /// How many parameters were updated before.
         updated: usize,
     },
+    /// An optimizer's state file does not fit this optimizer or model.
+    #[error("cannot load the optimizer state in {}: {reason}", path.display())]
+    OptimizerState {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What does not fit, naming the tensor or key.
+        reason: String,
+    },
     /// An error of the checkpointer during a checkpointed forward.
     #[error(transparent)]
     Checkpoint(Box<crate::checkpoint::CheckpointError>),

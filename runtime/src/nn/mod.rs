@@ -91,13 +91,15 @@ mod layers;
 mod optim;
 mod params;
 pub(crate) mod safetensors;
+mod schedule;
 
 pub use error::NnError;
 pub use generate::{generate, CacheLayout, CausalLm, GenerateOptions, Generation, Sampling};
 pub use kv_cache::KvCache;
 pub use layers::{Activation, Dropout, LayerNorm, Linear, Module, Residual, Sequential};
-pub use optim::{Adam, Optimizer, Sgd};
+pub use optim::{Adam, Group, Optimizer, Sgd};
 pub use params::ParamStore;
+pub use schedule::{Constant, Schedule, StepDecay, WarmupCosine, WarmupLinear};
 pub use safetensors::{
     FileDType, LoadOptions, LoadReport, SafeTensorsError, SafeTensorsFile, SaveOptions,
 };

@@ -1,13 +1,18 @@
 //! Optimizers: they update the parameters of a store from their gradients, in place.
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 
 use super::NnError;
 use crate::autograd::Gradients;
 use crate::element::Element;
 use crate::error::{Error, Shape};
 use crate::ops::simd;
-use crate::param::{Param, Parameters};
+use crate::param::{Param, ParamPath, Parameters};
+
+use super::safetensors::SafeTensorsFile;
+use super::safetensors::write_named;
+use super::SaveOptions;
 
 /// Updates parameters from their gradients.
 pub trait Optimizer<T: Element> {
@@ -22,12 +27,75 @@ pub trait Optimizer<T: Element> {
         params: &mut dyn Parameters<T>,
         grads: &Gradients<'_, T>,
     ) -> Result<(), NnError>;
+
+    /// The learning rate of the next step (before a group's [`Group::lr_scale`]).
+    fn lr(&self) -> T;
+
+    /// Sets the learning rate of the next steps, e.g. from a [`Schedule`](super::Schedule) before
+    /// each step (PyTorch's `param_group["lr"] = ..`).
+    fn set_lr(&mut self, lr: T);
+
+    /// Writes the optimizer's state (every parameter's buffers and step count, keyed by the
+    /// parameter's name in `params`, and the learning rate) to a safetensors file at `path`, bit for
+    /// bit in the parameters' element type: with the model's own file, what resuming a run needs
+    /// (PyTorch's `optimizer.state_dict()`, by name rather than by position).
+    fn save_state(&self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError>;
+
+    /// Replaces the optimizer's state with the one [`Optimizer::save_state`] wrote for a model of
+    /// these names and shapes. All or nothing: fails, changing nothing, with
+    /// [`NnError::OptimizerState`] naming what does not fit (another optimizer's file, a state for a
+    /// parameter `params` does not have, a shape that differs), or a file error.
+    fn load_state(&mut self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError>;
+}
+
+/// What a group of parameters is given by an optimizer's [`groups`](Adam::groups) function: a scale
+/// of the learning rate and its own weight decay (PyTorch's parameter groups). The usual split:
+/// no weight decay on biases and normalization scales.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Group {
+    /// The learning rate of this group is the optimizer's times this.
+    pub lr_scale: f64,
+    /// The weight decay of this group, or `None` for the optimizer's.
+    pub weight_decay: Option<f64>,
+}
+
+impl Group {
+    /// The optimizer's settings.
+    pub const DEFAULT: Group = Group {
+        lr_scale: 1.0,
+        weight_decay: None,
+    };
+
+    /// The optimizer's learning rate, no weight decay.
+    pub const NO_DECAY: Group = Group {
+        lr_scale: 1.0,
+        weight_decay: Some(0.0),
+    };
+}
+
+/// Which group a parameter belongs to, from its name.
+type Grouping = Box<dyn Fn(&str) -> Group + Send + Sync>;
+
+/// A parameter's per-parameter state: its buffers, each saved under `<name>.<slot>`, and its step
+/// count if it keeps one.
+trait State<T: Element>: Sized {
+    /// The names of the buffers, as PyTorch's optimizers name them.
+    const SLOTS: &'static [&'static str];
+    /// The buffers, in the order of [`State::SLOTS`].
+    fn buffers(&self) -> Vec<&Param<T>>;
+    /// The step count, if the state keeps one.
+    fn steps(&self) -> Option<i32>;
+    /// The state of these buffers (in the order of [`State::SLOTS`]) and step count.
+    fn from_parts(buffers: Vec<Param<T>>, steps: i32) -> Self;
 }
 
 /// The state an optimizer keeps per parameter (by its key), made on the parameter's first update.
 /// A parameter replaced by another (a new key) starts afresh.
 struct States<S> {
-    by_key: HashMap<u64, S>,
+    /// The state and the group of each parameter.
+    by_key: HashMap<u64, (S, Group)>,
+    /// Which group a parameter belongs to (all to [`Group::DEFAULT`] without one).
+    grouping: Option<Grouping>,
     /// The keys seen in the current step (kept to reuse its memory).
     seen: HashSet<u64>,
     /// The key and version of each parameter with a gradient, in the order the step's first walk
@@ -39,6 +107,7 @@ impl<S> States<S> {
     fn new() -> Self {
         States {
             by_key: HashMap::new(),
+            grouping: None,
             seen: HashSet::new(),
             walked: Vec::new(),
         }
@@ -56,7 +125,7 @@ impl<S> States<S> {
         params: &mut dyn Parameters<T>,
         grads: &Gradients<'_, T>,
         make: impl Fn(&Param<T>) -> Result<S, NnError>,
-        mut update: impl FnMut(&mut [T], &mut S, &[T]),
+        mut update: impl FnMut(&mut [T], &mut S, Group, &[T]),
     ) -> Result<(), NnError> {
         self.check(params, grads)?;
         // Empty in a steady-state step, when every state exists and the model owns its
@@ -65,7 +134,7 @@ impl<S> States<S> {
         let mut copies = Vec::new();
         let mut failure = None;
         let (mut index, mut met) = (0, 0);
-        params.for_each_param(&mut |p| {
+        params.visit_params_mut(&ParamPath::ROOT, &mut |path, p| {
             index += 1;
             if failure.is_some() || grads.get(p).is_none() {
                 return;
@@ -74,7 +143,11 @@ impl<S> States<S> {
             let rented = (|| {
                 self.same(met - 1, index - 1, p, 0)?;
                 if !self.by_key.contains_key(&p.key()) {
-                    states.push((p.key(), make(p)?));
+                    let group = self
+                        .grouping
+                        .as_ref()
+                        .map_or(Group::DEFAULT, |g| g(&path.to_string()));
+                    states.push((p.key(), (make(p)?, group)));
                 }
                 if let Some(copy) = p.copy_for_write()? {
                     copies.push((index - 1, copy));
@@ -111,11 +184,11 @@ impl<S> States<S> {
             if let Some((_, copy)) = copies.next_if(|(i, _)| *i == index - 1) {
                 p.take_copy(copy);
             }
-            let state = self
+            let (state, group) = self
                 .by_key
                 .get_mut(&p.key())
                 .expect("made for every key walked");
-            update(p.unique_slice_mut(), state, g.slice());
+            update(p.unique_slice_mut(), state, *group, g.slice());
             updated += 1;
         });
         let missing = self.walked.len().saturating_sub(met);
@@ -183,11 +256,189 @@ impl<S> States<S> {
     }
 }
 
-/// Stochastic gradient descent with momentum (PyTorch's form):
-/// `v = momentum v + g; p = p - lr v` (plain SGD for `momentum = 0`).
+impl<S> States<S> {
+    /// Writes every state of a parameter of `params` under its name (see
+    /// [`Optimizer::save_state`]), with the optimizer's `kind` and learning rate in the metadata.
+    fn save<T: Element>(
+        &self,
+        kind: &str,
+        lr: T,
+        params: &dyn Parameters<T>,
+        path: &Path,
+    ) -> Result<(), NnError>
+    where
+        S: State<T>,
+    {
+        let mut named = Vec::new();
+        let mut options = SaveOptions::new()
+            .dtype::<T>()
+            .metadata(OPTIMIZER_KEY, kind)
+            .metadata(LR_KEY, format!("{:?}", lr.to_f64()));
+        let mut steps = Vec::new();
+        params.visit_params(&ParamPath::ROOT, &mut |path, p| {
+            let Some((state, _)) = self.by_key.get(&p.key()) else {
+                return;
+            };
+            let name = path.to_string();
+            for (slot, buffer) in S::SLOTS.iter().zip(state.buffers()) {
+                named.push((format!("{name}.{slot}"), buffer.clone()));
+            }
+            if let Some(count) = state.steps() {
+                steps.push((format!("{name}.{STEP_SLOT}"), count.to_string()));
+            }
+        });
+        for (key, value) in steps {
+            options = options.metadata(key, value);
+        }
+        write_named(&named, path, &options)
+    }
+
+    /// Reads the states [`States::save`] wrote for `params`, replacing every state here, and returns
+    /// the learning rate saved with them. All or nothing.
+    fn load<T: Element>(
+        &mut self,
+        kind: &str,
+        params: &dyn Parameters<T>,
+        path: &Path,
+    ) -> Result<T, NnError>
+    where
+        S: State<T>,
+    {
+        let file = SafeTensorsFile::open(path)?;
+        let invalid = |reason: String| NnError::OptimizerState {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let saved_kind = file.metadata().get(OPTIMIZER_KEY).map(String::as_str);
+        if saved_kind != Some(kind) {
+            return Err(invalid(format!(
+                "it holds the state of {}, not of {kind}",
+                saved_kind.map_or("no optimizer".to_string(), |k| format!("`{k}`"))
+            )));
+        }
+        let lr = file
+            .metadata()
+            .get(LR_KEY)
+            .and_then(|lr| lr.parse::<f64>().ok())
+            .ok_or_else(|| invalid(format!("its `{LR_KEY}` is missing or not a number")))?;
+        let mut by_key = HashMap::new();
+        let mut taken = HashSet::new();
+        let mut failure = None;
+        params.visit_params(&ParamPath::ROOT, &mut |path, p| {
+            let name = path.to_string();
+            let slots: Vec<String> = S::SLOTS.iter().map(|s| format!("{name}.{s}")).collect();
+            if failure.is_some() || !file.contains(&slots[0]) {
+                return;
+            }
+            let read = || -> Result<(S, Group), NnError> {
+                let mut buffers = Vec::new();
+                for slot in &slots {
+                    let buffer = file.param::<T>(p.pool(), slot)?;
+                    if buffer.shape() != p.shape() {
+                        return Err(invalid(format!(
+                            "\"{slot}\" has shape {:?}, but the parameter \"{name}\" has shape \
+                             {:?}",
+                            buffer.shape(),
+                            p.shape()
+                        )));
+                    }
+                    buffers.push(buffer);
+                }
+                let step_key = format!("{name}.{STEP_SLOT}");
+                let steps = match file.metadata().get(&step_key) {
+                    Some(count) => count.parse().map_err(|_| {
+                        invalid(format!("the step count \"{step_key}\" is not a number"))
+                    })?,
+                    None => 0,
+                };
+                Ok((S::from_parts(buffers, steps), self.group_of(&name)))
+            };
+            match read() {
+                Ok(state) => {
+                    by_key.insert(p.key(), state);
+                    taken.extend(slots);
+                }
+                Err(e) => failure = Some(e),
+            }
+        });
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if let Some(stray) = file.names().iter().find(|n| !taken.contains(*n)) {
+            return Err(invalid(format!(
+                "\"{stray}\" is the state of no parameter of the model (a parameter renamed or \
+                 removed since the save?)"
+            )));
+        }
+        self.by_key = by_key;
+        Ok(T::from_f64(lr))
+    }
+
+    /// The group of the parameter named `name`.
+    fn group_of(&self, name: &str) -> Group {
+        self.grouping.as_ref().map_or(Group::DEFAULT, |g| g(name))
+    }
+}
+
+/// The metadata key of the optimizer's kind in a state file.
+const OPTIMIZER_KEY: &str = "optimizer";
+/// The metadata key of the learning rate in a state file.
+const LR_KEY: &str = "lr";
+/// The suffix of a parameter's step count among a state file's metadata keys.
+const STEP_SLOT: &str = "step";
+
+impl<T: Element> State<T> for Param<T> {
+    const SLOTS: &'static [&'static str] = &["momentum_buffer"];
+
+    fn buffers(&self) -> Vec<&Param<T>> {
+        vec![self]
+    }
+
+    fn steps(&self) -> Option<i32> {
+        None
+    }
+
+    fn from_parts(mut buffers: Vec<Param<T>>, _: i32) -> Self {
+        buffers.remove(0)
+    }
+}
+
+impl<T: Element> State<T> for (Param<T>, Param<T>, i32) {
+    const SLOTS: &'static [&'static str] = &["exp_avg", "exp_avg_sq"];
+
+    fn buffers(&self) -> Vec<&Param<T>> {
+        vec![&self.0, &self.1]
+    }
+
+    fn steps(&self) -> Option<i32> {
+        Some(self.2)
+    }
+
+    fn from_parts(buffers: Vec<Param<T>>, steps: i32) -> Self {
+        let [m, v]: [Param<T>; 2] = buffers.try_into().expect("two slots");
+        (m, v, steps)
+    }
+}
+
+/// The `groups` builder both optimizers share.
+macro_rules! groups_builder {
+    ($states:ident) => {
+        /// Gives each parameter the settings of its group, from its name: `|name| if
+        /// name.ends_with("bias") { Group::NO_DECAY } else { Group::DEFAULT }`. A parameter's group
+        /// is fixed at its first update (or when its state is loaded).
+        pub fn groups(mut self, group_of: impl Fn(&str) -> Group + Send + Sync + 'static) -> Self {
+            self.$states.grouping = Some(Box::new(group_of));
+            self
+        }
+    };
+}
+
+/// Stochastic gradient descent with momentum and L2 weight decay (PyTorch's form):
+/// `g = g + weight_decay p; v = momentum v + g; p = p - lr v` (plain SGD for `momentum = 0`).
 pub struct Sgd<T: Element = f32> {
     lr: T,
     momentum: T,
+    weight_decay: T,
     velocity: States<Param<T>>,
 }
 
@@ -197,9 +448,18 @@ impl<T: Element> Sgd<T> {
         Sgd {
             lr,
             momentum,
+            weight_decay: T::zero(),
             velocity: States::new(),
         }
     }
+
+    /// The same optimizer with L2 weight decay `weight_decay` (added to each gradient).
+    pub fn weight_decay(mut self, weight_decay: T) -> Self {
+        self.weight_decay = weight_decay;
+        self
+    }
+
+    groups_builder!(velocity);
 }
 
 impl<T: Element> Optimizer<T> for Sgd<T> {
@@ -208,24 +468,43 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
         params: &mut dyn Parameters<T>,
         grads: &Gradients<'_, T>,
     ) -> Result<(), NnError> {
-        let (lr, momentum) = (self.lr, self.momentum);
+        let (base_lr, momentum, base_decay) = (self.lr, self.momentum, self.weight_decay);
         self.velocity.update_all(
             params,
             grads,
             |p| Ok(Param::try_zeros(p.pool(), p.shape())?),
-            |w, v, g| {
+            |w, v, group, g| {
+                let lr = base_lr * T::from_f64(group.lr_scale);
+                let decay = group.weight_decay.map_or(base_decay, T::from_f64);
                 simd::update(
                     w,
                     v.unique_slice_mut(),
                     g,
                     #[inline(always)]
                     move |w, v, g| {
-                        let v = momentum * v + g;
+                        let v = momentum * v + (g + decay * w);
                         (w - lr * v, v)
                     },
                 );
             },
         )
+    }
+
+    fn lr(&self) -> T {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: T) {
+        self.lr = lr;
+    }
+
+    fn save_state(&self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError> {
+        self.velocity.save("sgd", self.lr, params, path)
+    }
+
+    fn load_state(&mut self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError> {
+        self.lr = self.velocity.load("sgd", params, path)?;
+        Ok(())
     }
 }
 
@@ -268,6 +547,8 @@ impl<T: Element> Adam<T> {
             ..Adam::new(lr)
         }
     }
+
+    groups_builder!(moments);
 }
 
 impl<T: Element> Optimizer<T> for Adam<T> {
@@ -277,8 +558,7 @@ impl<T: Element> Optimizer<T> for Adam<T> {
         grads: &Gradients<'_, T>,
     ) -> Result<(), NnError> {
         let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
-        let (lr, decay) = (self.lr, T::one() - self.lr * self.weight_decay);
-        let decoupled = self.weight_decay != T::zero();
+        let (base_lr, base_decay) = (self.lr, self.weight_decay);
         self.moments.update_all(
             params,
             grads,
@@ -289,7 +569,11 @@ impl<T: Element> Optimizer<T> for Adam<T> {
                     0,
                 ))
             },
-            |w, (m, v, t), g| {
+            |w, (m, v, t), group, g| {
+                let lr = base_lr * T::from_f64(group.lr_scale);
+                let weight_decay = group.weight_decay.map_or(base_decay, T::from_f64);
+                let decay = T::one() - lr * weight_decay;
+                let decoupled = weight_decay != T::zero();
                 *t = t.saturating_add(1);
                 let correction1 = T::one() - b1.powi(*t);
                 let correction2 = T::one() - b2.powi(*t);
@@ -309,5 +593,22 @@ impl<T: Element> Optimizer<T> for Adam<T> {
                 );
             },
         )
+    }
+
+    fn lr(&self) -> T {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: T) {
+        self.lr = lr;
+    }
+
+    fn save_state(&self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError> {
+        self.moments.save("adam", self.lr, params, path)
+    }
+
+    fn load_state(&mut self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError> {
+        self.lr = self.moments.load("adam", params, path)?;
+        Ok(())
     }
 }

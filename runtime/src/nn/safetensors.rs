@@ -860,7 +860,15 @@ pub(crate) fn save<T: Element, P: Parameters<T> + ?Sized>(
     path: &Path,
     options: &SaveOptions,
 ) -> Result<(), NnError> {
-    let named = params.named_params();
+    write_named(&params.named_params(), path, options)
+}
+
+/// Writes `named` parameters under their names: see [`Parameters::save_safetensors`].
+pub(crate) fn write_named<T: Element>(
+    named: &[(String, Param<T>)],
+    path: &Path,
+    options: &SaveOptions,
+) -> Result<(), NnError> {
     let mut seen = HashSet::new();
     if let Some((name, _)) = named.iter().find(|(name, _)| !seen.insert(name)) {
         return Err(NnError::DuplicateParam(name.clone()));
