@@ -47,3 +47,4 @@ mod ops;
 mod reliability;
 mod safetensors;
 mod scopes;
+mod training;
