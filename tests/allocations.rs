@@ -16,7 +16,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tensorscope::nn::{CausalLm, KvCache};
+use tensorscope::nn::{Adam, CausalLm, Group, KvCache, Optimizer, Schedule, Sgd, WarmupCosine};
 use tensorscope::ops::{autocast, Products};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Policy, Precision};
@@ -186,6 +186,60 @@ fn steady_state_mlp_training_steps_allocate_nothing() {
     assert!(
         counts.iter().all(|&(_, n)| n == 0),
         "heap allocations over {STEADY_STEPS} steady-state training steps of 4 blocks: {counts:?}"
+    );
+}
+
+/// The optimizers with parameter groups, a learning rate set from a schedule at every step, and
+/// gradients clipped by norm and by value: the same steps as the plain loop, nothing on the heap.
+#[test]
+fn steady_state_steps_with_schedules_groups_and_clipping_allocate_nothing() {
+    let schedule = WarmupCosine {
+        lr: 1e-3,
+        warmup: 2,
+        total: 100,
+        min_lr: 0.0,
+    };
+    let group = |name: &str| {
+        if name.ends_with(".beta") || name.starts_with("blocks.0") {
+            Group::NO_DECAY
+        } else {
+            Group::DEFAULT
+        }
+    };
+    let optimizers: [(&str, Box<dyn Optimizer<f32>>); 2] = [
+        ("AdamW", Box::new(Adam::adamw(1e-3, 0.01).groups(group))),
+        (
+            "SGD",
+            Box::new(Sgd::new(1e-2, 0.9).weight_decay(1e-4).groups(group)),
+        ),
+    ];
+    let counts = optimizers.map(|(name, mut optimizer)| {
+        let pool = Pool::with_max_memory_mb(64);
+        let mut model: pre_norm_mlp::Model = pre_norm_mlp::Model::new(&pool, 2, 32);
+        let n = per_step(|steps, boundary| {
+            pool.scope(|outer| {
+                let mut grads = tensorscope::Gradients::new(outer);
+                for step in 0..steps {
+                    boundary(step);
+                    optimizer.set_lr(schedule.lr(step as u64) as f32);
+                    outer.train(|s| {
+                        let x = s.randn::<f32>(&[16, 32], 7);
+                        let y = model.forward_plain(x);
+                        (&y * &y).mean_all().backward_into(&mut grads).unwrap();
+                    });
+                    grads.clip_norm(1.0).unwrap();
+                    grads.clip_value(0.5).unwrap();
+                    optimizer.step(&mut model, &grads).unwrap();
+                    grads.zero().unwrap();
+                }
+                boundary(steps);
+            })
+        });
+        (name, n)
+    });
+    assert!(
+        counts.iter().all(|&(_, n)| n == 0),
+        "heap allocations over {STEADY_STEPS} steady-state steps: {counts:?}"
     );
 }
 

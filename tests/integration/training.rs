@@ -6,8 +6,7 @@ use std::process::Command;
 
 use tensorscope::nn::{
     Adam, Group, LayerNorm, Linear, Module, NnError, Optimizer, SafeTensorsError, SafeTensorsFile,
-    SaveOptions, Schedule,
-    Sgd, WarmupCosine,
+    SaveOptions, Schedule, Sgd, WarmupCosine,
 };
 use tensorscope::prelude::*;
 use tensorscope::Gradients;
@@ -267,7 +266,9 @@ fn clipping_scales_to_the_norm_and_clamps_values() {
         grads
             .accumulate(&a, s.from_slice(&[2], &[3.0f32, -4.0]))
             .unwrap();
-        grads.accumulate(&b, s.from_slice(&[1], &[12.0f32])).unwrap();
+        grads
+            .accumulate(&b, s.from_slice(&[1], &[12.0f32]))
+            .unwrap();
         assert_eq!(grads.norm(), 13.0);
         // Below the norm: nothing changes, and the norm is returned.
         assert_eq!(grads.clip_norm(20.0).unwrap(), 13.0);
@@ -298,7 +299,8 @@ fn a_state_file_of_another_optimizer_or_model_is_refused_and_changes_nothing() {
     let mut sgd = Sgd::new(0.1, 0.9);
     let err = sgd.load_state(&net, &path).unwrap_err();
     assert!(
-        err.to_string().ends_with("it holds the state of `adam`, not of sgd"),
+        err.to_string()
+            .ends_with("it holds the state of `adam`, not of sgd"),
         "{err}"
     );
     assert_eq!(sgd.lr(), 0.1);

@@ -18,7 +18,8 @@ use std::f64::consts::PI;
 /// for step in 0..10 {
 ///     adam.set_lr(schedule.lr(step) as f32);
 ///     pool.train(|s| {
-///         let loss = model.forward(&s.ones::<f32>(&[2, 4])).unwrap().square().mean_all();
+///         let y = model.forward(&s.ones::<f32>(&[2, 4])).unwrap();
+///         let loss = (&y * &y).mean_all();
 ///         adam.step(&mut model, &loss.backward().unwrap()).unwrap();
 ///     });
 /// }
