@@ -55,11 +55,7 @@ fn main() {
             _ => usage(),
         }
     }
-    let threads = std::env::var("TENSORSCOPE_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
-        .unwrap_or(1);
+    let threads = tensorscope::threads();
     if !gpt_only {
         println!(
             "causal attention [{BATCH}, {HEADS}, t, {HEAD_DIM}], f32, {threads} threads, {rounds} \

@@ -13,8 +13,8 @@
 //! which also stored transformers' greedy tokens there: they are checked first). A bigger model
 //! comes from `scripts/llama_fixture.py --bench DIR` (its `config.json` is read from beside the
 //! weights). `scripts/llama_serve_torch.py` and `peers/candle_llama` print the same table for
-//! PyTorch and candle on the same weights. The worker threads are `TENSORSCOPE_THREADS` (default:
-//! the machine's cores).
+//! PyTorch and candle on the same weights. The threads are `TENSORSCOPE_THREADS` (default: the
+//! machine's cores; `tensorscope::threads()`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -224,12 +224,11 @@ fn median(mut xs: Vec<f64>) -> f64 {
 fn throughput(pool: &Pool, model: &Llama, a: &Args, weights: usize) {
     let p = prompt(a.prompt, model.config.vocab_size);
     println!(
-        "\nthroughput: prompt {} tokens, {} new tokens, greedy, median of {} rounds, {} worker \
-         threads",
+        "\nthroughput: prompt {} tokens, {} new tokens, greedy, median of {} rounds, {} threads",
         a.prompt,
         a.new,
         a.rounds,
-        std::env::var("TENSORSCOPE_THREADS").unwrap_or_else(|_| "all cores' (default)".into())
+        tensorscope::threads()
     );
     println!(
         "| batch | prefill tok/s | decode tok/s | first token ms | pool peak MiB | bound MiB |"

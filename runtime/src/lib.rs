@@ -7,6 +7,10 @@
 //! - [`Tensor`]: an n-d array on a pooled buffer; dropping its last handle returns the buffer at once.
 //! - [`Param`]: a value kept outside every scope (weights), `Send + Sync`, with no ops of its own.
 //! - [`ops`]: arithmetic with broadcasting, matmul, activations, softmax, layer norm, reductions.
+//! - Threads: an op on a large tensor splits its work over one thread per core, its caller's
+//!   included. `TENSORSCOPE_THREADS=n` in the environment, or [`set_threads`] in code, sets how
+//!   many (`1` runs every op on the thread that calls it); [`threads`] says how many now. Results
+//!   are the same bits on any number.
 //!
 //! ```
 //! use tensorscope::{Param, Pool, TensorOps};
@@ -65,6 +69,7 @@ pub use pool::{
 };
 pub use scope::{current_pool, scope, Scope, ScopeStats};
 pub use tensor::Tensor;
+pub use threads::{set_threads, threads};
 
 #[doc(no_inline)]
 pub use half::{bf16, f16};

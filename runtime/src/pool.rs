@@ -163,6 +163,15 @@ impl PoolStats {
 /// assert_eq!((stats.failed_rents, stats.evictions), (1, 1));
 /// ```
 ///
+/// # Threads
+///
+/// A pool holds memory, not threads. The threads that ops on large tensors split their work over
+/// are the process's, shared by every pool: one per core by default, the calling thread included.
+/// The environment variable `TENSORSCOPE_THREADS` sets their number when the process starts, and
+/// [`set_threads`](crate::set_threads) at any time (`1` runs every op on the thread that calls
+/// it); [`threads`](crate::threads) says how many there are now. Several threads can run scopes
+/// on one pool at once (a server's requests); their ops then share those threads.
+///
 /// # Poison
 ///
 /// A pool made with [`PoolConfig::poisoned`] (or switched with [`Pool::set_poison`]) fills every

@@ -9,8 +9,10 @@
 //! from inside a part (a nested op), or while every slot is taken, runs its parts itself, one after
 //! another, so nesting is always correct, only not faster.
 //!
-//! The number of threads is the machine's available parallelism, or `TENSORSCOPE_THREADS` if set
-//! (`1` runs everything on the calling thread), at most 64 (the most parts an op is split into).
+//! The number of threads ([`threads`]) is the count given to [`set_threads`], else
+//! `TENSORSCOPE_THREADS`, else the machine's available parallelism; `1` runs everything on the
+//! calling thread. The count can change at any time: the next op splits by the new one, workers are
+//! started when it grows past the team, and the workers beyond it sleep until it grows again.
 //!
 //! The one `unsafe` here lends a borrowed closure to the workers for the length of a call; see
 //! [`Team::post`] for why that is sound on every path out of the call, panics included.
@@ -62,10 +64,12 @@ pub(crate) fn for_each_part<P: Send, I: Iterator<Item = P>>(
     f: impl Fn(P) + Sync,
 ) {
     let most = (granules / min_granules.max(1)).clamp(1, MAX_PARTS);
-    let team = team().filter(|_| most > 1 && !IN_PART.get());
-    let Some((team, busy)) = team.map(|team| (team, Busy::enter(team))) else {
+    let limit = threads();
+    if most == 1 || limit == 1 || IN_PART.get() {
         return split(1).for_each(f);
-    };
+    }
+    let team = team(limit);
+    let busy = Busy::enter(team);
     let threads = most.min(busy.share());
     if threads == 1 {
         return split(1).for_each(f);
@@ -86,8 +90,91 @@ pub(crate) fn for_each_part<P: Send, I: Iterator<Item = P>>(
     });
 }
 
-/// The most parts an op is split into.
+/// The most parts an op is split into, and so the most threads an op can use.
 const MAX_PARTS: usize = 64;
+
+/// The count [`set_threads`] gave, or 0 if it has not been called.
+static SET_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the number of threads that large ops split their work over, the calling thread included,
+/// for the whole process: `1` runs every op on the thread that calls it. It overrides
+/// `TENSORSCOPE_THREADS` and the machine's parallelism (see [`threads`]); a count above 64, the
+/// most parts an op is split into, is taken as 64.
+///
+/// It may be called at any time, from any thread. Ops already running finish with the count they
+/// started with; the next op splits by the new one. Raising the count past the threads started so
+/// far starts more at the next op that splits; lowering it puts the workers beyond it to sleep
+/// (they are not ended, and wake when it is raised again). Results do not depend on the count:
+/// an op splits its output into parts that are each computed as they would be on one thread, so
+/// the same inputs give the same bits on any number of threads.
+///
+/// The matrix products inside the convolutions run on `matrixmultiply` (through `ndarray`),
+/// which has threads of its own, set by its variable `MATMUL_NUM_THREADS`, not by this count.
+///
+/// # Panics
+///
+/// If `n` is 0: the count includes the calling thread, so it is at least 1.
+///
+/// ```
+/// # use tensorscope_runtime as tensorscope; // the runtime's docs test this; users write `tensorscope::`
+/// use tensorscope::{set_threads, threads, Pool, TensorOps};
+///
+/// let pool = Pool::with_max_memory_mb(64);
+/// let product = || pool.scope(|s| {
+///     let a = s.randn::<f32>(&[256, 512], 1);
+///     a.matmul(&s.randn::<f32>(&[512, 256], 2)).to_vec()
+/// });
+/// set_threads(1); // every op on this thread from here on
+/// assert_eq!(threads(), 1);
+/// let alone = product();
+/// set_threads(2);
+/// assert_eq!(threads(), 2);
+/// assert_eq!(product(), alone); // the same bits on two threads
+/// ```
+pub fn set_threads(n: usize) {
+    assert!(
+        n > 0,
+        "set_threads(0): the count includes the calling thread, so it is at least 1 \
+         (1 runs every op on the calling thread)"
+    );
+    SET_THREADS.store(n.min(MAX_PARTS), Ordering::Relaxed);
+}
+
+/// The number of threads that large ops split their work over, the calling thread included: the
+/// count last given to [`set_threads`]; else the environment variable `TENSORSCOPE_THREADS`, read
+/// once, if it is a whole number of at least 1; else the machine's available parallelism
+/// ([`std::thread::available_parallelism`]); at most 64.
+///
+/// Ops called at the same time from several threads share these threads: each splits into its
+/// share of them (two requests served at once on a count of 2 run one thread each). An op on a
+/// small tensor runs on its calling thread whatever the count.
+///
+/// ```
+/// # use tensorscope_runtime as tensorscope; // the runtime's docs test this; users write `tensorscope::`
+/// let n = tensorscope::threads();
+/// assert!((1..=64).contains(&n));
+/// ```
+pub fn threads() -> usize {
+    match SET_THREADS.load(Ordering::Relaxed) {
+        0 => default_threads(),
+        n => n,
+    }
+}
+
+/// The count before any [`set_threads`]: `TENSORSCOPE_THREADS`, else the machine's parallelism,
+/// else 1; at most [`MAX_PARTS`] (more threads than an op has parts would never get one).
+fn default_threads() -> usize {
+    static DEFAULT: OnceLock<usize> = OnceLock::new();
+    *DEFAULT.get_or_init(|| {
+        std::env::var("TENSORSCOPE_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+            .unwrap_or(1)
+            .min(MAX_PARTS)
+    })
+}
 
 /// The most jobs the team runs at once; a caller finding every slot taken runs its parts alone.
 /// Each concurrent caller of an op on a large tensor takes one (a server's requests on a shared
@@ -129,10 +216,16 @@ struct Jobs {
     turn: usize,
     /// Workers asleep on [`Team::start`].
     sleepers: usize,
+    /// Workers asleep on [`Team::resized`]: those beyond [`Team::active`].
+    parked: usize,
 }
 
 struct Team {
-    workers: usize,
+    /// The workers that take parts: those numbered below it. The others sleep on
+    /// [`Team::resized`]; the team's share of an op is this plus the caller.
+    active: AtomicUsize,
+    /// The workers started so far, numbered from 0; the team grows, never shrinks.
+    started: Mutex<usize>,
     /// Callers running an op large enough to split, split or not (see [`Busy`]).
     callers: AtomicUsize,
     jobs: Mutex<Jobs>,
@@ -145,6 +238,8 @@ struct Team {
     start: Condvar,
     /// Signalled when a job's last part finishes while its caller sleeps.
     done: Condvar,
+    /// Signalled when [`Team::active`] changes.
+    resized: Condvar,
 }
 
 /// A posted job, held by the call that posted it until [`Posted::take_down`] has run: on return,
@@ -162,21 +257,39 @@ impl Team {
     /// A team of `workers` threads, started now; it lives as long as the process.
     fn start(workers: usize) -> &'static Team {
         let team: &'static Team = Box::leak(Box::new(Team {
-            workers,
+            active: AtomicUsize::new(0),
+            started: Mutex::new(0),
             callers: AtomicUsize::new(0),
             jobs: Mutex::default(),
             posted: AtomicU64::new(0),
             unfinished: Default::default(),
             start: Condvar::new(),
             done: Condvar::new(),
+            resized: Condvar::new(),
         }));
-        for i in 0..workers {
+        team.set_active(workers);
+        team
+    }
+
+    /// Makes the first `workers` workers take parts, starting those not started yet; the others
+    /// finish what they hold and sleep until a later call wakes them. A job posted before keeps its
+    /// parts: its caller runs those that no worker takes.
+    fn set_active(&'static self, workers: usize) {
+        let mut started = lock(&self.started);
+        while *started < workers {
+            let i = *started;
             // A worker that cannot start only leaves its parts to the others and the callers.
             let _ = std::thread::Builder::new()
                 .name(format!("tensorscope-{i}"))
-                .spawn(|| team.work());
+                .spawn(move || self.work(i));
+            *started += 1;
         }
-        team
+        // Under the lock that a worker checks `active` under before it sleeps, so that none
+        // misses the change: those beyond it leave their wait for a job, and park.
+        let _jobs = lock(&self.jobs);
+        self.active.store(workers, Ordering::Release);
+        self.resized.notify_all();
+        self.start.notify_all();
     }
 
     /// Runs `f(0..parts)`, the parts spread over the team and this thread; returns when all are
@@ -294,20 +407,38 @@ impl Team {
         ready()
     }
 
-    /// A worker: takes parts of whatever jobs are posted, forever; between jobs it spins a while,
-    /// then sleeps until the next is posted.
-    fn work(&self) {
+    /// Worker `index`: takes parts of whatever jobs are posted, forever; between jobs it spins a
+    /// while, then sleeps until the next is posted. While `index` is not below [`Team::active`] it
+    /// sleeps until that changes.
+    fn work(&self, index: usize) {
         WORKER.set(true);
         if let Some(start) = WORKER_START.get() {
             start();
         }
         loop {
+            if index >= self.active.load(Ordering::Acquire) {
+                let mut jobs = lock(&self.jobs);
+                jobs.parked += 1;
+                while index >= self.active.load(Ordering::Acquire) {
+                    jobs = self
+                        .resized
+                        .wait(jobs)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                jobs.parked -= 1;
+                continue;
+            }
             let seen = self.posted.load(Ordering::Acquire);
             while self.run_one(None) {}
-            if !self.spin_until(|| self.posted.load(Ordering::Acquire) != seen) {
+            // Until a job is posted, or this worker is no longer one that takes parts.
+            let idle = || {
+                self.posted.load(Ordering::Acquire) == seen
+                    && index < self.active.load(Ordering::Acquire)
+            };
+            if !self.spin_until(|| !idle()) {
                 let mut jobs = lock(&self.jobs);
                 jobs.sleepers += 1;
-                while self.posted.load(Ordering::Acquire) == seen {
+                while idle() {
                     jobs = self
                         .start
                         .wait(jobs)
@@ -333,7 +464,7 @@ impl<'t> Busy<'t> {
     /// whose preempted parts stall every thread of their job), at least 1.
     fn share(&self) -> usize {
         let callers = self.0.callers.load(Ordering::Relaxed).max(1);
-        ((self.0.workers + 1) / callers).max(1)
+        ((self.0.active.load(Ordering::Relaxed) + 1) / callers).max(1)
     }
 }
 
@@ -419,20 +550,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The process's team, started on first use; `None` with one thread.
-fn team() -> Option<&'static Team> {
-    static TEAM: OnceLock<Option<&'static Team>> = OnceLock::new();
-    *TEAM.get_or_init(|| {
-        let threads = std::env::var("TENSORSCOPE_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| n > 0)
-            .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
-            .unwrap_or(1);
-        // More threads than an op has parts would never get one.
-        let threads = threads.min(MAX_PARTS);
-        (threads > 1).then(|| Team::start(threads - 1))
-    })
+/// The process's team, started by the first op that splits, with `threads - 1` workers taking
+/// parts (the caller is the other thread): a count changed by [`set_threads`] since the last op is
+/// applied here.
+fn team(threads: usize) -> &'static Team {
+    static TEAM: OnceLock<&'static Team> = OnceLock::new();
+    let workers = threads - 1;
+    let team = *TEAM.get_or_init(|| Team::start(workers));
+    if team.active.load(Ordering::Relaxed) != workers {
+        team.set_active(workers);
+    }
+    team
 }
 
 #[cfg(test)]
@@ -513,7 +641,7 @@ mod tests {
             lock(&team.jobs).slots.iter().all(|job| job.task.is_none()),
             "a job was left posted"
         );
-        let threads = team.workers + 1;
+        let threads = team.active.load(SeqCst) + 1;
         let started = AtomicUsize::new(0);
         team.run(threads, &|_| {
             started.fetch_add(1, SeqCst);
@@ -607,6 +735,27 @@ mod tests {
         assert_eq!(done, started.load(SeqCst));
         assert!((2..=4).contains(&done), "{done} parts ran");
         assert_every_thread_serves(team);
+    }
+
+    #[test]
+    fn a_team_grows_and_its_workers_beyond_the_count_sleep_until_raised() {
+        let team = Team::start(1);
+        let parked = || lock(&team.jobs).parked;
+        without_hanging(move || {
+            assert_every_thread_serves(team); // the caller and one worker
+            team.set_active(3);
+            assert_every_thread_serves(team); // and two workers started now
+            team.set_active(1);
+            wait_until("the two workers beyond the count sleep", || parked() == 2);
+            for _ in 0..3 {
+                assert_every_thread_serves(team); // a job of two parts, the caller's and one worker's
+                assert_eq!(parked(), 2, "a parked worker took a part");
+            }
+            team.set_active(2);
+            wait_until("one worker woke", || parked() == 1);
+            assert_every_thread_serves(team);
+            assert_eq!(*lock(&team.started), 3);
+        });
     }
 
     #[test]

@@ -445,7 +445,7 @@ fn a_weight_shared_by_every_step_gets_its_gradient_summed_per_segment() {
 }
 
 /// The table of how far a shared weight's checkpointed gradient is from the plain one, by the
-/// number of steps sharing it (README, "Checkpointing"): `cargo test --release --test integration
+/// number of steps sharing it (docs/guide.md, "Checkpointing"): `cargo test --release --test integration
 /// checkpoint_training::shared_weight_differences_by_steps -- --ignored --nocapture`.
 #[test]
 #[ignore = "a measurement: prints a table"]

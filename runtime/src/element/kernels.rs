@@ -5,7 +5,7 @@
 //! `bf16`) to them; `f64` keeps libm's.
 //!
 //! Their largest errors against `f64`, over every 2^-12 step of a range, are asserted in
-//! `tests/integration/ops/kernels.rs` and stated in the README.
+//! `tests/integration/ops/kernels.rs` and stated in `docs/benchmarks.md`.
 
 /// The polynomial with coefficients `c` (highest degree first) at `x`, by Horner's rule:
 /// `((c0 x + c1) x + c2) ...`, one multiply and one add a step, never fused.

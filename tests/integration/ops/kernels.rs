@@ -1,9 +1,8 @@
 //! The vectorised `f32` kernels of the transcendental ops, and their derivatives as backward
 //! computes them, against `f64` references: every `2^-12` step of a range (every 997th `f32` for
 //! `log`), plus the IEEE special values. The bounds asserted here are the errors `docs/benchmarks.md`
-//! and the README state;
-//! `cargo test --release --test integration ops::kernels -- --nocapture --test-threads=1` prints the
-//! table.
+//! states; `cargo test --release --test integration ops::kernels -- --nocapture --test-threads=1`
+//! prints the table.
 
 use std::f64::consts::{FRAC_2_SQRT_PI, PI, SQRT_2};
 
@@ -125,8 +124,7 @@ fn normal_pdf(x: f64) -> f64 {
     (-0.5 * x * x).exp() / (2.0 * PI).sqrt()
 }
 
-// Bounds just above the errors measured on 2026-11-24 (docs/benchmarks.md and the README state
-// them).
+// Bounds just above the errors measured on 2026-11-24 (docs/benchmarks.md states them).
 
 #[test]
 fn functions_are_within_their_stated_errors_of_f64() {

@@ -1,4 +1,5 @@
-// The fixes the README gives for the two lifetime errors it shows.
+// The fixes docs/guide.md gives for the two lifetime errors it shows ("Lifetime errors you will
+// see"; the README showed them until 2026-11-26).
 #![deny(warnings)]
 
 use tensorscope::prelude::*;
