@@ -116,7 +116,6 @@ static SET_THREADS: AtomicUsize = AtomicUsize::new(0);
 /// If `n` is 0: the count includes the calling thread, so it is at least 1.
 ///
 /// ```
-/// # use tensorscope_runtime as tensorscope; // the runtime's docs test this; users write `tensorscope::`
 /// use tensorscope::{set_threads, threads, Pool, TensorOps};
 ///
 /// let pool = Pool::with_max_memory_mb(64);
@@ -150,7 +149,6 @@ pub fn set_threads(n: usize) {
 /// small tensor runs on its calling thread whatever the count.
 ///
 /// ```
-/// # use tensorscope_runtime as tensorscope; // the runtime's docs test this; users write `tensorscope::`
 /// let n = tensorscope::threads();
 /// assert!((1..=64).contains(&n));
 /// ```
