@@ -530,10 +530,17 @@ pub trait Parameters<T: Element> {
         count
     }
 
-    /// Writes every parameter under its name to a safetensors file at `path`, as
-    /// [`Parameters::save_safetensors`](crate::nn::Parameters::save_safetensors) describes; fails
-    /// with [`NnError::DuplicateParam`](crate::nn::NnError::DuplicateParam) if two parameters have
-    /// one name.
+    /// Writes every parameter under its name to a safetensors file at `path` (replacing it; the
+    /// file is written beside it and renamed, so a failed save leaves an existing file whole), in
+    /// [`SaveOptions::dtype`] (`F32` by default), with the options' metadata, and transposing the
+    /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`.
+    ///
+    /// Fails with [`NnError::DuplicateParam`] if two parameters have one name,
+    /// [`SafeTensorsError::NotAMatrix`](crate::nn::SafeTensorsError::NotAMatrix) for a parameter
+    /// named as in PyTorch's layout without 2 axes,
+    /// [`SafeTensorsError::Unrepresentable`](crate::nn::SafeTensorsError::Unrepresentable) for a
+    /// finite value beyond the dtype's range (`1e5` as `F16`), and
+    /// [`SafeTensorsError::Io`](crate::nn::SafeTensorsError::Io) if the file cannot be written.
     fn save_safetensors(
         &self,
         path: impl AsRef<Path>,
