@@ -238,7 +238,8 @@ fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
 
 /// An impl that type-checks and is never run: the one emitted beside a derive error.
 fn fallback(input: &DeriveInput) -> TokenStream {
-    let (krate, element) = container(input).unwrap_or_else(|_| (syn::parse_quote!(::tensorscope), None));
+    let (krate, element) =
+        container(input).unwrap_or_else(|_| (syn::parse_quote!(::tensorscope), None));
     let element = element_type(input, element).unwrap_or_else(|_| quote!(f32));
     let name = &input.ident;
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();

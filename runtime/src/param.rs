@@ -6,8 +6,8 @@ use std::path::Path;
 
 use crate::element::{DType, Element};
 use crate::error::{panicking, Result};
-use crate::pool::{check_length, Pool, PoolBuffer};
 use crate::nn::{LoadOptions, LoadReport, NnError, SaveOptions};
+use crate::pool::{check_length, Pool, PoolBuffer};
 use crate::recycle::RecycledArc;
 
 /// A value kept outside every scope: a model's weights, an optimizer's state, a stored checkpoint, a

@@ -40,7 +40,9 @@ fn step(
         loss.backward_into(&mut grads).unwrap();
         let peak = pool.stats().peak_bytes_in_use - start;
         let mut all = Vec::new();
-        model.visit_params(&ParamPath::ROOT, &mut |_, p| all.push(grads.get(p).expect("a gradient").to_vec()));
+        model.visit_params(&ParamPath::ROOT, &mut |_, p| {
+            all.push(grads.get(p).expect("a gradient").to_vec())
+        });
         (loss.item(), all, peak)
     })
 }
@@ -312,7 +314,11 @@ fn the_gpt_and_the_denoiser_steps_stay_within_their_budgets() {
     });
 
     let denoiser = Denoiser::new(&pool, 4, 16, 4);
-    let params: Vec<Param> = denoiser.named_params().into_iter().map(|(_, p)| p).collect();
+    let params: Vec<Param> = denoiser
+        .named_params()
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
     let params: Vec<&Param> = params.iter().collect();
     within_budgets("denoiser", |ckpt| {
         pool.train(|s| {
@@ -374,9 +380,9 @@ fn the_attribute_keeps_what_it_measured_without_a_checkpointer() {
             loss.backward_into(&mut kept).unwrap();
             let peak = pool.stats().peak_bytes_in_use - start;
             let mut all = Vec::new();
-            model
-                .0
-                .visit_params(&ParamPath::ROOT, &mut |_, p| all.push(kept.get(p).unwrap().to_vec()));
+            model.0.visit_params(&ParamPath::ROOT, &mut |_, p| {
+                all.push(kept.get(p).unwrap().to_vec())
+            });
             (loss.item(), all, peak)
         });
         assert_eq!(got_loss.to_bits(), loss.to_bits());

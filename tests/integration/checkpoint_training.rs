@@ -31,7 +31,9 @@ fn step(pool: &Pool, model: &Model, ckpt: Option<&mut Checkpointer>) -> (f32, Ve
         let loss = y.mse(&target);
         let grads = loss.backward().unwrap();
         let mut all = Vec::new();
-        model.visit_params(&ParamPath::ROOT, &mut |_, p| all.push(grads.get(p).expect("a gradient").to_vec()));
+        model.visit_params(&ParamPath::ROOT, &mut |_, p| {
+            all.push(grads.get(p).expect("a gradient").to_vec())
+        });
         assert_eq!(
             grads.len(),
             all.len(),

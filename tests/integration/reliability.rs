@@ -169,7 +169,6 @@ impl Module for Faulty {
     }
 }
 
-
 #[test]
 fn a_panic_in_a_checkpointed_training_step_leaves_the_pool_consistent() {
     let pool = Pool::with_max_memory_mb(64);

@@ -9,11 +9,11 @@ use crate::element::Element;
 use crate::error::{Error, Result, Shape};
 use crate::ops::{check_probability, Unary};
 use crate::param::{Param, ParamPath, Parameters};
-use tensorscope_macros::Parameters;
 use crate::pool::Pool;
 use crate::scope::Scope;
 use crate::tensor::Tensor;
 use crate::TensorOps;
+use tensorscope_macros::Parameters;
 
 /// A layer of a model: a forward pass over the parameters it owns ([`Parameters`] lists them for
 /// optimizers).

@@ -99,7 +99,7 @@ pub use kv_cache::KvCache;
 pub use layers::{Activation, Dropout, LayerNorm, Linear, Module, Residual, Sequential};
 pub use optim::{Adam, Group, Optimizer, Sgd};
 pub use params::ParamStore;
-pub use schedule::{Constant, Schedule, StepDecay, WarmupCosine, WarmupLinear};
 pub use safetensors::{
     FileDType, LoadOptions, LoadReport, SafeTensorsError, SafeTensorsFile, SaveOptions,
 };
+pub use schedule::{Constant, Schedule, StepDecay, WarmupCosine, WarmupLinear};

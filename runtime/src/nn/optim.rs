@@ -10,8 +10,8 @@ use crate::error::{Error, Shape};
 use crate::ops::simd;
 use crate::param::{Param, ParamPath, Parameters};
 
-use super::safetensors::SafeTensorsFile;
 use super::safetensors::write_named;
+use super::safetensors::SafeTensorsFile;
 use super::SaveOptions;
 
 /// Updates parameters from their gradients.

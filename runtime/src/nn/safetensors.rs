@@ -15,11 +15,11 @@ use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 
 use super::error::{close_names, suggest, NnError};
 use super::params::ParamStore;
-use mapped::Bytes;
 use crate::element::{is_integer, DType, Element};
 use crate::error::Shape;
 use crate::param::{Param, ParamPath, Parameters};
 use crate::pool::{Pool, PoolBuffer};
+use mapped::Bytes;
 
 /// The bytes of the header length that starts every safetensors file.
 const HEADER_LENGTH_BYTES: usize = 8;
