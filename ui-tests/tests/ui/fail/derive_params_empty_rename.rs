@@ -1,4 +1,5 @@
-// A name is the dot-joined path of the file's tensor: no segment of it may be empty.
+// A name is the dot-joined path of the file's tensor: it needs a value, and no segment of it may be
+// empty. Each field's mistake is reported.
 use tensorscope::{Param, Parameters};
 
 #[derive(Parameters)]
@@ -7,6 +8,8 @@ struct Mlp {
     weight: Param,
     #[param(rename = "a..b")]
     bias: Param,
+    #[param(rename)]
+    scale: Param,
 }
 
 fn main() {}
