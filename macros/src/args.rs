@@ -28,6 +28,8 @@ pub(crate) enum Kind {
     Path,
     /// A string, `precision = "f16"`.
     Str,
+    /// A bare word with no value, `skip` (parsed by the caller: [`parse`] takes `key = value` only).
+    Flag,
 }
 
 /// A parsed option value.
@@ -131,7 +133,9 @@ fn accepted_list(options: &Options) -> String {
         .join(", ")
 }
 
-fn unknown_key(options: &Options, key: &str) -> String {
+/// The message for an option `options` does not accept: the accepted ones, and the closest as a
+/// did-you-mean.
+pub(crate) fn unknown_key(options: &Options, key: &str) -> String {
     let mut message = format!("unknown option `{key}` for {}", options.attr);
     let closest = options
         .accepted

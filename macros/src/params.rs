@@ -1,10 +1,10 @@
 //! `#[derive(Parameters)]`: a model struct's parameters walked by field, named by field path.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
-use syn::{Data, DeriveInput, Fields, GenericParam, LitStr, Path, Type, TypeParamBound};
+use syn::{Data, DeriveInput, GenericParam, LitStr, Path, Type, TypeParamBound};
 
 use crate::args::{self, Accepted, Kind, Options, Value};
 
@@ -22,6 +22,30 @@ const OPTIONS: Options = Options {
             kind: Kind::Path,
             value: "the element type of the parameters as a string",
             example: "element = \"f64\"",
+        },
+    ],
+};
+
+const FIELD_OPTIONS: Options = Options {
+    attr: "#[param(..)] on a field",
+    accepted: &[
+        Accepted {
+            name: "skip",
+            kind: Kind::Flag,
+            value: "no value",
+            example: "skip",
+        },
+        Accepted {
+            name: "flatten",
+            kind: Kind::Flag,
+            value: "no value",
+            example: "flatten",
+        },
+        Accepted {
+            name: "rename",
+            kind: Kind::Str,
+            value: "the parameter's name as a string",
+            example: "rename = \"c_fc.weight\"",
         },
     ],
 };
@@ -99,17 +123,43 @@ fn is_element_bound(bound: &TypeParamBound) -> bool {
         if t.path.segments.last().is_some_and(|s| s.ident == "Element"))
 }
 
+/// Parses the field's `#[param(..)]` options. Every problem is reported, each at its option: an
+/// unknown option (with the closest accepted one), one given twice, an empty name, and a second of
+/// the options that exclude each other.
 fn field_options(field: &syn::Field) -> syn::Result<FieldOptions> {
     let mut options = FieldOptions::default();
     let mut errors = Vec::new();
+    // The options given so far, in order, each once: for repeats and exclusions.
+    let mut given: Vec<(String, Span)> = Vec::new();
     for attr in field.attrs.iter().filter(|a| a.path().is_ident("param")) {
         let parser = |meta: ParseNestedMeta<'_>| {
-            let key = meta.path.get_ident().map(ToString::to_string);
-            let given = match key.as_deref() {
-                Some("skip") => std::mem::replace(&mut options.skip, true),
-                Some("flatten") => std::mem::replace(&mut options.flatten, true),
-                Some("rename") => {
-                    let name: LitStr = meta.value()?.parse()?;
+            let path = &meta.path;
+            let key = path
+                .get_ident()
+                .map_or_else(|| quote!(#path).to_string(), ToString::to_string);
+            let span = path.span();
+            match key.as_str() {
+                "skip" => options.skip = true,
+                "flatten" => options.flatten = true,
+                "rename" => {
+                    let value = if meta.input.peek(syn::Token![=]) {
+                        Some(meta.value()?.parse::<syn::Expr>()?)
+                    } else {
+                        None
+                    };
+                    let Some(syn::Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Str(name),
+                        ..
+                    })) = value
+                    else {
+                        let message = "`rename` expects the parameter's name as a string, as in \
+                                       `rename = \"c_fc.weight\"`";
+                        errors.push(match value {
+                            Some(value) => syn::Error::new_spanned(value, message),
+                            None => syn::Error::new(span, message),
+                        });
+                        return Ok(());
+                    };
                     if name.value().split('.').any(str::is_empty) {
                         errors.push(syn::Error::new_spanned(
                             &name,
@@ -117,18 +167,27 @@ fn field_options(field: &syn::Field) -> syn::Result<FieldOptions> {
                              (`a..b`, `.a`, `a.`)",
                         ));
                     }
-                    options.rename.replace(name).is_some()
+                    options.rename = Some(name);
                 }
                 _ => {
-                    errors.push(meta.error(
-                        "unknown option for #[param(..)] on a field; accepted: `skip`, \
-                         `flatten`, `rename = \"c_fc.weight\"`",
+                    errors.push(syn::Error::new(
+                        span,
+                        args::unknown_key(&FIELD_OPTIONS, &key),
                     ));
-                    false
+                    // Past its value, if any, so that the next option still parses.
+                    if meta.input.peek(syn::Token![=]) {
+                        meta.value()?.parse::<syn::Expr>()?;
+                    }
+                    return Ok(());
                 }
-            };
-            if given {
-                errors.push(meta.error("given twice; keep one"));
+            }
+            if given.iter().any(|(k, _)| *k == key) {
+                errors.push(syn::Error::new(
+                    span,
+                    format!("`{key}` is given twice; keep one"),
+                ));
+            } else {
+                given.push((key, span));
             }
             Ok(())
         };
@@ -136,12 +195,13 @@ fn field_options(field: &syn::Field) -> syn::Result<FieldOptions> {
             errors.push(e);
         }
     }
-    let exclusive = [options.skip, options.flatten, options.rename.is_some()];
-    if exclusive.into_iter().filter(|&given| given).count() > 1 {
-        errors.push(syn::Error::new_spanned(
-            field,
-            "`skip`, `flatten` and `rename` exclude each other: a field is left out, walked under \
-             its parent's name, or walked under a name",
+    if let [(first, _), (second, span), ..] = &given[..] {
+        errors.push(syn::Error::new(
+            *span,
+            format!(
+                "`{second}` cannot go with `{first}`: a field is left out (`skip`), walked under \
+                 its parent's path (`flatten`) or walked under a name of its own (`rename`)"
+            ),
         ));
     }
     args::combine(errors)?;
@@ -156,29 +216,29 @@ fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
              walking the variant it holds",
         ));
     };
-    let (krate, element) = container(input)?;
-    let element = element_type(input, element)?;
-    let fields: Vec<(TokenStream, String, &Type, FieldOptions)> = match &data.fields {
-        Fields::Named(fields) => fields
-            .named
-            .iter()
-            .map(|f| {
-                let ident = f.ident.as_ref().expect("named");
-                let name = ident.to_string();
-                Ok((quote!(#ident), name, &f.ty, field_options(f)?))
+    // Every mistake in the struct's options and all its fields' is reported at once.
+    let mut errors = Vec::new();
+    let settings = container(input)
+        .and_then(|(krate, element)| Ok((krate, element_type(input, element)?)))
+        .map_err(|e| errors.push(e))
+        .ok();
+    let fields: Vec<(TokenStream, String, &Type, FieldOptions)> = data
+        .fields
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| {
+            let options = field_options(f).map_err(|e| errors.push(e)).ok()?;
+            Some(match &f.ident {
+                Some(ident) => (quote!(#ident), ident.to_string(), &f.ty, options),
+                None => {
+                    let index = syn::Index::from(i);
+                    (quote!(#index), i.to_string(), &f.ty, options)
+                }
             })
-            .collect::<syn::Result<_>>()?,
-        Fields::Unnamed(fields) => fields
-            .unnamed
-            .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                let index = syn::Index::from(i);
-                Ok((quote!(#index), i.to_string(), &f.ty, field_options(f)?))
-            })
-            .collect::<syn::Result<_>>()?,
-        Fields::Unit => Vec::new(),
-    };
+        })
+        .collect();
+    args::combine(errors)?;
+    let (krate, element) = settings.expect("no error");
     let walk = |method: TokenStream, reference: TokenStream| {
         let calls = fields.iter().filter(|(.., o)| !o.skip).map(|(access, name, ty, o)| {
             let path = if o.flatten {

@@ -6,6 +6,8 @@
 
 #[path = "ui/pass/checkpoint_forms.rs"]
 mod checkpoint_forms;
+#[path = "ui/pass/derive_params_forms.rs"]
+mod derive_params_forms;
 #[path = "ui/pass/loss_summed_across_steps_done_right.rs"]
 mod loss_summed_across_steps_done_right;
 #[path = "ui/pass/methods_and_generics.rs"]
@@ -22,6 +24,11 @@ mod routes_done_right;
 #[test]
 fn checkpoint_forms() {
     checkpoint_forms::main();
+}
+
+#[test]
+fn derive_params_forms() {
+    derive_params_forms::main();
 }
 
 #[test]
