@@ -15,8 +15,8 @@ use std::path::Path;
 use std::process::{exit, Command};
 use std::time::Instant;
 
-use tensorscope::nn::{LoadOptions, ParamStore, SaveOptions};
-use tensorscope::{Parameters, Pool};
+use tensorscope::nn::{LoadOptions, ParamStore, SaveOptions, Weights};
+use tensorscope::Pool;
 
 const USAGE: &str = "usage: load_weights [--mb MIB] | --load PATH";
 const TENSOR_FLOATS: usize = 1 << 20;

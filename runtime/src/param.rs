@@ -2,11 +2,9 @@
 
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, AsArray, Dimension, IxDyn};
 use std::fmt;
-use std::path::Path;
 
 use crate::element::{DType, Element};
 use crate::error::{panicking, Result};
-use crate::nn::{LoadOptions, LoadReport, NnError, SaveOptions};
 use crate::pool::{check_length, Pool, PoolBuffer};
 use crate::recycle::RecycledArc;
 
@@ -437,7 +435,7 @@ impl fmt::Debug for ParamPath<'_> {
 /// A set of named parameters: a model struct, a [`Param`], a
 /// [`ParamStore`](crate::nn::ParamStore), a `Vec`, array, slice or `Option` of parameter sets.
 /// Optimizers update it in place, and it saves and loads itself by its parameters' names
-/// ([`Parameters::save_safetensors`], [`Parameters::load_safetensors`]).
+/// ([`nn::Weights`](crate::nn::Weights), in the prelude).
 ///
 /// A model struct derives it: each field is walked under its name, the elements of a `Vec` or an
 /// array under their index, an `Option` when it holds a value, so the names are the field paths
@@ -528,45 +526,6 @@ pub trait Parameters<T: Element> {
         let mut count = 0;
         self.visit_params(&ParamPath::ROOT, &mut |_, p| count += p.len());
         count
-    }
-
-    /// Writes every parameter under its name to a safetensors file at `path` (replacing it; the
-    /// file is written beside it and renamed, so a failed save leaves an existing file whole), in
-    /// [`SaveOptions::dtype`] (`F32` by default), with the options' metadata, and transposing the
-    /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`.
-    ///
-    /// Fails with [`NnError::DuplicateParam`] if two parameters have one name,
-    /// [`SafeTensorsError::NotAMatrix`](crate::nn::SafeTensorsError::NotAMatrix) for a parameter
-    /// named as in PyTorch's layout without 2 axes,
-    /// [`SafeTensorsError::Unrepresentable`](crate::nn::SafeTensorsError::Unrepresentable) for a
-    /// finite value beyond the dtype's range (`1e5` as `F16`), and
-    /// [`SafeTensorsError::Io`](crate::nn::SafeTensorsError::Io) if the file cannot be written.
-    fn save_safetensors(
-        &self,
-        path: impl AsRef<Path>,
-        options: &SaveOptions,
-    ) -> std::result::Result<(), NnError>
-    where
-        Self: Sized,
-    {
-        crate::nn::safetensors::save(self, path.as_ref(), options)
-    }
-
-    /// Fills every parameter from the tensor of its name in the safetensors file at `path`, and
-    /// returns the file's tensors no parameter took. Every name, shape and dtype is checked before
-    /// anything is written, and a failure changes nothing: see
-    /// [`SafeTensorsError::Mismatch`](crate::nn::SafeTensorsError::Mismatch), which names every
-    /// parameter at fault. The file is mapped, not read whole into memory; a parameter no other
-    /// handle shares is written in place.
-    fn load_safetensors(
-        &mut self,
-        path: impl AsRef<Path>,
-        options: &LoadOptions,
-    ) -> std::result::Result<LoadReport, NnError>
-    where
-        Self: Sized,
-    {
-        crate::nn::safetensors::load(self, path.as_ref(), options)
     }
 }
 

@@ -5,8 +5,8 @@
 //! a training scope their ops record a graph like any other ops, so [`Tensor::backward`](crate::Tensor::backward)
 //! differentiates a model written with them, with tensor ops, or with both. [`Optimizer`]s update
 //! any [`Parameters`](crate::Parameters) in place. A [`ParamStore`] keeps parameters by name, and
-//! loads and saves them as safetensors files ([`Parameters::load_safetensors`](crate::Parameters::load_safetensors),
-//! [`Parameters::save_safetensors`](crate::Parameters::save_safetensors); [`SafeTensorsFile`] reads any tensor of a file).
+//! loads and saves them as safetensors files ([`Weights::load_safetensors`],
+//! [`Weights::save_safetensors`]; [`SafeTensorsFile`] reads any tensor of a file).
 //!
 //! A training step is the loop written out: forward, loss, backward, step.
 //!
@@ -43,9 +43,9 @@
 //! little-endian and row-major. Reading and writing go through the `safetensors` crate, so files are
 //! exactly those Python writes and reads.
 //!
-//! - [`Parameters::save_safetensors`](crate::Parameters::save_safetensors) writes every parameter, as `F32` or, by
+//! - [`Weights::save_safetensors`] writes every parameter, as `F32` or, by
 //!   [`SaveOptions::dtype`], as `F64`, `F16` or `BF16`.
-//! - [`Parameters::load_safetensors`](crate::Parameters::load_safetensors) fills every registered parameter from the tensor of its name,
+//! - [`Weights::load_safetensors`] fills every registered parameter from the tensor of its name,
 //!   converting the file's `F32`, `F64`, `F16` or `BF16` to the store's element type. It is all or
 //!   nothing: on any error the store is unchanged.
 //! - [`ParamStore::from_safetensors`] makes a store holding every tensor of a file.
@@ -58,7 +58,7 @@
 //! and on save.
 //!
 //! ```
-//! use tensorscope::nn::{LoadOptions, ParamStore, SaveOptions};
+//! use tensorscope::nn::{LoadOptions, ParamStore, SaveOptions, Weights};
 //! use tensorscope::{f16, Pool};
 //!
 //! let pool = Pool::with_max_memory_mb(16);
@@ -100,6 +100,6 @@ pub use layers::{Activation, Dropout, LayerNorm, Linear, Module, Residual, Seque
 pub use optim::{Adam, Group, Optimizer, Sgd};
 pub use params::ParamStore;
 pub use safetensors::{
-    FileDType, LoadOptions, LoadReport, SafeTensorsError, SafeTensorsFile, SaveOptions,
+    FileDType, LoadOptions, LoadReport, SafeTensorsError, SafeTensorsFile, SaveOptions, Weights,
 };
 pub use schedule::{Constant, Schedule, StepDecay, WarmupCosine, WarmupLinear};

@@ -280,7 +280,7 @@ impl fmt::Debug for Layout {
     }
 }
 
-/// How [`Parameters::load_safetensors`] and [`ParamStore::from_safetensors`] read a file.
+/// How [`Weights::load_safetensors`] and [`ParamStore::from_safetensors`] read a file.
 #[derive(Debug, Default)]
 pub struct LoadOptions {
     pytorch_linear: Layout,
@@ -305,7 +305,7 @@ impl LoadOptions {
     }
 }
 
-/// How [`Parameters::save_safetensors`] writes a file.
+/// How [`Weights::save_safetensors`] writes a file.
 #[derive(Debug)]
 pub struct SaveOptions {
     dtype: Dtype,
@@ -355,7 +355,7 @@ impl SaveOptions {
     }
 }
 
-/// What [`Parameters::load_safetensors`] did not use.
+/// What [`Weights::load_safetensors`] did not use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct LoadReport {
@@ -368,7 +368,7 @@ pub struct LoadReport {
 /// reference values) or to look inside a checkpoint.
 ///
 /// ```
-/// use tensorscope::nn::{FileDType, LoadOptions, ParamStore, SafeTensorsFile, SaveOptions};
+/// use tensorscope::nn::{FileDType, LoadOptions, ParamStore, SafeTensorsFile, SaveOptions, Weights};
 /// use tensorscope::{Param, Pool};
 ///
 /// let pool = Pool::with_max_memory_mb(16);
@@ -775,8 +775,68 @@ fn encode_as<T: DType, U: DType>(
     Ok(le_bytes(&out))
 }
 
+/// Saving and loading a set of parameters (a model with `#[derive(Parameters)]`, a
+/// [`ParamStore`]) by its parameters' names, as safetensors files: implemented for every
+/// [`Parameters`], and in the prelude.
+///
+/// ```
+/// use tensorscope::nn::{Linear, SaveOptions};
+/// use tensorscope::prelude::*;
+///
+/// #[derive(Parameters)]
+/// struct Head {
+///     #[param(rename = "lm_head")]
+///     proj: Linear,
+/// }
+///
+/// let pool = Pool::with_max_memory_mb(16);
+/// let path = std::env::temp_dir().join(format!("tensorscope-weights-{}.safetensors", std::process::id()));
+/// let saved = Head { proj: Linear::new(&pool, 4, 2, 1).unwrap() };
+/// saved.save_safetensors(&path, &SaveOptions::new()).unwrap();
+/// let mut loaded = Head { proj: Linear::new(&pool, 4, 2, 2).unwrap() };
+/// loaded.load_safetensors(&path, &Default::default()).unwrap();
+/// assert_eq!(loaded.proj.weight().to_vec(), saved.proj.weight().to_vec());
+/// std::fs::remove_file(&path).unwrap();
+/// ```
+pub trait Weights<T: Element>: Parameters<T> {
+    /// Writes every parameter under its name to a safetensors file at `path` (replacing it; the
+    /// file is written beside it and renamed, so a failed save leaves an existing file whole), in
+    /// [`SaveOptions::dtype`] (`F32` by default), with the options' metadata, and transposing the
+    /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`.
+    ///
+    /// Fails with [`NnError::DuplicateParam`] if two parameters have one name,
+    /// [`SafeTensorsError::NotAMatrix`](SafeTensorsError::NotAMatrix) for a parameter
+    /// named as in PyTorch's layout without 2 axes,
+    /// [`SafeTensorsError::Unrepresentable`](SafeTensorsError::Unrepresentable) for a
+    /// finite value beyond the dtype's range (`1e5` as `F16`), and
+    /// [`SafeTensorsError::Io`](SafeTensorsError::Io) if the file cannot be written.
+    fn save_safetensors(
+        &self,
+        path: impl AsRef<Path>,
+        options: &SaveOptions,
+    ) -> Result<(), NnError> {
+        save(self, path.as_ref(), options)
+    }
+
+    /// Fills every parameter from the tensor of its name in the safetensors file at `path`, and
+    /// returns the file's tensors no parameter took. Every name, shape and dtype is checked before
+    /// anything is written, and a failure changes nothing: see
+    /// [`SafeTensorsError::Mismatch`](SafeTensorsError::Mismatch), which names every
+    /// parameter at fault. The file is mapped, not read whole into memory; a parameter no other
+    /// handle shares is written in place.
+    fn load_safetensors(
+        &mut self,
+        path: impl AsRef<Path>,
+        options: &LoadOptions,
+    ) -> Result<LoadReport, NnError> {
+        load(self, path.as_ref(), options)
+    }
+}
+
+impl<T: Element, P: Parameters<T>> Weights<T> for P {}
+
 /// Fills every parameter of `params` from the tensor of its name in the file at `path`: see
-/// [`Parameters::load_safetensors`].
+/// [`Weights::load_safetensors`].
 ///
 /// Three passes, so that a failure changes nothing: every parameter is checked against the file
 /// (every problem is reported); then the tensors that need a buffer of their own are converted into
@@ -854,7 +914,7 @@ pub(crate) fn load<T: Element, P: Parameters<T> + ?Sized>(
     Ok(LoadReport { unused })
 }
 
-/// Writes every parameter of `params` under its name: see [`Parameters::save_safetensors`].
+/// Writes every parameter of `params` under its name: see [`Weights::save_safetensors`].
 pub(crate) fn save<T: Element, P: Parameters<T> + ?Sized>(
     params: &P,
     path: &Path,
@@ -863,7 +923,7 @@ pub(crate) fn save<T: Element, P: Parameters<T> + ?Sized>(
     write_named(&params.named_params(), path, options)
 }
 
-/// Writes `named` parameters under their names: see [`Parameters::save_safetensors`].
+/// Writes `named` parameters under their names: see [`Weights::save_safetensors`].
 pub(crate) fn write_named<T: Element>(
     named: &[(String, Param<T>)],
     path: &Path,
@@ -893,15 +953,15 @@ pub(crate) fn write_named<T: Element>(
 
 impl<T: Element> ParamStore<T> {
     /// A store holding every tensor of the safetensors file at `path`, converted to `T` as
-    /// [`Parameters::load_safetensors`] converts, in buffers of `pool`. Parameters are registered in
+    /// [`Weights::load_safetensors`] converts, in buffers of `pool`. Parameters are registered in
     /// the order of their names, sorted byte-wise (the order of Python's `safe_open(..).keys()`;
     /// `"layer.10"` comes before `"layer.2"`).
     ///
     /// Every tensor must be a float: an integer one (a PyTorch BatchNorm's `num_batches_tracked`,
     /// say) fails with [`SafeTensorsError::UnsupportedDType`] naming it. To load a file that holds
-    /// other tensors too, register the parameters and use [`Parameters::load_safetensors`], which
+    /// other tensors too, register the parameters and use [`Weights::load_safetensors`], which
     /// lists the rest, or read any tensor with [`SafeTensorsFile::param`]. Fails otherwise as
-    /// [`Parameters::load_safetensors`] does.
+    /// [`Weights::load_safetensors`] does.
     pub fn from_safetensors(
         pool: &Pool,
         path: impl AsRef<Path>,

@@ -8,8 +8,8 @@ use std::f64::consts::PI;
 /// its step count). A closure `Fn(u64) -> f64` is a schedule too.
 ///
 /// ```
-/// use tensorscope::nn::{Adam, Linear, Optimizer, Schedule, WarmupCosine};
-/// use tensorscope::{Parameters, Pool, TensorOps};
+/// use tensorscope::nn::{Adam, Linear, Module, Optimizer, Schedule, WarmupCosine};
+/// use tensorscope::{Pool, TensorOps};
 ///
 /// let pool = Pool::with_max_memory_mb(16);
 /// let mut model = Linear::new(&pool, 4, 1, 0).unwrap();
