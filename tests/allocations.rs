@@ -399,3 +399,28 @@ fn steady_state_high_rank_views_allocate_nothing() {
         "heap allocations over {STEADY_STEPS} steady-state steps at ranks 5 and 6 (forward, training)"
     );
 }
+
+/// The shortest loop, `loss.backward()` then `step` in one `pool.train` per step: the gradients are
+/// a new `Gradients` every step, whose list reuses a recycled buffer (it made one heap allocation
+/// per doubling of its length, three a step for these twelve parameters).
+#[test]
+fn steady_state_steps_of_the_simplest_loop_allocate_nothing() {
+    let pool = Pool::with_max_memory_mb(64);
+    let mut model: pre_norm_mlp::Model = pre_norm_mlp::Model::new(&pool, 2, 32);
+    let mut adam = Adam::new(1e-3);
+    let n = per_step(|steps, boundary| {
+        for step in 0..steps {
+            boundary(step);
+            pool.train(|s| {
+                let y = model.forward_plain(s.randn::<f32>(&[16, 32], 7));
+                let grads = (&y * &y).mean_all().backward().unwrap();
+                adam.step(&mut model, &grads).unwrap();
+            });
+        }
+        boundary(steps);
+    });
+    assert_eq!(
+        n, 0,
+        "heap allocations over {STEADY_STEPS} steady-state steps of backward() then step"
+    );
+}

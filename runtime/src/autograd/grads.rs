@@ -1,6 +1,7 @@
 //! The gradients a backward pass computes, keyed by parameter.
 
 use std::fmt;
+use std::marker::PhantomData;
 
 use crate::dims::Dims;
 
@@ -23,15 +24,20 @@ pub struct Gradients<'s, T: DType = f32> {
     /// Sorted by key. A sorted list rather than a hash map: a checkpointed backward takes the
     /// gradients of each step's own tensors out again, and a hash map whose keys come and go step
     /// after step fills with tombstones until it grows, at a step its random hashes decide (a heap
-    /// allocation in a steady-state step). The list reaches its size in the first step and keeps it.
-    slots: Vec<Slot<'s, T>>,
+    /// allocation in a steady-state step). The list reaches its size in the first step and keeps it;
+    /// its buffer is recycled, so a `Gradients` made anew every step (`loss.backward()`) allocates
+    /// nothing either.
+    slots: RecycledVec<Slot<T>>,
+    /// The scope the gradients belong to: the slots hold them unbranded, as `'static` (a tensor's
+    /// brand is covariant, so a `&Tensor<'static>` reads as a `&Tensor<'s>`).
+    _brand: PhantomData<&'s ()>,
 }
 
 /// A gradient and what it was computed from.
-struct Slot<'s, T: DType> {
+struct Slot<T: DType> {
     key: u64,
     /// `None` only inside [`Gradients::add`], while the sum is computed.
-    grad: Option<Tensor<'s, T>>,
+    grad: Option<Tensor<'static, T>>,
     /// The parameter values the gradient was computed from ([`Param::version`]), until zeroed.
     version: Option<u64>,
 }
@@ -45,7 +51,8 @@ impl<'s, T: Element> Gradients<'s, T> {
     pub(crate) fn in_scope(scope: &State) -> Self {
         Gradients {
             scope: scope.clone(),
-            slots: Vec::new(),
+            slots: RecycledVec::new(),
+            _brand: PhantomData,
         }
     }
 
@@ -60,7 +67,7 @@ impl<'s, T: Element> Gradients<'s, T> {
         self.grad(tensor.node.as_ref()?.key()?)
     }
 
-    fn slot(&self, key: u64) -> Option<&Slot<'s, T>> {
+    fn slot(&self, key: u64) -> Option<&Slot<T>> {
         let i = self.find(key).ok()?;
         Some(&self.slots[i])
     }
@@ -101,7 +108,7 @@ impl<'s, T: Element> Gradients<'s, T> {
     /// `zero_grad(set_to_none=False)`). A gradient that another handle shares is copied first, so
     /// the other handle keeps its values; this can fail only then, with a budget error.
     pub fn zero(&mut self) -> Result<()> {
-        for slot in &mut self.slots {
+        for slot in self.slots.iter_mut() {
             if let Some(g) = &mut slot.grad {
                 g.try_view_mut()?.fill(T::zero());
             }
@@ -193,7 +200,7 @@ impl<'s, T: Element> Gradients<'s, T> {
     /// Removes and returns the gradient under `key` (a checkpointed region's own leaves).
     pub(crate) fn take(&mut self, key: u64) -> Option<Tensor<'static, T>> {
         let i = self.find(key).ok()?;
-        self.slots.remove(i).grad.map(Tensor::into_saved)
+        self.slots.remove(i).grad
     }
 
     /// Checks that no key of `leaves` (key, version, shape) meets two versions, among them or against
@@ -254,7 +261,7 @@ impl<'s, T: Element> Gradients<'s, T> {
         };
         match total {
             Ok(total) => {
-                slot.grad = Some(total.move_to(&self.scope));
+                slot.grad = Some(total.move_to(&self.scope).into_saved());
                 Ok(())
             }
             Err(e) => {
@@ -270,16 +277,16 @@ impl<'from, 'to, T: Element> Escape<'from, 'to> for Gradients<'from, T> {
     type Escaped = Gradients<'to, T>;
     /// Every gradient escapes with the collection, which then adds into the target scope.
     fn escape_to(self, target: &EscapeTarget<'from, 'to>) -> Gradients<'to, T> {
+        let mut slots = self.slots;
+        for slot in slots.iter_mut() {
+            if let Some(grad) = slot.grad.take() {
+                slot.grad = Some(grad.escape_to(target).into_saved());
+            }
+        }
         Gradients {
             scope: target.state().clone(),
-            slots: self
-                .slots
-                .into_iter()
-                .map(|slot| Slot {
-                    grad: slot.grad.map(|g| g.escape_to(target)),
-                    ..slot
-                })
-                .collect(),
+            slots,
+            _brand: PhantomData,
         }
     }
 }
