@@ -188,15 +188,10 @@ impl Block {
             panic!("attention takes [batch, t, dim], got {:?}", x.shape())
         };
         let (h, d) = (self.heads, c / self.heads);
-        // [b, t, 3c] -> q, k, v, each [b, t, c] -> [b, h, t, d]. Three narrows rather than
-        // `chunk(3, -1)`, whose `Vec` would be the step's one heap allocation.
-        let qkv = self.c_attn.forward(x);
-        let heads = |i: usize| {
-            qkv.narrow(-1, i * c, c)
-                .reshape(&[b, t, h, d])
-                .transpose(1, 2)
-        };
-        let y = attend(&heads(0), &heads(1), &heads(2))?;
+        // [b, t, 3c] -> q, k, v, each [b, t, c] -> [b, h, t, d]: views, and an array (no heap).
+        let qkv = self.c_attn.forward(x).chunk::<3>(-1);
+        let [q, k, v] = qkv.map(|p| p.reshape(&[b, t, h, d]).transpose(1, 2));
+        let y = attend(&q, &k, &v)?;
         Ok(self.c_proj.forward(&y.transpose(1, 2).reshape(&[b, t, c])))
     }
 }

@@ -339,6 +339,51 @@ impl<T: DType> Clone for Param<T> {
     }
 }
 
+/// Implemented by no type: the bound of the methods below, named like the ops users try on a
+/// `Param`, so that calling one is a compile error that says what to write instead, not "no method
+/// named `t` found".
+#[diagnostic::on_unimplemented(
+    message = "a `Param` has no ops: bind it into a scope first",
+    label = "`Param` is not a tensor of any scope",
+    note = "`s.bind(&w)` (or `x.bind(&w)`, from a tensor `x` of the scope) is the parameter as a \
+            tensor of that scope, with no copy: `s.bind(&w).t()`",
+    note = "an op also takes a parameter as its second operand directly: `x.matmul(&w)`, `&h + &b`"
+)]
+pub trait BindFirst {}
+
+/// Names of ops a `Param` does not have (see [`BindFirst`]).
+macro_rules! bind_first {
+    ($($op:ident($($arg:ident),*);)*) => {
+        #[doc(hidden)]
+        #[allow(clippy::unused_self, missing_docs)]
+        impl<T: DType> Param<T> {
+            $(
+                pub fn $op<$($arg),*>(&self, $(_: $arg),*) -> !
+                where
+                    Self: BindFirst,
+                {
+                    unreachable!("no type implements BindFirst")
+                }
+            )*
+        }
+    };
+}
+
+bind_first! {
+    t();
+    transpose(A, B);
+    matmul(A);
+    reshape(A);
+    narrow(A, B, C);
+    sum(A);
+    mean(A);
+    softmax(A);
+    relu();
+    gelu();
+    tanh();
+    exp();
+}
+
 impl<T: DType> fmt::Display for Param<T> {
     /// The values nested in brackets by axis, then `Param[shape; dtype]`, as a
     /// [`Tensor`](crate::Tensor#printing) prints.

@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 pub use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};
 pub use crate::element::{DType, Element};
 pub use crate::escape::{Escape, EscapeTarget};
+pub use crate::param::BindFirst;
 pub use crate::scope::Scope;
 pub use crate::tensor::Tensor;
 

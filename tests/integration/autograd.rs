@@ -169,8 +169,8 @@ fn shape_ops_of_real_models() {
         Tensor::try_concat(&[&(&parts[2] * 3.0), &(&parts[0] * 2.0), &parts[1]], 1)
     });
     check("chunk", &[&[2, 6]], |x| {
-        let qkv = x[0].try_chunk(3, -1)?;
-        qkv[0].try_mul(&qkv[1])?.try_add(&qkv[2])
+        let [q, k, v] = x[0].try_chunk::<3>(-1)?;
+        q.try_mul(&k)?.try_add(&v)
     });
     check("stack", &[&[2, 3], &[2, 3]], |x| {
         Tensor::try_stack(&[&x[0], &x[1]], 1)

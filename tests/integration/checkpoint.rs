@@ -433,7 +433,7 @@ fn narrow_storage_refuses_values_it_would_round_to_infinity_whatever_the_source_
     pool.scope(|s| {
         let f16_storage = config(Policy::Every(1)).with_precision(Precision::F16);
         // 65536 is a bf16 value past f16's 65504 (a bound converted to bf16 rounds to 65536).
-        let mut from_bf16 = Checkpointer::<bf16>::new(f16_storage.clone());
+        let mut from_bf16 = Checkpointer::<bf16>::for_element(f16_storage.clone());
         let big = s.full::<bf16>(&[2], bf16::from_f32(65536.0));
         let err = from_bf16.save(3, &big).unwrap_err();
         assert_eq!(
@@ -441,7 +441,7 @@ fn narrow_storage_refuses_values_it_would_round_to_infinity_whatever_the_source_
             "the input of layer 3 cannot be stored: 65536 is beyond the f16 range (+-65504)"
         );
         // From f64: 65519 rounds to f16's 65504 and is stored; 65520 rounds to infinity.
-        let mut from_f64 = Checkpointer::<f64>::new(f16_storage);
+        let mut from_f64 = Checkpointer::<f64>::for_element(f16_storage);
         from_f64.save(0, &s.full::<f64>(&[1], 65519.0)).unwrap();
         assert_eq!(from_f64.get(0).unwrap().to_vec(), vec![65504.0]);
         assert!(matches!(

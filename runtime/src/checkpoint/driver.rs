@@ -51,7 +51,7 @@ impl<'c, T: Element> Driver<'c, T> {
             }
             None if records => {
                 let site = config.site;
-                let mut own = Checkpointer::new(config);
+                let mut own = Checkpointer::for_element(config);
                 if let Some(site) = site {
                     own.memory = memory::take_site(site);
                 }

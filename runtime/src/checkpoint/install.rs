@@ -8,7 +8,7 @@ impl<T: Element> Checkpointer<T> {
     /// functions without a `&mut Checkpointer` parameter save into it. Nested calls stack; the
     /// checkpointer is back in `self` when `install` returns, also if `f` panics.
     pub fn install<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let empty = Checkpointer::new(self.config.clone());
+        let empty = Checkpointer::for_element(self.config.clone());
         let taken = std::mem::replace(self, empty);
         ACTIVE.with_borrow_mut(|stack| stack.push(Box::new(taken)));
         let _restore = Restore(self);

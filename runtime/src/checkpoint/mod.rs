@@ -88,10 +88,40 @@ pub struct Checkpointer<T: Element = f32> {
     forward_start: usize,
 }
 
-impl<T: Element> Checkpointer<T> {
-    /// A checkpointer with `config` and nothing stored. The policy is checked when a forward plans
-    /// with it.
+impl Checkpointer<f32> {
+    /// A checkpointer of `f32` activations with `config` and nothing stored (as `HashMap::new` is
+    /// for its default hasher, so that a checkpointer used only through
+    /// [`install`](Checkpointer::install) needs no type annotation). The policy is checked when a
+    /// forward plans with it. [`Checkpointer::for_element`] makes one of another element type.
+    ///
+    /// ```
+    /// use tensorscope::prelude::*;
+    /// use tensorscope::{CheckpointConfig, Checkpointer, Policy};
+    ///
+    /// #[checkpoint]
+    /// fn forward<'a>(x: Tensor<'a>, weights: &[Param]) -> Tensor<'a> {
+    ///     let mut x = x;
+    ///     for w in weights {
+    ///         x = x.matmul(w).tanh();
+    ///     }
+    ///     x
+    /// }
+    ///
+    /// let pool = Pool::with_max_memory_mb(16);
+    /// let weights: Vec<Param> = (0..4).map(|_| Param::zeros(&pool, &[2, 2])).collect();
+    /// let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(2)));
+    /// ckpt.install(|| pool.scope(|s| drop(forward(s.ones(&[1, 2]), &weights))));
+    /// assert_eq!(ckpt.stored_layers(), vec![0, 2]);
+    /// ```
     pub fn new(config: CheckpointConfig) -> Self {
+        Checkpointer::for_element(config)
+    }
+}
+
+impl<T: Element> Checkpointer<T> {
+    /// A checkpointer of activations of element type `T` (`Checkpointer::<f64>::for_element(..)`),
+    /// with `config` and nothing stored.
+    pub fn for_element(config: CheckpointConfig) -> Self {
         Checkpointer {
             config,
             stored: ByLayer::default(),

@@ -471,29 +471,42 @@ impl<'s, T: DType> Tensor<'s, T> {
         pub fn split(&self, size: usize, axis: impl Dim) -> Vec<Tensor<'s, T>> = try_split;
     }
 
-    /// Splits `axis` into `chunks` pieces of equal size (the last may be shorter, and there may be
-    /// fewer when the axis is short; `chunks` empty pieces for an empty axis), as PyTorch's `chunk`: a fused `[b, t, 3c]` projection gives
-    /// q, k and v with `chunk(3, -1)`. Fails with [`Error::AxisOutOfRange`], or
-    /// [`Error::InvalidShape`] for 0 chunks.
-    pub fn try_chunk(&self, chunks: usize, axis: impl Dim) -> Result<Vec<Tensor<'s, T>>> {
+    /// Splits `axis` into `N` views, as PyTorch's `chunk`: pieces of `ceil(len / N)` positions, the
+    /// last shorter; when the axis is too short for `N` such pieces (`len = 2` into 3), the
+    /// missing ones at the end are empty views, where PyTorch returns fewer. An array, so that
+    /// `let [q, k, v] = qkv.chunk::<3>(-1);` names the pieces and allocates nothing. Fails with
+    /// [`Error::AxisOutOfRange`], or [`Error::InvalidShape`] for `N = 0`.
+    pub fn try_chunk<const N: usize>(&self, axis: impl Dim) -> Result<[Tensor<'s, T>; N]> {
         let axis = check_axis("chunk", self, axis)?;
-        if chunks == 0 {
+        if N == 0 {
             return Err(Error::InvalidShape {
                 op: "chunk",
                 shape: Shape::from(self.shape()),
                 reason: "0 chunks".into(),
             });
         }
-        match self.shape()[axis] {
-            // `chunks` empty pieces, as PyTorch's `chunk`.
-            0 => (0..chunks).map(|_| self.try_narrow(axis, 0, 0)).collect(),
-            full => self.try_split(full.div_ceil(chunks), axis),
-        }
+        let full = self.shape()[axis];
+        let size = full.div_ceil(N);
+        let mut failure = None;
+        let pieces = std::array::from_fn(|i| {
+            let start = (i * size).min(full);
+            let piece = self.try_narrow(axis, start, size.min(full - start));
+            piece.unwrap_or_else(|e| {
+                failure.get_or_insert(e);
+                self.clone()
+            })
+        });
+        failure.map_or(Ok(pieces), Err)
     }
 
-    panicking! {
-        /// Splits `axis` into `chunks` pieces.
-        pub fn chunk(&self, chunks: usize, axis: impl Dim) -> Vec<Tensor<'s, T>> = try_chunk;
+    /// Splits `axis` into `N` views. As [`Tensor::try_chunk`] (written out: `panicking!` takes no
+    /// const generics).
+    ///
+    /// # Panics
+    /// Where that returns an error, with the error's message.
+    #[track_caller]
+    pub fn chunk<const N: usize>(&self, axis: impl Dim) -> [Tensor<'s, T>; N] {
+        crate::error::or_panic(self.try_chunk(axis))
     }
 
     /// A view with the axes in the order `axes` (a permutation of `0..rank`, negative axes allowed):

@@ -219,14 +219,16 @@ fn slicing_splitting_stacking() {
             parts[1].to_vec(),
             [8.0, 9.0, 10.0, 11.0, 20.0, 21.0, 22.0, 23.0]
         );
-        let qkv = x.chunk(3, 1);
-        assert_eq!(qkv.len(), 3);
-        assert_eq!(qkv[2].to_vec(), parts[1].to_vec());
-        // Fewer chunks than asked when the axis is short, as in PyTorch; an empty axis gives as
-        // many empty chunks as asked, and one empty split.
-        assert_eq!(iota(s, &[2]).chunk(3, 0).len(), 2);
+        let [_, _, v] = x.chunk::<3>(1);
+        assert_eq!(v.to_vec(), parts[1].to_vec());
+        // An axis too short for as many pieces gives empty ones at the end (where PyTorch gives
+        // fewer); an empty axis gives empty chunks, and one empty split.
+        let short = iota(s, &[2]).chunk::<3>(0).map(|p| p.to_vec());
+        assert_eq!(short, [vec![0.0], vec![1.0], vec![]]);
+        let five = iota(s, &[5]).chunk::<3>(0).map(|p| p.to_vec());
+        assert_eq!(five, [vec![0.0, 1.0], vec![2.0, 3.0], vec![4.0]]);
         let empty = s.zeros::<f32>(&[0, 2]);
-        let pieces = empty.chunk(3, 0);
+        let pieces = empty.chunk::<3>(0);
         assert_eq!(
             pieces
                 .iter()

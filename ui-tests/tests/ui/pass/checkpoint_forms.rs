@@ -31,7 +31,7 @@ pub(crate) fn main() {
     let model = Model {
         scales: vec![0.5f64; 6],
     };
-    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Sqrt));
+    let mut ckpt = Checkpointer::for_element(CheckpointConfig::new(Policy::Sqrt));
     tensorscope::scope(|s| {
         let y = model.forward(&mut ckpt, s.ones::<f64>(&[3]));
         assert_eq!(y.shape(), &[3]);
