@@ -588,34 +588,6 @@ impl<T: Element> Parameters<T> for Param<T> {
     }
 }
 
-impl<T: Element, P: Parameters<T> + ?Sized> Parameters<T> for &mut P {
-    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
-        (**self).visit_params(path, f)
-    }
-
-    fn visit_params_mut(
-        &mut self,
-        path: &ParamPath<'_>,
-        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
-    ) {
-        (**self).visit_params_mut(path, f)
-    }
-}
-
-impl<T: Element, P: Parameters<T> + ?Sized> Parameters<T> for Box<P> {
-    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
-        (**self).visit_params(path, f)
-    }
-
-    fn visit_params_mut(
-        &mut self,
-        path: &ParamPath<'_>,
-        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
-    ) {
-        (**self).visit_params_mut(path, f)
-    }
-}
-
 /// Elements under their index: `layers.0`, `layers.1`, ...
 impl<T: Element, P: Parameters<T>> Parameters<T> for [P] {
     fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
@@ -635,32 +607,37 @@ impl<T: Element, P: Parameters<T>> Parameters<T> for [P] {
     }
 }
 
-impl<T: Element, P: Parameters<T>, const N: usize> Parameters<T> for [P; N] {
-    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
-        self.as_slice().visit_params(path, f)
-    }
+/// The parameters of what a pointer or a list holds, under the same path: one walk through
+/// `**self` (`&mut P`, `Box<P>`) or through the slice (`Vec<P>`, `[P; N]`).
+macro_rules! walk_through {
+    ($([$($generics:tt)*] $ty:ty, $this:ident => $target:expr;)*) => {$(
+        impl<$($generics)*> Parameters<T> for $ty {
+            fn visit_params(
+                &self,
+                path: &ParamPath<'_>,
+                f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>),
+            ) {
+                let $this = self;
+                $target.visit_params(path, f)
+            }
 
-    fn visit_params_mut(
-        &mut self,
-        path: &ParamPath<'_>,
-        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
-    ) {
-        self.as_mut_slice().visit_params_mut(path, f)
-    }
+            fn visit_params_mut(
+                &mut self,
+                path: &ParamPath<'_>,
+                f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+            ) {
+                let $this = self;
+                $target.visit_params_mut(path, f)
+            }
+        }
+    )*};
 }
 
-impl<T: Element, P: Parameters<T>> Parameters<T> for Vec<P> {
-    fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {
-        self.as_slice().visit_params(path, f)
-    }
-
-    fn visit_params_mut(
-        &mut self,
-        path: &ParamPath<'_>,
-        f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
-    ) {
-        self.as_mut_slice().visit_params_mut(path, f)
-    }
+walk_through! {
+    [T: Element, P: Parameters<T> + ?Sized] &mut P, this => (**this);
+    [T: Element, P: Parameters<T> + ?Sized] Box<P>, this => (**this);
+    [T: Element, P: Parameters<T>] Vec<P>, this => this[..];
+    [T: Element, P: Parameters<T>, const N: usize] [P; N], this => this[..];
 }
 
 /// The value's parameters under the same path, if there is a value.

@@ -146,16 +146,23 @@ impl<T: Element> Module<T> for Activation {
     }
 }
 
-impl<T: Element> Parameters<T> for Activation {
-    fn visit_params(&self, _: &ParamPath<'_>, _: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {}
+/// Layers without parameters, for any element type.
+macro_rules! no_parameters {
+    ($($layer:ty),*) => {$(
+        impl<T: Element> Parameters<T> for $layer {
+            fn visit_params(&self, _: &ParamPath<'_>, _: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {}
 
-    fn visit_params_mut(
-        &mut self,
-        _: &ParamPath<'_>,
-        _: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
-    ) {
-    }
+            fn visit_params_mut(
+                &mut self,
+                _: &ParamPath<'_>,
+                _: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
+            ) {
+            }
+        }
+    )*};
 }
+
+no_parameters!(Activation, Dropout);
 
 /// Layer normalization over the last axis with a learned scale and shift:
 /// `y = gamma (x - mean) / sqrt(var + eps) + beta`. Its parameters are named as PyTorch's
@@ -268,17 +275,6 @@ impl<T: Element> Module<T> for Dropout {
             true => x.try_dropout(self.p),
             false => Ok(x.clone()),
         }
-    }
-}
-
-impl<T: Element> Parameters<T> for Dropout {
-    fn visit_params(&self, _: &ParamPath<'_>, _: &mut dyn FnMut(&ParamPath<'_>, &Param<T>)) {}
-
-    fn visit_params_mut(
-        &mut self,
-        _: &ParamPath<'_>,
-        _: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
-    ) {
     }
 }
 

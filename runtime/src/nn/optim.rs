@@ -433,6 +433,29 @@ macro_rules! groups_builder {
     };
 }
 
+/// The learning rate and the state file of an optimizer whose rate is its `lr` field and whose
+/// per-parameter state is `$states`, saved as the optimizer `$kind`.
+macro_rules! rate_and_state {
+    ($states:ident, $kind:literal) => {
+        fn lr(&self) -> T {
+            self.lr
+        }
+
+        fn set_lr(&mut self, lr: T) {
+            self.lr = lr;
+        }
+
+        fn save_state(&self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError> {
+            self.$states.save($kind, self.lr, params, path)
+        }
+
+        fn load_state(&mut self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError> {
+            self.lr = self.$states.load($kind, params, path)?;
+            Ok(())
+        }
+    };
+}
+
 /// Stochastic gradient descent with momentum and L2 weight decay (PyTorch's form):
 /// `g = g + weight_decay p; v = momentum v + g; p = p - lr v` (plain SGD for `momentum = 0`).
 pub struct Sgd<T: Element = f32> {
@@ -490,22 +513,7 @@ impl<T: Element> Optimizer<T> for Sgd<T> {
         )
     }
 
-    fn lr(&self) -> T {
-        self.lr
-    }
-
-    fn set_lr(&mut self, lr: T) {
-        self.lr = lr;
-    }
-
-    fn save_state(&self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError> {
-        self.velocity.save("sgd", self.lr, params, path)
-    }
-
-    fn load_state(&mut self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError> {
-        self.lr = self.velocity.load("sgd", params, path)?;
-        Ok(())
-    }
+    rate_and_state!(velocity, "sgd");
 }
 
 /// Adam (Kingma and Ba 2015) with bias correction, and AdamW (Loshchilov and Hutter 2019): with a
@@ -595,20 +603,5 @@ impl<T: Element> Optimizer<T> for Adam<T> {
         )
     }
 
-    fn lr(&self) -> T {
-        self.lr
-    }
-
-    fn set_lr(&mut self, lr: T) {
-        self.lr = lr;
-    }
-
-    fn save_state(&self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError> {
-        self.moments.save("adam", self.lr, params, path)
-    }
-
-    fn load_state(&mut self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError> {
-        self.lr = self.moments.load("adam", params, path)?;
-        Ok(())
-    }
+    rate_and_state!(moments, "adam");
 }

@@ -85,15 +85,8 @@ pub struct WarmupCosine {
 
 impl Schedule for WarmupCosine {
     fn lr(&self, step: u64) -> f64 {
-        if step < self.warmup {
-            return self.lr * step as f64 / self.warmup as f64;
-        }
-        let span = self.total.saturating_sub(self.warmup);
-        if step >= self.total || span == 0 {
-            return self.min_lr;
-        }
-        let progress = (step - self.warmup) as f64 / span as f64;
-        self.min_lr + (self.lr - self.min_lr) * 0.5 * (1.0 + (PI * progress).cos())
+        let fall = |progress: f64| 0.5 * (1.0 + (PI * progress).cos());
+        warm_up_then(step, self.warmup, self.total, self.lr, self.min_lr, fall)
     }
 }
 
@@ -113,16 +106,30 @@ pub struct WarmupLinear {
 
 impl Schedule for WarmupLinear {
     fn lr(&self, step: u64) -> f64 {
-        if step < self.warmup {
-            return self.lr * step as f64 / self.warmup as f64;
-        }
-        let span = self.total.saturating_sub(self.warmup);
-        if step >= self.total || span == 0 {
-            return self.end_lr;
-        }
-        let progress = (step - self.warmup) as f64 / span as f64;
-        self.lr + (self.end_lr - self.lr) * progress
+        warm_up_then(step, self.warmup, self.total, self.lr, self.end_lr, |p| {
+            1.0 - p
+        })
     }
+}
+
+/// The rate of `step` under a linear warm-up from 0 to `peak` over `warmup` steps, then from `peak`
+/// to `end` at `total` along `fall` (1 at progress 0, 0 at progress 1), and `end` after.
+fn warm_up_then(
+    step: u64,
+    warmup: u64,
+    total: u64,
+    peak: f64,
+    end: f64,
+    fall: impl Fn(f64) -> f64,
+) -> f64 {
+    if step < warmup {
+        return peak * step as f64 / warmup as f64;
+    }
+    let span = total.saturating_sub(warmup);
+    if step >= total || span == 0 {
+        return end;
+    }
+    end + (peak - end) * fall((step - warmup) as f64 / span as f64)
 }
 
 #[cfg(test)]
