@@ -7,7 +7,7 @@
 //! result as a run never stopped (`--stop N` ends a run after epoch `N`, as an interruption would).
 //!
 //! ```text
-//! cargo run --release --example digits -- [--epochs 30] [--seed 0] [--save DIR] [--resume DIR] [--stop N]
+//! cargo run --release --example digits -- [--epochs 30] [--batch 64] [--seed 0] [--save DIR] [--resume DIR] [--stop N]
 //!     [--svg PATH] [--torch-json PATH]
 //! ```
 //!
@@ -26,7 +26,6 @@ use tensorscope::prelude::*;
 use tensorscope::Gradients;
 
 const DATA: &str = "examples/data/digits.safetensors";
-const BATCH: usize = 64;
 
 /// A 3x3 convolution, padding 1, with a bias per output channel.
 #[derive(Parameters)]
@@ -96,6 +95,7 @@ impl Classifier {
 
 struct Args {
     epochs: usize,
+    batch: usize,
     stop: Option<usize>,
     seed: u64,
     save: Option<PathBuf>,
@@ -107,6 +107,7 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         epochs: 30,
+        batch: 64,
         stop: None,
         seed: 0,
         save: None,
@@ -127,13 +128,14 @@ fn args() -> Args {
         match pair[0].as_str() {
             "--epochs" => a.epochs = number() as usize,
             "--seed" => a.seed = number(),
+            "--batch" => a.batch = number().max(1) as usize,
             "--stop" => a.stop = Some(number() as usize),
             "--save" => a.save = Some(value.into()),
             "--resume" => a.resume = Some(value.into()),
             "--svg" => a.svg = Some(value.into()),
             "--torch-json" => a.torch_json = Some(value.into()),
             other => fail(&format!(
-                "unknown argument {other}; accepted: --epochs --seed --save --resume --stop \
+                "unknown argument {other}; accepted: --epochs --batch --seed --save --resume --stop \
                  --svg --torch-json"
             )),
         }
@@ -210,7 +212,7 @@ fn main() {
     let (train_x, train_y) = (read("train.images"), labels("train.labels"));
     let (test_x, test_y) = (read("test.images"), labels("test.labels"));
     let n = train_y.len();
-    let steps_per_epoch = n.div_ceil(BATCH);
+    let steps_per_epoch = n.div_ceil(a.batch);
     let total = (steps_per_epoch * a.epochs) as u64;
     let schedule = WarmupCosine {
         lr: 3e-3,
@@ -248,7 +250,7 @@ fn main() {
         let mut epoch_loss = 0.0;
         pool.scope(|outer| {
             let mut grads = Gradients::new(outer);
-            for (i, ids) in order.chunks(BATCH).enumerate() {
+            for (i, ids) in order.chunks(a.batch).enumerate() {
                 let step = (epoch * steps_per_epoch + i) as u64;
                 adam.set_lr(schedule.lr(step) as f32);
                 let start = Instant::now();

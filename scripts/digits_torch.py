@@ -100,6 +100,8 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=BATCH,
+                        help="images per step (64 in the spec; larger to time a bigger step)")
     parser.add_argument("--json", metavar="PATH", help="write per-epoch curves and timings here")
     args = parser.parse_args()
 
@@ -108,7 +110,7 @@ def main():
     x_train, y_train = data["train.images"], data["train.labels"]
     x_test, y_test = data["test.images"], data["test.labels"]
     n = x_train.shape[0]
-    steps_per_epoch = math.ceil(n / BATCH)
+    steps_per_epoch = math.ceil(n / args.batch)
     total = steps_per_epoch * args.epochs
 
     torch.manual_seed(args.seed)
@@ -121,15 +123,15 @@ def main():
         lr=BASE_LR, betas=(0.9, 0.999), eps=1e-8)
 
     print(f"digits CNN, PyTorch {torch.__version__}, {torch.get_num_threads()} threads, seed "
-          f"{args.seed}: {n} train / {x_test.shape[0]} test images, batch {BATCH}, "
+          f"{args.seed}: {n} train / {x_test.shape[0]} test images, batch {args.batch}, "
           f"{args.epochs} epochs x {steps_per_epoch} steps = {total} AdamW steps")
     step = 0
     epochs, step_losses, step_lrs, times_ms = [], [], [], []
     for epoch in range(args.epochs):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed + epoch))
         loss_sum = 0.0
-        for start in range(0, n, BATCH):
-            idx = order[start:start + BATCH]
+        for start in range(0, n, args.batch):
+            idx = order[start:start + args.batch]
             xb, yb = x_train[idx], y_train[idx]
             lr = lr_at(step, total)
             for group in optimizer.param_groups:
@@ -170,7 +172,7 @@ def main():
             "threads": torch.get_num_threads(),
             "seed": args.seed,
             "epochs": args.epochs,
-            "batch": BATCH,
+            "batch": args.batch,
             "steps_per_epoch": steps_per_epoch,
             "total_steps": total,
             "per_epoch": epochs,
