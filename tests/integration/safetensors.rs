@@ -304,6 +304,34 @@ fn from_safetensors_registers_every_tensor_in_name_order() {
     );
 }
 
+/// A weight stored as the parameter's transpose (PyTorch's `[out, in]`, loaded without the option)
+/// says which option loads it.
+#[test]
+fn a_transposed_weight_suggests_pytorch_linear() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("transposed");
+    sample_store(&pool)
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap();
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.ones("fc.weight", &[3, 2]).unwrap();
+    let err = params
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tensor \"fc.weight\" has shape [2, 3] in the file, but the parameter has shape [3, 2]; it \
+         is the parameter's transpose: a file in PyTorch's Linear layout ([out, in]) loads with \
+         `LoadOptions::pytorch_linear`"
+    );
+    let options = LoadOptions::new().pytorch_linear(|name| name == "fc.weight");
+    params.load_safetensors(file.path(), &options).unwrap();
+    assert_eq!(
+        values(&params, "fc.weight"),
+        vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
+    );
+}
+
 #[test]
 fn a_failed_load_leaves_every_parameter_unchanged() {
     let pool = Pool::with_max_memory_mb(16);

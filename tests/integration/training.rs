@@ -316,3 +316,24 @@ fn a_state_file_of_another_optimizer_or_model_is_refused_and_changes_nothing() {
     assert_eq!(fresh.lr(), 0.0);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_layer_norm_is_made_from_loaded_parameters_and_refuses_shapes_that_differ() {
+    let pool = Pool::with_max_memory_mb(16);
+    let gamma = Param::from_slice(&pool, &[2], &[2.0f32, 2.0]);
+    let beta = Param::from_slice(&pool, &[2], &[1.0f32, -1.0]);
+    let norm = LayerNorm::from_params(gamma.clone(), beta, 0.0).unwrap();
+    let y = pool.scope(|s| {
+        norm.forward(&s.from_slice(&[1, 2], &[1.0f32, 3.0]))
+            .unwrap()
+            .to_vec()
+    });
+    assert_eq!(y, vec![-1.0, 1.0]);
+    let err = LayerNorm::from_params(gamma, Param::zeros(&pool, &[3]), 1e-5)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("[2]") && err.to_string().contains("[3]"),
+        "{err}"
+    );
+}
