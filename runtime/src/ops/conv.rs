@@ -408,29 +408,37 @@ impl Conv {
         })
     }
 
-    /// Calls `f(patch row, patch column, image offset)` for every patch entry of one group that
-    /// lies inside the image (the others are the zero border). A padded coordinate below `padding`
-    /// or at `padding + len` and past is in the border; `checked_sub` finds the first kind without
-    /// casts.
-    fn for_each_tap(&self, mut f: impl FnMut(usize, usize, usize)) {
-        let inside = |axis: usize, o: usize, k: usize, len: usize| {
-            (o * self.stride[axis] + k * self.dilation[axis])
-                .checked_sub(self.padding[axis])
-                .filter(|&i| i < len)
-        };
+    /// Calls `f(patch offset, image offset, count)` for every run of patch entries of one group
+    /// that lie inside the image (the others are the zero border): `count` entries of one patch row
+    /// and output row, consecutive in the patch matrix and `stride` apart in the image. The
+    /// columns inside the image are a range, found once per kernel tap rather than checked per
+    /// entry: `ox` is inside when `0 <= ox stride + kx dilation - padding < w`.
+    fn for_each_run(&self, mut f: impl FnMut(usize, usize, usize)) {
+        let (sx, positions) = (self.stride[1], self.positions());
+        // The first output position `o` with `o step + tap >= padding`, and the first with
+        // `o step + tap >= padding + len`: the inside columns are the range between them.
+        let first_at =
+            |limit: usize, tap: usize, step: usize| limit.saturating_sub(tap).div_ceil(step);
         for c in 0..self.cg {
             for ky in 0..self.kh {
                 for kx in 0..self.kw {
                     let row = (c * self.kh + ky) * self.kw + kx;
+                    let tap = kx * self.dilation[1];
+                    let lo = first_at(self.padding[1], tap, sx).min(self.wo);
+                    let hi = first_at(self.padding[1] + self.w, tap, sx).min(self.wo);
+                    if lo >= hi {
+                        continue;
+                    }
                     for oy in 0..self.ho {
-                        let Some(iy) = inside(0, oy, ky, self.h) else {
+                        let iy = (oy * self.stride[0] + ky * self.dilation[0])
+                            .checked_sub(self.padding[0])
+                            .filter(|&i| i < self.h);
+                        let Some(iy) = iy else {
                             continue;
                         };
-                        for ox in 0..self.wo {
-                            if let Some(ix) = inside(1, ox, kx, self.w) {
-                                f(row, oy * self.wo + ox, (c * self.h + iy) * self.w + ix);
-                            }
-                        }
+                        let ix = lo * sx + tap - self.padding[1];
+                        let at = (c * self.h + iy) * self.w + ix;
+                        f(row * positions + oy * self.wo + lo, at, hi - lo);
                     }
                 }
             }
@@ -441,15 +449,27 @@ impl Conv {
     /// zeros.
     fn im2col<T: Element>(&self, image: &[T], patches: &mut [T]) {
         patches.fill(T::zero());
-        let positions = self.positions();
-        self.for_each_tap(|row, col, at| patches[row * positions + col] = image[at]);
+        let sx = self.stride[1];
+        self.for_each_run(|col, at, count| {
+            let out = &mut patches[col..col + count];
+            if sx == 1 {
+                out.copy_from_slice(&image[at..at + count]);
+            } else {
+                out.iter_mut()
+                    .zip(image[at..].iter().step_by(sx))
+                    .for_each(|(o, &v)| *o = v);
+            }
+        });
     }
 
     /// The transpose of im2col: each patch entry added into the image pixel it came from.
     fn col2im<T: Element>(&self, patches: &[T], image: &mut [T]) {
-        let positions = self.positions();
-        self.for_each_tap(|row, col, at| {
-            image[at] = image[at] + patches[row * positions + col];
+        let sx = self.stride[1];
+        self.for_each_run(|col, at, count| {
+            let pixels = image[at..].iter_mut().step_by(sx);
+            for (pixel, &p) in pixels.zip(&patches[col..col + count]) {
+                *pixel = *pixel + p;
+            }
         });
     }
 }
