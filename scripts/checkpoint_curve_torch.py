@@ -105,7 +105,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -120,6 +119,8 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch._C._profiler import _EventType
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.profiler import ProfilerActivity, profile, record_function
+
+from machine import cpu_name
 
 BUDGETS = [1.0, 0.8, 0.6, 0.5, 0.3, 0.1, 0.0]
 FORWARD_RANGE = "checkpoint_curve::forward"
@@ -560,17 +561,6 @@ def wait_for_quiet(most_s):
 
 def fmt(value, scale=1.0, digits=2):
     return "n/a" if value is None else f"{value / scale:.{digits}f}"
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 DEFAULT_BUDGET = torch._functorch.config.activation_memory_budget

@@ -33,7 +33,6 @@ Run (from the repository root; CI never runs Python):
 import argparse
 import json
 import math
-import platform
 import statistics
 import time
 
@@ -41,6 +40,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file
+
+from machine import cpu_name
 
 BATCH = 64
 BASE_LR = 3e-3
@@ -76,17 +77,6 @@ def lr_at(step, total):
     if step < WARMUP:
         return BASE_LR * step / WARMUP
     return BASE_LR * 0.5 * (1.0 + math.cos(math.pi * (step - WARMUP) / (total - WARMUP)))
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def accuracy(model, images, labels):
@@ -158,7 +148,7 @@ def main():
     final = epochs[-1]["test_accuracy"]
     correct = round(final * x_test.shape[0] / 100.0)
     median, mean = statistics.median(times_ms), statistics.fmean(times_ms)
-    cpu = cpu_model()
+    cpu = cpu_name()
     print(f"held-out accuracy {final:.2f}% ({correct}/{x_test.shape[0]})")
     print(f"step time: median {median:.3f} ms, mean {mean:.3f} ms over {len(times_ms)} steps "
           f"(epochs 2..{args.epochs}; epoch 1 is warm-up)")
