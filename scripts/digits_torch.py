@@ -94,6 +94,8 @@ def main():
                         help="images per step (64 in the spec; larger to time a bigger step)")
     parser.add_argument("--json", metavar="PATH", help="write per-epoch curves and timings here")
     args = parser.parse_args()
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2: the first epoch is warm-up and not timed")
 
     torch.set_num_threads(args.threads)
     data = load_file(args.data)
