@@ -14,11 +14,14 @@
 //! `--vocab 50257` gives the GPT GPT-2's vocabulary, `--gpt-only` skips the op's table, `--bf16`
 //! adds a row of the fused form with its products in mixed precision (`autocast(Products::Bf16)`)
 //! and prints both fused rows' losses every 20 steps (`--rounds 40`: a 200-step curve).
+//! `--adamw-clip` trains as a real run does instead of plain Adam: AdamW (weight decay 0.1) without
+//! decay on biases and LayerNorms (parameter groups), and the gradients clipped to norm 1.0 before
+//! each update (`scripts/gpt_step_torch.py --adamw-clip` is the same step in PyTorch).
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use tensorscope::nn::Adam;
+use tensorscope::nn::{Adam, Group};
 use tensorscope::ops::{autocast, Products};
 use tensorscope::prelude::*;
 
@@ -39,7 +42,7 @@ const HEAD_DIM: usize = 64;
 const REPS: usize = 3;
 
 fn main() {
-    let (mut rounds, mut vocab, mut gpt_only, mut bf16) = (5, 256, false, false);
+    let (mut rounds, mut vocab, mut gpt_only, mut bf16, mut recipe) = (5, 256, false, false, false);
     let mut raw = std::env::args().skip(1);
     while let Some(flag) = raw.next() {
         let mut number = || {
@@ -52,6 +55,7 @@ fn main() {
             "--vocab" => vocab = number(),
             "--gpt-only" => gpt_only = true,
             "--bf16" => bf16 = true,
+            "--adamw-clip" => recipe = true,
             _ => usage(),
         }
     }
@@ -69,11 +73,11 @@ fn main() {
             op_table(t, rounds);
         }
     }
-    gpt_table(rounds, vocab, bf16);
+    gpt_table(rounds, vocab, bf16, recipe);
 }
 
 fn usage() -> ! {
-    eprintln!("usage: attention [--rounds N] [--vocab N] [--gpt-only] [--bf16]");
+    eprintln!("usage: attention [--rounds N] [--vocab N] [--gpt-only] [--bf16] [--adamw-clip]");
     std::process::exit(2)
 }
 
@@ -143,8 +147,9 @@ fn op_round(pool: &Pool, form: Attention, t: usize, future: &Param<u8>, rounds: 
 }
 
 /// Prints a GPT training step in either form (and, with `bf16`, the fused form with its products
-/// in bf16), the rows taking turns, `CHUNK` steps each per round.
-fn gpt_table(rounds: usize, vocab: usize, bf16: bool) {
+/// in bf16), the rows taking turns, `CHUNK` steps each per round; with `recipe`, AdamW with groups
+/// and clipping by norm.
+fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool) {
     let config = |attention| Config {
         vocab,
         n_ctx: 256,
@@ -168,7 +173,19 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool) {
             let model = Gpt::random(&pool, config(form), 1).expect("the model's own shapes");
             let name = format!("{form:?}, {products:?} products");
             let forwards = Vec::new();
-            let row = (name, products, pool, model, Adam::new(3e-4));
+            let no_decay = |name: &str| name.ends_with("bias") || name.contains("ln_");
+            let adam = if recipe {
+                Adam::adamw(3e-4, 0.1).groups(move |name| {
+                    if no_decay(name) {
+                        Group::NO_DECAY
+                    } else {
+                        Group::DEFAULT
+                    }
+                })
+            } else {
+                Adam::new(3e-4)
+            };
+            let row = (name, products, pool, model, adam);
             (row, Measured::default(), forwards)
         })
         .collect();
@@ -185,6 +202,9 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool) {
                     let ids = t.from_slice::<i64>(&[BATCH, c.n_ctx], &ids);
                     let loss = autocast(products, || Gpt::loss(&model.forward(&ids), &ids));
                     loss.backward_into(grads).expect("backward");
+                    if recipe {
+                        grads.clip_norm(1.0).expect("clip");
+                    }
                     loss.item()
                 })
             });
@@ -203,8 +223,17 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool) {
     }
     println!(
         "\nGPT training step: {} blocks, width {}, {} heads, context {}, batch {BATCH}, vocabulary \
-         {}, Adam",
-        c.layers, c.dim, c.heads, c.n_ctx, c.vocab
+         {}, {}",
+        c.layers,
+        c.dim,
+        c.heads,
+        c.n_ctx,
+        c.vocab,
+        if recipe {
+            "AdamW with groups, clipped to norm 1"
+        } else {
+            "Adam"
+        }
     );
     println!("\n| row | step ms | forward ms | peak activation bytes | last loss |");
     println!("|---|---:|---:|---:|---:|");

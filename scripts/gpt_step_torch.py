@@ -15,7 +15,10 @@ Run (from the repository root; CI never runs Python):
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch numpy
   /tmp/venv/bin/python scripts/gpt_step_torch.py [--threads 2] [--rounds 5] [--vocab 256]
   (--vocab 50257: GPT-2's vocabulary, as the Rust example's --vocab; --bf16: rows under
-  torch.autocast('cpu', dtype=torch.bfloat16), beside the Rust example's --bf16 row)
+  torch.autocast('cpu', dtype=torch.bfloat16), beside the Rust example's --bf16 row;
+  --adamw-clip: AdamW (weight decay 0.1) with no decay on biases and LayerNorms, and
+  clip_grad_norm_(1.0) before each step, as the Rust example's --adamw-clip; --no-compile: the
+  eager rows only)
 """
 import argparse
 import statistics
@@ -80,6 +83,9 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=VOCAB)
+    parser.add_argument("--adamw-clip", action="store_true",
+                        help="AdamW with decay off biases and LayerNorms, gradients clipped to 1")
+    parser.add_argument("--no-compile", action="store_true", help="the eager rows only")
     parser.add_argument("--bf16", action="store_true",
                         help="add rows under torch.autocast('cpu', dtype=torch.bfloat16)")
     args = parser.parse_args()
@@ -93,9 +99,19 @@ def main():
     names = ["eager", "torch.compile"]
     if args.bf16:
         names += ["eager, bf16 autocast", "torch.compile, bf16 autocast"]
+    if args.no_compile:
+        names = [n for n in names if not n.startswith("torch.compile")]
     for name in names:
         model = Gpt()
-        adam = torch.optim.Adam(model.parameters(), lr=3e-4)
+        if args.adamw_clip:
+            # Biases and LayerNorm scales are the 1-D parameters; the embeddings and weights decay.
+            decay = [p for p in model.parameters() if p.dim() >= 2]
+            no_decay = [p for p in model.parameters() if p.dim() < 2]
+            groups = [{"params": decay, "weight_decay": 0.1},
+                      {"params": no_decay, "weight_decay": 0.0}]
+            adam = torch.optim.AdamW(groups, lr=3e-4)
+        else:
+            adam = torch.optim.Adam(model.parameters(), lr=3e-4)
         compiled = name.startswith("torch.compile")
         step_loss = torch.compile(loss_of) if compiled else loss_of
         # f32 weights and optimizer either way; under autocast the products compute in bf16.
@@ -106,6 +122,8 @@ def main():
             with cast:
                 loss = step_loss(model, ids)
             loss.backward()
+            if args.adamw_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             adam.step()
             return loss.item()
 
@@ -135,7 +153,8 @@ def main():
                 if j > 0:
                     forwards.append((time.perf_counter() - start) * 1e3)
     print(f"GPT training step: {LAYERS} blocks, width {DIM}, {HEADS} heads, context {CTX}, "
-          f"batch {BATCH}, vocabulary {VOCAB}, Adam; PyTorch {torch.__version__}, "
+          f"batch {BATCH}, vocabulary {VOCAB}, "
+          f"{'AdamW with groups, clipped to norm 1' if args.adamw_clip else 'Adam'}; PyTorch {torch.__version__}, "
           f"{args.threads} threads")
     print("\n| row | step ms | forward ms | last loss |\n|---|---:|---:|---:|")
     for name, (_, _, times, forwards, losses) in rows.items():
