@@ -37,7 +37,7 @@ fn silu_grad<T: Element>(x: T) -> T {
 
 impl<T: Element> Op<T> for SwiGlu {
     /// `a` and `b`: aliases of the inputs, not copies.
-    type Saved = (Saved<T>, Saved<T>);
+    type Saved<'s> = (Saved<'s, T>, Saved<'s, T>);
 
     fn name(&self) -> &'static str {
         "swiglu"
@@ -46,7 +46,7 @@ impl<T: Element> Op<T> for SwiGlu {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (a, b) = (cx.input(0), cx.input(1));
         if a.shape() != b.shape() {
             return Err(Error::ShapeMismatch {
@@ -64,7 +64,7 @@ impl<T: Element> Op<T> for SwiGlu {
     /// `da = g b silu'(a)`, `db = g silu(a)`, each only when its input needs a gradient.
     fn backward<'b>(
         &self,
-        (a, b): Self::Saved,
+        (a, b): Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {

@@ -6,8 +6,10 @@
 
 use ndarray::ArrayD;
 use tensorscope::autograd::check_gradients;
+use tensorscope::autograd::{Backward, Forward, Grads, Op};
+use tensorscope::nn::{Optimizer, Sgd};
 use tensorscope::prelude::*;
-use tensorscope::{CheckpointConfig, Checkpointer, Error, Parameters, Policy};
+use tensorscope::{CheckpointConfig, Checkpointer, Error, Param, Parameters, Policy, Shape};
 
 use crate::swiglu::{swiglu, Model, SwiGlu};
 
@@ -142,5 +144,170 @@ fn fused_it_holds_less_than_the_composition_and_trains_alike() {
         composed_held - fused_held,
         6 * silu_bytes,
         "fused {fused_held} B, composed {composed_held} B"
+    );
+}
+
+/// `2 x`, whose backward returns what `grad` says instead of `2 g`: a gradient of `shape` (filled
+/// with 2), the right one made a view (a transpose of a transposed copy), or `extra` more
+/// gradients than the op has inputs.
+#[derive(Clone)]
+struct Doubling {
+    grad: Returned,
+}
+
+#[derive(Clone)]
+enum Returned {
+    Shape(Vec<usize>),
+    TransposedView,
+    Extra(usize),
+}
+
+impl Op<f32> for Doubling {
+    type Saved<'s> = ();
+
+    fn name(&self) -> &'static str {
+        "doubling"
+    }
+
+    fn forward<'s>(
+        &self,
+        cx: &mut Forward<'_, 's, f32>,
+    ) -> tensorscope::Result<(Tensor<'s, f32>, Option<()>)> {
+        Ok((cx.input(0) * 2.0, Some(())))
+    }
+
+    fn backward<'b>(
+        &self,
+        (): (),
+        g: Tensor<'b, f32>,
+        cx: &Backward<'b>,
+    ) -> tensorscope::Result<Grads<'b, f32>> {
+        let right = g * 2.0;
+        Ok(match &self.grad {
+            Returned::Shape(shape) => {
+                let mut wrong = cx.rent::<f32>(shape)?;
+                wrong.view_mut().fill(2.0);
+                Grads::from([Some(wrong)])
+            }
+            Returned::TransposedView => {
+                Grads::from([Some(right.try_t()?.try_contiguous()?.try_t()?)])
+            }
+            Returned::Extra(n) => std::iter::repeat_n(right, 1 + n).map(Some).collect(),
+        })
+    }
+}
+
+#[test]
+fn a_gradient_of_another_shape_than_its_input_is_the_ops_error_and_changes_nothing() {
+    let pool = Pool::with_max_memory_mb(16);
+    let n = 3;
+    // The wrong shapes of the review: rank 0, [1] and [2n], which a later add broadcasts into the
+    // weights' gradient, [3, n], and a view of the transposed shape.
+    let wrong: [&[usize]; 5] = [&[], &[1], &[2 * n], &[3, n], &[n, 2]];
+    for shape in wrong {
+        let mut w = Param::from_slice(&pool, &[2, n], &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let error = pool.train(|s| {
+            let op = Doubling {
+                grad: Returned::Shape(shape.to_vec()),
+            };
+            let y = Tensor::try_apply(op, &[&s.bind(&w)]).unwrap();
+            // Through a built-in op whose backward would index out of range with a wrong gradient.
+            y.sum(1).sum_all().backward().map(|g| g.len())
+        });
+        let expected = Error::InvalidGradient {
+            op: "doubling",
+            index: 0,
+            got: Shape(shape.to_vec()),
+            expected: Shape(vec![2, n]),
+        };
+        assert_eq!(error, Err(expected.clone()), "{shape:?}");
+        let message = expected.to_string();
+        assert!(
+            message.contains("doubling returned an invalid gradient for input 0"),
+            "{message}"
+        );
+        // Nothing reached the weights: a step with the gradients of a fresh, valid backward only.
+        let mut sgd = Sgd::new(1.0, 0.0);
+        pool.train(|s| {
+            let loss = s.bind(&w).sum_all();
+            sgd.step(&mut w, &loss.backward().unwrap()).unwrap();
+        });
+        assert_eq!(w.to_vec(), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "{shape:?}");
+    }
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
+fn a_view_of_the_right_shape_is_a_gradient_and_extra_gradients_are_refused() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        let x = s
+            .from_slice::<f32>(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+            .requires_grad();
+        let view = Doubling {
+            grad: Returned::TransposedView,
+        };
+        let y = Tensor::apply(view, &[&x]);
+        let weights = s.from_slice::<f32>(&[2, 3], &[1.0, -1.0, 0.5, 2.0, 0.0, 3.0]);
+        let grads = (&y * &weights).sum_all().backward().unwrap();
+        assert_eq!(
+            grads.of(&x).unwrap().to_vec(),
+            vec![2.0, -2.0, 1.0, 4.0, 0.0, 6.0]
+        );
+        for extra in [1, 2] {
+            let op = Doubling {
+                grad: Returned::Extra(extra),
+            };
+            let loss = Tensor::apply(op, &[&x]).sum_all();
+            assert_eq!(
+                loss.backward().map(|g| g.len()),
+                Err(Error::TooManyGradients {
+                    op: "doubling",
+                    got: 1 + extra,
+                    inputs: 1,
+                })
+            );
+        }
+    });
+}
+
+#[test]
+fn the_gradient_check_reports_a_wrong_shaped_gradient_rather_than_panicking() {
+    let pool = Pool::with_max_memory_mb(16);
+    let x = ArrayD::from_shape_fn(vec![2, 3], |i| i[0] as f64 + 0.5 * i[1] as f64);
+    #[derive(Clone)]
+    struct Wrong;
+    impl Op<f64> for Wrong {
+        type Saved<'s> = ();
+        fn name(&self) -> &'static str {
+            "wrong"
+        }
+        fn forward<'s>(
+            &self,
+            cx: &mut Forward<'_, 's, f64>,
+        ) -> tensorscope::Result<(Tensor<'s, f64>, Option<()>)> {
+            Ok((cx.input(0).clone(), Some(())))
+        }
+        fn backward<'b>(
+            &self,
+            (): (),
+            g: Tensor<'b, f64>,
+            _: &Backward<'b>,
+        ) -> tensorscope::Result<Grads<'b, f64>> {
+            Ok(Grads::from([Some(g.try_reshape(&[3, 2])?)]))
+        }
+    }
+    let check = check_gradients(&pool, &[x], 1e-6, |xs| {
+        let y = Tensor::try_apply(Wrong, &[&xs[0]])?;
+        (&y * &y).try_sum_all()
+    });
+    assert_eq!(
+        check.map(|c| c.max_error()),
+        Err(Error::InvalidGradient {
+            op: "wrong",
+            index: 0,
+            got: Shape(vec![3, 2]),
+            expected: Shape(vec![2, 3]),
+        })
     );
 }

@@ -43,7 +43,7 @@ use crate::dims::Dims;
 pub use check::{check_gradients, GradCheck};
 pub use grads::Gradients;
 pub(crate) use op::{args, opaque, run, run_opaque, Arg, Inputs, Recorded, Rule, RuleCell};
-pub use op::{Backward, Forward, Grads, Held, Op, Saved};
+pub use op::{Backward, Forward, Grads, Held, Kept, Op, Saved};
 pub(crate) use tape::{Arg as TapeArg, SharedTape, Tape};
 
 use crate::element::{DType, Element};

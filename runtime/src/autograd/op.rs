@@ -12,19 +12,19 @@
 //! struct Cube;
 //!
 //! impl Op<f32> for Cube {
-//!     type Saved = Saved<f32>; // the input
+//!     type Saved<'s> = Saved<'s, f32>; // the input
 //!
 //!     fn name(&self) -> &'static str {
 //!         "cube"
 //!     }
 //!
-//!     fn forward<'s>(&self, cx: &mut Forward<'_, 's, f32>) -> Result<(Tensor<'s, f32>, Option<Saved<f32>>)> {
+//!     fn forward<'s>(&self, cx: &mut Forward<'_, 's, f32>) -> Result<(Tensor<'s, f32>, Option<Saved<'s, f32>>)> {
 //!         let x = cx.input(0);
 //!         let y = x.try_zip_map(x, |a, _| a * a * a)?;
 //!         Ok((y, cx.saving().then(|| cx.save(x))))
 //!     }
 //!
-//!     fn backward<'b>(&self, x: Saved<f32>, grad: Tensor<'b, f32>, cx: &Backward<'b>) -> Result<Grads<'b, f32>> {
+//!     fn backward<'b>(&self, x: Saved<'b, f32>, grad: Tensor<'b, f32>, cx: &Backward<'b>) -> Result<Grads<'b, f32>> {
 //!         let dx = grad.try_zip_map(&x.get(cx), |g, x| g * 3.0 * x * x)?;
 //!         Ok(Grads::from([Some(dx)]))
 //!     }
@@ -43,6 +43,7 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
+use crate::dims::Dims;
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::recycle::{self, Few, RecycledVec, Slot};
@@ -51,24 +52,56 @@ use crate::tensor::Tensor;
 
 use super::grads::Gradients;
 use super::{with_mode, Mode, Node, PerInput, Recorder};
-use sealed::Held as _;
+use sealed::{Held as _, Walk as _};
 
 /// An op that records its backward: declared once, beside its forward.
 ///
 /// - [`Op::forward`] computes the output from the inputs, and when the output will be
 ///   differentiated ([`Forward::saving`]), also what the backward needs, as PyTorch's
 ///   `ctx.save_for_backward`: aliases of inputs and outputs ([`Forward::save`]), never copies.
-/// - [`Op::backward`] gives the inputs' gradients from the output's and what was saved.
+/// - [`Op::backward`] gives the inputs' gradients from the output's and what was saved. Each
+///   gradient is checked against its input's shape before anything uses it
+///   ([`Error::InvalidGradient`], [`Error::TooManyGradients`]).
 /// - Under `#[checkpoint]` a layer step keeps the op itself, not what it saved, and runs its
 ///   forward again when the backward needs the step: the same kernels on the same values, so the
 ///   same bits. An op's forward must therefore be deterministic in its inputs and its own fields.
 ///
-/// The op's fields are its parameters (an axis, a scalar, ids or a mask as [`Saved`] tensors,
-/// returned by [`Op::held`]); run it with [`Tensor::try_apply`].
+/// The op's fields are its parameters (an axis, a scalar); run it with [`Tensor::try_apply`].
+///
+/// # Lifetimes
+///
+/// What an op saves carries the brand of the scope it was saved in: [`Op::Saved`] is generic in
+/// it (`type Saved<'s> = Saved<'s, f32>`), [`Forward::save`] gives a [`Saved<'s, _>`](Saved), and
+/// the backward gets it back branded with the backward's scope. Since an op is `'static`, neither
+/// its fields nor anything else that outlives the scope can keep a saved value: a stash in a
+/// field, a `static` or a thread local is a compile error, as for any other tensor of a scope.
+///
+/// ```compile_fail
+/// use std::cell::RefCell;
+/// use tensorscope::autograd::{Backward, Forward, Grads, Op, Saved};
+/// use tensorscope::{Result, Tensor};
+///
+/// #[derive(Clone, Default)]
+/// struct Stash(std::rc::Rc<RefCell<Option<Saved<'static, f32>>>>);
+///
+/// impl Op<f32> for Stash {
+///     type Saved<'s> = Saved<'s, f32>;
+///     fn name(&self) -> &'static str { "stash" }
+///     fn forward<'s>(&self, cx: &mut Forward<'_, 's, f32>) -> Result<(Tensor<'s, f32>, Option<Saved<'s, f32>>)> {
+///         let x = cx.input(0);
+///         *self.0.borrow_mut() = Some(cx.save(x)); // error: `'s` does not outlive `'static`
+///         Ok((x.clone(), Some(cx.save(x))))
+///     }
+///     fn backward<'b>(&self, _: Saved<'b, f32>, g: Tensor<'b, f32>, _: &Backward<'b>) -> Result<Grads<'b, f32>> {
+///         Ok(Grads::from([Some(g)]))
+///     }
+/// }
+/// ```
 pub trait Op<T: DType>: Clone + 'static {
-    /// What the backward needs from the forward: [`Saved`] tensors, numbers, shapes, and tuples,
-    /// arrays, `Vec`s and `Option`s of them.
-    type Saved: Held;
+    /// What the backward needs from the forward, branded with the scope it was saved in:
+    /// [`Saved`] tensors, numbers, shapes, and tuples, arrays, `Vec`s and `Option`s of them
+    /// (`type Saved<'s> = (Saved<'s, T>, usize)`).
+    type Saved<'s>: for<'x> Held<At<'x> = Self::Saved<'x>>;
 
     /// The op's name, as errors give it.
     fn name(&self) -> &'static str;
@@ -81,14 +114,17 @@ pub trait Op<T: DType>: Clone + 'static {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)>;
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)>;
 
     /// The gradients of the inputs given `grad`, the gradient of the output: one per input, in
-    /// order, `None` for an input that needs none ([`Backward::needs`]). Saved tensors come back
-    /// with [`Saved::get`]; everything rents in `grad`'s scope.
+    /// order, each of its input's shape, `None` for an input that needs none
+    /// ([`Backward::needs`]). Saved tensors come back with [`Saved::get`]; everything rents in
+    /// `grad`'s scope. A gradient of another shape than its input's, or one for an input the op
+    /// does not have, fails the backward with [`Error::InvalidGradient`] or
+    /// [`Error::TooManyGradients`] before any gradient is used.
     fn backward<'b>(
         &self,
-        saved: Self::Saved,
+        saved: Self::Saved<'b>,
         grad: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>>;
@@ -101,27 +137,38 @@ pub trait Op<T: DType>: Clone + 'static {
         false
     }
 
-    /// The tensors the op holds as parameters (ids, a mask): the op's output belongs to the deepest
-    /// of their scopes and its inputs', and an escape moves their accounting with the graph.
-    fn held(&self) -> &dyn Held {
+    /// The tensors the op holds as parameters (the library's ops: ids, a mask): the op's output
+    /// belongs to the deepest of their scopes and its inputs', and an escape moves their
+    /// accounting with the graph. An op written outside the crate holds none.
+    fn held(&self) -> &dyn Kept {
         &()
     }
 }
 
-/// A tensor kept for a backward: an alias (no copy) with no ops of its own, which
-/// [`Saved::get`] hands back as a tensor of the backward's scope.
-pub struct Saved<U: DType>(pub(crate) Tensor<'static, U>);
+/// A tensor kept for a backward, branded with the scope it was saved in: an alias (no copy) with
+/// no ops of its own, which [`Saved::get`] hands back as a tensor of the backward's scope.
+pub struct Saved<'s, U: DType>(pub(crate) Tensor<'static, U>, PhantomData<&'s ()>);
 
-impl<U: DType> Saved<U> {
+impl<U: DType> Saved<'static, U> {
     /// `t` as an op's parameter (ids, a mask, labels): an alias, or for a view a contiguous copy
-    /// in `t`'s scope, so that the op reads it as a slice. Fails only with a budget error.
+    /// in `t`'s scope, so that the op reads it as a slice. Fails only with a budget error. The
+    /// brand is `'static` because an op is: only the library's ops hold one, and its accounting
+    /// follows the graph through [`Op::held`].
     pub(crate) fn held(t: &Tensor<'_, U>) -> Result<Self> {
         let scope = t.rents_in.clone();
-        Ok(Saved(t.clone().try_contiguous_in(&scope)?.into_saved()))
+        Ok(Saved::new(
+            t.clone().try_contiguous_in(&scope)?.into_saved(),
+        ))
+    }
+}
+
+impl<'s, U: DType> Saved<'s, U> {
+    fn new(t: Tensor<'static, U>) -> Self {
+        Saved(t, PhantomData)
     }
 
     /// The saved values as a tensor of the backward's scope (an alias, no copy).
-    pub fn get<'b>(&self, cx: &Backward<'b>) -> Tensor<'b, U> {
+    pub fn get(&self, cx: &Backward<'s>) -> Tensor<'s, U> {
         self.0.alias_in(cx.at)
     }
 
@@ -137,29 +184,53 @@ impl<U: DType> Saved<U> {
     }
 }
 
-impl<U: DType> Clone for Saved<U> {
+impl<U: DType> Clone for Saved<'_, U> {
     fn clone(&self) -> Self {
-        Saved(self.0.clone())
+        Saved::new(self.0.clone())
     }
 }
 
-/// What an op may keep: [`Saved`] tensors, numbers and shapes, and tuples, arrays, `Vec`s and
-/// `Option`s of them. Sealed: an op's record is made of these, so that the graph's accounting
-/// finds every tensor it keeps.
-pub trait Held: sealed::Held + 'static {}
+/// What an op's backward may keep ([`Op::Saved`]): [`Saved`] tensors, numbers and shapes, and
+/// tuples, arrays, `Vec`s and `Option`s of them, all branded with one scope (`At<'x>` is the same
+/// value under the brand `'x`). Sealed: an op's record is made of these, so that the graph's
+/// accounting finds every tensor it keeps, and only the engine moves a value to another brand.
+pub trait Held: sealed::Held {}
 
-impl<X: sealed::Held + 'static> Held for X {}
+impl<X: sealed::Held> Held for X {}
 
-// The sealed traits name the crate's own scope type: they cannot be named or implemented outside
-// the crate, so nothing outside ever sees it.
+/// What an op holds as parameters ([`Op::held`]): the graph's accounting walks its tensors.
+/// Sealed, as [`Held`] is.
+pub trait Kept: sealed::Walk {}
+
+impl<X: sealed::Walk + ?Sized> Kept for X {}
+
+// The sealed traits name the crate's own scope type, and moving a value to another brand takes a
+// token only the crate can make: they cannot be implemented, nor `rebrand` called, outside the
+// crate, so nothing outside ever sees the scope type or widens a brand.
 #[allow(private_interfaces)]
 pub(crate) mod sealed {
     use crate::scope::State;
 
+    /// The proof that the engine, not a user, moves a value to another brand.
+    pub struct Token(pub(crate) ());
+
     /// How the graph's accounting walks what an op keeps.
-    pub trait Held {
+    pub trait Walk {
         /// Calls `f` with the scope and a mover of every tensor held.
         fn each(&self, f: &mut dyn FnMut(&dyn Tensorish));
+    }
+
+    /// A value of an op's record, under any brand.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be kept for an op's backward",
+        note = "an op's `Saved` is made of `Saved<'s, _>` tensors, numbers, shapes, and tuples, \
+                arrays, `Vec`s and `Option`s of them"
+    )]
+    pub trait Held: Walk {
+        /// The same value under the brand `'x`.
+        type At<'x>: Held;
+        /// Moves the value to the brand `'x`: the engine's alone (see `Token`).
+        fn rebrand<'x>(self, token: Token) -> Self::At<'x>;
     }
 
     /// A held tensor of any element type.
@@ -171,8 +242,10 @@ pub(crate) mod sealed {
     }
 }
 
+use sealed::Token;
+
 #[allow(private_interfaces)] // sealed: see `sealed`
-impl<U: DType> sealed::Tensorish for Saved<U> {
+impl<U: DType> sealed::Tensorish for Saved<'_, U> {
     fn scope(&self) -> &State {
         &self.0.rents_in
     }
@@ -181,16 +254,29 @@ impl<U: DType> sealed::Tensorish for Saved<U> {
     }
 }
 
-impl<U: DType> sealed::Held for Saved<U> {
+impl<U: DType> sealed::Walk for Saved<'_, U> {
     fn each(&self, f: &mut dyn FnMut(&dyn sealed::Tensorish)) {
         f(self)
     }
 }
 
+impl<U: DType> sealed::Held for Saved<'_, U> {
+    type At<'x> = Saved<'x, U>;
+    fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
+        Saved::new(self.0)
+    }
+}
+
 macro_rules! held_plain {
     ($($t:ty),*) => {$(
-        impl sealed::Held for $t {
+        impl sealed::Walk for $t {
             fn each(&self, _: &mut dyn FnMut(&dyn sealed::Tensorish)) {}
+        }
+        impl sealed::Held for $t {
+            type At<'x> = $t;
+            fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
+                self
+            }
         }
     )*};
 }
@@ -212,7 +298,7 @@ held_plain!(
     &'static str
 );
 
-impl<X: sealed::Held> sealed::Held for Option<X> {
+impl<X: sealed::Walk> sealed::Walk for Option<X> {
     fn each(&self, f: &mut dyn FnMut(&dyn sealed::Tensorish)) {
         if let Some(x) = self {
             x.each(f)
@@ -220,23 +306,50 @@ impl<X: sealed::Held> sealed::Held for Option<X> {
     }
 }
 
+impl<X: sealed::Held> sealed::Held for Option<X> {
+    type At<'x> = Option<X::At<'x>>;
+    fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
+        self.map(|x| x.rebrand(Token(())))
+    }
+}
+
+impl<X: sealed::Walk> sealed::Walk for Vec<X> {
+    fn each(&self, f: &mut dyn FnMut(&dyn sealed::Tensorish)) {
+        self.iter().for_each(|x| x.each(f))
+    }
+}
+
 impl<X: sealed::Held> sealed::Held for Vec<X> {
+    type At<'x> = Vec<X::At<'x>>;
+    fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
+        self.into_iter().map(|x| x.rebrand(Token(()))).collect()
+    }
+}
+
+impl<X: sealed::Walk, const N: usize> sealed::Walk for [X; N] {
     fn each(&self, f: &mut dyn FnMut(&dyn sealed::Tensorish)) {
         self.iter().for_each(|x| x.each(f))
     }
 }
 
 impl<X: sealed::Held, const N: usize> sealed::Held for [X; N] {
-    fn each(&self, f: &mut dyn FnMut(&dyn sealed::Tensorish)) {
-        self.iter().for_each(|x| x.each(f))
+    type At<'x> = [X::At<'x>; N];
+    fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
+        self.map(|x| x.rebrand(Token(())))
     }
 }
 
 macro_rules! held_tuple {
     ($($x:ident $i:tt),*) => {
-        impl<$($x: sealed::Held),*> sealed::Held for ($($x,)*) {
+        impl<$($x: sealed::Walk),*> sealed::Walk for ($($x,)*) {
             fn each(&self, f: &mut dyn FnMut(&dyn sealed::Tensorish)) {
                 $(self.$i.each(f);)*
+            }
+        }
+        impl<$($x: sealed::Held),*> sealed::Held for ($($x,)*) {
+            type At<'x> = ($($x::At<'x>,)*);
+            fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
+                ($(self.$i.rebrand(Token(())),)*)
             }
         }
     };
@@ -272,6 +385,34 @@ impl<'b, T: DType> FromIterator<Option<Tensor<'b, T>>> for Grads<'b, T> {
         let grads = iter.into_iter().map(|g| g.map(Tensor::into_unbranded));
         Grads(grads.collect(), PhantomData)
     }
+}
+
+/// Fails unless every gradient in `grads` is for an input in `shapes` and has its shape (as
+/// PyTorch, the count first): what an op's backward returns is checked before anything adds it,
+/// so a wrong one is the op's error, not a wrong weight or a panic downstream.
+fn check_grads<T: DType>(
+    op: &'static str,
+    grads: &PerInput<Tensor<'static, T>>,
+    shapes: &PerInput<Dims>,
+) -> Result<()> {
+    let inputs = shapes.iter().flatten().count();
+    let got = grads.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
+    if got > inputs {
+        return Err(Error::TooManyGradients { op, got, inputs });
+    }
+    for (index, (grad, expected)) in grads.iter().zip(shapes.iter()).enumerate() {
+        if let (Some(grad), Some(expected)) = (grad, expected) {
+            if grad.shape() != expected.slice() {
+                return Err(Error::InvalidGradient {
+                    op,
+                    index,
+                    got: grad.shape().into(),
+                    expected: expected.slice().into(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// An op's input as a caller gives it: borrowed, or owned (a unique owned tensor can be written
@@ -444,8 +585,8 @@ impl<'r, 's, T: DType> Forward<'r, 's, T> {
 
     /// `t` kept for the backward: an alias, no copy. A saved input is no longer the only handle on
     /// its buffer, so no op overwrites it in place.
-    pub fn save<U: DType>(&self, t: &Tensor<'s, U>) -> Saved<U> {
-        Saved(t.saved())
+    pub fn save<U: DType>(&self, t: &Tensor<'s, U>) -> Saved<'s, U> {
+        Saved::new(t.saved())
     }
 
     /// Rents a tensor of `shape` with unspecified contents in the output's scope. Fails with a
@@ -599,10 +740,13 @@ impl<T: DType> Drop for Step<T> {
     }
 }
 
-/// An op and what its forward saved (nothing on a tape).
+/// An op, what its forward saved (nothing on a tape, which keeps no brand of its own: stored
+/// under `'static`, handed to the backward under its scope's) and its inputs' shapes, which the
+/// gradients the backward returns must have.
 struct Record<O: Op<T>, T: DType> {
     op: O,
-    saved: Option<O::Saved>,
+    saved: Option<O::Saved<'static>>,
+    shapes: PerInput<Dims>,
     _element: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -624,7 +768,9 @@ impl<T: DType, O: Op<T>> Recorded<T> for Slot<Record<O, T>> {
             false => grad.try_contiguous_in(at)?,
         };
         let cx = Backward { needs, at };
-        Ok(record.op.backward(saved, grad, &cx)?.0)
+        let grads = record.op.backward(saved.rebrand(Token(())), grad, &cx)?.0;
+        check_grads(record.op.name(), &grads, &record.shapes)?;
+        Ok(grads)
     }
 
     fn move_accounting(&self, target: &State) {
@@ -741,6 +887,15 @@ pub(crate) fn run<'r, 's, T: DType, O: Op<T>>(
     inputs: &'r mut Inputs<'r, 's, T>,
 ) -> Result<Tensor<'s, T>> {
     let (recorder, mut cx) = prepare(inputs, op.held(), op.reads_views())?;
+    // Read before the forward, which may take its inputs; only a graph's record checks them (a
+    // tape's runs the op again, with a record of its own, when the backward needs it).
+    let shapes = match cx.saving {
+        true => cx
+            .inputs()
+            .map(|t| Some(Dims::from_slice(t.shape())))
+            .collect(),
+        false => PerInput::default(),
+    };
     // The op's own record is what counts: the ops its forward calls record nothing (they could
     // only record when this op does).
     let (mut out, saved) = match recorder {
@@ -749,7 +904,7 @@ pub(crate) fn run<'r, 's, T: DType, O: Op<T>>(
     }?;
     out.set_scope(cx.scope);
     match recorder {
-        Some(recorder) => finish(recorder, &mut out, op, saved),
+        Some(recorder) => finish(recorder, &mut out, op, saved, shapes),
         // An output written into an input's buffer, or aliasing it, must not keep that input's
         // node when nothing records (inside a backward).
         None => out.node = None,
@@ -781,7 +936,7 @@ pub(crate) fn run_opaque<'r, 's, T: DType>(
 #[inline(always)]
 fn prepare<'r, 's, T: DType>(
     inputs: &'r mut Inputs<'r, 's, T>,
-    held: &dyn Held,
+    held: &dyn Kept,
     reads_views: bool,
 ) -> Result<(Option<Recorder<T>>, Forward<'r, 's, T>)> {
     let count = inputs.len();
@@ -817,15 +972,17 @@ fn prepare<'r, 's, T: DType>(
 /// Sets `out`'s node to `op`'s, recorded by `recorder`. Out of line: an op that records nothing
 /// (inference, the ops a backward runs) never reaches it, and `run` stays small where it inlines.
 #[inline(never)]
-fn finish<T: DType, O: Op<T>>(
+fn finish<'s, T: DType, O: Op<T>>(
     recorder: Recorder<T>,
-    out: &mut Tensor<'_, T>,
+    out: &mut Tensor<'s, T>,
     op: O,
-    saved: Option<O::Saved>,
+    saved: Option<O::Saved<'s>>,
+    shapes: PerInput<Dims>,
 ) {
     let record = recycle::slot(Record {
         op,
-        saved,
+        saved: saved.map(|saved| saved.rebrand(Token(()))),
+        shapes,
         _element: std::marker::PhantomData,
     });
     out.node = Some(recorder.node(record, out));

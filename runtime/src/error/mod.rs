@@ -163,6 +163,32 @@ pub enum Error {
         /// The op.
         op: &'static str,
     },
+    /// An op's backward returned a gradient whose shape is not its input's (PyTorch's "returned
+    /// an invalid gradient"); nothing was added.
+    #[error(
+        "backward: {op} returned an invalid gradient for input {index}: got shape {got}, expected \
+         the input's shape {expected}"
+    )]
+    InvalidGradient {
+        /// The op, as it names itself.
+        op: &'static str,
+        /// The input the gradient is for.
+        index: usize,
+        /// The gradient's shape.
+        got: Shape,
+        /// The input's shape.
+        expected: Shape,
+    },
+    /// An op's backward returned gradients for inputs it does not have; nothing was added.
+    #[error("backward: {op} returned {got} gradients for {inputs} inputs")]
+    TooManyGradients {
+        /// The op, as it names itself.
+        op: &'static str,
+        /// How many gradients it returned (up to the last that is not `None`).
+        got: usize,
+        /// How many inputs it has.
+        inputs: usize,
+    },
     /// A write through `view_mut` into a tensor that carries a gradient graph.
     #[error(
         "{op}: the tensor carries a gradient graph, and a write would make its gradient wrong; write \

@@ -308,7 +308,10 @@ pub(crate) fn attend_filled<'s, T: Element>(
 
 impl<T: Element> Op<T> for Attention {
     /// `q`, `k` and `v`, and the output with each query's log-sum-exp.
-    type Saved = ((Saved<T>, Saved<T>, Saved<T>), (Saved<T>, Saved<T>));
+    type Saved<'s> = (
+        (Saved<'s, T>, Saved<'s, T>, Saved<'s, T>),
+        (Saved<'s, T>, Saved<'s, T>),
+    );
 
     fn name(&self) -> &'static str {
         NAME
@@ -317,7 +320,7 @@ impl<T: Element> Op<T> for Attention {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (q, k, v) = (cx.input(0), cx.input(1), cx.input(2));
         let dims = Dims::of(self.causal, q.shape(), k.shape(), v.shape());
         let mut shape = crate::dims::Dims::from_slice(q.shape());
@@ -340,7 +343,7 @@ impl<T: Element> Op<T> for Attention {
 
     fn backward<'b>(
         &self,
-        ((q, k, v), (o, lse)): Self::Saved,
+        ((q, k, v), (o, lse)): Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {

@@ -58,7 +58,7 @@ struct Conv2d {
 
 impl<T: Element> Op<T> for Conv2d {
     /// The input and the weight.
-    type Saved = (Saved<T>, Saved<T>);
+    type Saved<'s> = (Saved<'s, T>, Saved<'s, T>);
 
     fn name(&self) -> &'static str {
         if self.one_d {
@@ -71,7 +71,7 @@ impl<T: Element> Op<T> for Conv2d {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (x, weight) = (cx.input(0), cx.input(1));
         let conv = Conv::new(self, x, weight)?;
         let mut out = cx.rent(conv.out_shape().slice())?;
@@ -100,7 +100,7 @@ impl<T: Element> Op<T> for Conv2d {
     /// needed.
     fn backward<'b>(
         &self,
-        (x, weight): Self::Saved,
+        (x, weight): Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
@@ -150,7 +150,7 @@ struct Upsample {
 }
 
 impl<T: Element> Op<T> for Upsample {
-    type Saved = ();
+    type Saved<'s> = ();
 
     fn name(&self) -> &'static str {
         "upsample_nearest2d"
@@ -159,7 +159,7 @@ impl<T: Element> Op<T> for Upsample {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (x, scale) = (cx.input(0), self.scale);
         let [n, c, h, w] = nchw("upsample_nearest2d", x)?;
         let overflow = || dimension_overflow("upsample_nearest2d", "scale", scale, x.shape());

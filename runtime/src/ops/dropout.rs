@@ -35,7 +35,7 @@ impl Dropout {
 }
 
 impl<T: Element> Op<T> for Dropout {
-    type Saved = ();
+    type Saved<'s> = ();
 
     fn name(&self) -> &'static str {
         "dropout"
@@ -44,7 +44,7 @@ impl<T: Element> Op<T> for Dropout {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let x = cx.take(0);
         let mut out = x.into_writable_copy(cx.scope())?;
         self.apply(out.unique_slice_mut());

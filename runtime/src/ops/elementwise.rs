@@ -35,7 +35,7 @@ pub(crate) enum Binary {
 impl<T: Element> Op<T> for Binary {
     /// The inputs' shapes (to reduce a broadcast gradient to), and the inputs for the ops whose
     /// derivative reads them (all but `+` and `-`).
-    type Saved = (Dims, Dims, Option<(Saved<T>, Saved<T>)>);
+    type Saved<'s> = (Dims, Dims, Option<(Saved<'s, T>, Saved<'s, T>)>);
 
     fn name(&self) -> &'static str {
         match self {
@@ -52,7 +52,7 @@ impl<T: Element> Op<T> for Binary {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (a, b) = (cx.input(0), cx.input(1));
         let shape = broadcast_shape(Op::<T>::name(self), a.shape(), b.shape())?;
         // Saved before the kernel runs: an alias keeps an input from being written over.
@@ -131,7 +131,7 @@ impl<T: Element> Op<T> for Binary {
 
     fn backward<'b>(
         &self,
-        (a_shape, b_shape, values): Self::Saved,
+        (a_shape, b_shape, values): Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
@@ -281,7 +281,7 @@ pub(crate) enum ScalarKind {
 
 impl<T: Element> Op<T> for Scalar<T> {
     /// The input, for `c / x` and `x ^ c`.
-    type Saved = Option<Saved<T>>;
+    type Saved<'s> = Option<Saved<'s, T>>;
 
     fn name(&self) -> &'static str {
         match self.kind {
@@ -293,7 +293,7 @@ impl<T: Element> Op<T> for Scalar<T> {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         use ScalarKind::*;
         let saves = matches!(self.kind, DivInto | Pow);
         let saved = cx.saving().then(|| saves.then(|| cx.save(cx.input(0))));
@@ -348,7 +348,7 @@ impl<T: Element> Op<T> for Scalar<T> {
 
     fn backward<'b>(
         &self,
-        x: Self::Saved,
+        x: Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {

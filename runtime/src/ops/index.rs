@@ -6,7 +6,7 @@
 use ndarray::{ArrayViewD, ArrayViewMutD, Axis, Dimension, IxDyn, Slice, Zip};
 
 use super::{check_addressable, check_axis, dimension_overflow, work, Dim};
-use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Held, Op, Saved};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Kept, Op, Saved};
 use crate::element::DType;
 use crate::error::{panicking, Error, Result, Shape};
 use crate::tensor::Tensor;
@@ -15,12 +15,12 @@ use crate::tensor::Tensor;
 #[derive(Clone)]
 struct IndexSelect {
     axis: usize,
-    ids: Saved<i64>,
+    ids: Saved<'static, i64>,
 }
 
 impl<T: DType> Op<T> for IndexSelect {
     /// The length of the input's axis.
-    type Saved = usize;
+    type Saved<'s> = usize;
 
     fn name(&self) -> &'static str {
         "index_select"
@@ -29,7 +29,7 @@ impl<T: DType> Op<T> for IndexSelect {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (x, axis, ids) = (cx.input(0), self.axis, self.ids.0.slice());
         let mut shape = IxDyn(x.shape());
         shape[axis] = ids.len();
@@ -63,7 +63,7 @@ impl<T: DType> Op<T> for IndexSelect {
         Ok(Grads::from([Some(dx)]))
     }
 
-    fn held(&self) -> &dyn Held {
+    fn held(&self) -> &dyn Kept {
         &self.ids
     }
 }
@@ -72,12 +72,12 @@ impl<T: DType> Op<T> for IndexSelect {
 #[derive(Clone)]
 struct Gather {
     axis: usize,
-    index: Saved<i64>,
+    index: Saved<'static, i64>,
 }
 
 impl<T: DType> Op<T> for Gather {
     /// The input's shape.
-    type Saved = IxDyn;
+    type Saved<'s> = IxDyn;
 
     fn name(&self) -> &'static str {
         "gather"
@@ -86,7 +86,7 @@ impl<T: DType> Op<T> for Gather {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (x, axis, index) = (cx.input(0), self.axis, &self.index.0);
         let mut out = cx.rent(index.shape())?;
         if !out.is_empty() {
@@ -116,7 +116,7 @@ impl<T: DType> Op<T> for Gather {
         Ok(Grads::from([Some(dx)]))
     }
 
-    fn held(&self) -> &dyn Held {
+    fn held(&self) -> &dyn Kept {
         &self.index
     }
 }

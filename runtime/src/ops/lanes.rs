@@ -228,7 +228,7 @@ impl<T: Element> LaneOp<T> {
 
 impl<T: Element> Op<T> for LaneOp<T> {
     /// The input (for the norms) and the output (for softmax, log-softmax, layer and group norm).
-    type Saved = (Option<Saved<T>>, Option<Saved<T>>);
+    type Saved<'s> = (Option<Saved<'s, T>>, Option<Saved<'s, T>>);
 
     fn name(&self) -> &'static str {
         match (self.kind, self.span) {
@@ -243,7 +243,7 @@ impl<T: Element> Op<T> for LaneOp<T> {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let kind = self.kind;
         let lanes = self.lanes(cx.input(0).shape());
         // The input is saved before the kernel runs, so it is not written over.
@@ -265,7 +265,7 @@ impl<T: Element> Op<T> for LaneOp<T> {
 
     fn backward<'b>(
         &self,
-        (x, y): Self::Saved,
+        (x, y): Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {

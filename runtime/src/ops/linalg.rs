@@ -77,7 +77,7 @@ struct Matmul {
 
 impl<T: Element> Op<T> for Matmul {
     /// Both operands.
-    type Saved = (Saved<T>, Saved<T>);
+    type Saved<'s> = (Saved<'s, T>, Saved<'s, T>);
 
     fn name(&self) -> &'static str {
         "matmul"
@@ -86,7 +86,7 @@ impl<T: Element> Op<T> for Matmul {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (a, b) = (cx.input(0), cx.input(1));
         let out = matmul_kernel(a, b, cx.scope(), self.products)?;
         Ok((out, cx.saving().then(|| (cx.save(a), cx.save(b)))))
@@ -94,7 +94,7 @@ impl<T: Element> Op<T> for Matmul {
 
     fn backward<'b>(
         &self,
-        (a, b): Self::Saved,
+        (a, b): Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {

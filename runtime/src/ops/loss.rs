@@ -1,7 +1,7 @@
 //! Losses: a prediction and a target in, one value out, with their backward rules.
 
 use super::Operand;
-use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Held, Op, Saved};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Kept, Op, Saved};
 use crate::element::Element;
 use crate::error::{panicking, Error, Result, Shape};
 use crate::tensor::Tensor;
@@ -13,7 +13,7 @@ struct Mse;
 
 impl<T: Element> Op<T> for Mse {
     /// `prediction - target`.
-    type Saved = Saved<T>;
+    type Saved<'s> = Saved<'s, T>;
 
     fn name(&self) -> &'static str {
         "mse"
@@ -22,7 +22,7 @@ impl<T: Element> Op<T> for Mse {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let diff = cx.input(0).try_sub(cx.input(1))?.with_scope(cx.scope());
         let n = diff.len();
         let total = diff.slice().iter().map(|&d| d * d).sum::<T>();
@@ -34,7 +34,7 @@ impl<T: Element> Op<T> for Mse {
     /// always scaled; its negation for the target.
     fn backward<'b>(
         &self,
-        diff: Saved<T>,
+        diff: Saved<'b, T>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
@@ -60,12 +60,12 @@ impl<T: Element> Op<T> for Mse {
 /// Softmax cross-entropy of logits `[batch, classes]` against one label per row (held, checked).
 #[derive(Clone)]
 struct CrossEntropy {
-    labels: Saved<i64>,
+    labels: Saved<'static, i64>,
 }
 
 impl<T: Element> Op<T> for CrossEntropy {
     /// The log-probabilities.
-    type Saved = Saved<T>;
+    type Saved<'s> = Saved<'s, T>;
 
     fn name(&self) -> &'static str {
         "cross_entropy"
@@ -74,7 +74,7 @@ impl<T: Element> Op<T> for CrossEntropy {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let logits = cx.input(0);
         let (batch, classes) = (logits.shape()[0], logits.shape()[1]);
         // Rented in the op's scope, which the labels' may make deeper than the logits'.
@@ -95,7 +95,7 @@ impl<T: Element> Op<T> for CrossEntropy {
     /// `(softmax - one_hot(label)) / n` times the upstream gradient.
     fn backward<'b>(
         &self,
-        log_probs: Saved<T>,
+        log_probs: Saved<'b, T>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
@@ -119,7 +119,7 @@ impl<T: Element> Op<T> for CrossEntropy {
         Ok(Grads::from([Some(grad)]))
     }
 
-    fn held(&self) -> &dyn Held {
+    fn held(&self) -> &dyn Kept {
         &self.labels
     }
 }

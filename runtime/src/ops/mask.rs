@@ -20,7 +20,7 @@ use ndarray::{Dimension, IxDyn, Zip};
 
 use super::reduce::reduce_to;
 use super::{broadcast_shape, rows, work};
-use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Held, Op, Saved};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Kept, Op, Saved};
 use crate::element::{DType, Element};
 use crate::error::{or_panic, panicking, Error, Result, Shape};
 use crate::scope::{deeper, State};
@@ -34,7 +34,7 @@ struct Triangle {
 }
 
 impl<T: DType> Op<T> for Triangle {
-    type Saved = ();
+    type Saved<'s> = ();
 
     fn name(&self) -> &'static str {
         if self.upper {
@@ -47,7 +47,7 @@ impl<T: DType> Op<T> for Triangle {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let out = triangle(cx.input(0), cx.scope(), self.k, self.upper)?;
         Ok((out, cx.saving().then_some(())))
     }
@@ -103,12 +103,12 @@ fn triangle<'s, T: DType>(
 /// `where_cond` by a mask (held).
 #[derive(Clone)]
 struct Where {
-    mask: Saved<u8>,
+    mask: Saved<'static, u8>,
 }
 
 impl<T: Element> Op<T> for Where {
     /// The two operands' shapes (to reduce a broadcast gradient to).
-    type Saved = (IxDyn, IxDyn);
+    type Saved<'s> = (IxDyn, IxDyn);
 
     fn name(&self) -> &'static str {
         "where_cond"
@@ -117,7 +117,7 @@ impl<T: Element> Op<T> for Where {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (mask, on_true, on_false) = (&self.mask.0, cx.input(0), cx.input(1));
         let shape = broadcast_shape("where_cond", on_true.shape(), on_false.shape())?;
         let shape = broadcast_shape("where_cond", mask.shape(), shape.slice())?;
@@ -140,7 +140,7 @@ impl<T: Element> Op<T> for Where {
     /// The gradient to the operand each element came from.
     fn backward<'b>(
         &self,
-        (a, b): Self::Saved,
+        (a, b): Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
@@ -154,7 +154,7 @@ impl<T: Element> Op<T> for Where {
         Ok(Grads::from([da.transpose()?, db.transpose()?]))
     }
 
-    fn held(&self) -> &dyn Held {
+    fn held(&self) -> &dyn Kept {
         &self.mask
     }
 }
@@ -162,12 +162,12 @@ impl<T: Element> Op<T> for Where {
 /// `masked_fill` by a mask (held) with a value.
 #[derive(Clone)]
 struct MaskedFill<T> {
-    mask: Saved<u8>,
+    mask: Saved<'static, u8>,
     value: T,
 }
 
 impl<T: Element> Op<T> for MaskedFill<T> {
-    type Saved = ();
+    type Saved<'s> = ();
 
     fn name(&self) -> &'static str {
         "masked_fill"
@@ -176,7 +176,7 @@ impl<T: Element> Op<T> for MaskedFill<T> {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (x, mask, value) = (cx.input(0), &self.mask.0, self.value);
         let mut out = cx.rent(x.shape())?;
         if !out.is_empty() {
@@ -198,7 +198,7 @@ impl<T: Element> Op<T> for MaskedFill<T> {
         )?)]))
     }
 
-    fn held(&self) -> &dyn Held {
+    fn held(&self) -> &dyn Kept {
         &self.mask
     }
 }

@@ -53,7 +53,7 @@ fn pooled(op: &'static str, len: usize, kernel: usize, stride: usize) -> Result<
 
 impl<T: Element> Op<T> for Pool2d {
     /// The max's position in its plane (max pooling) and the input's shape.
-    type Saved = (Option<Saved<i64>>, [usize; 4]);
+    type Saved<'s> = (Option<Saved<'s, i64>>, [usize; 4]);
 
     fn name(&self) -> &'static str {
         self.kind.op()
@@ -62,7 +62,7 @@ impl<T: Element> Op<T> for Pool2d {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let Pool2d {
             kind,
             kernel,
@@ -122,7 +122,7 @@ impl<T: Element> Op<T> for Pool2d {
     /// The gradient to each window's max, or spread over the window.
     fn backward<'b>(
         &self,
-        (at, input): Self::Saved,
+        (at, input): Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {

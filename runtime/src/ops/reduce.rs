@@ -23,7 +23,7 @@ struct Reduce {
 
 impl<T: Element> Op<T> for Reduce {
     /// The input's shape.
-    type Saved = Dims;
+    type Saved<'s> = Dims;
 
     fn name(&self) -> &'static str {
         if self.mean {
@@ -36,7 +36,7 @@ impl<T: Element> Op<T> for Reduce {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let x = cx.input(0);
         let out = if self.mean {
             reduce(x, cx.scope(), self.axis, |sum, len| {
@@ -77,7 +77,7 @@ struct LogSumExp {
 
 impl<T: Element> Op<T> for LogSumExp {
     /// The input and the output.
-    type Saved = (Saved<T>, Saved<T>);
+    type Saved<'s> = (Saved<'s, T>, Saved<'s, T>);
 
     fn name(&self) -> &'static str {
         "logsumexp"
@@ -88,7 +88,7 @@ impl<T: Element> Op<T> for LogSumExp {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let (x, axis) = (cx.input(0), self.axis);
         let shape = IxDyn(x.shape()).remove_axis(Axis(axis));
         let mut out = cx.rent(shape.slice())?;
@@ -110,7 +110,7 @@ impl<T: Element> Op<T> for LogSumExp {
     /// `g e^(x - y)`: the gradient times the softmax of the lane.
     fn backward<'b>(
         &self,
-        (x, y): Self::Saved,
+        (x, y): Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {

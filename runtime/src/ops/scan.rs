@@ -17,7 +17,7 @@ struct Cumsum {
 }
 
 impl<T: Element> Op<T> for Cumsum {
-    type Saved = ();
+    type Saved<'s> = ();
 
     fn name(&self) -> &'static str {
         "cumsum"
@@ -26,7 +26,7 @@ impl<T: Element> Op<T> for Cumsum {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let out = running_sums(cx.input(0), cx.scope(), self.axis, false)?;
         Ok((out, cx.saving().then_some(())))
     }

@@ -7,7 +7,7 @@ use ndarray::{ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
 use super::index::{check_ids, check_indices, lanes, rows, Way};
 use super::{check_axis, Dim};
-use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Held, Op, Saved};
+use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Kept, Op, Saved};
 use crate::element::DType;
 use crate::error::{panicking, Error, Result, Shape};
 use crate::tensor::Tensor;
@@ -17,7 +17,7 @@ use crate::tensor::Tensor;
 #[derive(Clone)]
 struct AddAt {
     axis: usize,
-    positions: Saved<i64>,
+    positions: Saved<'static, i64>,
     rows: bool,
 }
 
@@ -34,7 +34,7 @@ impl AddAt {
 
 impl<T: DType> Op<T> for AddAt {
     /// The source's shape.
-    type Saved = IxDyn;
+    type Saved<'s> = IxDyn;
 
     fn name(&self) -> &'static str {
         if self.rows {
@@ -47,7 +47,7 @@ impl<T: DType> Op<T> for AddAt {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let x = cx.take(0);
         let mut out = x.into_writable_copy(cx.scope())?;
         let src = cx.input(1);
@@ -76,7 +76,7 @@ impl<T: DType> Op<T> for AddAt {
         Ok(Grads::from([cx.needs(0).then_some(g), dsrc]))
     }
 
-    fn held(&self) -> &dyn Held {
+    fn held(&self) -> &dyn Kept {
         &self.positions
     }
 }

@@ -22,7 +22,7 @@ struct Concat {
 
 impl<T: DType> Op<T> for Concat {
     /// The inputs' lengths along the axis.
-    type Saved = Dims;
+    type Saved<'s> = Dims;
 
     fn name(&self) -> &'static str {
         "concat"
@@ -31,7 +31,7 @@ impl<T: DType> Op<T> for Concat {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let axis = self.axis;
         let first = cx.input(0);
         let joined = cx
@@ -95,7 +95,7 @@ struct Narrow {
 
 impl<T: DType> Op<T> for Narrow {
     /// The input's length along the axis.
-    type Saved = usize;
+    type Saved<'s> = usize;
 
     fn name(&self) -> &'static str {
         "narrow"
@@ -104,7 +104,7 @@ impl<T: DType> Op<T> for Narrow {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let x = cx.input(0);
         let Narrow { axis, start, len } = *self;
         let mut shape = Dims::from_slice(x.shape());
@@ -174,7 +174,7 @@ impl Permute {
 }
 
 impl<T: DType> Op<T> for Permute {
-    type Saved = ();
+    type Saved<'s> = ();
 
     fn name(&self) -> &'static str {
         "permute"
@@ -183,7 +183,7 @@ impl<T: DType> Op<T> for Permute {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let out = self.view_of(cx.input(0), cx.scope());
         Ok((out, cx.saving().then_some(())))
     }
@@ -212,7 +212,7 @@ struct Tile {
 
 impl<T: DType> Op<T> for Tile {
     /// The input's shape.
-    type Saved = Dims;
+    type Saved<'s> = Dims;
 
     fn name(&self) -> &'static str {
         if self.expand {
@@ -225,7 +225,7 @@ impl<T: DType> Op<T> for Tile {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let x = cx.input(0);
         let [kept, tiled, shape] = tile_shapes(x.shape(), self.reps.slice());
         if self.expand {
@@ -309,7 +309,7 @@ struct Reshape {
 
 impl<T: DType> Op<T> for Reshape {
     /// The input's shape.
-    type Saved = Dims;
+    type Saved<'s> = Dims;
 
     fn name(&self) -> &'static str {
         "reshape"
@@ -318,7 +318,7 @@ impl<T: DType> Op<T> for Reshape {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let x = cx.input(0);
         let saved = cx.saving().then(|| Dims::from_slice(x.shape()));
         let alias = match x.steps_as(&self.shape) {

@@ -53,7 +53,7 @@ macro_rules! unary {
 
         impl<T: Element> Op<T> for Unary {
             /// The input or the output, as the table says; nothing for `Neg`.
-            type Saved = Option<Saved<T>>;
+            type Saved<'s> = Option<Saved<'s, T>>;
 
             fn name(&self) -> &'static str {
                 match self {
@@ -64,7 +64,7 @@ macro_rules! unary {
             fn forward<'s>(
                 &self,
                 cx: &mut Forward<'_, 's, T>,
-            ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+            ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
                 let saves = self.saves();
                 // The input is saved before the kernel runs, so it is not written over.
                 let input = (cx.saving() && saves == Saves::Input).then(|| cx.save(cx.input(0)));
@@ -87,7 +87,7 @@ macro_rules! unary {
             /// unique.
             fn backward<'b>(
                 &self,
-                saved: Self::Saved,
+                saved: Self::Saved<'b>,
                 g: Tensor<'b, T>,
                 cx: &Backward<'b>,
             ) -> Result<Grads<'b, T>> {
@@ -170,7 +170,7 @@ struct Map<T> {
 
 impl<T: Element> Op<T> for Map<T> {
     /// The input.
-    type Saved = Saved<T>;
+    type Saved<'s> = Saved<'s, T>;
 
     fn name(&self) -> &'static str {
         "map_with_derivative"
@@ -179,7 +179,7 @@ impl<T: Element> Op<T> for Map<T> {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let saved = cx.saving().then(|| cx.save(cx.input(0)));
         let (scope, f) = (cx.scope().clone(), &self.f);
         let out = map(
@@ -193,7 +193,7 @@ impl<T: Element> Op<T> for Map<T> {
 
     fn backward<'b>(
         &self,
-        x: Self::Saved,
+        x: Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {
@@ -220,7 +220,7 @@ struct Clamp<T> {
 
 impl<T: Element> Op<T> for Clamp<T> {
     /// The input.
-    type Saved = Saved<T>;
+    type Saved<'s> = Saved<'s, T>;
 
     fn name(&self) -> &'static str {
         "clamp"
@@ -229,7 +229,7 @@ impl<T: Element> Op<T> for Clamp<T> {
     fn forward<'s>(
         &self,
         cx: &mut Forward<'_, 's, T>,
-    ) -> Result<(Tensor<'s, T>, Option<Self::Saved>)> {
+    ) -> Result<(Tensor<'s, T>, Option<Self::Saved<'s>>)> {
         let saved = cx.saving().then(|| cx.save(cx.input(0)));
         let x = cx.take(0);
         let (scope, Clamp { min, max }) = (cx.scope(), *self);
@@ -245,7 +245,7 @@ impl<T: Element> Op<T> for Clamp<T> {
     /// `g` where `min <= x <= max`, else 0.
     fn backward<'b>(
         &self,
-        x: Self::Saved,
+        x: Self::Saved<'b>,
         g: Tensor<'b, T>,
         cx: &Backward<'b>,
     ) -> Result<Grads<'b, T>> {

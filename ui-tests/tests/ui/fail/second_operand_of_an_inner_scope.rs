@@ -11,7 +11,7 @@ use tensorscope::prelude::*;
 struct Twice;
 
 impl Op<f32> for Twice {
-    type Saved = ();
+    type Saved<'s> = ();
     fn name(&self) -> &'static str {
         "twice"
     }
