@@ -2,7 +2,8 @@
 //! each op on 2^15 `f32` values spread over [-8, 8] (small enough to run on one thread), against
 //! the same function computed with libm one element at a time into a preallocated buffer
 //! (`std`'s `tanhf`, `expf`, `logf`; the `libm` crate's `erff`, `erfcf`); softmax over rows of
-//! 1024; and each op's forward and backward in a training scope (the derivative loops).
+//! 1024; layer norm over rows of 1024 (no libm counterpart); and each op's forward and backward in
+//! a training scope (the derivative loops).
 //!
 //! `cargo bench --bench kernels`
 
@@ -85,6 +86,22 @@ fn forward(c: &mut Criterion) {
             })
         })
     });
+    g.bench_function(
+        BenchmarkId::new("tensorscope", "layer_norm [32, 1024]"),
+        |b| {
+            b.iter(|| {
+                pool.scope(|s| {
+                    black_box(
+                        s.bind(&rows)
+                            .reshape(&[32, 1024])
+                            .layer_norm(1e-5)
+                            .as_slice()
+                            .unwrap()[0],
+                    )
+                })
+            })
+        },
+    );
     g.bench_function(BenchmarkId::new("libm", "softmax [32, 1024]"), |b| {
         b.iter(|| {
             for (o, x) in out.chunks_exact_mut(1024).zip(xs.chunks_exact(1024)) {
@@ -112,6 +129,11 @@ fn backward(c: &mut Criterion) {
     ops.push((
         "softmax [32, 1024]",
         Box::new(|t| t.reshape(&[32, 1024]).softmax(-1)),
+        f32::exp,
+    ));
+    ops.push((
+        "layer_norm [32, 1024]",
+        Box::new(|t| t.reshape(&[32, 1024]).layer_norm(1e-5)),
         f32::exp,
     ));
     for (name, op, _) in ops {

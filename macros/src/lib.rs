@@ -135,9 +135,11 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// without a checkpointer the measurements are kept for the function, on its thread).
 /// The last segment keeps its graph (its backward comes first). At full precision the loss and
 /// every gradient are bit-identical to the same forward without the attribute, but for a parameter
-/// read by several steps (an RNN's weight), whose per-step gradients are summed segment by segment
-/// (relative differences up to 1e-5). A step may not read a value of an earlier step other than
-/// through its input.
+/// or a value from before the region that several steps read (an RNN's weight, a UNet's time
+/// embedding), whose per-step contributions are summed segment by segment: its gradient is equal up
+/// to that sum's rounding (tested within `2 sqrt(steps)` units of `f32`'s precision of the largest
+/// gradient element). A step may not read a value of an earlier step other than through its
+/// input.
 ///
 /// ```
 /// use tensorscope::nn::{Adam, Optimizer};

@@ -82,6 +82,23 @@ enum Step {
     Pool(bool, usize, usize),
     /// `masked_fill` with a mask of the last axis drawn from the seed.
     MaskedFill(u64),
+    /// Layer norm (or group norm, if the flag is set) of lanes of one large value plus noise of a
+    /// few units in its last place: a fresh tensor, on which a mean rounded to `f32` is wrong by as
+    /// much as the noise.
+    NearlyEqualNorm(NearlyEqual),
+}
+
+/// The lanes of [`Step::NearlyEqualNorm`]: `rows` lanes of `len` values, each
+/// `±10^exponent + ulps` units in its last place times a uniform draw from [-1, 1].
+#[derive(Debug, Clone)]
+struct NearlyEqual {
+    rows: usize,
+    len: usize,
+    exponent: i32,
+    negative: bool,
+    ulps: u8,
+    group: bool,
+    seed: u64,
 }
 
 fn shape_strategy() -> impl Strategy<Value = Vec<usize>> {
@@ -153,6 +170,26 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         1 => (-3i64..4, any::<bool>()).prop_map(|(k, u)| Step::Triangle(k, u)),
         1 => (any::<bool>(), 1usize..4, 1usize..3).prop_map(|(m, k, st)| Step::Pool(m, k, st)),
         1 => any::<u64>().prop_map(Step::MaskedFill),
+        1 => (
+            1usize..4,
+            prop_oneof![1usize..20, Just(100usize)],
+            2i32..8,
+            any::<bool>(),
+            0u8..64,
+            any::<bool>(),
+            any::<u64>()
+        )
+            .prop_map(|(rows, len, exponent, negative, ulps, group, seed)| {
+                Step::NearlyEqualNorm(NearlyEqual {
+                    rows,
+                    len,
+                    exponent,
+                    negative,
+                    ulps,
+                    group,
+                    seed,
+                })
+            }),
     ]
 }
 
@@ -485,6 +522,23 @@ fn tame(mut shape: Vec<usize>) -> Vec<usize> {
     shape
 }
 
+/// The tensor of [`Step::NearlyEqualNorm`]: `[rows, len]`, or `[1, 2, rows, len]` for group norm.
+fn nearly_equal<'s>(s: &Scope<'s, '_>, lanes: &NearlyEqual) -> Tensor<'s> {
+    let magnitude = 10f32.powi(lanes.exponent);
+    let ulp = f32::from_bits(magnitude.to_bits() + 1) - magnitude;
+    let value = if lanes.negative {
+        -magnitude
+    } else {
+        magnitude
+    };
+    let shape = match lanes.group {
+        true => vec![1, 2, lanes.rows, lanes.len],
+        false => vec![lanes.rows, lanes.len],
+    };
+    let noise = s.uniform::<f32>(&shape, -1.0, 1.0, lanes.seed) * (f32::from(lanes.ulps) * ulp);
+    noise + value
+}
+
 fn random<'s>(s: &Scope<'s, '_>, shape: &[usize], seed: u64) -> Tensor<'s> {
     s.uniform::<f32>(&tame(shape.to_vec()), -2.0, 2.0, seed)
 }
@@ -537,8 +591,8 @@ fn run_program(steps: &[Step]) -> Result<(), TestCaseError> {
         for step in steps {
             let xv = values(&x);
             let rank = x.ndim();
-            let visits = kernel_visits();
-            let elements = x.len() as u128;
+            let mut visits = kernel_visits();
+            let mut elements = x.len() as u128;
             // No output the pool can hold has more than TOO_MANY elements: an op that is about to
             // loop over 2^40 empty lanes panics here instead of running for hours. The exact bound
             // is checked after the op.
@@ -752,6 +806,26 @@ fn run_program(steps: &[Step]) -> Result<(), TestCaseError> {
                         w.shape()
                     );
                     (what, got, want, 1e-4)
+                }
+                Step::NearlyEqualNorm(lanes) => {
+                    x = nearly_equal(s, lanes);
+                    // The visits and elements of this step are the norm's, not the fresh tensor's.
+                    (visits, elements) = (kernel_visits(), x.len() as u128);
+                    let xv = values(&x);
+                    match lanes.group {
+                        true => (
+                            "group_norm(2) of nearly equal values".into(),
+                            x.try_group_norm(2, EPS),
+                            ref_group_norm(&xv, 2),
+                            1e-3,
+                        ),
+                        false => (
+                            "layer_norm of nearly equal values".into(),
+                            x.try_layer_norm(EPS),
+                            ref_lanes(&xv, 1, |lane, k| normalize(lane, lane[k])),
+                            1e-3,
+                        ),
+                    }
                 }
                 &Step::GroupNorm(groups) => {
                     let c = x.shape().get(1).copied().unwrap_or(0);

@@ -444,6 +444,84 @@ fn a_weight_shared_by_every_step_gets_its_gradient_summed_per_segment() {
     }
 }
 
+/// Four layer steps that each read one weight and one value made before the region (a UNet's time
+/// embedding `t`, made from the parameter `e`).
+struct SharedReads {
+    w: Param,
+    e: Param,
+}
+
+impl SharedReads {
+    const STEPS: usize = 4;
+
+    #[checkpoint]
+    fn forward<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>, t: &Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for _ in 0..Self::STEPS {
+            x = (x.matmul(&self.w) + t).tanh();
+        }
+        x
+    }
+
+    fn plain<'a>(&self, x: Tensor<'a>, t: &Tensor<'a>) -> Tensor<'a> {
+        (0..Self::STEPS).fold(x, |x, _| (x.matmul(&self.w) + t).tanh())
+    }
+
+    /// The loss and the gradients of `w` and `e` of one step, with `ckpt` or without.
+    fn step(&self, pool: &Pool, ckpt: Option<&mut Checkpointer>) -> (u32, [Vec<f32>; 2]) {
+        pool.train(|s| {
+            let x = s.randn::<f32>(&[BATCH, WIDTH], 30);
+            let t = s.bind(&self.e).sin();
+            let y = match ckpt {
+                Some(ckpt) => self.forward(ckpt, x, &t),
+                None => self.plain(x, &t),
+            };
+            let loss = y.mse(&s.randn::<f32>(y.shape(), 31));
+            let grads = loss.backward().unwrap();
+            let of = |p: &Param| grads.get(p).expect("a gradient").to_vec();
+            (loss.item().to_bits(), [of(&self.w), of(&self.e)])
+        })
+    }
+}
+
+#[test]
+fn a_weight_and_an_earlier_value_read_by_every_step_get_the_plain_gradients_up_to_rounding() {
+    // Each of the four steps adds a gradient to `w` and to `t` (so to `e`). The plain graph sums
+    // them in its order, the region per segment: the same terms, associated differently. The one-
+    // reader case is exact: `every_policy_gives_the_plain_gradients_bit_for_bit`.
+    let pool = Pool::with_max_memory_mb(64);
+    let (w, e) = pool.scope(|s| {
+        let w = s.randn::<f32>(&[WIDTH, WIDTH], 32) * (1.0 / (WIDTH as f32).sqrt());
+        (w.detach(), s.randn::<f32>(&[WIDTH], 33).detach())
+    });
+    let model = SharedReads { w, e };
+    let (loss, plain) = model.step(&pool, None);
+    let mut worst = 0.0f32;
+    for policy in policies(SharedReads::STEPS, BATCH * WIDTH * 4) {
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy.clone()));
+        let (got_loss, got) = model.step(&pool, Some(&mut ckpt));
+        assert_eq!(got_loss, loss, "{policy:?}: the forward is exact");
+        for (name, (got, want)) in ["w", "e"].iter().zip(got.iter().zip(&plain)) {
+            let largest = want.iter().fold(0.0f32, |m, g| m.max(g.abs()));
+            let diff = got
+                .iter()
+                .zip(want)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            let normwise = diff / largest;
+            println!(
+                "{policy:?} {name}: bit-identical {}, {normwise:e}",
+                got == want
+            );
+            assert!(
+                normwise <= 4.0 * f32::EPSILON,
+                "{policy:?} {name}: {normwise:e}"
+            );
+            worst = worst.max(normwise);
+        }
+    }
+    println!("largest difference over the largest gradient element: {worst:e}");
+}
+
 /// The table of how far a shared weight's checkpointed gradient is from the plain one, by the
 /// number of steps sharing it (docs/guide.md, "Checkpointing"): `cargo test --release --test integration
 /// checkpoint_training::shared_weight_differences_by_steps -- --ignored --nocapture`.

@@ -9,7 +9,7 @@ use tensorscope::nn::{
     SaveOptions, Schedule, Sgd, WarmupCosine,
 };
 use tensorscope::prelude::*;
-use tensorscope::Gradients;
+use tensorscope::{Error, Gradients};
 
 #[derive(Parameters)]
 struct Block {
@@ -282,6 +282,55 @@ fn clipping_scales_to_the_norm_and_clamps_values() {
         grads.clip_value(1.0).unwrap();
         assert_eq!(grads.get(&a).unwrap().to_vec(), vec![1.0, -1.0]);
         assert_eq!(grads.get(&b).unwrap().to_vec(), vec![1.0]);
+    });
+}
+
+#[test]
+fn clipping_to_a_negative_or_nan_bound_is_refused_and_changes_nothing() {
+    let pool = Pool::with_max_memory_mb(16);
+    let a = Param::zeros(&pool, &[3]);
+    pool.scope(|s| {
+        let mut grads = Gradients::new(s);
+        let values = vec![3.0f32, -4.0, 0.5];
+        grads.accumulate(&a, s.from_slice(&[3], &values)).unwrap();
+        for bound in [-1.0, f64::NAN, -f64::MIN_POSITIVE, f64::NEG_INFINITY] {
+            let err = grads.clip_value(bound).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::InvalidArgument {
+                        op: "Gradients::clip_value",
+                        arg: "max",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            let err = grads.clip_norm(bound).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::InvalidArgument {
+                        op: "Gradients::clip_norm",
+                        arg: "max_norm",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            assert_eq!(grads.get(&a).unwrap().to_vec(), values, "bound {bound}");
+        }
+        assert_eq!(
+            grads.clip_value(-1.0).unwrap_err().to_string(),
+            "Gradients::clip_value: invalid max: -1 is not a number at least 0"
+        );
+        // An infinite bound is a bound that holds already: nothing changes.
+        grads.clip_value(f64::INFINITY).unwrap();
+        assert_eq!(grads.clip_norm(f64::INFINITY).unwrap(), 25.25f64.sqrt());
+        assert_eq!(grads.get(&a).unwrap().to_vec(), values);
+        // A bound of 0 is allowed, as in PyTorch: every gradient becomes 0.
+        grads.clip_value(0.0).unwrap();
+        assert_eq!(grads.get(&a).unwrap().to_vec(), vec![0.0; 3]);
     });
 }
 

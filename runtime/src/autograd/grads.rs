@@ -131,8 +131,10 @@ impl<'s, T: Element> Gradients<'s, T> {
     /// Scales every gradient so that their norm ([`Gradients::norm`]) is at most `max_norm`, and
     /// returns the norm before: PyTorch's `clip_grad_norm_`, whose factor is
     /// `max_norm / (norm + 1e-6)`, applied only when below 1. A norm that is not finite is returned
-    /// and nothing is scaled, so the caller can skip the step. In place; fails only with a budget
-    /// error (a gradient another handle shares is copied first).
+    /// and nothing is scaled, so the caller can skip the step. In place. Fails with
+    /// [`Error::InvalidArgument`] if `max_norm` is negative or NaN (a negative factor would flip
+    /// every gradient; infinity is accepted and scales nothing), and with a budget error (a
+    /// gradient another handle shares is copied first).
     ///
     /// ```
     /// use tensorscope::{Gradients, Param, Pool};
@@ -149,6 +151,7 @@ impl<'s, T: Element> Gradients<'s, T> {
     /// });
     /// ```
     pub fn clip_norm(&mut self, max_norm: f64) -> Result<f64> {
+        check_bound("Gradients::clip_norm", "max_norm", max_norm)?;
         let norm = self.norm();
         let factor = max_norm / (norm + 1e-6);
         if norm.is_finite() && factor < 1.0 {
@@ -158,9 +161,12 @@ impl<'s, T: Element> Gradients<'s, T> {
         Ok(norm)
     }
 
-    /// Clamps every gradient element to `[-max, max]` (PyTorch's `clip_grad_value_`), in place;
-    /// fails only as [`Gradients::clip_norm`] does.
+    /// Clamps every gradient element to `[-max, max]` (PyTorch's `clip_grad_value_`), in place.
+    /// Fails as [`Gradients::clip_norm`] does: with [`Error::InvalidArgument`] if `max` is negative
+    /// or NaN (there is no such interval; infinity is accepted and clamps nothing), and with a
+    /// budget error.
     pub fn clip_value(&mut self, max: f64) -> Result<()> {
+        check_bound("Gradients::clip_value", "max", max)?;
         let (low, high) = (T::from_f64(-max), T::from_f64(max));
         self.each_mut(|g| *g = num_traits::clamp(*g, low, high))
     }
@@ -270,6 +276,19 @@ impl<'s, T: Element> Gradients<'s, T> {
                 Err(e)
             }
         }
+    }
+}
+
+/// Checks a clipping bound: a number at least 0 (infinity included), else
+/// [`Error::InvalidArgument`] naming `op` and `arg`.
+fn check_bound(op: &'static str, arg: &'static str, bound: f64) -> Result<()> {
+    match bound >= 0.0 {
+        true => Ok(()),
+        false => Err(Error::InvalidArgument {
+            op,
+            arg,
+            reason: format!("{bound} is not a number at least 0"),
+        }),
     }
 }
 

@@ -348,10 +348,12 @@ fn f32s<T: Element>(x: Matrix<'_, T>) -> Matrix<'_, f32> {
 
 /// `x` as an ndarray view, for the products of `f16` and `bf16`.
 fn ndarray_view<T>(x: Matrix<'_, T>) -> ArrayView2<'_, T> {
-    let last = match x.rows * x.cols {
-        0 => 0,
-        _ => (x.rows - 1) * x.rs + (x.cols - 1) * x.cs + 1,
-    };
+    if x.rows * x.cols == 0 {
+        // ndarray refuses steps that reach past the slice even for a matrix of no element (an
+        // operand of a product with `k` = 0, whose output is zeros): it reads nothing.
+        return ArrayView2::from_shape((x.rows, x.cols), &[]).expect("an empty matrix");
+    }
+    let last = (x.rows - 1) * x.rs + (x.cols - 1) * x.cs + 1;
     ArrayView2::from_shape((x.rows, x.cols).strides((x.rs, x.cs)), &x.data[..last])
         .expect("matmul checked the operand sizes")
 }

@@ -1,6 +1,7 @@
 //! Lane ops, over the 1-D runs of a tensor along one axis: softmax and log-softmax (along any
-//! axis, large values, `-inf`, lanes of length 1), layer and RMS norm over the last axis, and custom
-//! kernels through `map_lanes`, against per-lane `f64` references; and their bad axes and shapes.
+//! axis, large values, `-inf`, lanes of length 1), layer and RMS norm over the last axis (lanes of
+//! equal values too), and custom kernels through `map_lanes`, against per-lane `f64` references; and
+//! their bad axes and shapes.
 
 use ndarray::Axis;
 use tensorscope::{Error, TensorOps};
@@ -139,6 +140,35 @@ fn layer_norm_of_a_rank_0_tensor_is_an_invalid_shape() {
         );
         assert!(err.to_string().starts_with("layer_norm: invalid shape []"));
         assert_panics_with(&err, || drop(x.layer_norm(1e-5)));
+    });
+}
+
+fn assert_zeros<T: Into<f64> + Copy>(what: &str, y: &[T]) {
+    let nonzero: Vec<f64> = y.iter().map(|&v| v.into()).filter(|&v| v != 0.0).collect();
+    assert!(
+        nonzero.is_empty(),
+        "{what}: {} of {} not 0, as {}",
+        nonzero.len(),
+        y.len(),
+        nonzero[0]
+    );
+}
+
+#[test]
+fn layer_norm_and_group_norm_of_equal_values_are_zero() {
+    let pool = test_pool(16);
+    pool.scope(|s| {
+        // Lanes whose mean, summed and divided in f32, is not the value itself: the values minus
+        // such a mean are a unit in the last place, which eps = 1e-5 does not hide (0.987 and
+        // -0.995 before the values were centred on a lane's own element).
+        for (len, value) in [(1000, 33333.3f32), (9, 410184.03), (7, -1e30), (16, 0.1)] {
+            let x = s.full::<f32>(&[2, len], value);
+            assert_zeros(&format!("{len} x {value}"), &x.layer_norm(1e-5).to_vec());
+        }
+        let x = s.full::<f64>(&[1000], 33333.3);
+        assert_zeros("f64", &x.layer_norm(1e-5).to_vec());
+        let x = s.full::<f32>(&[2, 4, 3, 3], 410184.03);
+        assert_zeros("group norm", &x.group_norm(2, 1e-5).to_vec());
     });
 }
 

@@ -3,7 +3,7 @@
 //! dimensions, batch axes or ranks do not fit, as errors and as panics.
 
 use ndarray::{ArrayD, IxDyn};
-use tensorscope::Scope;
+use tensorscope::{bf16, f16, Element, Scope};
 
 use super::{assert_close, assert_close_tol, assert_panics_with, matmul_ref, shape_mismatch};
 use crate::common::{assert_fully_written, test_pool};
@@ -119,6 +119,42 @@ fn matmul_overwrites_stale_pool_contents_even_with_an_empty_inner_dimension() {
         let b = s.from_slice::<f32>(&[2, 0, 3], &[]);
         assert_eq!(a.matmul(&b).to_vec(), vec![0.0; 12]);
     });
+}
+
+/// `[.., m, 0] x [.., 0, n]` of `T`: zeros of `[.., m, n]` over stale (NaN) pool contents, 2-D,
+/// batched and broadcast, and gradients that are empty tensors of the operands' shapes.
+fn check_empty_inner_dimension<T: Element>() {
+    let pool = test_pool(16);
+    let nan = T::from_f64(f64::NAN);
+    pool.train(|s| {
+        for (a_shape, b_shape, out) in [
+            (&[2, 0][..], &[0, 3][..], &[2, 3][..]),
+            (&[2, 2, 0], &[2, 0, 3], &[2, 2, 3]),
+            (&[2, 2, 0], &[0, 3], &[2, 2, 3]),
+            (&[1, 2, 0], &[2, 0, 3], &[2, 2, 3]),
+        ] {
+            let what = format!("{} {a_shape:?} x {b_shape:?}", std::any::type_name::<T>());
+            drop(s.full::<T>(out, nan));
+            let a = s.from_slice::<T>(a_shape, &[]).requires_grad();
+            let b = s.from_slice::<T>(b_shape, &[]).requires_grad();
+            let y = a.try_matmul(&b).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(y.shape(), out, "{what}");
+            assert!(y.to_vec().iter().all(|&v| v == T::zero()), "{what}");
+            let grads = y.sum_all().backward().unwrap();
+            for x in [&a, &b] {
+                let g = grads.of(x).unwrap();
+                assert_eq!(g.shape(), x.shape(), "{what}: gradient");
+            }
+        }
+    });
+}
+
+#[test]
+fn matmul_with_an_empty_inner_dimension_gives_zeros_in_every_element_type() {
+    check_empty_inner_dimension::<f32>();
+    check_empty_inner_dimension::<f64>();
+    check_empty_inner_dimension::<f16>();
+    check_empty_inner_dimension::<bf16>();
 }
 
 #[test]

@@ -222,6 +222,12 @@ fn var_and_std_match_pytorch_with_every_correction() {
             .iter()
             .all(|v| v.is_nan()));
         assert_eq!(s.ones::<f32>(&[2, 1]).var(1, 0).to_vec(), [0.0, 0.0]);
+        // Equal values, whose mean summed in f32 is not the value: 0 exactly, along either axis.
+        for (len, value) in [(1000, 33333.3f32), (9, 410184.03)] {
+            let x = s.full::<f32>(&[2, len], value);
+            assert_eq!(x.var(1, 1).to_vec(), [0.0, 0.0], "{len} x {value}");
+            assert_eq!(x.t().std(0, 0).to_vec(), [0.0, 0.0], "{len} x {value}");
+        }
     });
 }
 
