@@ -1060,3 +1060,27 @@ fn a_file_truncated_by_another_thread_during_loads_fails_or_loads_but_never_cras
         }
     }
 }
+
+#[test]
+fn a_parameter_named_like_the_header_metadata_is_refused_at_save() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("metadata-name");
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.ones("w", &[2]).unwrap();
+    params.ones("__metadata__", &[2]).unwrap();
+    let err = params
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "a parameter is named \"__metadata__\", the key a safetensors header keeps for its \
+         string metadata; rename it to save it"
+    );
+    assert_eq!(
+        safetensors_err(err),
+        SafeTensorsError::ReservedName {
+            name: "__metadata__".to_string()
+        }
+    );
+    assert!(!file.path().exists(), "nothing was written");
+}

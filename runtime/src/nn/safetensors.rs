@@ -58,6 +58,16 @@ pub enum SafeTensorsError {
         /// in the header`).
         reason: String,
     },
+    /// A parameter's name is the key the format keeps for the file's string metadata
+    /// (`"__metadata__"`): a file holding a tensor of that name could not be read back.
+    #[error(
+        "a parameter is named \"{name}\", the key a safetensors header keeps for its string \
+         metadata; rename it to save it"
+    )]
+    ReservedName {
+        /// The name.
+        name: String,
+    },
     /// The `safetensors` crate refused to write the tensors (a header beyond its 100 MB limit).
     #[error("cannot write {} as safetensors: {reason}", path.display())]
     Serialize {
@@ -898,6 +908,8 @@ pub trait Weights<T: Element>: Parameters<T> {
     /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`.
     ///
     /// Fails with [`NnError::DuplicateParam`] if two parameters have one name,
+    /// [`SafeTensorsError::ReservedName`](SafeTensorsError::ReservedName) for a parameter named
+    /// `"__metadata__"`,
     /// [`SafeTensorsError::NotAMatrix`](SafeTensorsError::NotAMatrix) for a parameter
     /// named as in PyTorch's layout without 2 axes,
     /// [`SafeTensorsError::Unrepresentable`](SafeTensorsError::Unrepresentable) for a
@@ -1047,6 +1059,9 @@ pub(crate) fn write_named<T: Element>(
     let mut seen = HashSet::new();
     if let Some((name, _)) = named.iter().find(|(name, _)| !seen.insert(name)) {
         return Err(NnError::DuplicateParam(name.clone()));
+    }
+    if let Some((name, _)) = named.iter().find(|(name, _)| name == header::METADATA_KEY) {
+        return Err(SafeTensorsError::ReservedName { name: name.clone() }.into());
     }
     let tensors = named
         .iter()

@@ -20,7 +20,7 @@ use super::HEADER_LENGTH_BYTES;
 const MAX_HEADER_BYTES: usize = 100_000_000;
 
 /// The key of the header's string metadata; every other key is a tensor's name.
-const METADATA_KEY: &str = "__metadata__";
+pub(super) const METADATA_KEY: &str = "__metadata__";
 
 /// The length of the header of a file of `file_len` bytes, from `prefix`, the file's first
 /// [`HEADER_LENGTH_BYTES`] bytes (`None` if it is shorter): `Err` with the reason it is not a valid
