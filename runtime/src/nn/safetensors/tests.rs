@@ -179,3 +179,87 @@ fn a_header_rewritten_while_the_file_is_read_is_parsed_from_the_one_copy_checked
     assert_eq!(b.to_vec(), [4.0, 5.0, 6.0, 7.0]);
     assert_eq!(header_reads.load(Ordering::Relaxed), 1);
 }
+
+/// A file's bytes in memory that shrink to `to` bytes just before read number `at`.
+struct ShrinksAt {
+    bytes: Vec<u8>,
+    at: usize,
+    to: usize,
+    reads: AtomicUsize,
+}
+
+impl ReadAt for ShrinksAt {
+    fn len(&self) -> io::Result<u64> {
+        let shrunk = self.reads.load(Ordering::Relaxed) > self.at;
+        Ok(if shrunk {
+            self.to
+        } else {
+            self.bytes.as_slice().len()
+        } as u64)
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let shrunk = self.reads.fetch_add(1, Ordering::Relaxed) >= self.at;
+        let bytes = if shrunk {
+            &self.bytes[..self.to]
+        } else {
+            &self.bytes[..]
+        };
+        bytes.to_vec().read_exact_at(buf, offset)
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// A file that shrinks at any read of a load, to any length: the load gives every value if no
+    /// read from then on goes past the new length, else fails as corrupt naming the header or the
+    /// tensor of the first read that does, and changes nothing.
+    #[test]
+    fn a_file_that_shrinks_at_any_read_of_a_load_loads_whole_or_changes_nothing(
+        at in 0usize..6,
+        to_fraction in 0.0f64..1.0,
+        as_f16: bool,
+    ) {
+        let pool = Pool::with_max_memory_mb(16);
+        let path = temp_path(&format!("shrinks-{at}-{to_fraction}-{as_f16}"));
+        let options = match as_f16 {
+            true => SaveOptions::new().dtype::<half::f16>(),
+            false => SaveOptions::new(),
+        };
+        store(&pool, false).save_safetensors(&path, &options).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let to = (bytes.len() as f64 * to_fraction) as usize;
+        // The load's reads, in order, end at: the header's length, the header, `a`, `b`. The
+        // first of those from read `at` on that ends past `to` fails, if any.
+        let header_end = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let element = if as_f16 { 2 } else { 4 };
+        let ends = [8, header_end, header_end + 3 * element, bytes.len()];
+        let failing = (at..4).find(|&k| ends[k] > to);
+        let source = ShrinksAt { bytes, at, to, reads: AtomicUsize::new(0) };
+        let mut params = store(&pool, true);
+        let loaded = SafeTensorsFile::read(Box::new(source), None)
+            .map_err(NnError::from)
+            .and_then(|file| load_file(&mut params, &file, &LoadOptions::new()));
+        match (loaded, failing) {
+            (Ok(_), None) => {
+                proptest::prop_assert_eq!(values(&params, "a"), [1.0, 2.0, 3.0]);
+                proptest::prop_assert_eq!(values(&params, "b"), [4.0, 5.0, 6.0, 7.0]);
+            }
+            (Err(NnError::SafeTensors(SafeTensorsError::Corrupt { reason, .. })), Some(k)) => {
+                let what = ["the header", "the header", "tensor \"a\"", "tensor \"b\""][k];
+                let prefix = format!("{what}: the file ends before bytes");
+                proptest::prop_assert!(reason.starts_with(&prefix), "read {}: {}", k, reason);
+                proptest::prop_assert_eq!(values(&params, "a"), [0.0; 3]);
+                proptest::prop_assert_eq!(values(&params, "b"), [0.0; 4]);
+            }
+            (loaded, failing) => proptest::prop_assert!(
+                false,
+                "expected a failure at read {:?}, got {:?}",
+                failing,
+                loaded
+            ),
+        }
+    }
+}
