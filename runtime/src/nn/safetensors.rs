@@ -49,7 +49,8 @@ pub enum SafeTensorsError {
     },
     /// The bytes are not a safetensors file: truncated, a header that is not the format's JSON, a
     /// tensor listed twice, byte ranges that do not hold their tensor's shape, overlap, leave bytes
-    /// no tensor holds, or end past the file.
+    /// no tensor holds, or end past the file; or the file shrank after it was opened, so that the
+    /// bytes of the tensor being read (which `reason` names) are gone.
     #[error("{} not a valid safetensors file: {reason}", describe_source(path))]
     Corrupt {
         /// The file, or `None` for bytes given to [`SafeTensorsFile::from_bytes`].
@@ -380,8 +381,9 @@ pub struct LoadReport {
     pub unused: Vec<String>,
 }
 
-/// A safetensors file read into memory, for tensors that are not parameters (token ids, labels,
-/// reference values) or to look inside a checkpoint.
+/// An open safetensors file whose header has been read and checked, for tensors that are not
+/// parameters (token ids, labels, reference values) or to look inside a checkpoint. Each tensor is
+/// read from the file when asked for.
 ///
 /// ```
 /// use tensorscope::nn::{FileDType, LoadOptions, ParamStore, SafeTensorsFile, SaveOptions, Weights};
