@@ -1,33 +1,38 @@
 //! Peak memory and time of loading a safetensors file of f32 parameters
-//! (`ParamStore::from_safetensors`): the parameters' pool buffers must be resident, and anything
-//! beyond them is what the loader costs (a whole copy of the file if it reads it into memory, one
-//! tensor's pages if it maps the file and releases each tensor's pages once converted).
+//! (`ParamStore::from_safetensors`, or with `--into` `load_safetensors` into a store of ones of
+//! the same names and shapes): the parameters' pool buffers must be resident, and anything beyond
+//! them is what the loader costs (a whole copy of the file if it reads it into memory; for a load
+//! into existing parameters, their old values until every tensor is read).
 //!
-//! `cargo run --release --example load_weights [-- --mb 400]`
+//! `cargo run --release --example load_weights [-- --mb 400] [--into]`
 //!
 //! Writes `--mb` MiB (400 unless given) of f32 parameters, tensors of 2^20 floats, to the temporary
 //! directory unless the file is there already, then loads it in a child process of its own (this
-//! program again, `--load PATH`), so that the peak resident set (`VmHWM`) is the load's alone, and
-//! prints the file size, the bytes the pool holds, the child's resident set before the load and
-//! its peak, and the load time. The file stays in the page cache from one run to the next.
+//! program again, `--load PATH` or `--load-into PATH`), so that the peak resident set (`VmHWM`) is
+//! the load's alone, and prints the file size, the bytes the pool holds, the child's resident set
+//! before the load and its peak, and the load time. The file stays in the page cache from one run
+//! to the next.
 
 use std::path::Path;
 use std::process::{exit, Command};
 use std::time::Instant;
 
-use tensorscope::nn::{LoadOptions, ParamStore, SaveOptions, Weights};
+use tensorscope::nn::{LoadOptions, NnError, ParamStore, SafeTensorsFile, SaveOptions, Weights};
 use tensorscope::Pool;
 
-const USAGE: &str = "usage: load_weights [--mb MIB] | --load PATH";
+const USAGE: &str = "usage: load_weights [--mb MIB] [--into] | --load PATH | --load-into PATH";
 const TENSOR_FLOATS: usize = 1 << 20;
 const MIB: f64 = (1 << 20) as f64;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        [] => measure(400),
-        ["--mb", mb] => measure(mb.parse().unwrap_or_else(|_| fail(USAGE))),
-        ["--load", path] => load(Path::new(path)),
+        [] => measure(400, false),
+        ["--into"] => measure(400, true),
+        ["--mb", mb] => measure(mb.parse().unwrap_or_else(|_| fail(USAGE)), false),
+        ["--mb", mb, "--into"] => measure(mb.parse().unwrap_or_else(|_| fail(USAGE)), true),
+        ["--load", path] => load(Path::new(path), false),
+        ["--load-into", path] => load(Path::new(path), true),
         _ => fail(USAGE),
     }
 }
@@ -38,7 +43,7 @@ fn fail(message: &str) -> ! {
 }
 
 /// Writes the file if needed, loads it in a child process and prints the child's figures.
-fn measure(mib: usize) {
+fn measure(mib: usize, into: bool) {
     let tensors = (mib / 4).max(1);
     let path = std::env::temp_dir().join(format!("tensorscope_load_weights_{mib}mib.safetensors"));
     if !path.exists() {
@@ -46,7 +51,7 @@ fn measure(mib: usize) {
     }
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(&format!("no path to rerun: {e}")));
     let out = Command::new(exe)
-        .arg("--load")
+        .arg(if into { "--load-into" } else { "--load" })
         .arg(&path)
         .output()
         .unwrap_or_else(|e| fail(&format!("cannot run the loading process: {e}")));
@@ -101,18 +106,35 @@ fn write(path: &Path, tensors: usize) {
         .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", path.display())));
 }
 
-/// The child: loads `path` and prints the pool's bytes in use, the resident set before the load and
-/// its peak (KiB), and the seconds the load took.
-fn load(path: &Path) {
+/// The child: loads `path` (`into` a store of ones of its names and shapes, made first and so
+/// resident, as a model initialised before a load is) and prints the pool's bytes in use, the
+/// resident set before the load and its peak (KiB), and the seconds the load took.
+fn load(path: &Path, into: bool) {
     let mib = std::fs::metadata(path)
         .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())))
         .len() as usize
         >> 20;
     let pool = Pool::with_max_memory_mb(2 * mib + 64);
+    let cannot_load = |e: NnError| -> ! { fail(&format!("cannot load {}: {e}", path.display())) };
+    let mut existing = ParamStore::<f32>::new(&pool);
+    if into {
+        let file = SafeTensorsFile::open(path).unwrap_or_else(|e| cannot_load(e));
+        for name in file.names() {
+            let shape = file.shape(name).unwrap_or_else(|e| cannot_load(e));
+            existing
+                .ones(name, shape)
+                .unwrap_or_else(|e| cannot_load(e));
+        }
+    }
     let before = status_kib("VmRSS:");
     let start = Instant::now();
-    let store = ParamStore::<f32>::from_safetensors(&pool, path, &LoadOptions::new())
-        .unwrap_or_else(|e| fail(&format!("cannot load {}: {e}", path.display())));
+    let store = match into {
+        true => existing
+            .load_safetensors(path, &LoadOptions::new())
+            .map(|_| existing),
+        false => ParamStore::<f32>::from_safetensors(&pool, path, &LoadOptions::new()),
+    }
+    .unwrap_or_else(|e| cannot_load(e));
     let secs = start.elapsed().as_secs_f64();
     let peak = status_kib("VmHWM:");
     let floats: usize = store.iter().map(|(_, p)| p.len()).sum();

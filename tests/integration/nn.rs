@@ -3,8 +3,8 @@
 
 use tensorscope::autograd::check_gradients;
 use tensorscope::nn::{
-    Activation, Adam, LayerNorm, Linear, Module, NnError, Optimizer, ParamStore, Residual,
-    Sequential, Sgd,
+    Activation, Adam, LayerNorm, Linear, LoadOptions, Module, NnError, Optimizer, ParamStore,
+    Residual, SaveOptions, Sequential, Sgd,
 };
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Error, Param, Parameters, Policy};
@@ -415,16 +415,24 @@ fn a_step_short_of_memory_changes_nothing() {
 }
 
 /// A parameter set that breaks `Parameters`' promise: each walk gives the parameter `pick` names
-/// for that walk (0, 1, 2, ...).
+/// for that walk (0, 1, 2, ..., counting walks of either kind).
 struct Shifty {
     params: Vec<Param>,
     pick: fn(usize) -> usize,
-    walks: usize,
+    walks: std::cell::Cell<usize>,
+}
+
+impl Shifty {
+    /// The parameter this walk gives, counting the walk.
+    fn walk(&self) -> usize {
+        let walk = self.walks.replace(self.walks.get() + 1);
+        (self.pick)(walk)
+    }
 }
 
 impl Parameters<f32> for Shifty {
     fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param)) {
-        let i = (self.pick)(self.walks);
+        let i = self.walk();
         f(&path.index(i), &self.params[i]);
     }
 
@@ -433,8 +441,7 @@ impl Parameters<f32> for Shifty {
         path: &ParamPath<'_>,
         f: &mut dyn FnMut(&ParamPath<'_>, &mut Param),
     ) {
-        let i = (self.pick)(self.walks);
-        self.walks += 1;
+        let i = self.walk();
         f(&path.index(i), &mut self.params[i]);
     }
 }
@@ -460,7 +467,7 @@ fn a_parameter_set_that_changes_between_walks_is_refused() {
             let mut set = Shifty {
                 params: vec![w.clone(), stale.clone()],
                 pick,
-                walks: 0,
+                walks: Default::default(),
             };
             let err = Sgd::new(1.0f32, 0.0).step(&mut set, &grads).unwrap_err();
             assert!(
@@ -481,6 +488,55 @@ fn a_parameter_set_that_changes_between_walks_is_refused() {
             );
         }
     });
+}
+
+#[test]
+fn a_load_into_a_parameter_set_that_changes_between_walks_is_refused() {
+    let pool = Pool::with_max_memory_mb(16);
+    let path = std::env::temp_dir().join(format!(
+        "tensorscope-shifty-load-{}.safetensors",
+        std::process::id()
+    ));
+    let mut saved = ParamStore::<f32>::new(&pool);
+    saved
+        .add("0", Param::from_slice(&pool, &[2], &[5.0, 6.0]))
+        .unwrap();
+    saved
+        .add("1", Param::from_slice(&pool, &[3], &[0.0; 3]))
+        .unwrap();
+    saved.save_safetensors(&path, &SaveOptions::new()).unwrap();
+    // The first walk (the checks) meets `0`, the next (the writes) `1`, of another shape: the
+    // load stopped with an internal "checked above: ShapeMismatch" panic.
+    let mut set = Shifty {
+        params: vec![
+            Param::from_slice(&pool, &[2], &[1.0, 2.0]),
+            Param::from_slice(&pool, &[3], &[7.0, 8.0, 9.0]),
+        ],
+        pick: |walk| usize::from(walk >= 1),
+        walks: Default::default(),
+    };
+    let err = set
+        .load_safetensors(&path, &LoadOptions::new())
+        .unwrap_err();
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        matches!(
+            err,
+            NnError::ParametersChanged {
+                index: 0,
+                updated: 0
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the parameter set changed between the walks of one optimizer step or load at position 0 \
+         (a Parameters implementation must visit the same parameters in the same order on every \
+         call); 0 parameters were updated before it was noticed"
+    );
+    assert_eq!(set.params[0].to_vec(), [1.0, 2.0]);
+    assert_eq!(set.params[1].to_vec(), [7.0, 8.0, 9.0]);
 }
 
 #[test]

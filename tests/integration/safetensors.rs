@@ -933,3 +933,154 @@ fn tensors_of_no_bytes_may_share_an_offset_as_the_format_allows() {
     );
     assert!(file.param::<i32>(&pool, "z").unwrap().to_vec().is_empty());
 }
+
+/// A store of `tensors` parameters `p00`, `p01`, ... of `len` f32 each, parameter `k` holding
+/// `k + i / len` at `i`, or zeros.
+fn numbered_store(pool: &Pool, tensors: usize, len: usize, zeros: bool) -> ParamStore<f32> {
+    let mut params = ParamStore::<f32>::new(pool);
+    for k in 0..tensors {
+        let values: Vec<f32> = (0..len)
+            .map(|i| {
+                if zeros {
+                    0.0
+                } else {
+                    k as f32 + i as f32 / len as f32
+                }
+            })
+            .collect();
+        let param = Param::from_slice(pool, &[len], &values);
+        params.add(&format!("p{k:02}"), param).unwrap();
+    }
+    params
+}
+
+#[test]
+fn a_file_truncated_after_it_is_opened_fails_the_read_naming_the_tensor() {
+    // The tensors span several pages: those of a mapped file wholly past its new end raised
+    // SIGBUS when read (and the rest of the last page read as zeros).
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("truncated-after-open");
+    numbered_store(&pool, 2, 4096, false)
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap();
+    let len = std::fs::metadata(file.path()).unwrap().len();
+    let opened = SafeTensorsFile::open(file.path()).unwrap();
+    let (start, end) = (len - 2 * 4 * 4096, len - 4 * 4096);
+    let cut = start + 100;
+    std::fs::File::options()
+        .write(true)
+        .open(file.path())
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let err = opened.param::<f32>(&pool, "p00").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{} is not a valid safetensors file: tensor \"p00\": the file ends before bytes \
+             [{start}, {end}) (it was {len} bytes when opened, and is {cut} bytes now)",
+            file.shown()
+        )
+    );
+    assert!(matches!(
+        safetensors_err(err),
+        SafeTensorsError::Corrupt { path: Some(_), .. }
+    ));
+    // The same file, once opened again, is corrupt from its header.
+    let mut params = numbered_store(&pool, 2, 4096, true);
+    let err = params
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{} is not a valid safetensors file: tensor \"p00\": offsets [0, 16384) end past the \
+             data, which holds 100 bytes",
+            file.shown()
+        )
+    );
+    assert_eq!(values(&params, "p00"), vec![0.0; 4096]);
+}
+
+#[test]
+fn a_file_truncated_by_another_thread_during_loads_fails_or_loads_but_never_crashes() {
+    // 32 tensors of 64 KiB. Each round truncates the file to a quarter of its length or more, at a
+    // fifth of a load's time or more after the load starts. Every load either gives every value or
+    // fails as corrupt and changes nothing; none kills the process, as a mapped file's SIGBUS did.
+    const TENSORS: usize = 32;
+    const LEN: usize = 1 << 14;
+    let pool = Pool::with_max_memory_mb(64);
+    let file = TempFile::new("truncated-during-load");
+    let saved = numbered_store(&pool, TENSORS, LEN, false);
+    saved
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap();
+    let len = std::fs::metadata(file.path()).unwrap().len();
+    let started = std::time::Instant::now();
+    let mut params = numbered_store(&pool, TENSORS, LEN, true);
+    params
+        .load_safetensors(file.path(), &LoadOptions::new())
+        .unwrap();
+    let load_time = started.elapsed();
+    for round in 0..16u32 {
+        saved
+            .save_safetensors(file.path(), &SaveOptions::new())
+            .unwrap();
+        let cut = len * u64::from(round % 4) / 4;
+        let delay = load_time * (round / 4 + 1) / 5;
+        let path = file.path().to_path_buf();
+        let mut params = numbered_store(&pool, TENSORS, LEN, true);
+        let truncate = std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            std::fs::File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_len(cut)
+                .unwrap();
+        });
+        let loaded = params.load_safetensors(file.path(), &LoadOptions::new());
+        truncate.join().unwrap();
+        for (name, param) in params.iter() {
+            let expected = match loaded {
+                Ok(_) => saved.get(name).unwrap().to_vec(),
+                Err(_) => vec![0.0; LEN],
+            };
+            assert_eq!(param.to_vec(), expected, "round {round}, {name}");
+        }
+        match loaded {
+            Ok(report) => assert!(report.unused.is_empty()),
+            Err(err) => assert!(
+                matches!(
+                    safetensors_err(err),
+                    SafeTensorsError::Corrupt { path: Some(_), .. }
+                ),
+                "round {round}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_parameter_named_like_the_header_metadata_is_refused_at_save() {
+    let pool = Pool::with_max_memory_mb(16);
+    let file = TempFile::new("metadata-name");
+    let mut params = ParamStore::<f32>::new(&pool);
+    params.ones("w", &[2]).unwrap();
+    params.ones("__metadata__", &[2]).unwrap();
+    let err = params
+        .save_safetensors(file.path(), &SaveOptions::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "a parameter is named \"__metadata__\", the key a safetensors header keeps for its \
+         string metadata; rename it to save it"
+    );
+    assert_eq!(
+        safetensors_err(err),
+        SafeTensorsError::ReservedName {
+            name: "__metadata__".to_string()
+        }
+    );
+    assert!(!file.path().exists(), "nothing was written");
+}

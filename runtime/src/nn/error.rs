@@ -29,14 +29,16 @@ pub enum NnError {
         /// Its shape.
         shape: Shape,
     },
-    /// An optimizer's walks over one parameter set met different parameters, or the same ones with
-    /// other values: a [`Parameters`](crate::Parameters) implementation must visit the same
-    /// parameters in the same order on every call. Nothing was updated if `updated` is 0; else the
-    /// first `updated` parameters with a gradient were, before the change was met.
+    /// The walks of one optimizer step or one load
+    /// ([`Weights::load_safetensors`](super::Weights::load_safetensors)) over a parameter set met
+    /// different parameters, or the same ones with other values: a
+    /// [`Parameters`](crate::Parameters) implementation must visit the same parameters in the same
+    /// order on every call. Nothing was updated if `updated` is 0; else the first `updated`
+    /// parameters (with a gradient, for a step) were, before the change was met.
     #[error(
-        "the parameter set changed between the walks of one optimizer step at position {index} \
-         (Parameters::for_each_param must visit the same parameters in the same order on every \
-         call); {updated} parameters were updated before it was noticed"
+        "the parameter set changed between the walks of one optimizer step or load at position \
+         {index} (a Parameters implementation must visit the same parameters in the same order on \
+         every call); {updated} parameters were updated before it was noticed"
     )]
     ParametersChanged {
         /// The position in the set where the walks differ.

@@ -2,7 +2,9 @@
 //! renders them).
 
 mod header;
-mod mapped;
+mod source;
+#[cfg(test)]
+mod tests;
 
 use std::any::TypeId;
 use std::collections::{HashMap, HashSet};
@@ -10,8 +12,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayView2, ArrayViewD, ArrayViewMut2};
-use safetensors::tensor::{Metadata, TensorInfo};
-use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
+use safetensors::{Dtype, SafeTensorError, View};
 
 use super::error::{close_names, suggest, NnError};
 use super::params::ParamStore;
@@ -19,10 +20,15 @@ use crate::element::{is_integer, DType, Element};
 use crate::error::Shape;
 use crate::param::{Param, ParamPath, Parameters};
 use crate::pool::{Pool, PoolBuffer};
-use mapped::Bytes;
+use header::{Entry, Header};
+use source::ReadAt;
 
 /// The bytes of the header length that starts every safetensors file.
 const HEADER_LENGTH_BYTES: usize = 8;
+
+/// The most bytes of a tensor read at once to be converted to another type (a multiple of every
+/// element size): the memory a conversion takes beyond the buffers it fills.
+const SCRATCH_BYTES: usize = 1 << 16;
 
 /// Errors of reading and writing safetensors files. Each names the file or the tensor at fault;
 /// they reach users as [`NnError::SafeTensors`].
@@ -43,7 +49,8 @@ pub enum SafeTensorsError {
     },
     /// The bytes are not a safetensors file: truncated, a header that is not the format's JSON, a
     /// tensor listed twice, byte ranges that do not hold their tensor's shape, overlap, leave bytes
-    /// no tensor holds, or end past the file.
+    /// no tensor holds, or end past the file; or the file shrank after it was opened, so that the
+    /// bytes of the tensor being read (which `reason` names) are gone.
     #[error("{} not a valid safetensors file: {reason}", describe_source(path))]
     Corrupt {
         /// The file, or `None` for bytes given to [`SafeTensorsFile::from_bytes`].
@@ -51,6 +58,16 @@ pub enum SafeTensorsError {
         /// What is wrong, naming the tensor at fault if there is one (`tensor "w" is listed twice
         /// in the header`).
         reason: String,
+    },
+    /// A parameter's name is the key the format keeps for the file's string metadata
+    /// (`"__metadata__"`): a file holding a tensor of that name could not be read back.
+    #[error(
+        "a parameter is named \"{name}\", the key a safetensors header keeps for its string \
+         metadata; rename it to save it"
+    )]
+    ReservedName {
+        /// The name.
+        name: String,
     },
     /// The `safetensors` crate refused to write the tensors (a header beyond its 100 MB limit).
     #[error("cannot write {} as safetensors: {reason}", path.display())]
@@ -364,8 +381,9 @@ pub struct LoadReport {
     pub unused: Vec<String>,
 }
 
-/// A safetensors file read into memory, for tensors that are not parameters (token ids, labels,
-/// reference values) or to look inside a checkpoint.
+/// An open safetensors file whose header has been read and checked, for tensors that are not
+/// parameters (token ids, labels, reference values) or to look inside a checkpoint. Each tensor is
+/// read from the file when asked for.
 ///
 /// ```
 /// use tensorscope::nn::{FileDType, LoadOptions, ParamStore, SafeTensorsFile, SaveOptions, Weights};
@@ -386,11 +404,16 @@ pub struct LoadReport {
 /// std::fs::remove_file(&path).unwrap();
 /// ```
 pub struct SafeTensorsFile {
-    /// Mapped by [`SafeTensorsFile::open`], owned from [`SafeTensorsFile::from_bytes`].
-    bytes: Bytes,
-    /// Where the data (after the header) starts in `bytes`.
-    data_start: usize,
-    header: Metadata,
+    /// The open file, or the bytes given to [`SafeTensorsFile::from_bytes`].
+    source: Box<dyn ReadAt>,
+    /// The file's path, for errors (`None` for bytes).
+    path: Option<PathBuf>,
+    /// The length when the header was read.
+    len: u64,
+    /// Where the data (after the header) starts.
+    data_start: u64,
+    /// The header's tensors, sorted by name, as `names` is.
+    tensors: Vec<Entry>,
     names: Vec<String>,
     metadata: HashMap<String, String>,
 }
@@ -405,52 +428,116 @@ struct StoredTensor<'a> {
     /// The shape it is read as (transposed for PyTorch's Linear layout).
     shape: Vec<usize>,
     transposed: bool,
-    /// Where `data` lies in the file's bytes.
-    range: std::ops::Range<usize>,
-    data: &'a [u8],
+    /// Where its bytes start in the file.
+    start: u64,
+    file: &'a SafeTensorsFile,
 }
 
 impl SafeTensorsFile {
-    /// Maps the file at `path` into memory (read-only: its pages are read as tensors are, not all
-    /// at once) and parses its header. Fails with [`SafeTensorsError::Io`] if it cannot be read,
-    /// and [`SafeTensorsError::Corrupt`] if it is not a safetensors file (truncated, a bad header,
-    /// a tensor listed twice, byte ranges that do not fit).
+    /// Opens the file at `path` and reads its header; tensors are read from the file when asked
+    /// for, so the file stays open. Fails with [`SafeTensorsError::Io`] if it cannot be read, and
+    /// [`SafeTensorsError::Corrupt`] if it is not a safetensors file (truncated, a bad header, a
+    /// tensor listed twice, byte ranges that do not fit).
     ///
-    /// The file must not be written by another process while it is open: a mapped file's contents
-    /// change under the reader (every mapped loader shares this condition). Where that cannot be
-    /// ruled out, read the file and use [`SafeTensorsFile::from_bytes`].
+    /// The file is read, never mapped, so another process changing it cannot crash this one: a
+    /// tensor read after the file shrank fails with [`SafeTensorsError::Corrupt`] naming it, and
+    /// one read after the file was rewritten holds the bytes the file held when it was read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, NnError> {
         let path = path.as_ref();
-        let read = |e| SafeTensorsError::io("read", path, &e);
-        let file = std::fs::File::open(path).map_err(read)?;
-        Self::parse(Bytes::map(&file).map_err(read)?, Some(path))
+        let file = std::fs::File::open(path).map_err(|e| SafeTensorsError::io("read", path, &e))?;
+        Ok(Self::read(Box::new(file), Some(path.to_path_buf()))?)
     }
 
     /// Parses `bytes` as a safetensors file (e.g. from `include_bytes!`). Fails with
     /// [`SafeTensorsError::Corrupt`] as [`SafeTensorsFile::open`] does.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, NnError> {
-        Self::parse(Bytes::Owned(bytes), None)
+        Ok(Self::read(Box::new(bytes), None)?)
     }
 
-    fn parse(bytes: Bytes, path: Option<&Path>) -> Result<Self, NnError> {
+    /// Reads and checks the header of `source` (the file at `path`). The header's bytes are read
+    /// once, and parsed from that copy only.
+    fn read(source: Box<dyn ReadAt>, path: Option<PathBuf>) -> Result<Self, SafeTensorsError> {
+        let mut file = SafeTensorsFile {
+            source,
+            path,
+            len: 0,
+            data_start: 0,
+            tensors: Vec::new(),
+            names: Vec::new(),
+            metadata: HashMap::new(),
+        };
+        file.len = file
+            .source
+            .len()
+            .map_err(|e| file.read_error("the header", 0..0, &e))?;
         let corrupt = |reason| SafeTensorsError::Corrupt {
-            path: path.map(Path::to_path_buf),
+            path: file.path.clone(),
             reason,
         };
-        // The crate can panic on a crafted header and keeps the last of two tensors of one name.
-        header::check(&bytes).map_err(corrupt)?;
-        let (header_len, header) =
-            SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
-        let mut names = header.offset_keys();
-        names.sort();
-        let metadata = header.metadata().clone().unwrap_or_default();
-        Ok(SafeTensorsFile {
-            data_start: HEADER_LENGTH_BYTES + header_len,
-            bytes,
-            header,
-            names,
-            metadata,
-        })
+        let mut prefix = [0; HEADER_LENGTH_BYTES];
+        let prefix = match file.len >= HEADER_LENGTH_BYTES as u64 {
+            true => file
+                .read_at("the header", &mut prefix, 0)
+                .map(|()| Some(prefix))?,
+            false => None,
+        };
+        let length = header::length(file.len, prefix).map_err(corrupt)?;
+        let mut bytes = vec![0; length];
+        file.read_at("the header", &mut bytes, HEADER_LENGTH_BYTES as u64)?;
+        let data_start = (HEADER_LENGTH_BYTES + length) as u64;
+        let Header { tensors, metadata } =
+            header::read(&bytes, file.len - data_start).map_err(corrupt)?;
+        file.names = tensors.iter().map(|t| t.name.clone()).collect();
+        file.tensors = tensors;
+        file.metadata = metadata;
+        file.data_start = data_start;
+        Ok(file)
+    }
+
+    /// Fills `buf` from the file's byte `offset` on; `what` names what is read, for errors.
+    fn read_at(&self, what: &str, buf: &mut [u8], offset: u64) -> Result<(), SafeTensorsError> {
+        self.source
+            .read_exact_at(buf, offset)
+            .map_err(|e| self.read_error(what, offset..offset + buf.len() as u64, &e))
+    }
+
+    /// The error of a read of the file's bytes `range` for `what`: the file ending before them is
+    /// [`SafeTensorsError::Corrupt`] (it shrank after it was opened), any other failure
+    /// [`SafeTensorsError::Io`].
+    fn read_error(
+        &self,
+        what: &str,
+        range: std::ops::Range<u64>,
+        error: &std::io::Error,
+    ) -> SafeTensorsError {
+        let path = self.path.clone();
+        match (error.kind(), path) {
+            (std::io::ErrorKind::UnexpectedEof, path) => {
+                let now = self.source.len().map_or_else(
+                    |e| format!("of unknown length ({e})"),
+                    |n| format!("{n} bytes"),
+                );
+                SafeTensorsError::Corrupt {
+                    path,
+                    reason: format!(
+                        "{what}: the file ends before bytes [{}, {}) (it was {} bytes when opened, \
+                         and is {now} now)",
+                        range.start, range.end, self.len
+                    ),
+                }
+            }
+            (_, Some(path)) => SafeTensorsError::Io {
+                action: "read",
+                path,
+                kind: error.kind(),
+                message: format!("{what}: {error}"),
+            },
+            // Bytes in memory fail only by ending early.
+            (_, None) => SafeTensorsError::Corrupt {
+                path: None,
+                reason: format!("{what}: {error}"),
+            },
+        }
     }
 
     /// The tensors' names, sorted (byte-wise, so `"layer.10"` comes before `"layer.2"`).
@@ -470,7 +557,9 @@ impl SafeTensorsFile {
 
     /// Whether the file has a tensor named `name`.
     pub fn contains(&self, name: &str) -> bool {
-        self.header.info(name).is_some()
+        self.names
+            .binary_search_by(|n| n.as_str().cmp(name))
+            .is_ok()
     }
 
     /// The file's string metadata (the header's `__metadata__`; empty if it has none).
@@ -478,13 +567,14 @@ impl SafeTensorsFile {
         &self.metadata
     }
 
-    fn info(&self, name: &str) -> Result<&TensorInfo, SafeTensorsError> {
-        self.header
-            .info(name)
-            .ok_or_else(|| SafeTensorsError::MissingTensor {
+    fn info(&self, name: &str) -> Result<&Entry, SafeTensorsError> {
+        match self.names.binary_search_by(|n| n.as_str().cmp(name)) {
+            Ok(index) => Ok(&self.tensors[index]),
+            Err(_) => Err(SafeTensorsError::MissingTensor {
                 name: name.to_string(),
                 close: close_names(name, &self.names),
-            })
+            }),
+        }
     }
 
     /// The shape of the tensor `name` as stored. Fails with [`SafeTensorsError::MissingTensor`],
@@ -518,13 +608,14 @@ impl SafeTensorsFile {
 
     /// The tensor `name` checked for a read as a parameter (`floats_only`) or any tensor, in
     /// PyTorch's Linear layout or not.
-    fn tensor<'a>(
-        &'a self,
-        name: &'a str,
+    fn tensor(
+        &self,
+        name: &str,
         floats_only: bool,
         pytorch_linear: bool,
-    ) -> Result<StoredTensor<'a>, SafeTensorsError> {
+    ) -> Result<StoredTensor<'_>, SafeTensorsError> {
         let info = self.info(name)?;
+        let name = info.name.as_str();
         let readable = match info.dtype {
             Dtype::F32 | Dtype::F64 | Dtype::F16 | Dtype::BF16 => true,
             Dtype::I64 | Dtype::I32 | Dtype::U8 => !floats_only,
@@ -547,26 +638,25 @@ impl SafeTensorsFile {
                 })
             }
         };
-        let (start, end) = info.data_offsets;
         Ok(StoredTensor {
             name,
             dtype: info.dtype,
             file_shape: &info.shape,
             shape,
             transposed: pytorch_linear,
-            range: self.data_start + start..self.data_start + end,
-            data: &self.bytes[self.data_start + start..self.data_start + end],
+            start: self.data_start + info.offsets.0 as u64,
+            file: self,
         })
     }
 
     /// The tensor a parameter of `shape` named `name` loads from, checked: readable as a float,
     /// in the layout `options` gives, of the parameter's shape.
-    fn for_param<'a>(
-        &'a self,
-        name: &'a str,
+    fn for_param(
+        &self,
+        name: &str,
         shape: &[usize],
         options: &LoadOptions,
-    ) -> Result<StoredTensor<'a>, SafeTensorsError> {
+    ) -> Result<StoredTensor<'_>, SafeTensorsError> {
         let linear = options.pytorch_linear.is_pytorch_linear(name);
         let tensor = self.tensor(name, true, linear)?;
         if tensor.shape != shape {
@@ -584,9 +674,11 @@ impl SafeTensorsFile {
 impl fmt::Debug for SafeTensorsFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut map = f.debug_map();
-        for name in &self.names {
-            let info = self.header.info(name).expect("names come from the header");
-            map.entry(name, &format_args!("{}{:?}", info.dtype, info.shape));
+        for tensor in &self.tensors {
+            map.entry(
+                &tensor.name,
+                &format_args!("{}{:?}", tensor.dtype, tensor.shape),
+            );
         }
         map.finish()
     }
@@ -617,32 +709,43 @@ impl StoredTensor<'_> {
         }
     }
 
-    /// Whether converting to `T` may fail: to a narrower float (`F32` into `f16`), where a finite
-    /// value can be out of range.
-    fn may_not_fit<T: Element>(&self) -> bool {
-        let width = |dtype: Dtype| match dtype {
-            Dtype::F64 | Dtype::I64 => 8,
-            Dtype::F32 | Dtype::I32 => 4,
-            Dtype::F16 | Dtype::BF16 => 2,
-            _ => 1,
-        };
-        let same = FileDType::of_element::<T>() == self.dtype;
-        !same && width(self.dtype) >= size_of::<T>()
-    }
-
-    /// Converts the file's values, in their stored order, into `out`.
+    /// Reads the file's values, in their stored order, converted into `out`.
     fn decode<T: DType>(&self, out: &mut [T]) -> Result<(), SafeTensorsError> {
-        let name = self.name;
         match self.dtype {
-            Dtype::F32 => convert(name, le_values::<f32>(self.data), out),
-            Dtype::F64 => convert(name, le_values::<f64>(self.data), out),
-            Dtype::F16 => convert(name, le_values::<half::f16>(self.data), out),
-            Dtype::BF16 => convert(name, le_values::<half::bf16>(self.data), out),
-            Dtype::I64 => convert(name, le_values::<i64>(self.data), out),
-            Dtype::I32 => convert(name, le_values::<i32>(self.data), out),
-            Dtype::U8 => convert(name, le_values::<u8>(self.data), out),
+            Dtype::F32 => self.read_as::<f32, T>(out),
+            Dtype::F64 => self.read_as::<f64, T>(out),
+            Dtype::F16 => self.read_as::<half::f16, T>(out),
+            Dtype::BF16 => self.read_as::<half::bf16, T>(out),
+            Dtype::I64 => self.read_as::<i64, T>(out),
+            Dtype::I32 => self.read_as::<i32, T>(out),
+            Dtype::U8 => self.read_as::<u8, T>(out),
             other => unreachable!("StoredTensor is made for readable dtypes only, not {other}"),
         }
+    }
+
+    /// Reads the file's values, stored as `S`, converted into `out`: straight into `out`'s bytes
+    /// if `S` is `T`, else through a scratch buffer of at most [`SCRATCH_BYTES`].
+    fn read_as<S: DType, T: DType>(&self, out: &mut [T]) -> Result<(), SafeTensorsError> {
+        let what = format!("tensor \"{}\"", self.name);
+        if TypeId::of::<S>() == TypeId::of::<T>() {
+            let bytes = bytemuck::cast_slice_mut::<T, u8>(out);
+            self.file.read_at(&what, bytes, self.start)?;
+            if cfg!(target_endian = "big") {
+                bytes
+                    .chunks_exact_mut(size_of::<T>())
+                    .for_each(<[u8]>::reverse);
+            }
+            return Ok(());
+        }
+        let per_read = SCRATCH_BYTES / size_of::<S>();
+        let mut scratch = vec![0u8; per_read.min(out.len()) * size_of::<S>()];
+        for (i, out) in out.chunks_mut(per_read).enumerate() {
+            let scratch = &mut scratch[..out.len() * size_of::<S>()];
+            let offset = self.start + (i * per_read * size_of::<S>()) as u64;
+            self.file.read_at(&what, scratch, offset)?;
+            convert(self.name, i * per_read, le_values::<S>(scratch), out)?;
+        }
+        Ok(())
     }
 }
 
@@ -672,9 +775,11 @@ fn le_bytes<U: DType>(values: &[U]) -> Vec<u8> {
 }
 
 /// Converts `src` into `out` element by element (see [`SafeTensorsFile::param`] for the rules), the
-/// one conversion of both loads and saves. `name` is the tensor's, for errors.
+/// one conversion of both loads and saves. `name` is the tensor's and `first` the index of `src`'s
+/// first element in it, for errors.
 fn convert<S: DType, T: DType>(
     name: &str,
+    first: usize,
     src: impl Iterator<Item = S>,
     out: &mut [T],
 ) -> Result<(), SafeTensorsError> {
@@ -699,7 +804,7 @@ fn convert<S: DType, T: DType>(
         if !held {
             return Err(SafeTensorsError::Unrepresentable {
                 name: name.to_string(),
-                index,
+                index: first + index,
                 value: s.to_string(),
                 target: T::NAME,
             });
@@ -771,7 +876,7 @@ fn encode_as<T: DType, U: DType>(
     view: &ArrayViewD<'_, T>,
 ) -> Result<Vec<u8>, SafeTensorsError> {
     let mut out = vec![U::default(); view.len()];
-    convert(name, view.iter().copied(), &mut out)?;
+    convert(name, 0, view.iter().copied(), &mut out)?;
     Ok(le_bytes(&out))
 }
 
@@ -805,6 +910,8 @@ pub trait Weights<T: Element>: Parameters<T> {
     /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`.
     ///
     /// Fails with [`NnError::DuplicateParam`] if two parameters have one name,
+    /// [`SafeTensorsError::ReservedName`](SafeTensorsError::ReservedName) for a parameter named
+    /// `"__metadata__"`,
     /// [`SafeTensorsError::NotAMatrix`](SafeTensorsError::NotAMatrix) for a parameter
     /// named as in PyTorch's layout without 2 axes,
     /// [`SafeTensorsError::Unrepresentable`](SafeTensorsError::Unrepresentable) for a
@@ -820,10 +927,14 @@ pub trait Weights<T: Element>: Parameters<T> {
 
     /// Fills every parameter from the tensor of its name in the safetensors file at `path`, and
     /// returns the file's tensors no parameter took. Every name, shape and dtype is checked before
-    /// anything is written, and a failure changes nothing: see
+    /// anything is read, and a failure changes nothing: see
     /// [`SafeTensorsError::Mismatch`](SafeTensorsError::Mismatch), which names every
-    /// parameter at fault. The file is mapped, not read whole into memory; a parameter no other
-    /// handle shares is written in place.
+    /// parameter at fault. Each tensor is read from the file straight into a new buffer of its
+    /// parameter's pool, and the parameters are given their buffers only once every tensor is
+    /// read, so the pool holds the old values and the new during the load. A file that shrinks
+    /// during the load fails it with [`SafeTensorsError::Corrupt`](SafeTensorsError::Corrupt)
+    /// naming the tensor; a [`Parameters`] whose walks meet other parameters than the first fails
+    /// it with [`NnError::ParametersChanged`].
     fn load_safetensors(
         &mut self,
         path: impl AsRef<Path>,
@@ -838,29 +949,53 @@ impl<T: Element, P: Parameters<T>> Weights<T> for P {}
 /// Fills every parameter of `params` from the tensor of its name in the file at `path`: see
 /// [`Weights::load_safetensors`].
 ///
-/// Three passes, so that a failure changes nothing: every parameter is checked against the file
-/// (every problem is reported); then the tensors that need a buffer of their own are converted into
-/// new ones (a parameter another handle shares, or a conversion to a narrower float, which can
-/// fail); then the rest are converted in place, which cannot fail, and the new buffers are given
-/// to their parameters. A parameter keeps its key (an optimizer keeps its state). Each tensor's
-/// pages of the mapped file are released once it is converted.
+/// Three steps, so that a failure changes nothing: every parameter is checked against the file
+/// (every problem is reported); then every tensor is read into a new buffer of its parameter's
+/// pool (a read can fail if the file changed since it was opened, a conversion to a narrower float
+/// if a value does not fit, a rent if the pool is full); then, once all are read, each parameter is
+/// given its buffer, which cannot fail. A parameter keeps its key (an optimizer keeps its state).
+/// The last walk must meet the parameters the first met, or the load stops there with
+/// [`NnError::ParametersChanged`].
 pub(crate) fn load<T: Element, P: Parameters<T> + ?Sized>(
     params: &mut P,
     path: &Path,
     options: &LoadOptions,
 ) -> Result<LoadReport, NnError> {
-    let file = SafeTensorsFile::open(path)?;
-    let mut names: Vec<String> = Vec::new();
+    load_file(params, &SafeTensorsFile::open(path)?, options)
+}
+
+/// Fills every parameter of `params` from the tensor of its name in `file`: see [`load`].
+fn load_file<T: Element, P: Parameters<T> + ?Sized>(
+    params: &mut P,
+    file: &SafeTensorsFile,
+    options: &LoadOptions,
+) -> Result<LoadReport, NnError> {
+    /// A parameter the file's tensor is read for, as the first walk met it.
+    struct Planned<'a> {
+        key: u64,
+        version: u64,
+        pool: Pool,
+        tensor: StoredTensor<'a>,
+    }
+
+    let mut planned = Vec::new();
     let mut problems = Vec::new();
     let mut taken = HashSet::new();
     params.visit_params(&ParamPath::ROOT, &mut |path, p| {
         let name = path.to_string();
         if !taken.insert(name.clone()) {
-            problems.push(Err(NnError::DuplicateParam(name.clone())));
-        } else if let Err(e) = file.for_param(&name, p.shape(), options) {
-            problems.push(Ok(e));
+            problems.push(Err(NnError::DuplicateParam(name)));
+            return;
         }
-        names.push(name);
+        match file.for_param(&name, p.shape(), options) {
+            Ok(tensor) => planned.push(Planned {
+                key: p.key(),
+                version: p.version(),
+                pool: p.pool().clone(),
+                tensor,
+            }),
+            Err(e) => problems.push(Ok(e)),
+        }
     });
     if let Some(duplicate) = problems.iter().position(Result::is_err) {
         return Err(problems.swap_remove(duplicate).expect_err("found above"));
@@ -871,40 +1006,34 @@ pub(crate) fn load<T: Element, P: Parameters<T> + ?Sized>(
         1 => return Err(problems.remove(0).into()),
         _ => return Err(SafeTensorsError::Mismatch { problems }.into()),
     }
-    let tensor = |i: usize, p: &Param<T>| {
-        file.for_param(&names[i], p.shape(), options)
-            .expect("checked above")
-    };
-    let mut fresh: Vec<Option<PoolBuffer<T>>> = Vec::with_capacity(names.len());
-    let mut failure = None;
-    params.visit_params(&ParamPath::ROOT, &mut |_, p| {
-        let stored = tensor(fresh.len(), p);
-        let buffer = if failure.is_none() && (!p.is_unique() || stored.may_not_fit::<T>()) {
-            stored
-                .to_buffer::<T>(p.pool())
-                .map_err(|e| failure = Some(e))
-                .ok()
-        } else {
-            None
-        };
-        fresh.push(buffer);
-    });
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    let mut fresh = fresh.into_iter();
-    let mut index = 0;
+    let buffers = planned
+        .iter()
+        .map(|planned| planned.tensor.to_buffer::<T>(&planned.pool))
+        .collect::<Result<Vec<_>, NnError>>()?;
+    let mut fresh = planned.iter().zip(buffers);
+    let mut loaded = 0;
+    let mut changed = false;
     params.visit_params_mut(&ParamPath::ROOT, &mut |_, p| {
-        let stored = tensor(index, p);
-        match fresh.next().expect("one per parameter") {
-            Some(buffer) => p.replace_buffer(buffer),
-            None => stored
-                .write_to(p.unique_slice_mut())
-                .expect("a conversion to a type as wide cannot fail"),
+        if changed {
+            return;
         }
-        file.bytes.release(stored.range.clone());
-        index += 1;
+        match fresh.next() {
+            Some((planned, buffer))
+                if (planned.key, planned.version) == (p.key(), p.version())
+                    && planned.tensor.shape == p.shape() =>
+            {
+                p.replace_buffer(buffer);
+                loaded += 1;
+            }
+            _ => changed = true,
+        }
     });
+    if changed || fresh.next().is_some() {
+        return Err(NnError::ParametersChanged {
+            index: loaded,
+            updated: loaded,
+        });
+    }
     let unused = file
         .names()
         .iter()
@@ -932,6 +1061,9 @@ pub(crate) fn write_named<T: Element>(
     let mut seen = HashSet::new();
     if let Some((name, _)) = named.iter().find(|(name, _)| !seen.insert(name)) {
         return Err(NnError::DuplicateParam(name.clone()));
+    }
+    if let Some((name, _)) = named.iter().find(|(name, _)| name == header::METADATA_KEY) {
+        return Err(SafeTensorsError::ReservedName { name: name.clone() }.into());
     }
     let tensors = named
         .iter()
@@ -972,7 +1104,6 @@ impl<T: Element> ParamStore<T> {
         for name in file.names() {
             let tensor = file.tensor(name, true, options.pytorch_linear.is_pytorch_linear(name))?;
             let param = Param::from_buffer(tensor.to_buffer::<T>(pool)?, &tensor.shape);
-            file.bytes.release(tensor.range.clone());
             store.add(name, param)?;
         }
         Ok(store)

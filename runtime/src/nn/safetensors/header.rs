@@ -1,13 +1,14 @@
-//! The header of a safetensors file, checked before the `safetensors` crate reads it.
+//! The header of a safetensors file, read and checked here rather than by the `safetensors` crate.
 //!
 //! The crate trusts a header's numbers: in a debug build, offsets that end near `usize::MAX` make it
 //! panic ("attempt to add with overflow"), and it reads the JSON into a map, which keeps the last of
-//! two tensors of one name without a word. So the header is read here first, every key in file
-//! order, and checked with checked arithmetic against everything the crate's `read_metadata`
-//! refuses (the crate then never sees a header it could panic on), and for names listed twice. A
-//! refusal names the tensor and what is wrong with it.
+//! two tensors of one name without a word. So the header is parsed here, once, from one copy of its
+//! bytes (a file that changes while it is read cannot show a checked header to one parser and
+//! another to the next), every key in file order, and checked with checked arithmetic against
+//! everything the crate's `read_metadata` refuses, and for names listed twice. A refusal names the
+//! tensor and what is wrong with it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use safetensors::Dtype;
@@ -19,53 +20,67 @@ use super::HEADER_LENGTH_BYTES;
 const MAX_HEADER_BYTES: usize = 100_000_000;
 
 /// The key of the header's string metadata; every other key is a tensor's name.
-const METADATA_KEY: &str = "__metadata__";
+pub(super) const METADATA_KEY: &str = "__metadata__";
 
-/// Checks the header of the safetensors file `bytes`: `Err` with the reason it is not a valid one.
-pub(super) fn check(bytes: &[u8]) -> Result<(), String> {
-    let Some((length, rest)) = bytes.split_first_chunk::<HEADER_LENGTH_BYTES>() else {
+/// The length of the header of a file of `file_len` bytes, from `prefix`, the file's first
+/// [`HEADER_LENGTH_BYTES`] bytes (`None` if it is shorter): `Err` with the reason it is not a valid
+/// one (too short, or a header that would end past the file or over the format's limit).
+pub(super) fn length(
+    file_len: u64,
+    prefix: Option<[u8; HEADER_LENGTH_BYTES]>,
+) -> Result<usize, String> {
+    let Some(length) = prefix else {
         return Err(format!(
-            "the file is {} bytes, too short for the {HEADER_LENGTH_BYTES}-byte header length",
-            bytes.len()
+            "the file is {file_len} bytes, too short for the {HEADER_LENGTH_BYTES}-byte header length"
         ));
     };
-    let length = u64::from_le_bytes(*length);
+    let length = u64::from_le_bytes(length);
+    let rest = file_len - HEADER_LENGTH_BYTES as u64;
     // Compared as `u64`: on a 32-bit target a length past the file may not fit a `usize`.
-    if length > rest.len() as u64 {
+    if length > rest {
         return Err(format!(
-            "the header length is {length} bytes, but only {} bytes follow it",
-            rest.len()
+            "the header length is {length} bytes, but only {rest} bytes follow it"
         ));
     }
-    let (header, data) = rest.split_at(length as usize);
-    if header.len() > MAX_HEADER_BYTES {
-        return Err(format!(
-            "the header is {} bytes, over the format's limit of {MAX_HEADER_BYTES}",
-            header.len()
-        ));
+    match usize::try_from(length) {
+        Ok(length) if length <= MAX_HEADER_BYTES => Ok(length),
+        _ => Err(format!(
+            "the header is {length} bytes, over the format's limit of {MAX_HEADER_BYTES}"
+        )),
     }
+}
+
+/// Parses and checks `header`, the header's bytes, for a file whose data (after the header) holds
+/// `data_len` bytes: `Err` with the reason it is not a valid one.
+pub(super) fn read(header: &[u8], data_len: u64) -> Result<Header, String> {
     let json = std::str::from_utf8(header).map_err(|e| format!("the header is not UTF-8: {e}"))?;
-    parse(json)?.check(data.len())
+    parse(json)?.check(data_len)
 }
 
 /// A tensor as the header lists it.
-struct Entry {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<usize>,
+pub(super) struct Entry {
+    pub(super) name: String,
+    pub(super) dtype: Dtype,
+    pub(super) shape: Vec<usize>,
     /// Where its bytes begin and end in the data (after the header), end excluded.
-    offsets: (usize, usize),
+    pub(super) offsets: (usize, usize),
 }
 
-/// The header as written: every tensor in file order and the keys of every `__metadata__`,
+/// A checked header: its tensors sorted by name, and its string metadata.
+pub(super) struct Header {
+    pub(super) tensors: Vec<Entry>,
+    pub(super) metadata: HashMap<String, String>,
+}
+
+/// The header as written: every tensor in file order and the entries of every `__metadata__`,
 /// duplicates kept so that they can be refused.
-struct Header {
+struct Written {
     tensors: Vec<Entry>,
-    metadata: Vec<Vec<String>>,
+    metadata: Vec<Vec<(String, String)>>,
 }
 
 /// Reads the header's JSON. A reason for refusing it names the entry being read, if any.
-fn parse(json: &str) -> Result<Header, String> {
+fn parse(json: &str) -> Result<Written, String> {
     let mut reading = None;
     let mut deserializer = serde_json::Deserializer::from_str(json);
     let header = (&mut deserializer)
@@ -82,14 +97,15 @@ fn parse(json: &str) -> Result<Header, String> {
     })
 }
 
-impl Header {
+impl Written {
     /// Checks the tensors against a data section of `data_len` bytes: the format's rules, as the
     /// `safetensors` crate applies them, and no name twice.
-    fn check(mut self, data_len: usize) -> Result<(), String> {
+    fn check(mut self, data_len: u64) -> Result<Header, String> {
         if self.metadata.len() > 1 {
             return Err(format!("\"{METADATA_KEY}\" is listed twice in the header"));
         }
-        if let Some(key) = first_repeated(self.metadata.iter().flatten().map(String::as_str)) {
+        let metadata = self.metadata.pop().unwrap_or_default();
+        if let Some(key) = first_repeated(metadata.iter().map(|(key, _)| key.as_str())) {
             return Err(format!(
                 "metadata key \"{key}\" is listed twice in the header"
             ));
@@ -134,24 +150,27 @@ impl Header {
             covered = end;
             previous = Some(tensor);
         }
-        if covered < data_len {
+        if (covered as u64) < data_len {
             let place = match previous {
                 Some(previous) => format!("after tensor \"{}\"", previous.name),
                 None => "and the header lists no tensor".to_string(),
             };
             return Err(format!(
-                "no tensor holds bytes {} of the data, {place}",
-                Offsets((covered, data_len))
+                "no tensor holds bytes [{covered}, {data_len}) of the data, {place}"
             ));
         }
-        Ok(())
+        self.tensors.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        Ok(Header {
+            tensors: self.tensors,
+            metadata: metadata.into_iter().collect(),
+        })
     }
 }
 
 impl Entry {
     /// Checks the tensor on its own: its offsets within a data section of `data_len` bytes, and
     /// holding exactly its shape's bytes.
-    fn check(&self, data_len: usize) -> Result<(), String> {
+    fn check(&self, data_len: u64) -> Result<(), String> {
         let Entry {
             name,
             dtype,
@@ -165,7 +184,7 @@ impl Entry {
                 "tensor \"{name}\": offsets {offsets} end before they begin"
             ));
         }
-        if *end > data_len {
+        if *end as u64 > data_len {
             return Err(format!(
                 "tensor \"{name}\": offsets {offsets} end past the data, which holds {data_len} bytes"
             ));
@@ -224,14 +243,14 @@ struct HeaderVisitor<'a> {
 }
 
 impl<'de> Visitor<'de> for HeaderVisitor<'_> {
-    type Value = Header;
+    type Value = Written;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an object of tensors")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Header, A::Error> {
-        let mut header = Header {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Written, A::Error> {
+        let mut header = Written {
             tensors: Vec::new(),
             metadata: Vec::new(),
         };
@@ -239,10 +258,10 @@ impl<'de> Visitor<'de> for HeaderVisitor<'_> {
             *self.reading = Some(key.clone());
             if key == METADATA_KEY {
                 // `null` is no metadata, as the crate reads it.
-                let keys: Option<MetadataKeys> = map.next_value()?;
+                let entries: Option<MetadataEntries> = map.next_value()?;
                 header
                     .metadata
-                    .push(keys.map_or_else(Vec::new, |keys| keys.0));
+                    .push(entries.map_or_else(Vec::new, |entries| entries.0));
             } else {
                 let TensorFields {
                     dtype,
@@ -262,30 +281,30 @@ impl<'de> Visitor<'de> for HeaderVisitor<'_> {
     }
 }
 
-/// The keys of an object of strings, in order, duplicates kept.
-struct MetadataKeys(Vec<String>);
+/// The entries of an object of strings, in order, duplicates kept.
+struct MetadataEntries(Vec<(String, String)>);
 
-impl<'de> de::Deserialize<'de> for MetadataKeys {
+impl<'de> de::Deserialize<'de> for MetadataEntries {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeysVisitor;
+        struct EntriesVisitor;
 
-        impl<'de> Visitor<'de> for KeysVisitor {
-            type Value = MetadataKeys;
+        impl<'de> Visitor<'de> for EntriesVisitor {
+            type Value = MetadataEntries;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("an object of strings")
             }
 
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MetadataKeys, A::Error> {
-                let mut keys = Vec::new();
-                while let Some((key, _)) = map.next_entry::<String, String>()? {
-                    keys.push(key);
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MetadataEntries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry::<String, String>()? {
+                    entries.push(entry);
                 }
-                Ok(MetadataKeys(keys))
+                Ok(MetadataEntries(entries))
             }
         }
 
-        deserializer.deserialize_map(KeysVisitor)
+        deserializer.deserialize_map(EntriesVisitor)
     }
 }
 
