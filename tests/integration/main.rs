@@ -47,4 +47,5 @@ mod ops;
 mod reliability;
 mod safetensors;
 mod scopes;
+mod tied_parameters;
 mod training;

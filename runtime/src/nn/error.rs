@@ -17,15 +17,22 @@ pub enum NnError {
     /// A second parameter with a name already registered.
     #[error("a parameter named \"{0}\" is already registered")]
     DuplicateParam(String),
-    /// An optimizer was given a parameter set that lists one parameter twice (the parameter and a
-    /// clone of it): it would update the parameter twice per step.
+    /// An optimizer was given a parameter set that holds one parameter (one gradient key) twice
+    /// with different values: two handles of it that no longer share their data, because one was
+    /// written apart from the other (a write through a handle another shares copies first). The
+    /// step cannot tell which values to update. Two handles that share their data are not this
+    /// error but a tie (an embedding and the output head it is tied to, or a list naming a
+    /// parameter twice): the parameter is updated once and both handles hold the result.
     #[error(
-        "the parameter set lists parameter #{index} (shape {shape}) twice, as itself or a clone; \
-         list each parameter once"
+        "the parameter set holds parameter #{first} again at #{index} (shape {shape}) with other \
+         values: one of its handles was written apart from the other; tied fields must share \
+         one parameter's data (a clone of the same Param, neither written alone)"
     )]
     ParamListedTwice {
-        /// Its position in the set (the second listing).
+        /// The position in the set of the handle whose values differ from the first's.
         index: usize,
+        /// The position of the parameter's first handle.
+        first: usize,
         /// Its shape.
         shape: Shape,
     },

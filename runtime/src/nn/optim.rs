@@ -1,5 +1,6 @@
 //! Optimizers: they update the parameters of a store from their gradients, in place.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
@@ -9,6 +10,7 @@ use crate::element::Element;
 use crate::error::{Error, Shape};
 use crate::ops::simd;
 use crate::param::{Param, ParamPath, Parameters};
+use crate::recycle::RecycledVec;
 
 use super::safetensors::write_named;
 use super::safetensors::SafeTensorsFile;
@@ -96,11 +98,23 @@ struct States<S> {
     by_key: HashMap<u64, (S, Group)>,
     /// Which group a parameter belongs to (all to [`Group::DEFAULT`] without one).
     grouping: Option<Grouping>,
-    /// The keys seen in the current step (kept to reuse its memory).
-    seen: HashSet<u64>,
-    /// The key and version of each parameter with a gradient, in the order the step's first walk
-    /// met them: the later walks must meet the same, or the step stops (kept to reuse its memory).
-    walked: Vec<(u64, u64)>,
+    /// Of each key met in the current step: its first handle's place in `walked`, its position in
+    /// the set and its version (kept to reuse its memory).
+    seen: HashMap<u64, (usize, usize, u64)>,
+    /// Each handle with a gradient, in the order the step's first walk met them: the later walks
+    /// must meet the same, or the step stops (kept to reuse its memory).
+    walked: Vec<Walked>,
+}
+
+/// A handle with a gradient as the first walk of a step met it.
+#[derive(Clone, Copy, PartialEq)]
+struct Walked {
+    key: u64,
+    version: u64,
+    /// The parameter has other handles later in the set (fields tied to this one).
+    tied: bool,
+    /// A later handle of a parameter met before: it is given the updated data of the first.
+    later: bool,
 }
 
 impl<S> States<S> {
@@ -108,18 +122,19 @@ impl<S> States<S> {
         States {
             by_key: HashMap::new(),
             grouping: None,
-            seen: HashSet::new(),
+            seen: HashMap::new(),
             walked: Vec::new(),
         }
     }
 
-    /// Calls `update(parameter, its state, its gradient)` for every parameter of `params` that has
-    /// a gradient, all or nothing: first every check, changing nothing; then every rent (states
-    /// made with `make`, copies of parameters another handle shares), kept aside until all have
-    /// succeeded; then the updates, which cannot fail. Each walk over `params` must meet the
-    /// parameters the first met, with the same values ([`Parameters`] promises the same order on
-    /// every call); one that does not is [`NnError::ParametersChanged`], before anything is written
-    /// if the second walk notices it.
+    /// Calls `update(parameter, its state, its gradient)` once for every parameter of `params`
+    /// that has a gradient, all or nothing: first every check, changing nothing; then every rent
+    /// (states made with `make`, copies of parameters another handle shares), kept aside until all
+    /// have succeeded; then the updates, which cannot fail. A parameter the set holds several
+    /// times (tied fields) is updated at its first handle, and the later ones are given the
+    /// updated data. Each walk over `params` must meet the parameters the first met, with the
+    /// same values ([`Parameters`] promises the same order on every call); one that does not is
+    /// [`NnError::ParametersChanged`], before anything is written if the second walk notices it.
     fn update_all<T: Element>(
         &mut self,
         params: &mut dyn Parameters<T>,
@@ -128,10 +143,11 @@ impl<S> States<S> {
         mut update: impl FnMut(&mut [T], &mut S, Group, &[T]),
     ) -> Result<(), NnError> {
         self.check(params, grads)?;
-        // Empty in a steady-state step, when every state exists and the model owns its
-        // parameters: no heap allocation.
+        // Empty in a steady-state step, when every state exists: no heap allocation.
         let mut states = Vec::new();
-        let mut copies = Vec::new();
+        // Not empty at every step when a parameter's handles share its data (tied fields, or a
+        // graph still holding it): a recycled list.
+        let mut copies = RecycledVec::new();
         let mut failure = None;
         let (mut index, mut met) = (0, 0);
         params.visit_params_mut(&ParamPath::ROOT, &mut |path, p| {
@@ -142,6 +158,9 @@ impl<S> States<S> {
             met += 1;
             let rented = (|| {
                 self.same(met - 1, index - 1, p, 0)?;
+                if self.walked[met - 1].later {
+                    return Ok(());
+                }
                 if !self.by_key.contains_key(&p.key()) {
                     let group = self
                         .grouping
@@ -166,9 +185,11 @@ impl<S> States<S> {
             return Err(e);
         }
         self.by_key.extend(states);
-        let mut copies = copies.into_iter().peekable();
+        let mut copies = copies.drain(..).peekable();
+        // The updated first handles of tied parameters, for their later handles.
+        let mut tied = RecycledVec::<Param<T>>::new();
         let (mut index, mut met, mut updated) = (0, 0, 0);
-        params.for_each_param(&mut |p| {
+        params.visit_params_mut(&ParamPath::ROOT, &mut |_, p| {
             index += 1;
             let Some(g) = grads.get(p) else {
                 return;
@@ -181,6 +202,15 @@ impl<S> States<S> {
                 failure = Some(e);
                 return;
             }
+            let walked = self.walked[met - 1];
+            if walked.later {
+                *p = tied
+                    .iter()
+                    .find(|t| t.key() == walked.key)
+                    .expect("a later handle's first was updated before")
+                    .clone();
+                return;
+            }
             if let Some((_, copy)) = copies.next_if(|(i, _)| *i == index - 1) {
                 p.take_copy(copy);
             }
@@ -190,6 +220,9 @@ impl<S> States<S> {
                 .expect("made for every key walked");
             update(p.unique_slice_mut(), state, *group, g.slice());
             updated += 1;
+            if walked.tied {
+                tied.push(p.clone());
+            }
         });
         let missing = self.walked.len().saturating_sub(met);
         failure
@@ -197,8 +230,8 @@ impl<S> States<S> {
             .map_or(Ok(()), Err)
     }
 
-    /// Fails unless `p`, the `n`-th parameter with a gradient of this walk (at `index` in the
-    /// set), is the one the first walk met there, with the same values.
+    /// Fails unless `p`, the `n`-th handle with a gradient of this walk (at `index` in the set),
+    /// is the one the first walk met there, with the same values.
     fn same<T: Element>(
         &self,
         n: usize,
@@ -207,7 +240,7 @@ impl<S> States<S> {
         updated: usize,
     ) -> Result<(), NnError> {
         match self.walked.get(n) {
-            Some(&walked) if walked == (p.key(), p.version()) => Ok(()),
+            Some(walked) if (walked.key, walked.version) == (p.key(), p.version()) => Ok(()),
             _ => Err(NnError::ParametersChanged { index, updated }),
         }
     }
@@ -220,9 +253,10 @@ impl<S> States<S> {
         }
     }
 
-    /// Fails with [`NnError::ParamListedTwice`] or [`Error::StaleGradient`] for the first
-    /// parameter of `params` with a gradient that is listed twice or whose gradient was computed
-    /// from other values than it holds.
+    /// Records the handles of `params` with a gradient in `walked`, and fails with
+    /// [`NnError::ParamListedTwice`] or [`Error::StaleGradient`] for the first that holds other
+    /// values than an earlier handle of the same parameter, or whose gradient was computed from
+    /// other values than it holds.
     fn check<T: Element>(
         &mut self,
         params: &mut dyn Parameters<T>,
@@ -232,25 +266,46 @@ impl<S> States<S> {
         self.walked.clear();
         let mut failure = None;
         let mut index = 0;
-        params.for_each_param(&mut |p| {
+        params.visit_params_mut(&ParamPath::ROOT, &mut |_, p| {
             index += 1;
             if failure.is_some() || grads.get(p).is_none() {
                 return;
             }
-            self.walked.push((p.key(), p.version()));
             let (index, shape) = (index - 1, || Shape::from(p.shape()));
-            if !self.seen.insert(p.key()) {
-                let shape = shape();
-                failure = Some(NnError::ParamListedTwice { index, shape });
-            } else if !grads.is_of_current_values(p) {
-                failure = Some(
-                    Error::StaleGradient {
-                        index,
-                        shape: shape(),
+            let mut walked = Walked {
+                key: p.key(),
+                version: p.version(),
+                tied: false,
+                later: false,
+            };
+            match self.seen.entry(p.key()) {
+                Entry::Occupied(first) => {
+                    let (n, first, version) = *first.get();
+                    self.walked[n].tied = true;
+                    walked.later = true;
+                    if version != p.version() {
+                        let shape = shape();
+                        failure = Some(NnError::ParamListedTwice {
+                            index,
+                            first,
+                            shape,
+                        });
                     }
-                    .into(),
-                );
+                }
+                Entry::Vacant(first) => {
+                    first.insert((self.walked.len(), index, p.version()));
+                    if !grads.is_of_current_values(p) {
+                        failure = Some(
+                            Error::StaleGradient {
+                                index,
+                                shape: shape(),
+                            }
+                            .into(),
+                        );
+                    }
+                }
             }
+            self.walked.push(walked);
         });
         failure.map_or(Ok(()), Err)
     }
@@ -275,10 +330,15 @@ impl<S> States<S> {
             .metadata(OPTIMIZER_KEY, kind)
             .metadata(LR_KEY, format!("{:?}", lr.to_f64()));
         let mut steps = Vec::new();
+        // A tied parameter's state once, under its first name, as the optimizer keeps it.
+        let mut saved = HashSet::new();
         params.visit_params(&ParamPath::ROOT, &mut |path, p| {
             let Some((state, _)) = self.by_key.get(&p.key()) else {
                 return;
             };
+            if !saved.insert(p.key()) {
+                return;
+            }
             let name = path.to_string();
             for (slot, buffer) in S::SLOTS.iter().zip(state.buffers()) {
                 named.push((format!("{name}.{slot}"), buffer.clone()));
@@ -327,7 +387,8 @@ impl<S> States<S> {
         params.visit_params(&ParamPath::ROOT, &mut |path, p| {
             let name = path.to_string();
             let slots: Vec<String> = S::SLOTS.iter().map(|s| format!("{name}.{s}")).collect();
-            if failure.is_some() || !file.contains(&slots[0]) {
+            // A tied parameter's later names hold no state of their own.
+            if failure.is_some() || by_key.contains_key(&p.key()) || !file.contains(&slots[0]) {
                 return;
             }
             let read = || -> Result<(S, Group), NnError> {
@@ -386,7 +447,6 @@ const OPTIMIZER_KEY: &str = "optimizer";
 const LR_KEY: &str = "lr";
 /// The suffix of a parameter's step count among a state file's metadata keys.
 const STEP_SLOT: &str = "step";
-
 impl<T: Element> State<T> for Param<T> {
     const SLOTS: &'static [&'static str] = &["momentum_buffer"];
 

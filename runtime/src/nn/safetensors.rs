@@ -109,9 +109,31 @@ pub enum SafeTensorsError {
         /// Its shape (in the file on load, the parameter's on save).
         shape: Shape,
     },
+    /// Two names of one parameter of the model (tied fields: clones of one `Param`) hold
+    /// different values in the file, so a load cannot give both fields one parameter. The
+    /// parameter's later names may be absent (it loads through its first); present, each must
+    /// hold its first name's values bit for bit once converted.
+    #[error(
+        "tensors \"{first}\" and \"{name}\" are the names of one parameter of the model (tied \
+         fields), but hold different values in the file (element {index}: {first_value:?} and \
+         {value:?}); untie the fields (Param::duplicate) to load them apart"
+    )]
+    TiedTensorsDiffer {
+        /// The later name.
+        name: String,
+        /// The parameter's first name in the model's walk.
+        first: String,
+        /// The first element (row-major) that differs.
+        index: usize,
+        /// Its value under `name`.
+        value: f64,
+        /// Its value under `first`.
+        first_value: f64,
+    },
     /// A load found several parameters that do not match the file: each problem (a
     /// [`SafeTensorsError::MissingTensor`], [`SafeTensorsError::ShapeMismatch`],
-    /// [`SafeTensorsError::UnsupportedDType`], [`SafeTensorsError::NotAMatrix`]), in the model's
+    /// [`SafeTensorsError::UnsupportedDType`], [`SafeTensorsError::NotAMatrix`],
+    /// [`SafeTensorsError::TiedTensorsDiffer`]), in the model's
     /// order. A load with one problem fails with that problem itself.
     #[error("{} parameters do not match the file:{}", problems.len(), list(problems))]
     Mismatch {
@@ -802,7 +824,8 @@ pub trait Weights<T: Element>: Parameters<T> {
     /// Writes every parameter under its name to a safetensors file at `path` (replacing it; the
     /// file is written beside it and renamed, so a failed save leaves an existing file whole), in
     /// [`SaveOptions::dtype`] (`F32` by default), with the options' metadata, and transposing the
-    /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`.
+    /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`. A parameter two
+    /// fields hold ([tied](crate::Parameters#tied-parameters)) is written under both names.
     ///
     /// Fails with [`NnError::DuplicateParam`] if two parameters have one name,
     /// [`SafeTensorsError::NotAMatrix`](SafeTensorsError::NotAMatrix) for a parameter
@@ -824,6 +847,11 @@ pub trait Weights<T: Element>: Parameters<T> {
     /// [`SafeTensorsError::Mismatch`](SafeTensorsError::Mismatch), which names every
     /// parameter at fault. The file is mapped, not read whole into memory; a parameter no other
     /// handle shares is written in place.
+    ///
+    /// A [tied](crate::Parameters#tied-parameters) parameter loads from its first name, and its
+    /// later fields are then given the same data (the tie holds). Its later names may be absent
+    /// from the file; present, each must hold the first's values, or the load fails with
+    /// [`SafeTensorsError::TiedTensorsDiffer`](SafeTensorsError::TiedTensorsDiffer) naming both.
     fn load_safetensors(
         &mut self,
         path: impl AsRef<Path>,
@@ -853,13 +881,24 @@ pub(crate) fn load<T: Element, P: Parameters<T> + ?Sized>(
     let mut names: Vec<String> = Vec::new();
     let mut problems = Vec::new();
     let mut taken = HashSet::new();
+    // Of every handle, the index of the parameter's first handle if it is a later one (a field
+    // tied to an earlier one): it is filled through the first, and given the first's data.
+    let mut ties: Vec<Option<usize>> = Vec::new();
+    let mut firsts = HashMap::new();
     params.visit_params(&ParamPath::ROOT, &mut |path, p| {
         let name = path.to_string();
+        let first = *firsts.entry(p.key()).or_insert(names.len());
+        let tied_to = (first != names.len()).then_some(first);
         if !taken.insert(name.clone()) {
             problems.push(Err(NnError::DuplicateParam(name.clone())));
+        } else if let Some(first) = tied_to {
+            if let Err(e) = check_tie(&file, &names[first], &name, p, options) {
+                problems.push(e);
+            }
         } else if let Err(e) = file.for_param(&name, p.shape(), options) {
             problems.push(Ok(e));
         }
+        ties.push(tied_to);
         names.push(name);
     });
     if let Some(duplicate) = problems.iter().position(Result::is_err) {
@@ -878,14 +917,18 @@ pub(crate) fn load<T: Element, P: Parameters<T> + ?Sized>(
     let mut fresh: Vec<Option<PoolBuffer<T>>> = Vec::with_capacity(names.len());
     let mut failure = None;
     params.visit_params(&ParamPath::ROOT, &mut |_, p| {
-        let stored = tensor(fresh.len(), p);
-        let buffer = if failure.is_none() && (!p.is_unique() || stored.may_not_fit::<T>()) {
-            stored
-                .to_buffer::<T>(p.pool())
-                .map_err(|e| failure = Some(e))
-                .ok()
-        } else {
-            None
+        let i = fresh.len();
+        let buffer = match ties[i] {
+            None if failure.is_none() => {
+                let stored = tensor(i, p);
+                (!p.is_unique() || stored.may_not_fit::<T>())
+                    .then(|| stored.to_buffer::<T>(p.pool()))
+                    .transpose()
+                    .map_err(|e| failure = Some(e))
+                    .ok()
+                    .flatten()
+            }
+            _ => None,
         };
         fresh.push(buffer);
     });
@@ -894,15 +937,25 @@ pub(crate) fn load<T: Element, P: Parameters<T> + ?Sized>(
     }
     let mut fresh = fresh.into_iter();
     let mut index = 0;
+    // The loaded first handles of tied parameters, by index, for their later handles.
+    let mut loaded: HashMap<usize, Param<T>> = HashMap::new();
     params.visit_params_mut(&ParamPath::ROOT, &mut |_, p| {
-        let stored = tensor(index, p);
-        match fresh.next().expect("one per parameter") {
-            Some(buffer) => p.replace_buffer(buffer),
-            None => stored
-                .write_to(p.unique_slice_mut())
-                .expect("a conversion to a type as wide cannot fail"),
+        let buffer = fresh.next().expect("one per parameter");
+        if let Some(first) = ties[index] {
+            *p = loaded[&first].clone();
+        } else {
+            let stored = tensor(index, p);
+            match buffer {
+                Some(buffer) => p.replace_buffer(buffer),
+                None => stored
+                    .write_to(p.unique_slice_mut())
+                    .expect("a conversion to a type as wide cannot fail"),
+            }
+            file.bytes.release(stored.range.clone());
+            if ties.contains(&Some(index)) {
+                loaded.insert(index, p.clone());
+            }
         }
-        file.bytes.release(stored.range.clone());
         index += 1;
     });
     let unused = file
@@ -914,13 +967,58 @@ pub(crate) fn load<T: Element, P: Parameters<T> + ?Sized>(
     Ok(LoadReport { unused })
 }
 
+/// Checks the tensor a later handle of a tied parameter (`name`, tied to the handle named
+/// `first`) would load from: none (the parameter loads through its first name), or one that loads
+/// as the parameter and holds the same values as `first`'s, bit for bit once converted, else
+/// [`SafeTensorsError::TiedTensorsDiffer`]. A failure to rent the buffers compared is the
+/// `Err` of the result, a problem of the file its `Ok`.
+fn check_tie<T: Element>(
+    file: &SafeTensorsFile,
+    first: &str,
+    name: &str,
+    p: &Param<T>,
+    options: &LoadOptions,
+) -> Result<(), Result<SafeTensorsError, NnError>> {
+    if !file.contains(name) {
+        return Ok(());
+    }
+    let tensor = file.for_param(name, p.shape(), options).map_err(Ok)?;
+    // A first name at fault is reported at it.
+    let Ok(first_tensor) = file.for_param(first, p.shape(), options) else {
+        return Ok(());
+    };
+    let read = |t: &StoredTensor<'_>| match t.to_buffer::<T>(p.pool()) {
+        Ok(buffer) => Ok(buffer),
+        Err(NnError::SafeTensors(e)) => Err(Ok(e)),
+        Err(e) => Err(Err(e)),
+    };
+    let (values, first_values) = (read(&tensor)?, read(&first_tensor)?);
+    let bits = |x: T| DType::to_f64(x).to_bits();
+    match (values.iter().zip(first_values.iter())).position(|(&a, &b)| bits(a) != bits(b)) {
+        None => Ok(()),
+        Some(index) => Err(Ok(SafeTensorsError::TiedTensorsDiffer {
+            name: name.to_string(),
+            first: first.to_string(),
+            index,
+            value: DType::to_f64(values[index]),
+            first_value: DType::to_f64(first_values[index]),
+        })),
+    }
+}
+
 /// Writes every parameter of `params` under its name: see [`Weights::save_safetensors`].
 pub(crate) fn save<T: Element, P: Parameters<T> + ?Sized>(
     params: &P,
     path: &Path,
     options: &SaveOptions,
 ) -> Result<(), NnError> {
-    write_named(&params.named_params(), path, options)
+    // Every name, a tied parameter's under each (its values once per name, as PyTorch's
+    // `state_dict()` keeps both keys), so that a reader of the file needs no tie of its own.
+    let mut named = Vec::new();
+    params.visit_params(&ParamPath::ROOT, &mut |path, p| {
+        named.push((path.to_string(), p.clone()))
+    });
+    write_named(&named, path, options)
 }
 
 /// Writes `named` parameters under their names: see [`Weights::save_safetensors`].
