@@ -44,6 +44,7 @@ mod kv_cache;
 mod llama_parity;
 mod nn;
 mod ops;
+mod optimizer_state;
 mod reliability;
 mod safetensors;
 mod scopes;

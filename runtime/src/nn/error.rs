@@ -59,6 +59,28 @@ pub enum NnError {
         /// What does not fit, naming the tensor or key.
         reason: String,
     },
+    /// An optimizer's state file holds a value the next step would spread to every weight as NaN
+    /// or infinity: a moment that is NaN or infinite, a negative second moment (`exp_avg_sq`), a
+    /// learning rate that is negative, NaN or infinite in the parameters' element type (`1e300`
+    /// in `f32`), or a negative step count. Nothing was loaded.
+    #[error(
+        "cannot load the optimizer state in {}: {} is {value:?}; {rule}",
+        path.display(),
+        describe_state_value(key, *index)
+    )]
+    OptimizerStateValue {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The tensor (`h.0.attn.c_attn.weight.exp_avg_sq`) or metadata key (`lr`,
+        /// `wte.step`) holding the value.
+        key: String,
+        /// The value's position in the tensor (row-major), or `None` for a metadata key.
+        index: Option<usize>,
+        /// The value, as a number.
+        value: f64,
+        /// What it must be.
+        rule: &'static str,
+    },
     /// An error of the checkpointer during a checkpointed forward.
     #[error(transparent)]
     Checkpoint(Box<crate::checkpoint::CheckpointError>),
@@ -80,6 +102,14 @@ pub(super) fn close_names(name: &str, candidates: &[String]) -> Vec<String> {
         .collect();
     close.sort();
     close.into_iter().take(3).map(|(_, n)| n.clone()).collect()
+}
+
+/// Where an optimizer state's refused value is: an element of a tensor, or a metadata key.
+fn describe_state_value(key: &str, index: Option<usize>) -> String {
+    match index {
+        Some(i) => format!("element {i} of \"{key}\""),
+        None => format!("\"{key}\""),
+    }
 }
 
 /// `close` as the end of an error message: empty, or "; did you mean ...?".

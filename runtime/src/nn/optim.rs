@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::NnError;
 use crate::autograd::Gradients;
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Shape};
 use crate::ops::simd;
 use crate::param::{Param, ParamPath, Parameters};
@@ -81,8 +81,8 @@ type Grouping = Box<dyn Fn(&str) -> Group + Send + Sync>;
 /// A parameter's per-parameter state: its buffers, each saved under `<name>.<slot>`, and its step
 /// count if it keeps one.
 trait State<T: Element>: Sized {
-    /// The names of the buffers, as PyTorch's optimizers name them.
-    const SLOTS: &'static [&'static str];
+    /// The names of the buffers, as PyTorch's optimizers name them, and the values each may hold.
+    const SLOTS: &'static [(&'static str, Values)];
     /// The buffers, in the order of [`State::SLOTS`].
     fn buffers(&self) -> Vec<&Param<T>>;
     /// The step count, if the state keeps one.
@@ -340,7 +340,7 @@ impl<S> States<S> {
                 return;
             }
             let name = path.to_string();
-            for (slot, buffer) in S::SLOTS.iter().zip(state.buffers()) {
+            for ((slot, _), buffer) in S::SLOTS.iter().zip(state.buffers()) {
                 named.push((format!("{name}.{slot}"), buffer.clone()));
             }
             if let Some(count) = state.steps() {
@@ -381,19 +381,36 @@ impl<S> States<S> {
             .get(LR_KEY)
             .and_then(|lr| lr.parse::<f64>().ok())
             .ok_or_else(|| invalid(format!("its `{LR_KEY}` is missing or not a number")))?;
+        let bad = |key: &str, index: Option<usize>, value: f64, rule: &'static str| {
+            NnError::OptimizerStateValue {
+                path: path.to_path_buf(),
+                key: key.to_string(),
+                index,
+                value,
+                rule,
+            }
+        };
+        // A rate that is not a finite number of `T` (1e300 in f32) or is negative would make every
+        // weight infinite or NaN, or climb the loss, at the next step.
+        if !(lr >= 0.0 && DType::to_f64(T::from_f64(lr)).is_finite()) {
+            return Err(bad(LR_KEY, None, lr, NON_NEGATIVE_RATE));
+        }
         let mut by_key = HashMap::new();
         let mut taken = HashSet::new();
         let mut failure = None;
         params.visit_params(&ParamPath::ROOT, &mut |path, p| {
             let name = path.to_string();
-            let slots: Vec<String> = S::SLOTS.iter().map(|s| format!("{name}.{s}")).collect();
+            let slots: Vec<String> = S::SLOTS
+                .iter()
+                .map(|(s, _)| format!("{name}.{s}"))
+                .collect();
             // A tied parameter's later names hold no state of their own.
             if failure.is_some() || by_key.contains_key(&p.key()) || !file.contains(&slots[0]) {
                 return;
             }
             let read = || -> Result<(S, Group), NnError> {
                 let mut buffers = Vec::new();
-                for slot in &slots {
+                for (slot, (_, values)) in slots.iter().zip(S::SLOTS) {
                     let buffer = file.param::<T>(p.pool(), slot)?;
                     if buffer.shape() != p.shape() {
                         return Err(invalid(format!(
@@ -402,6 +419,15 @@ impl<S> States<S> {
                             buffer.shape(),
                             p.shape()
                         )));
+                    }
+                    let misfit = buffer
+                        .as_slice()
+                        .iter()
+                        .map(|&x| DType::to_f64(x))
+                        .enumerate()
+                        .find(|&(_, x)| !values.holds(x));
+                    if let Some((i, x)) = misfit {
+                        return Err(bad(slot, Some(i), x, values.rule()));
                     }
                     buffers.push(buffer);
                 }
@@ -412,6 +438,9 @@ impl<S> States<S> {
                     })?,
                     None => 0,
                 };
+                if steps < 0 {
+                    return Err(bad(&step_key, None, f64::from(steps), NON_NEGATIVE_STEPS));
+                }
                 Ok((S::from_parts(buffers, steps), self.group_of(&name)))
             };
             match read() {
@@ -447,8 +476,41 @@ const OPTIMIZER_KEY: &str = "optimizer";
 const LR_KEY: &str = "lr";
 /// The suffix of a parameter's step count among a state file's metadata keys.
 const STEP_SLOT: &str = "step";
+/// What a loaded learning rate must be.
+const NON_NEGATIVE_RATE: &str = "a learning rate must be a finite number, 0 or more, in the \
+                                 parameters' element type";
+/// What a loaded step count must be.
+const NON_NEGATIVE_STEPS: &str = "a step count must be 0 or more";
+
+/// The values a state buffer may hold: a loaded one that holds others is refused, since the next
+/// step would spread them to every weight.
+#[derive(Clone, Copy)]
+enum Values {
+    /// Finite numbers (a momentum, a first moment).
+    Finite,
+    /// Finite numbers, 0 or more (a second moment, whose square root the step takes).
+    FiniteNonNegative,
+}
+
+impl Values {
+    fn holds(self, x: f64) -> bool {
+        match self {
+            Values::Finite => x.is_finite(),
+            Values::FiniteNonNegative => x.is_finite() && x >= 0.0,
+        }
+    }
+
+    /// The rule, for the error of a value that breaks it.
+    fn rule(self) -> &'static str {
+        match self {
+            Values::Finite => "the state must be finite",
+            Values::FiniteNonNegative => "a second moment must be finite and 0 or more",
+        }
+    }
+}
+
 impl<T: Element> State<T> for Param<T> {
-    const SLOTS: &'static [&'static str] = &["momentum_buffer"];
+    const SLOTS: &'static [(&'static str, Values)] = &[("momentum_buffer", Values::Finite)];
 
     fn buffers(&self) -> Vec<&Param<T>> {
         vec![self]
@@ -464,7 +526,10 @@ impl<T: Element> State<T> for Param<T> {
 }
 
 impl<T: Element> State<T> for (Param<T>, Param<T>, i32) {
-    const SLOTS: &'static [&'static str] = &["exp_avg", "exp_avg_sq"];
+    const SLOTS: &'static [(&'static str, Values)] = &[
+        ("exp_avg", Values::Finite),
+        ("exp_avg_sq", Values::FiniteNonNegative),
+    ];
 
     fn buffers(&self) -> Vec<&Param<T>> {
         vec![&self.0, &self.1]
