@@ -728,4 +728,28 @@ mod tests {
         drop((a, b));
         assert_eq!(pool.stats().bytes_in_use, 0);
     }
+
+    #[test]
+    fn walks_that_need_each_parameter_once_see_a_tied_one_once() {
+        let pool = Pool::with_max_memory_mb(8);
+        let a = Param::from_slice(&pool, &[2], &[1.0f32, 2.0]);
+        let mut set = vec![a.clone(), Param::zeros(&pool, &[3]), a];
+        assert_eq!(set.param_count(), 5);
+        let names: Vec<String> = set.named_params().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["0", "1"]);
+        let mut all = Vec::new();
+        set.visit_params(&ParamPath::ROOT, &mut |path, _| all.push(path.to_string()));
+        assert_eq!(all, ["0", "1", "2"], "the plain walk meets every name");
+        // A write through the walk (a copy on write, the handles sharing the data) reaches
+        // the later field: the tie holds.
+        let mut visits = 0;
+        set.for_each_param(&mut |p| {
+            visits += 1;
+            p.view_mut().fill(7.0);
+        });
+        assert_eq!(visits, 2);
+        assert_eq!(set[2].to_vec(), [7.0, 7.0]);
+        assert!(set[2].shares_buffer_with(&set[0]));
+        assert_eq!(set[2].version(), set[0].version());
+    }
 }

@@ -20,7 +20,10 @@ use super::SaveOptions;
 pub trait Optimizer<T: Element> {
     /// One update of every parameter in `params` (a [`ParamStore`](super::ParamStore), a model
     /// struct: any [`Parameters`]) that has a gradient in `grads` (the others are left as they
-    /// are), in place: a parameter no other handle shares is written without a copy.
+    /// are), in place: a parameter no other handle shares is written without a copy. A parameter
+    /// the set holds twice (tied fields, clones of one `Param`) is updated once and its handles
+    /// keep sharing the result; two handles of one parameter holding different values are
+    /// [`NnError::ParamListedTwice`].
     /// All or nothing: the memory an update needs (new state, a copy of a shared parameter) is
     /// taken before any parameter changes, so a budget error leaves every parameter and the
     /// optimizer's state as they were.
@@ -38,7 +41,7 @@ pub trait Optimizer<T: Element> {
     fn set_lr(&mut self, lr: T);
 
     /// Writes the optimizer's state (every parameter's buffers and step count, keyed by the
-    /// parameter's name in `params`, and the learning rate) to a safetensors file at `path`, bit for
+    /// parameter's name in `params`, a tied parameter's by its first name, and the learning rate) to a safetensors file at `path`, bit for
     /// bit in the parameters' element type: with the model's own file, what resuming a run needs
     /// (PyTorch's `optimizer.state_dict()`, by name rather than by position).
     fn save_state(&self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError>;
@@ -46,7 +49,10 @@ pub trait Optimizer<T: Element> {
     /// Replaces the optimizer's state with the one [`Optimizer::save_state`] wrote for a model of
     /// these names and shapes. All or nothing: fails, changing nothing, with
     /// [`NnError::OptimizerState`] naming what does not fit (another optimizer's file, a state for a
-    /// parameter `params` does not have, a shape that differs), or a file error.
+    /// parameter `params` does not have, a shape that differs),
+    /// [`NnError::OptimizerStateValue`] naming a value the next step would spread to every weight
+    /// (a NaN or infinite moment, a negative second moment, a learning rate that is negative or
+    /// not finite in `T`, a negative step count), or a file error.
     fn load_state(&mut self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError>;
 }
 
@@ -550,7 +556,8 @@ macro_rules! groups_builder {
     ($states:ident) => {
         /// Gives each parameter the settings of its group, from its name: `|name| if
         /// name.ends_with("bias") { Group::NO_DECAY } else { Group::DEFAULT }`. A parameter's group
-        /// is fixed at its first update (or when its state is loaded).
+        /// is fixed at its first update (or when its state is loaded); a tied parameter's is
+        /// that of its first name.
         pub fn groups(mut self, group_of: impl Fn(&str) -> Group + Send + Sync + 'static) -> Self {
             self.$states.grouping = Some(Box::new(group_of));
             self
