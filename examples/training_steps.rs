@@ -6,8 +6,8 @@
 //! `cargo run --release --example training_steps -- MODEL STEPS`, MODEL one of `mlp` (the 2-block
 //! pre-norm MLP, batch 64, width 32), `mlp-sqrt` (its block loop under `#[checkpoint]` with
 //! `Policy::Sqrt`, 4 blocks), `gpt` (the tiny GPT, 2 blocks, batch 2 of 8 tokens, its attention
-//! fused) or `gpt-every` (its checkpointed block loop, `Policy::Every(1)`); the loops of
-//! `tests/allocations.rs`.
+//! fused), `gpt-every` (its checkpointed block loop, `Policy::Every(1)`) or `gpt-tied` (its LM head
+//! a field tied to the token embedding, `Gpt::tie_head`); the loops of `tests/allocations.rs`.
 //!
 //! Without arguments it runs each model for 50 steps and prints the median time of a step.
 
@@ -25,8 +25,8 @@ mod training_loops;
 
 use gpt::Attention::Fused;
 
-const MODELS: [&str; 4] = ["mlp", "mlp-sqrt", "gpt", "gpt-every"];
-const USAGE: &str = "usage: training_steps [mlp|mlp-sqrt|gpt|gpt-every STEPS]";
+const MODELS: [&str; 5] = ["mlp", "mlp-sqrt", "gpt", "gpt-every", "gpt-tied"];
+const USAGE: &str = "usage: training_steps [mlp|mlp-sqrt|gpt|gpt-every|gpt-tied STEPS]";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -65,6 +65,7 @@ fn run(model: &str, steps: usize, boundary: &mut dyn FnMut(usize)) {
         "mlp" => training_loops::mlp(&pool, 2, None, steps, boundary),
         "mlp-sqrt" => training_loops::mlp(&pool, 4, policy(Policy::Sqrt), steps, boundary),
         "gpt" => training_loops::gpt(&pool, Fused, None, steps, boundary),
+        "gpt-tied" => training_loops::tied_gpt(&pool, steps, boundary),
         _ => training_loops::gpt(&pool, Fused, policy(Policy::Every(1)), steps, boundary),
     }
 }

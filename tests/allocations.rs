@@ -276,6 +276,18 @@ fn steady_state_gpt_forwards_and_training_steps_allocate_nothing() {
     );
 }
 
+/// A parameter two fields hold (the GPT's head tied to its embedding) is found once by the
+/// optimizer's walks in recycled lists: its steps allocate nothing either.
+#[test]
+fn steady_state_steps_of_a_tied_gpt_allocate_nothing() {
+    let pool = Pool::with_max_memory_mb(64);
+    let n = per_step(|steps, boundary| training_loops::tied_gpt(&pool, steps, boundary));
+    assert_eq!(
+        n, 0,
+        "heap allocations over {STEADY_STEPS} steady-state training steps of the tied GPT"
+    );
+}
+
 /// A decode step of the Llama-style model for two sequences at different positions, through its
 /// key/value caches (kept by the outer scope) in a scope of its own, then top-k/top-p sampling:
 /// the cache's appends, attention and the step's temporaries all reuse pooled buffers and

@@ -1,6 +1,7 @@
 //! A GPT-2-style decoder written with tensorscope's ops: token and position embeddings, pre-LayerNorm
 //! blocks of causal multi-head attention (from one fused qkv projection) and a GELU MLP, a final
-//! LayerNorm and an LM head tied to the token embedding, read in place (`h.matmul(&wte.t())`). Every
+//! LayerNorm and an LM head tied to the token embedding, read in place (`h.matmul(&wte.t())`), or,
+//! by [`Gpt::tie_head`], a field of its own holding the same parameter (tied fields). Every
 //! forward is `#[dispose_scope]`; the block loop is also written with `#[checkpoint]` for training,
 //! and the model decodes through a key/value cache per block (`CausalLm`, for `nn::generate`).
 //!
@@ -206,6 +207,11 @@ pub(crate) struct Gpt {
     #[param(rename = "h")]
     pub(crate) blocks: Vec<Block>,
     ln_f: Norm,
+    /// The LM head's weight as a field of its own, as Hugging Face's GPT-2 keeps it: `None` reads
+    /// `wte` in place (the tie by hand); [`Gpt::tie_head`] makes it a clone of `wte` (tied
+    /// fields: one parameter under two names).
+    #[param(rename = "lm_head.weight")]
+    lm_head: Option<Param>,
     /// 1 above the diagonal: the future a query must not attend to.
     #[param(skip)]
     future: Param<u8>,
@@ -284,8 +290,17 @@ impl Gpt {
             wpe: zeros(&[n, d])?,
             blocks,
             ln_f: norm()?,
+            lm_head: None,
             future,
         })
+    }
+
+    /// The same model with its head a field of its own tied to `wte` (a clone of it, as PyTorch
+    /// ties `lm_head.weight = wte.weight`): one parameter under the names `wte` and
+    /// `lm_head.weight`.
+    pub(crate) fn tie_head(mut self) -> Gpt {
+        self.lm_head = Some(self.wte.clone());
+        self
     }
 
     /// The token and position embeddings of `ids` (`[batch, t]`): `[batch, t, dim]`.
@@ -299,7 +314,7 @@ impl Gpt {
     #[dispose_scope]
     fn head<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
         let h = self.ln_f.forward(x, self.config.eps);
-        h.matmul(&x.bind(&self.wte).t())
+        h.matmul(&x.bind(self.lm_head.as_ref().unwrap_or(&self.wte)).t())
     }
 
     /// The logits for `ids` (`[batch, t]`, `t <= n_ctx`): `[batch, t, vocab]`.

@@ -119,7 +119,24 @@ pub(crate) fn gpt(
     steps: usize,
     boundary: impl FnMut(usize),
 ) {
-    let mut model = tiny_gpt(pool, attention);
+    gpt_steps(pool, tiny_gpt(pool, attention), config, steps, boundary)
+}
+
+/// The same steps of the tiny GPT with its LM head a field tied to the token embedding
+/// ([`gpt::Gpt::tie_head`]).
+pub(crate) fn tied_gpt(pool: &Pool, steps: usize, boundary: impl FnMut(usize)) {
+    let model = tiny_gpt(pool, gpt::Attention::Fused).tie_head();
+    gpt_steps(pool, model, None, steps, boundary)
+}
+
+/// `steps` training steps of `model` on [`TOKENS`]; see [`adam_steps`].
+fn gpt_steps(
+    pool: &Pool,
+    mut model: gpt::Gpt,
+    config: Option<CheckpointConfig>,
+    steps: usize,
+    boundary: impl FnMut(usize),
+) {
     adam_steps(
         pool,
         &mut model,

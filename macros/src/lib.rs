@@ -242,7 +242,9 @@ pub fn derive_escape(input: TokenStream) -> TokenStream {
 /// a `Vec` or an array under their index, an `Option` when it holds a value), so the parameters'
 /// names are their field paths, `blocks.3.mlp.w1`, as in PyTorch's `state_dict()`. A field's type
 /// must be a set of parameters (`Param`, a module, a `Vec`, array, `Box` or `Option` of them);
-/// another is a compile error at the field.
+/// another is a compile error at the field. Two fields may hold one parameter (a clone of one
+/// `Param`, as a head tied to an embedding): it is trained and counted once and saved under both
+/// names (see `Parameters`' "Tied parameters").
 ///
 /// Field options: `#[param(rename = "c_fc.weight")]` walks the field under another name (a file's);
 /// `#[param(flatten)]` walks it under its parent's path (a wrapper's fields as its own);

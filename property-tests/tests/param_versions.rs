@@ -6,8 +6,10 @@
 //! - a backward adding into a `Gradients` that holds another version of one of its parameters, or
 //!   using two versions of one parameter itself, is `ParamUsedWithTwoValues` and adds nothing;
 //! - an optimizer step given a gradient of another version than the parameter holds is
-//!   `StaleGradient`, and one given a set listing a parameter twice is `ParamListedTwice`; a
-//!   refused step changes no value, no version and no buffer (handles that shared one still do);
+//!   `StaleGradient`, and one given a set holding two handles of one parameter with different
+//!   values is `ParamListedTwice`; a refused step changes no value, no version and no buffer
+//!   (handles that shared one still do); two handles with the same values are a tie, updated
+//!   once, the later given the first's data;
 //! - otherwise every handle holds the values the model predicts, and the gradients their sums.
 //!
 //! Forwards use the parameters through `add`, which saves nothing of them (a later write is in
@@ -197,8 +199,13 @@ proptest! {
                             .collect();
                         let trained: Vec<usize> =
                             set.iter().copied().filter(|&i| model.grads[model.handles[i].key].is_some()).collect();
+                        // Two handles of one parameter with different values: the step cannot
+                        // tell which to update. With the same values they are a tie.
                         let twice = trained.iter().enumerate().any(|(n, &a)| {
-                            trained[..n].iter().any(|&b| model.handles[a].key == model.handles[b].key)
+                            trained[..n].iter().any(|&b| {
+                                let (a, b) = (model.handles[a], model.handles[b]);
+                                a.key == b.key && a.version != b.version
+                            })
                         });
                         let stale = trained.iter().any(|&i| {
                             let h = model.handles[i];
@@ -228,9 +235,20 @@ proptest! {
                             }
                         } else {
                             prop_assert!(result.is_ok(), "{result:?}");
-                            for &i in &trained {
-                                let by = -model.grads[model.handles[i].key].expect("trained").sum;
-                                model.write(i, by);
+                            // Each parameter once, at its first handle in the set; its later
+                            // handles are given the first's data.
+                            for (n, &i) in trained.iter().enumerate() {
+                                let key = model.handles[i].key;
+                                match trained[..n].iter().find(|&&f| model.handles[f].key == key) {
+                                    Some(&first) => {
+                                        model.handles[i] = model.handles[first];
+                                        prop_assert!(params[i].shares_buffer_with(&params[first]));
+                                    }
+                                    None => {
+                                        let by = -model.grads[key].expect("trained").sum;
+                                        model.write(i, by);
+                                    }
+                                }
                             }
                         }
                     }

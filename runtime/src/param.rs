@@ -6,7 +6,7 @@ use std::fmt;
 use crate::element::{DType, Element};
 use crate::error::{panicking, Result};
 use crate::pool::{check_length, Pool, PoolBuffer};
-use crate::recycle::RecycledArc;
+use crate::recycle::{RecycledArc, RecycledVec};
 
 /// A value kept outside every scope: a model's weights, an optimizer's state, a stored checkpoint, a
 /// result the caller keeps. It has **no ops**: to compute with it, bind it into a scope
@@ -523,6 +523,18 @@ impl fmt::Debug for ParamPath<'_> {
 ///
 /// The model must own its parameters: an optimizer writes a parameter that another handle shares
 /// (a clone kept elsewhere) by copying it first, and the other handle keeps the old values.
+///
+/// # Tied parameters
+///
+/// Two fields may hold one parameter (a clone: the same gradient key), as GPT-2 ties its output
+/// head to its token embedding. The model then has one parameter under two names:
+/// [`Parameters::visit_params`] meets it under each (a save writes both names, as PyTorch's
+/// `state_dict()` keeps both keys, and a load checks that both hold the same values and keeps
+/// the tie); [`Parameters::for_each_param`], [`Parameters::named_params`] and
+/// [`Parameters::param_count`] see it once, at its first name; an optimizer updates it once,
+/// from the gradients of both uses summed, and leaves both fields holding the new values. As
+/// its handles share the data, its update is written into a copy (one copy of that parameter
+/// per step); one `Param` used in both places (`h.matmul(&x.bind(&self.wte).t())`) avoids it.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a set of parameters of element type `{T}`",
     label = "not a set of `Param<{T}>`",
@@ -531,6 +543,9 @@ impl fmt::Debug for ParamPath<'_> {
 )]
 pub trait Parameters<T: Element> {
     /// Calls `f` on every parameter with its path below `path`, in the same order on every call.
+    /// A parameter held by several fields (an embedding tied to the output head: clones of one
+    /// [`Param`], one gradient key) is met once under each of its names, as a file holds it; the
+    /// other walks below see it once.
     fn visit_params(&self, path: &ParamPath<'_>, f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>));
 
     /// The same walk as [`Parameters::visit_params`], with the parameters writable.
@@ -540,22 +555,42 @@ pub trait Parameters<T: Element> {
         f: &mut dyn FnMut(&ParamPath<'_>, &mut Param<T>),
     );
 
-    /// Calls `f` on every parameter, in the same order on every call.
+    /// Calls `f` once on every parameter, in the same order on every call: a parameter held by
+    /// several fields at the first of them, after which the others are given its data, so that a
+    /// write through `f` reaches every field and the tie holds (as PyTorch's `parameters()`,
+    /// which lists a tied weight once). Allocates nothing once this thread has walked a set as
+    /// large.
     fn for_each_param(&mut self, f: &mut dyn FnMut(&mut Param<T>)) {
-        self.visit_params_mut(&ParamPath::ROOT, &mut |_, p| f(p))
+        // The handles met so far, sorted by key: a walk usually meets keys in the order they
+        // were made, so an insertion is at the end.
+        let mut firsts = RecycledVec::<Param<T>>::new();
+        self.visit_params_mut(&ParamPath::ROOT, &mut |_, p| match firsts
+            .binary_search_by_key(&p.key(), Param::key)
+        {
+            Ok(i) => *p = firsts[i].clone(),
+            Err(i) => {
+                f(p);
+                firsts.insert(i, p.clone());
+            }
+        })
     }
 
-    /// Every parameter with its name, in the walk's order: handles sharing the data (no copy).
+    /// Every parameter once, under the first of its names (a tied parameter's later names are left
+    /// out, as PyTorch's `named_parameters()` leaves them), in the walk's order: handles sharing
+    /// the data (no copy).
     fn named_params(&self) -> Vec<(String, Param<T>)> {
         let mut named = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         self.visit_params(&ParamPath::ROOT, &mut |path, p| {
-            named.push((path.to_string(), p.clone()))
+            if seen.insert(p.key()) {
+                named.push((path.to_string(), p.clone()))
+            }
         });
         named
     }
 
-    /// The parameter named `name` (a handle sharing its data), if there is one: to read it, or its
-    /// gradient (`grads.get(&model.param("h.0.attn.c_attn.weight").unwrap())`).
+    /// The parameter named `name` (a handle sharing its data), if there is one, under any of its
+    /// names: to read it, or its gradient (`grads.get(&model.param("h.0.attn.c_attn.weight").unwrap())`).
     fn param(&self, name: &str) -> Option<Param<T>> {
         let mut found = None;
         self.visit_params(&ParamPath::ROOT, &mut |path, p| {
@@ -566,10 +601,17 @@ pub trait Parameters<T: Element> {
         found
     }
 
-    /// The number of elements of all the parameters.
+    /// The number of elements of all the parameters, a tied parameter counted once. Allocates
+    /// nothing once this thread has walked a set as large.
     fn param_count(&self) -> usize {
         let mut count = 0;
-        self.visit_params(&ParamPath::ROOT, &mut |_, p| count += p.len());
+        let mut seen = RecycledVec::<u64>::new();
+        self.visit_params(&ParamPath::ROOT, &mut |_, p| {
+            if let Err(i) = seen.binary_search(&p.key()) {
+                seen.insert(i, p.key());
+                count += p.len();
+            }
+        });
         count
     }
 }
@@ -685,5 +727,29 @@ mod tests {
         );
         drop((a, b));
         assert_eq!(pool.stats().bytes_in_use, 0);
+    }
+
+    #[test]
+    fn walks_that_need_each_parameter_once_see_a_tied_one_once() {
+        let pool = Pool::with_max_memory_mb(8);
+        let a = Param::from_slice(&pool, &[2], &[1.0f32, 2.0]);
+        let mut set = vec![a.clone(), Param::zeros(&pool, &[3]), a];
+        assert_eq!(set.param_count(), 5);
+        let names: Vec<String> = set.named_params().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["0", "1"]);
+        let mut all = Vec::new();
+        set.visit_params(&ParamPath::ROOT, &mut |path, _| all.push(path.to_string()));
+        assert_eq!(all, ["0", "1", "2"], "the plain walk meets every name");
+        // A write through the walk (a copy on write, the handles sharing the data) reaches
+        // the later field: the tie holds.
+        let mut visits = 0;
+        set.for_each_param(&mut |p| {
+            visits += 1;
+            p.view_mut().fill(7.0);
+        });
+        assert_eq!(visits, 2);
+        assert_eq!(set[2].to_vec(), [7.0, 7.0]);
+        assert!(set[2].shares_buffer_with(&set[0]));
+        assert_eq!(set[2].version(), set[0].version());
     }
 }

@@ -209,7 +209,7 @@ fn a_step_that_runs_out_of_memory_changes_nothing() {
 }
 
 #[test]
-fn optimizers_update_any_parameter_set_in_place_and_refuse_one_listed_twice() {
+fn optimizers_update_any_parameter_set_in_place_and_a_parameter_listed_twice_once() {
     let pool = Pool::with_max_memory_mb(16);
     let mut set = vec![Param::<f32>::zeros(&pool, &[2]), Param::zeros(&pool, &[3])];
     let mut sgd = Sgd::new(0.5, 0.0);
@@ -229,23 +229,35 @@ fn optimizers_update_any_parameter_set_in_place_and_refuse_one_listed_twice() {
         let after: Vec<_> = set.iter().map(|p| p.as_slice().as_ptr()).collect();
         assert_eq!(before, after, "unique parameters are written in place");
     });
-    // A clone listed beside its original is the same parameter (one key): updating both would apply
-    // the step twice.
+    // A clone listed beside its original is the same parameter (one key), as tied fields are: it
+    // is updated once, and both handles hold the result.
     set.push(set[1].clone());
+    pool.scope(|s| {
+        let grads = grads_of(&set[..2], s);
+        sgd.step(&mut set, &grads).unwrap();
+    });
+    assert_eq!(set[1].to_vec(), [-1.0; 3], "one update, not two");
+    assert!(
+        set[2].shares_buffer_with(&set[1]),
+        "the handles still share"
+    );
+    // A handle written apart holds other values: which to update is unknown.
+    set[2].view_mut()[[0]] = 7.0;
     pool.scope(|s| {
         let grads = grads_of(&set[..2], s);
         let err = sgd.step(&mut set, &grads).unwrap_err();
         assert!(
-            matches!(&err, NnError::ParamListedTwice { index: 2, shape } if shape.0 == [3]),
+            matches!(&err, NnError::ParamListedTwice { index: 2, first: 1, shape } if shape.0 == [3]),
             "{err}"
         );
         assert!(
             err.to_string()
-                .contains("lists parameter #2 (shape [3]) twice"),
+                .contains("holds parameter #1 again at #2 (shape [3]) with other values"),
             "{err}"
         );
     });
-    assert_eq!(set[0].to_vec(), [-0.5; 2], "nothing changed");
+    assert_eq!(set[0].to_vec(), [-1.0; 2], "nothing changed");
+    assert_eq!(set[1].to_vec(), [-1.0; 3], "nothing changed");
 }
 
 #[test]
@@ -358,8 +370,11 @@ fn a_refused_step_changes_nothing() {
         let loss = (s.ones::<f32>(&[3]) * &w).sum_all();
         let grads = loss.backward().unwrap();
         drop(loss);
-        // Listed twice: refused before anything is rented or copied.
-        let mut twice = vec![w.clone(), w.clone()];
+        // Listed twice with different values (a handle written apart): refused before
+        // anything is rented or copied.
+        let mut written = w.clone();
+        written.view_mut()[[0]] = 5.0;
+        let mut twice = vec![w.clone(), written];
         let before = pool.stats();
         let err = adam.step(&mut twice, &grads).unwrap_err();
         assert!(

@@ -17,15 +17,22 @@ pub enum NnError {
     /// A second parameter with a name already registered.
     #[error("a parameter named \"{0}\" is already registered")]
     DuplicateParam(String),
-    /// An optimizer was given a parameter set that lists one parameter twice (the parameter and a
-    /// clone of it): it would update the parameter twice per step.
+    /// An optimizer was given a parameter set that holds one parameter (one gradient key) twice
+    /// with different values: two handles of it that no longer share their data, because one was
+    /// written apart from the other (a write through a handle another shares copies first). The
+    /// step cannot tell which values to update. Two handles that share their data are not this
+    /// error but a tie (an embedding and the output head it is tied to, or a list naming a
+    /// parameter twice): the parameter is updated once and both handles hold the result.
     #[error(
-        "the parameter set lists parameter #{index} (shape {shape}) twice, as itself or a clone; \
-         list each parameter once"
+        "the parameter set holds parameter #{first} again at #{index} (shape {shape}) with other \
+         values: one of its handles was written apart from the other; tied fields must share \
+         one parameter's data (a clone of the same Param, neither written alone)"
     )]
     ParamListedTwice {
-        /// Its position in the set (the second listing).
+        /// The position in the set of the handle whose values differ from the first's.
         index: usize,
+        /// The position of the parameter's first handle.
+        first: usize,
         /// Its shape.
         shape: Shape,
     },
@@ -54,6 +61,28 @@ pub enum NnError {
         /// What does not fit, naming the tensor or key.
         reason: String,
     },
+    /// An optimizer's state file holds a value the next step would spread to every weight as NaN
+    /// or infinity: a moment that is NaN or infinite, a negative second moment (`exp_avg_sq`), a
+    /// learning rate that is negative, NaN or infinite in the parameters' element type (`1e300`
+    /// in `f32`), or a negative step count. Nothing was loaded.
+    #[error(
+        "cannot load the optimizer state in {}: {} is {value:?}; {rule}",
+        path.display(),
+        describe_state_value(key, *index)
+    )]
+    OptimizerStateValue {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The tensor (`h.0.attn.c_attn.weight.exp_avg_sq`) or metadata key (`lr`,
+        /// `wte.step`) holding the value.
+        key: String,
+        /// The value's position in the tensor (row-major), or `None` for a metadata key.
+        index: Option<usize>,
+        /// The value, as a number.
+        value: f64,
+        /// What it must be.
+        rule: &'static str,
+    },
     /// An error of the checkpointer during a checkpointed forward.
     #[error(transparent)]
     Checkpoint(Box<crate::checkpoint::CheckpointError>),
@@ -75,6 +104,14 @@ pub(super) fn close_names(name: &str, candidates: &[String]) -> Vec<String> {
         .collect();
     close.sort();
     close.into_iter().take(3).map(|(_, n)| n.clone()).collect()
+}
+
+/// Where an optimizer state's refused value is: an element of a tensor, or a metadata key.
+fn describe_state_value(key: &str, index: Option<usize>) -> String {
+    match index {
+        Some(i) => format!("element {i} of \"{key}\""),
+        None => format!("\"{key}\""),
+    }
 }
 
 /// `close` as the end of an error message: empty, or "; did you mean ...?".

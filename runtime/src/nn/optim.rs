@@ -1,14 +1,16 @@
 //! Optimizers: they update the parameters of a store from their gradients, in place.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::NnError;
 use crate::autograd::Gradients;
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{Error, Shape};
 use crate::ops::simd;
 use crate::param::{Param, ParamPath, Parameters};
+use crate::recycle::RecycledVec;
 
 use super::safetensors::write_named;
 use super::safetensors::SafeTensorsFile;
@@ -18,7 +20,10 @@ use super::SaveOptions;
 pub trait Optimizer<T: Element> {
     /// One update of every parameter in `params` (a [`ParamStore`](super::ParamStore), a model
     /// struct: any [`Parameters`]) that has a gradient in `grads` (the others are left as they
-    /// are), in place: a parameter no other handle shares is written without a copy.
+    /// are), in place: a parameter no other handle shares is written without a copy. A parameter
+    /// the set holds twice (tied fields, clones of one `Param`) is updated once and its handles
+    /// keep sharing the result; two handles of one parameter holding different values are
+    /// [`NnError::ParamListedTwice`].
     /// All or nothing: the memory an update needs (new state, a copy of a shared parameter) is
     /// taken before any parameter changes, so a budget error leaves every parameter and the
     /// optimizer's state as they were.
@@ -36,7 +41,7 @@ pub trait Optimizer<T: Element> {
     fn set_lr(&mut self, lr: T);
 
     /// Writes the optimizer's state (every parameter's buffers and step count, keyed by the
-    /// parameter's name in `params`, and the learning rate) to a safetensors file at `path`, bit for
+    /// parameter's name in `params`, a tied parameter's by its first name, and the learning rate) to a safetensors file at `path`, bit for
     /// bit in the parameters' element type: with the model's own file, what resuming a run needs
     /// (PyTorch's `optimizer.state_dict()`, by name rather than by position).
     fn save_state(&self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError>;
@@ -44,7 +49,10 @@ pub trait Optimizer<T: Element> {
     /// Replaces the optimizer's state with the one [`Optimizer::save_state`] wrote for a model of
     /// these names and shapes. All or nothing: fails, changing nothing, with
     /// [`NnError::OptimizerState`] naming what does not fit (another optimizer's file, a state for a
-    /// parameter `params` does not have, a shape that differs), or a file error.
+    /// parameter `params` does not have, a shape that differs),
+    /// [`NnError::OptimizerStateValue`] naming a value the next step would spread to every weight
+    /// (a NaN or infinite moment, a negative second moment, a learning rate that is negative or
+    /// not finite in `T`, a negative step count), or a file error.
     fn load_state(&mut self, params: &dyn Parameters<T>, path: &Path) -> Result<(), NnError>;
 }
 
@@ -79,8 +87,8 @@ type Grouping = Box<dyn Fn(&str) -> Group + Send + Sync>;
 /// A parameter's per-parameter state: its buffers, each saved under `<name>.<slot>`, and its step
 /// count if it keeps one.
 trait State<T: Element>: Sized {
-    /// The names of the buffers, as PyTorch's optimizers name them.
-    const SLOTS: &'static [&'static str];
+    /// The names of the buffers, as PyTorch's optimizers name them, and the values each may hold.
+    const SLOTS: &'static [(&'static str, Values)];
     /// The buffers, in the order of [`State::SLOTS`].
     fn buffers(&self) -> Vec<&Param<T>>;
     /// The step count, if the state keeps one.
@@ -96,11 +104,23 @@ struct States<S> {
     by_key: HashMap<u64, (S, Group)>,
     /// Which group a parameter belongs to (all to [`Group::DEFAULT`] without one).
     grouping: Option<Grouping>,
-    /// The keys seen in the current step (kept to reuse its memory).
-    seen: HashSet<u64>,
-    /// The key and version of each parameter with a gradient, in the order the step's first walk
-    /// met them: the later walks must meet the same, or the step stops (kept to reuse its memory).
-    walked: Vec<(u64, u64)>,
+    /// Of each key met in the current step: its first handle's place in `walked`, its position in
+    /// the set and its version (kept to reuse its memory).
+    seen: HashMap<u64, (usize, usize, u64)>,
+    /// Each handle with a gradient, in the order the step's first walk met them: the later walks
+    /// must meet the same, or the step stops (kept to reuse its memory).
+    walked: Vec<Walked>,
+}
+
+/// A handle with a gradient as the first walk of a step met it.
+#[derive(Clone, Copy, PartialEq)]
+struct Walked {
+    key: u64,
+    version: u64,
+    /// The parameter has other handles later in the set (fields tied to this one).
+    tied: bool,
+    /// A later handle of a parameter met before: it is given the updated data of the first.
+    later: bool,
 }
 
 impl<S> States<S> {
@@ -108,18 +128,19 @@ impl<S> States<S> {
         States {
             by_key: HashMap::new(),
             grouping: None,
-            seen: HashSet::new(),
+            seen: HashMap::new(),
             walked: Vec::new(),
         }
     }
 
-    /// Calls `update(parameter, its state, its gradient)` for every parameter of `params` that has
-    /// a gradient, all or nothing: first every check, changing nothing; then every rent (states
-    /// made with `make`, copies of parameters another handle shares), kept aside until all have
-    /// succeeded; then the updates, which cannot fail. Each walk over `params` must meet the
-    /// parameters the first met, with the same values ([`Parameters`] promises the same order on
-    /// every call); one that does not is [`NnError::ParametersChanged`], before anything is written
-    /// if the second walk notices it.
+    /// Calls `update(parameter, its state, its gradient)` once for every parameter of `params`
+    /// that has a gradient, all or nothing: first every check, changing nothing; then every rent
+    /// (states made with `make`, copies of parameters another handle shares), kept aside until all
+    /// have succeeded; then the updates, which cannot fail. A parameter the set holds several
+    /// times (tied fields) is updated at its first handle, and the later ones are given the
+    /// updated data. Each walk over `params` must meet the parameters the first met, with the
+    /// same values ([`Parameters`] promises the same order on every call); one that does not is
+    /// [`NnError::ParametersChanged`], before anything is written if the second walk notices it.
     fn update_all<T: Element>(
         &mut self,
         params: &mut dyn Parameters<T>,
@@ -128,10 +149,11 @@ impl<S> States<S> {
         mut update: impl FnMut(&mut [T], &mut S, Group, &[T]),
     ) -> Result<(), NnError> {
         self.check(params, grads)?;
-        // Empty in a steady-state step, when every state exists and the model owns its
-        // parameters: no heap allocation.
+        // Empty in a steady-state step, when every state exists: no heap allocation.
         let mut states = Vec::new();
-        let mut copies = Vec::new();
+        // Not empty at every step when a parameter's handles share its data (tied fields, or a
+        // graph still holding it): a recycled list.
+        let mut copies = RecycledVec::new();
         let mut failure = None;
         let (mut index, mut met) = (0, 0);
         params.visit_params_mut(&ParamPath::ROOT, &mut |path, p| {
@@ -142,6 +164,9 @@ impl<S> States<S> {
             met += 1;
             let rented = (|| {
                 self.same(met - 1, index - 1, p, 0)?;
+                if self.walked[met - 1].later {
+                    return Ok(());
+                }
                 if !self.by_key.contains_key(&p.key()) {
                     let group = self
                         .grouping
@@ -166,9 +191,11 @@ impl<S> States<S> {
             return Err(e);
         }
         self.by_key.extend(states);
-        let mut copies = copies.into_iter().peekable();
+        let mut copies = copies.drain(..).peekable();
+        // The updated first handles of tied parameters, for their later handles.
+        let mut tied = RecycledVec::<Param<T>>::new();
         let (mut index, mut met, mut updated) = (0, 0, 0);
-        params.for_each_param(&mut |p| {
+        params.visit_params_mut(&ParamPath::ROOT, &mut |_, p| {
             index += 1;
             let Some(g) = grads.get(p) else {
                 return;
@@ -181,6 +208,15 @@ impl<S> States<S> {
                 failure = Some(e);
                 return;
             }
+            let walked = self.walked[met - 1];
+            if walked.later {
+                *p = tied
+                    .iter()
+                    .find(|t| t.key() == walked.key)
+                    .expect("a later handle's first was updated before")
+                    .clone();
+                return;
+            }
             if let Some((_, copy)) = copies.next_if(|(i, _)| *i == index - 1) {
                 p.take_copy(copy);
             }
@@ -190,6 +226,9 @@ impl<S> States<S> {
                 .expect("made for every key walked");
             update(p.unique_slice_mut(), state, *group, g.slice());
             updated += 1;
+            if walked.tied {
+                tied.push(p.clone());
+            }
         });
         let missing = self.walked.len().saturating_sub(met);
         failure
@@ -197,8 +236,8 @@ impl<S> States<S> {
             .map_or(Ok(()), Err)
     }
 
-    /// Fails unless `p`, the `n`-th parameter with a gradient of this walk (at `index` in the
-    /// set), is the one the first walk met there, with the same values.
+    /// Fails unless `p`, the `n`-th handle with a gradient of this walk (at `index` in the set),
+    /// is the one the first walk met there, with the same values.
     fn same<T: Element>(
         &self,
         n: usize,
@@ -207,7 +246,7 @@ impl<S> States<S> {
         updated: usize,
     ) -> Result<(), NnError> {
         match self.walked.get(n) {
-            Some(&walked) if walked == (p.key(), p.version()) => Ok(()),
+            Some(walked) if (walked.key, walked.version) == (p.key(), p.version()) => Ok(()),
             _ => Err(NnError::ParametersChanged { index, updated }),
         }
     }
@@ -220,9 +259,10 @@ impl<S> States<S> {
         }
     }
 
-    /// Fails with [`NnError::ParamListedTwice`] or [`Error::StaleGradient`] for the first
-    /// parameter of `params` with a gradient that is listed twice or whose gradient was computed
-    /// from other values than it holds.
+    /// Records the handles of `params` with a gradient in `walked`, and fails with
+    /// [`NnError::ParamListedTwice`] or [`Error::StaleGradient`] for the first that holds other
+    /// values than an earlier handle of the same parameter, or whose gradient was computed from
+    /// other values than it holds.
     fn check<T: Element>(
         &mut self,
         params: &mut dyn Parameters<T>,
@@ -232,25 +272,46 @@ impl<S> States<S> {
         self.walked.clear();
         let mut failure = None;
         let mut index = 0;
-        params.for_each_param(&mut |p| {
+        params.visit_params_mut(&ParamPath::ROOT, &mut |_, p| {
             index += 1;
             if failure.is_some() || grads.get(p).is_none() {
                 return;
             }
-            self.walked.push((p.key(), p.version()));
             let (index, shape) = (index - 1, || Shape::from(p.shape()));
-            if !self.seen.insert(p.key()) {
-                let shape = shape();
-                failure = Some(NnError::ParamListedTwice { index, shape });
-            } else if !grads.is_of_current_values(p) {
-                failure = Some(
-                    Error::StaleGradient {
-                        index,
-                        shape: shape(),
+            let mut walked = Walked {
+                key: p.key(),
+                version: p.version(),
+                tied: false,
+                later: false,
+            };
+            match self.seen.entry(p.key()) {
+                Entry::Occupied(first) => {
+                    let (n, first, version) = *first.get();
+                    self.walked[n].tied = true;
+                    walked.later = true;
+                    if version != p.version() {
+                        let shape = shape();
+                        failure = Some(NnError::ParamListedTwice {
+                            index,
+                            first,
+                            shape,
+                        });
                     }
-                    .into(),
-                );
+                }
+                Entry::Vacant(first) => {
+                    first.insert((self.walked.len(), index, p.version()));
+                    if !grads.is_of_current_values(p) {
+                        failure = Some(
+                            Error::StaleGradient {
+                                index,
+                                shape: shape(),
+                            }
+                            .into(),
+                        );
+                    }
+                }
             }
+            self.walked.push(walked);
         });
         failure.map_or(Ok(()), Err)
     }
@@ -275,12 +336,17 @@ impl<S> States<S> {
             .metadata(OPTIMIZER_KEY, kind)
             .metadata(LR_KEY, format!("{:?}", lr.to_f64()));
         let mut steps = Vec::new();
+        // A tied parameter's state once, under its first name, as the optimizer keeps it.
+        let mut saved = HashSet::new();
         params.visit_params(&ParamPath::ROOT, &mut |path, p| {
             let Some((state, _)) = self.by_key.get(&p.key()) else {
                 return;
             };
+            if !saved.insert(p.key()) {
+                return;
+            }
             let name = path.to_string();
-            for (slot, buffer) in S::SLOTS.iter().zip(state.buffers()) {
+            for ((slot, _), buffer) in S::SLOTS.iter().zip(state.buffers()) {
                 named.push((format!("{name}.{slot}"), buffer.clone()));
             }
             if let Some(count) = state.steps() {
@@ -321,18 +387,36 @@ impl<S> States<S> {
             .get(LR_KEY)
             .and_then(|lr| lr.parse::<f64>().ok())
             .ok_or_else(|| invalid(format!("its `{LR_KEY}` is missing or not a number")))?;
+        let bad = |key: &str, index: Option<usize>, value: f64, rule: &'static str| {
+            NnError::OptimizerStateValue {
+                path: path.to_path_buf(),
+                key: key.to_string(),
+                index,
+                value,
+                rule,
+            }
+        };
+        // A rate that is not a finite number of `T` (1e300 in f32) or is negative would make every
+        // weight infinite or NaN, or climb the loss, at the next step.
+        if !(lr >= 0.0 && DType::to_f64(T::from_f64(lr)).is_finite()) {
+            return Err(bad(LR_KEY, None, lr, NON_NEGATIVE_RATE));
+        }
         let mut by_key = HashMap::new();
         let mut taken = HashSet::new();
         let mut failure = None;
         params.visit_params(&ParamPath::ROOT, &mut |path, p| {
             let name = path.to_string();
-            let slots: Vec<String> = S::SLOTS.iter().map(|s| format!("{name}.{s}")).collect();
-            if failure.is_some() || !file.contains(&slots[0]) {
+            let slots: Vec<String> = S::SLOTS
+                .iter()
+                .map(|(s, _)| format!("{name}.{s}"))
+                .collect();
+            // A tied parameter's later names hold no state of their own.
+            if failure.is_some() || by_key.contains_key(&p.key()) || !file.contains(&slots[0]) {
                 return;
             }
             let read = || -> Result<(S, Group), NnError> {
                 let mut buffers = Vec::new();
-                for slot in &slots {
+                for (slot, (_, values)) in slots.iter().zip(S::SLOTS) {
                     let buffer = file.param::<T>(p.pool(), slot)?;
                     if buffer.shape() != p.shape() {
                         return Err(invalid(format!(
@@ -341,6 +425,15 @@ impl<S> States<S> {
                             buffer.shape(),
                             p.shape()
                         )));
+                    }
+                    let misfit = buffer
+                        .as_slice()
+                        .iter()
+                        .map(|&x| DType::to_f64(x))
+                        .enumerate()
+                        .find(|&(_, x)| !values.holds(x));
+                    if let Some((i, x)) = misfit {
+                        return Err(bad(slot, Some(i), x, values.rule()));
                     }
                     buffers.push(buffer);
                 }
@@ -351,6 +444,9 @@ impl<S> States<S> {
                     })?,
                     None => 0,
                 };
+                if steps < 0 {
+                    return Err(bad(&step_key, None, f64::from(steps), NON_NEGATIVE_STEPS));
+                }
                 Ok((S::from_parts(buffers, steps), self.group_of(&name)))
             };
             match read() {
@@ -386,9 +482,41 @@ const OPTIMIZER_KEY: &str = "optimizer";
 const LR_KEY: &str = "lr";
 /// The suffix of a parameter's step count among a state file's metadata keys.
 const STEP_SLOT: &str = "step";
+/// What a loaded learning rate must be.
+const NON_NEGATIVE_RATE: &str = "a learning rate must be a finite number, 0 or more, in the \
+                                 parameters' element type";
+/// What a loaded step count must be.
+const NON_NEGATIVE_STEPS: &str = "a step count must be 0 or more";
+
+/// The values a state buffer may hold: a loaded one that holds others is refused, since the next
+/// step would spread them to every weight.
+#[derive(Clone, Copy)]
+enum Values {
+    /// Finite numbers (a momentum, a first moment).
+    Finite,
+    /// Finite numbers, 0 or more (a second moment, whose square root the step takes).
+    FiniteNonNegative,
+}
+
+impl Values {
+    fn holds(self, x: f64) -> bool {
+        match self {
+            Values::Finite => x.is_finite(),
+            Values::FiniteNonNegative => x.is_finite() && x >= 0.0,
+        }
+    }
+
+    /// The rule, for the error of a value that breaks it.
+    fn rule(self) -> &'static str {
+        match self {
+            Values::Finite => "the state must be finite",
+            Values::FiniteNonNegative => "a second moment must be finite and 0 or more",
+        }
+    }
+}
 
 impl<T: Element> State<T> for Param<T> {
-    const SLOTS: &'static [&'static str] = &["momentum_buffer"];
+    const SLOTS: &'static [(&'static str, Values)] = &[("momentum_buffer", Values::Finite)];
 
     fn buffers(&self) -> Vec<&Param<T>> {
         vec![self]
@@ -404,7 +532,10 @@ impl<T: Element> State<T> for Param<T> {
 }
 
 impl<T: Element> State<T> for (Param<T>, Param<T>, i32) {
-    const SLOTS: &'static [&'static str] = &["exp_avg", "exp_avg_sq"];
+    const SLOTS: &'static [(&'static str, Values)] = &[
+        ("exp_avg", Values::Finite),
+        ("exp_avg_sq", Values::FiniteNonNegative),
+    ];
 
     fn buffers(&self) -> Vec<&Param<T>> {
         vec![&self.0, &self.1]
@@ -425,7 +556,8 @@ macro_rules! groups_builder {
     ($states:ident) => {
         /// Gives each parameter the settings of its group, from its name: `|name| if
         /// name.ends_with("bias") { Group::NO_DECAY } else { Group::DEFAULT }`. A parameter's group
-        /// is fixed at its first update (or when its state is loaded).
+        /// is fixed at its first update (or when its state is loaded); a tied parameter's is
+        /// that of its first name.
         pub fn groups(mut self, group_of: impl Fn(&str) -> Group + Send + Sync + 'static) -> Self {
             self.$states.grouping = Some(Box::new(group_of));
             self

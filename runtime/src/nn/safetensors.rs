@@ -59,6 +59,21 @@ pub enum SafeTensorsError {
         /// in the header`).
         reason: String,
     },
+    /// A read failed (the file shrank or could not be read) while a load was writing parameters in
+    /// place: the parameters before the one named in `source` hold the file's values, that one may
+    /// hold part of them (a read fills what the file still has), the others their old ones. Everything that can fail before the first write (names, shapes, dtypes, a
+    /// value that does not fit, the budget, a file shorter than when it was opened) fails the load
+    /// with nothing changed; only a file changed by another process during the load gets here.
+    #[error(
+        "{source}; the load stopped there: the first {loaded} parameters hold the file's values, \
+         the next may hold part of them, the others hold their old values"
+    )]
+    LoadInterrupted {
+        /// How many parameters (in the model's walk) were loaded before the failure.
+        loaded: usize,
+        /// What failed.
+        source: Box<SafeTensorsError>,
+    },
     /// A parameter's name is the key the format keeps for the file's string metadata
     /// (`"__metadata__"`): a file holding a tensor of that name could not be read back.
     #[error(
@@ -126,9 +141,31 @@ pub enum SafeTensorsError {
         /// Its shape (in the file on load, the parameter's on save).
         shape: Shape,
     },
+    /// Two names of one parameter of the model (tied fields: clones of one `Param`) hold
+    /// different values in the file, so a load cannot give both fields one parameter. The
+    /// parameter's later names may be absent (it loads through its first); present, each must
+    /// hold its first name's values bit for bit once converted.
+    #[error(
+        "tensors \"{first}\" and \"{name}\" are the names of one parameter of the model (tied \
+         fields), but hold different values in the file (element {index}: {first_value:?} and \
+         {value:?}); untie the fields (Param::duplicate) to load them apart"
+    )]
+    TiedTensorsDiffer {
+        /// The later name.
+        name: String,
+        /// The parameter's first name in the model's walk.
+        first: String,
+        /// The first element (row-major) that differs.
+        index: usize,
+        /// Its value under `name`.
+        value: f64,
+        /// Its value under `first`.
+        first_value: f64,
+    },
     /// A load found several parameters that do not match the file: each problem (a
     /// [`SafeTensorsError::MissingTensor`], [`SafeTensorsError::ShapeMismatch`],
-    /// [`SafeTensorsError::UnsupportedDType`], [`SafeTensorsError::NotAMatrix`]), in the model's
+    /// [`SafeTensorsError::UnsupportedDType`], [`SafeTensorsError::NotAMatrix`],
+    /// [`SafeTensorsError::TiedTensorsDiffer`]), in the model's
     /// order. A load with one problem fails with that problem itself.
     #[error("{} parameters do not match the file:{}", problems.len(), list(problems))]
     Mismatch {
@@ -494,6 +531,22 @@ impl SafeTensorsFile {
         Ok(file)
     }
 
+    /// Fails with [`SafeTensorsError::Corrupt`] if the file is shorter now than when it was opened
+    /// (another process truncated it), before a load writes anything.
+    fn check_length(&self) -> Result<(), SafeTensorsError> {
+        match self.source.len() {
+            Ok(now) if now < self.len => Err(SafeTensorsError::Corrupt {
+                path: self.path.clone(),
+                reason: format!(
+                    "the file is {now} bytes, shorter than the {} it was when opened",
+                    self.len
+                ),
+            }),
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.read_error("the file's length", 0..0, &e)),
+        }
+    }
+
     /// Fills `buf` from the file's byte `offset` on; `what` names what is read, for errors.
     fn read_at(&self, what: &str, buf: &mut [u8], offset: u64) -> Result<(), SafeTensorsError> {
         self.source
@@ -685,6 +738,20 @@ impl fmt::Debug for SafeTensorsFile {
 }
 
 impl StoredTensor<'_> {
+    /// Whether a value may not fit in `T` (a conversion to a float as narrow or narrower than the
+    /// file's dtype): such a tensor is read into a new buffer before anything changes, so that
+    /// [`SafeTensorsError::Unrepresentable`] leaves the parameters as they were.
+    fn may_not_fit<T: Element>(&self) -> bool {
+        let width = |dtype: Dtype| match dtype {
+            Dtype::F64 | Dtype::I64 => 8,
+            Dtype::F32 | Dtype::I32 => 4,
+            Dtype::F16 | Dtype::BF16 => 2,
+            _ => 1,
+        };
+        let same = FileDType::of_element::<T>() == self.dtype;
+        !same && width(self.dtype) >= size_of::<T>()
+    }
+
     /// The values converted to `T`, in a buffer of `pool` laid out as `self.shape`.
     fn to_buffer<T: DType>(&self, pool: &Pool) -> Result<PoolBuffer<T>, NnError> {
         let mut buf = pool.try_rent::<T>(&self.shape)?;
@@ -907,7 +974,8 @@ pub trait Weights<T: Element>: Parameters<T> {
     /// Writes every parameter under its name to a safetensors file at `path` (replacing it; the
     /// file is written beside it and renamed, so a failed save leaves an existing file whole), in
     /// [`SaveOptions::dtype`] (`F32` by default), with the options' metadata, and transposing the
-    /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`.
+    /// parameters [`SaveOptions::pytorch_linear`] names to PyTorch's `[out, in]`. A parameter two
+    /// fields hold ([tied](crate::Parameters#tied-parameters)) is written under both names.
     ///
     /// Fails with [`NnError::DuplicateParam`] if two parameters have one name,
     /// [`SafeTensorsError::ReservedName`](SafeTensorsError::ReservedName) for a parameter named
@@ -929,12 +997,23 @@ pub trait Weights<T: Element>: Parameters<T> {
     /// returns the file's tensors no parameter took. Every name, shape and dtype is checked before
     /// anything is read, and a failure changes nothing: see
     /// [`SafeTensorsError::Mismatch`](SafeTensorsError::Mismatch), which names every
-    /// parameter at fault. Each tensor is read from the file straight into a new buffer of its
-    /// parameter's pool, and the parameters are given their buffers only once every tensor is
-    /// read, so the pool holds the old values and the new during the load. A file that shrinks
-    /// during the load fails it with [`SafeTensorsError::Corrupt`](SafeTensorsError::Corrupt)
-    /// naming the tensor; a [`Parameters`] whose walks meet other parameters than the first fails
-    /// it with [`NnError::ParametersChanged`].
+    /// parameter at fault. A parameter no other handle shares is read from the file straight into
+    /// its buffer (one copy of the weights in memory); one that others share, or whose values a
+    /// conversion to a narrower type might not fit, is read into a new buffer first, before any
+    /// parameter changes. A [`Parameters`] whose walks meet other parameters than the first fails
+    /// with [`NnError::ParametersChanged`].
+    ///
+    /// A file that another process shrinks or rewrites during the load cannot crash it (it is read,
+    /// not mapped): if it changed before anything was written, the load fails with
+    /// [`SafeTensorsError::Corrupt`](SafeTensorsError::Corrupt) naming the tensor and changes
+    /// nothing; if a read fails once parameters are being written in place, it fails with
+    /// [`SafeTensorsError::LoadInterrupted`](SafeTensorsError::LoadInterrupted), which says how
+    /// many parameters hold the file's values.
+    ///
+    /// A [tied](crate::Parameters#tied-parameters) parameter loads from its first name, and its
+    /// later fields are then given the same data (the tie holds). Its later names may be absent
+    /// from the file; present, each must hold the first's values, or the load fails with
+    /// [`SafeTensorsError::TiedTensorsDiffer`](SafeTensorsError::TiedTensorsDiffer) naming both.
     fn load_safetensors(
         &mut self,
         path: impl AsRef<Path>,
@@ -949,13 +1028,13 @@ impl<T: Element, P: Parameters<T>> Weights<T> for P {}
 /// Fills every parameter of `params` from the tensor of its name in the file at `path`: see
 /// [`Weights::load_safetensors`].
 ///
-/// Three steps, so that a failure changes nothing: every parameter is checked against the file
-/// (every problem is reported); then every tensor is read into a new buffer of its parameter's
-/// pool (a read can fail if the file changed since it was opened, a conversion to a narrower float
-/// if a value does not fit, a rent if the pool is full); then, once all are read, each parameter is
-/// given its buffer, which cannot fail. A parameter keeps its key (an optimizer keeps its state).
-/// The last walk must meet the parameters the first met, or the load stops there with
-/// [`NnError::ParametersChanged`].
+/// Three steps, so that a failure of anything but the file changes nothing: every parameter is
+/// checked against the file (every problem is reported); then the tensors that cannot be read in
+/// place are read into new buffers of their parameters' pools (a conversion to a narrower float
+/// can fail if a value does not fit, a rent if the pool is full); then each parameter is given its
+/// buffer or read in place, which fails only if the file changed since it was opened. A
+/// parameter keeps its key (an optimizer keeps its state). The last walk must meet the parameters
+/// the first met, or the load stops there with [`NnError::ParametersChanged`].
 pub(crate) fn load<T: Element, P: Parameters<T> + ?Sized>(
     params: &mut P,
     path: &Path,
@@ -970,32 +1049,65 @@ fn load_file<T: Element, P: Parameters<T> + ?Sized>(
     file: &SafeTensorsFile,
     options: &LoadOptions,
 ) -> Result<LoadReport, NnError> {
-    /// A parameter the file's tensor is read for, as the first walk met it.
+    /// How a handle gets its values, as the first walk planned it.
+    enum Fill<'a> {
+        /// Read straight into the parameter's buffer (no other handle shares it, and the
+        /// conversion cannot fail).
+        InPlace(StoredTensor<'a>),
+        /// Read into a new buffer before anything changes.
+        Fresh(StoredTensor<'a>),
+        /// A later field of a tied parameter: given the data of the handle at this index.
+        Tied(usize),
+    }
+
+    /// A handle, as the first walk met it.
     struct Planned<'a> {
         key: u64,
         version: u64,
-        pool: Pool,
-        tensor: StoredTensor<'a>,
+        shape: Vec<usize>,
+        fill: Fill<'a>,
     }
 
-    let mut planned = Vec::new();
+    let mut planned: Vec<Planned<'_>> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
     let mut problems = Vec::new();
     let mut taken = HashSet::new();
+    // The index of every parameter's first handle, by key: a later one is a tied field.
+    let mut firsts = HashMap::new();
     params.visit_params(&ParamPath::ROOT, &mut |path, p| {
         let name = path.to_string();
-        if !taken.insert(name.clone()) {
-            problems.push(Err(NnError::DuplicateParam(name)));
-            return;
+        let index = names.len();
+        let first = *firsts.entry(p.key()).or_insert(index);
+        let fill = if !taken.insert(name.clone()) {
+            problems.push(Err(NnError::DuplicateParam(name.clone())));
+            None
+        } else if first != index {
+            if let Err(e) = check_tie(file, &names[first], &name, p, options) {
+                problems.push(e);
+            }
+            Some(Fill::Tied(first))
+        } else {
+            match file.for_param(&name, p.shape(), options) {
+                Ok(tensor) if p.is_unique() && !tensor.may_not_fit::<T>() => {
+                    Some(Fill::InPlace(tensor))
+                }
+                Ok(tensor) => Some(Fill::Fresh(tensor)),
+                Err(e) => {
+                    problems.push(Ok(e));
+                    None
+                }
+            }
+        };
+        if let Some(fill) = fill {
+            let (key, version, shape) = (p.key(), p.version(), p.shape().to_vec());
+            planned.push(Planned {
+                key,
+                version,
+                shape,
+                fill,
+            });
         }
-        match file.for_param(&name, p.shape(), options) {
-            Ok(tensor) => planned.push(Planned {
-                key: p.key(),
-                version: p.version(),
-                pool: p.pool().clone(),
-                tensor,
-            }),
-            Err(e) => problems.push(Ok(e)),
-        }
+        names.push(name);
     });
     if let Some(duplicate) = problems.iter().position(Result::is_err) {
         return Err(problems.swap_remove(duplicate).expect_err("found above"));
@@ -1006,32 +1118,82 @@ fn load_file<T: Element, P: Parameters<T> + ?Sized>(
         1 => return Err(problems.remove(0).into()),
         _ => return Err(SafeTensorsError::Mismatch { problems }.into()),
     }
-    let buffers = planned
+    let mut fresh = Vec::with_capacity(planned.len());
+    params.visit_params(&ParamPath::ROOT, &mut |_, p| {
+        let buffer = match planned.get(fresh.len()).map(|planned| &planned.fill) {
+            Some(Fill::Fresh(tensor)) => Some(tensor.to_buffer::<T>(p.pool())),
+            _ => None,
+        };
+        fresh.push(buffer.transpose());
+    });
+    let mut fresh = fresh
+        .into_iter()
+        .collect::<Result<Vec<_>, NnError>>()?
+        .into_iter();
+    // What can be known before the first write: a file that shrank since it was opened.
+    file.check_length()?;
+    let tie_targets: HashSet<usize> = planned
         .iter()
-        .map(|planned| planned.tensor.to_buffer::<T>(&planned.pool))
-        .collect::<Result<Vec<_>, NnError>>()?;
-    let mut fresh = planned.iter().zip(buffers);
-    let mut loaded = 0;
-    let mut changed = false;
+        .filter_map(|planned| match planned.fill {
+            Fill::Tied(first) => Some(first),
+            _ => None,
+        })
+        .collect();
+    let mut loaded: HashMap<usize, Param<T>> = HashMap::new();
+    let mut index = 0;
+    let mut failure = None;
     params.visit_params_mut(&ParamPath::ROOT, &mut |_, p| {
-        if changed {
+        if failure.is_some() {
             return;
         }
-        match fresh.next() {
-            Some((planned, buffer))
-                if (planned.key, planned.version) == (p.key(), p.version())
-                    && planned.tensor.shape == p.shape() =>
-            {
-                p.replace_buffer(buffer);
-                loaded += 1;
+        let Some(plan) = planned.get(index).filter(|plan| {
+            (plan.key, plan.version, &plan.shape[..]) == (p.key(), p.version(), p.shape())
+        }) else {
+            failure = Some(NnError::ParametersChanged {
+                index,
+                updated: index,
+            });
+            return;
+        };
+        let buffer = fresh.next().flatten();
+        let filled = match (&plan.fill, buffer) {
+            (Fill::Tied(first), _) => {
+                *p = loaded[first].clone();
+                Ok(())
             }
-            _ => changed = true,
+            (_, Some(buffer)) => {
+                p.replace_buffer(buffer);
+                Ok(())
+            }
+            (Fill::InPlace(tensor), None) => p
+                .try_slice_mut()
+                .map_err(NnError::from)
+                .and_then(|out| Ok(tensor.write_to(out)?)),
+            (Fill::Fresh(_), None) => unreachable!("read above"),
+        };
+        if let Err(e) = filled {
+            failure = Some(match e {
+                NnError::SafeTensors(source) => SafeTensorsError::LoadInterrupted {
+                    loaded: index,
+                    source: Box::new(source),
+                }
+                .into(),
+                other => other,
+            });
+            return;
         }
+        if tie_targets.contains(&index) {
+            loaded.insert(index, p.clone());
+        }
+        index += 1;
     });
-    if changed || fresh.next().is_some() {
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
+    if index != planned.len() {
         return Err(NnError::ParametersChanged {
-            index: loaded,
-            updated: loaded,
+            index,
+            updated: index,
         });
     }
     let unused = file
@@ -1043,13 +1205,58 @@ fn load_file<T: Element, P: Parameters<T> + ?Sized>(
     Ok(LoadReport { unused })
 }
 
+/// Checks the tensor a later handle of a tied parameter (`name`, tied to the handle named
+/// `first`) would load from: none (the parameter loads through its first name), or one that loads
+/// as the parameter and holds the same values as `first`'s, bit for bit once converted, else
+/// [`SafeTensorsError::TiedTensorsDiffer`]. A failure to rent the buffers compared is the
+/// `Err` of the result, a problem of the file its `Ok`.
+fn check_tie<T: Element>(
+    file: &SafeTensorsFile,
+    first: &str,
+    name: &str,
+    p: &Param<T>,
+    options: &LoadOptions,
+) -> Result<(), Result<SafeTensorsError, NnError>> {
+    if !file.contains(name) {
+        return Ok(());
+    }
+    let tensor = file.for_param(name, p.shape(), options).map_err(Ok)?;
+    // A first name at fault is reported at it.
+    let Ok(first_tensor) = file.for_param(first, p.shape(), options) else {
+        return Ok(());
+    };
+    let read = |t: &StoredTensor<'_>| match t.to_buffer::<T>(p.pool()) {
+        Ok(buffer) => Ok(buffer),
+        Err(NnError::SafeTensors(e)) => Err(Ok(e)),
+        Err(e) => Err(Err(e)),
+    };
+    let (values, first_values) = (read(&tensor)?, read(&first_tensor)?);
+    let bits = |x: T| DType::to_f64(x).to_bits();
+    match (values.iter().zip(first_values.iter())).position(|(&a, &b)| bits(a) != bits(b)) {
+        None => Ok(()),
+        Some(index) => Err(Ok(SafeTensorsError::TiedTensorsDiffer {
+            name: name.to_string(),
+            first: first.to_string(),
+            index,
+            value: DType::to_f64(values[index]),
+            first_value: DType::to_f64(first_values[index]),
+        })),
+    }
+}
+
 /// Writes every parameter of `params` under its name: see [`Weights::save_safetensors`].
 pub(crate) fn save<T: Element, P: Parameters<T> + ?Sized>(
     params: &P,
     path: &Path,
     options: &SaveOptions,
 ) -> Result<(), NnError> {
-    write_named(&params.named_params(), path, options)
+    // Every name, a tied parameter's under each (its values once per name, as PyTorch's
+    // `state_dict()` keeps both keys), so that a reader of the file needs no tie of its own.
+    let mut named = Vec::new();
+    params.visit_params(&ParamPath::ROOT, &mut |path, p| {
+        named.push((path.to_string(), p.clone()))
+    });
+    write_named(&named, path, options)
 }
 
 /// Writes `named` parameters under their names: see [`Weights::save_safetensors`].

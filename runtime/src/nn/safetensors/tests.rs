@@ -80,7 +80,7 @@ impl ReadAt for TruncatedAt {
 }
 
 #[test]
-fn a_file_truncated_between_its_header_and_its_data_fails_the_load_naming_the_tensor() {
+fn a_file_truncated_between_two_tensors_read_in_place_stops_the_load_saying_what_was_loaded() {
     let pool = Pool::with_max_memory_mb(16);
     let path = temp_path("truncated-under-load");
     let bytes = saved_bytes(&pool, &path);
@@ -104,15 +104,53 @@ fn a_file_truncated_between_its_header_and_its_data_fails_the_load_naming_the_te
         err.to_string(),
         format!(
             "{} is not a valid safetensors file: tensor \"b\": the file ends before bytes \
-             [{start}, {end}) (it was {len} bytes when opened, and is {to} bytes now)",
+             [{start}, {end}) (it was {len} bytes when opened, and is {to} bytes now); the load \
+             stopped there: the first 1 parameters hold the file's values, the next may hold part \
+             of them, the others hold their old values",
             path.display()
         )
     );
+    let NnError::SafeTensors(SafeTensorsError::LoadInterrupted { loaded: 1, source }) = err else {
+        panic!("expected an interrupted load, got {err:?}");
+    };
     assert!(matches!(
-        err,
-        NnError::SafeTensors(SafeTensorsError::Corrupt { path: Some(_), .. })
+        *source,
+        SafeTensorsError::Corrupt { path: Some(_), .. }
     ));
-    // `a` was read whole before `b` failed, and is unchanged all the same.
+    // Both are read in place (one copy of the weights): `a` was, before `b` failed halfway
+    // (a positioned read fills what the file still has).
+    assert_eq!(values(&params, "a"), [1.0, 2.0, 3.0]);
+    assert_eq!(values(&params, "b"), [4.0, 5.0, 0.0, 0.0]);
+}
+
+#[test]
+fn a_file_truncated_before_the_first_write_fails_the_load_and_changes_nothing() {
+    let pool = Pool::with_max_memory_mb(16);
+    let path = temp_path("truncated-before-writes");
+    let bytes = saved_bytes(&pool, &path);
+    let len = bytes.len() as u64;
+    // Read 1 is the header: cut the file right after it, so the load's check before its first
+    // write sees it shorter than when it was opened.
+    let source = TruncatedAt {
+        file: File::open(&path).unwrap(),
+        path: path.clone(),
+        at: 1,
+        to: len - 1,
+        reads: AtomicUsize::new(0),
+    };
+    let file = SafeTensorsFile::read(Box::new(source), Some(path.clone())).unwrap();
+    let mut params = store(&pool, true);
+    let err = load_file(&mut params, &file, &LoadOptions::new()).unwrap_err();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{} is not a valid safetensors file: the file is {} bytes, shorter than the {len} it \
+             was when opened",
+            path.display(),
+            len - 1
+        )
+    );
     assert_eq!(values(&params, "a"), [0.0; 3]);
     assert_eq!(values(&params, "b"), [0.0; 4]);
 }
@@ -205,6 +243,10 @@ impl ReadAt for ShrinksAt {
         } else {
             &self.bytes[..]
         };
+        // As a positioned read of a file does: what the file still has, then the error.
+        let start = (offset as usize).min(bytes.len());
+        let have = (bytes.len() - start).min(buf.len());
+        buf[..have].copy_from_slice(&bytes[start..start + have]);
         bytes.to_vec().read_exact_at(buf, offset)
     }
 }
@@ -212,11 +254,14 @@ impl ReadAt for ShrinksAt {
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
 
-    /// A file that shrinks at any read of a load, to any length: the load gives every value if no
-    /// read from then on goes past the new length, else fails as corrupt naming the header or the
-    /// tensor of the first read that does, and changes nothing.
+    /// A file that shrinks at any read of a load, to any length. Shrunk while its header is read,
+    /// the open fails naming the header if a read goes past the new length, else the load's
+    /// check before its first write fails; either changes nothing. Shrunk while tensors are read
+    /// in place, the load gives every value if no read goes past the new length, else stops at
+    /// the tensor of the first read that does, the tensors before it loaded and the rest as they
+    /// were.
     #[test]
-    fn a_file_that_shrinks_at_any_read_of_a_load_loads_whole_or_changes_nothing(
+    fn a_file_that_shrinks_at_any_read_of_a_load_fails_naming_the_read_and_what_it_loaded(
         at in 0usize..6,
         to_fraction in 0.0f64..1.0,
         as_f16: bool,
@@ -242,17 +287,39 @@ proptest::proptest! {
         let loaded = SafeTensorsFile::read(Box::new(source), None)
             .map_err(NnError::from)
             .and_then(|file| load_file(&mut params, &file, &LoadOptions::new()));
+        let file_values = [vec![1.0, 2.0, 3.0], vec![4.0, 5.0, 6.0, 7.0]];
+        let old_values = [vec![0.0; 3], vec![0.0; 4]];
+        let now = [values(&params, "a"), values(&params, "b")];
+        let ends_with = |reason: &str, k: usize| {
+            let what = ["the header", "the header", "tensor \"a\"", "tensor \"b\""][k];
+            reason.starts_with(&format!("{what}: the file ends before bytes"))
+        };
         match (loaded, failing) {
-            (Ok(_), None) => {
-                proptest::prop_assert_eq!(values(&params, "a"), [1.0, 2.0, 3.0]);
-                proptest::prop_assert_eq!(values(&params, "b"), [4.0, 5.0, 6.0, 7.0]);
+            (Ok(_), None) if at >= 2 => proptest::prop_assert_eq!(now, file_values),
+            (Err(NnError::SafeTensors(SafeTensorsError::Corrupt { reason, .. })), Some(k))
+                if k < 2 =>
+            {
+                proptest::prop_assert!(ends_with(&reason, k), "read {}: {}", k, reason);
+                proptest::prop_assert_eq!(now, old_values);
             }
-            (Err(NnError::SafeTensors(SafeTensorsError::Corrupt { reason, .. })), Some(k)) => {
-                let what = ["the header", "the header", "tensor \"a\"", "tensor \"b\""][k];
-                let prefix = format!("{what}: the file ends before bytes");
-                proptest::prop_assert!(reason.starts_with(&prefix), "read {}: {}", k, reason);
-                proptest::prop_assert_eq!(values(&params, "a"), [0.0; 3]);
-                proptest::prop_assert_eq!(values(&params, "b"), [0.0; 4]);
+            (Err(NnError::SafeTensors(SafeTensorsError::Corrupt { reason, .. })), _) if at < 2 => {
+                proptest::prop_assert!(reason.contains("shorter than the"), "{}", reason);
+                proptest::prop_assert_eq!(now, old_values);
+            }
+            (
+                Err(NnError::SafeTensors(SafeTensorsError::LoadInterrupted { loaded, source })),
+                Some(k),
+            ) if k >= 2 => {
+                let SafeTensorsError::Corrupt { reason, .. } = *source else {
+                    return Err(proptest::test_runner::TestCaseError::fail(format!("{source:?}")));
+                };
+                proptest::prop_assert!(ends_with(&reason, k), "read {}: {}", k, reason);
+                proptest::prop_assert_eq!(loaded, k - 2);
+                // Tensor `loaded` may hold part of the file's values: the others are whole.
+                for (t, value) in now.iter().enumerate().filter(|&(t, _)| t != loaded) {
+                    let want = if t < loaded { &file_values[t] } else { &old_values[t] };
+                    proptest::prop_assert_eq!(value, want, "tensor {}", t);
+                }
             }
             (loaded, failing) => proptest::prop_assert!(
                 false,
