@@ -7,7 +7,7 @@ use std::cell::Cell;
 use tensorscope::nn::KvCache;
 use tensorscope::ops::AttentionOptions;
 use tensorscope::prelude::*;
-use tensorscope::Error;
+use tensorscope::{f16, Error};
 
 use crate::common::{max_abs_diff, test_pool};
 
@@ -205,5 +205,46 @@ fn bad_appends_and_queries_are_errors_that_change_nothing() {
         let k = s.bind(&w) * 1.0;
         let err = cache.try_append(&k, &k).unwrap_err().to_string();
         assert!(err.contains("carries a gradient graph"), "{err}");
+    });
+}
+
+#[test]
+fn an_f16_cache_computes_its_scores_in_f32_and_refuses_a_scale_infinite_there() {
+    let pool = test_pool(16);
+    pool.scope(|s| {
+        let (heads, t, d) = (2, 70, 8);
+        // Scores of up to about 2.5e5, past f16's 65504; the reference is an f32 cache of the
+        // same rounded values.
+        let x = [1, 2, 3].map(|seed| s.randn::<f32>(&[1, heads, t, d], seed));
+        let x = [&x[0] * 150.0, &x[1] * 150.0, x[2].clone()];
+        let rounded = x.each_ref().map(|x| x.cast::<f16>().cast::<f32>());
+        let scale = Some(1e-4);
+        let mut exact = KvCache::<f32>::new(s, 1, heads, 96, d);
+        exact.append(&rounded[1], &rounded[2]);
+        let want = exact.attend(&rounded[0], scale).to_vec();
+        let mut half = KvCache::<f16>::new(s, 1, heads, 96, d);
+        half.append(&x[1].cast::<f16>(), &x[2].cast::<f16>());
+        let q = x[0].cast::<f16>();
+        let got = half.attend(&q, scale).cast::<f32>().to_vec();
+        let bad = got.iter().filter(|x| !x.is_finite()).count();
+        assert_eq!(bad, 0, "elements not finite");
+        let largest = want.iter().fold(0.0f32, |m, w| m.max(w.abs()));
+        assert!(max_abs_diff(&got, &want) < 4e-3 * largest);
+
+        let err = half.try_attend(&q, Some(1e300)).unwrap_err();
+        assert_eq!(
+            err,
+            Error::InvalidArgument {
+                op: "KvCache::attend",
+                arg: "scale",
+                reason: "1e300 is not a finite f32 (attention of f16 computes its scores in f32)"
+                    .into(),
+            }
+        );
+        let err = exact.try_attend(&rounded[0], Some(1e300)).unwrap_err();
+        assert!(
+            err.to_string().contains("1e300 is not a finite f32"),
+            "{err}"
+        );
     });
 }

@@ -64,6 +64,12 @@ pub trait Element: DType + num_traits::Float + std::iter::Sum {
     #[doc(hidden)]
     const GEMM: bool = false;
 
+    /// The type attention computes its scores, softmax and sums in: `f32` for `f16` and `bf16`
+    /// (as PyTorch's CPU attention does: their 65504 and 8 bits of precision are no place for a
+    /// score), the type itself for `f32` and `f64`.
+    #[doc(hidden)]
+    type Wide: Element;
+
     /// `tanh` as the ops compute it: for `f32`, `f16` and `bf16` a branch-free kernel that loops
     /// vectorise (see `element::kernels`); for `f64`, libm's.
     ///
@@ -177,6 +183,7 @@ macro_rules! f32_kernels {
     ($t:ty, $gemm:literal, |$x:ident| $to_f32:expr, |$y:ident| $from_f32:expr) => {
         impl Element for $t {
             const GEMM: bool = $gemm;
+            type Wide = f32;
             f32_kernels!(@fn $t, |$x| $to_f32, |$y| $from_f32, tanh_kernel tanh_f32, exp_kernel exp_f32,
                 ln_kernel log_f32, erf_kernel erf_f32, erfc_kernel erfc_f32);
         }
@@ -199,6 +206,7 @@ f32_kernels!(half::bf16, false, |x| x.to_f32(), |y| half::bf16::from_f32(
 /// `f64` keeps libm's functions (through `std` where it has them).
 impl Element for f64 {
     const GEMM: bool = true;
+    type Wide = f64;
 
     #[inline(always)]
     fn tanh_kernel(self) -> Self {
