@@ -212,19 +212,27 @@ fn bad_appends_and_queries_are_errors_that_change_nothing() {
 fn an_f16_cache_computes_its_scores_in_f32_and_refuses_a_scale_infinite_there() {
     let pool = test_pool(16);
     pool.scope(|s| {
-        let (heads, t, d) = (2, 70, 8);
-        // Scores of up to about 2.5e5, past f16's 65504; the reference is an f32 cache of the
-        // same rounded values.
-        let x = [1, 2, 3].map(|seed| s.randn::<f32>(&[1, heads, t, d], seed));
-        let x = [&x[0] * 150.0, &x[1] * 150.0, x[2].clone()];
-        let rounded = x.each_ref().map(|x| x.cast::<f16>().cast::<f32>());
+        let (heads, d) = (2, 8);
+        // Two sequences filled to 70 and 20 of 96 positions, scores of up to about 2.5e5, past
+        // f16's 65504; the reference is an f32 cache of the same rounded values.
+        let mut exact = KvCache::<f32>::new(s, 2, heads, 96, d);
+        let mut half = KvCache::<f16>::new(s, 2, heads, 96, d);
+        for (seq, t) in [(0, 70), (1, 20)] {
+            let x = [1, 2].map(|seed| s.randn::<f32>(&[1, heads, t, d], seed + seq as u64) * 150.0);
+            let rounded = x.each_ref().map(|x| x.cast::<f16>().cast::<f32>());
+            exact.append_to(seq, &rounded[0], &rounded[1]);
+            half.append_to(seq, &x[0].cast::<f16>(), &x[1].cast::<f16>());
+        }
+        let q = (s.randn::<f32>(&[2, heads, 1, d], 3) * 150.0).cast::<f16>();
+        let scores = q
+            .cast::<f32>()
+            .narrow(0, 0, 1)
+            .matmul(&exact.keys(0).t())
+            .to_vec();
+        let largest = scores.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(largest > 65504.0, "the scores reach {largest}");
         let scale = Some(1e-4);
-        let mut exact = KvCache::<f32>::new(s, 1, heads, 96, d);
-        exact.append(&rounded[1], &rounded[2]);
-        let want = exact.attend(&rounded[0], scale).to_vec();
-        let mut half = KvCache::<f16>::new(s, 1, heads, 96, d);
-        half.append(&x[1].cast::<f16>(), &x[2].cast::<f16>());
-        let q = x[0].cast::<f16>();
+        let want = exact.attend(&q.cast::<f32>(), scale).to_vec();
         let got = half.attend(&q, scale).cast::<f32>().to_vec();
         let bad = got.iter().filter(|x| !x.is_finite()).count();
         assert_eq!(bad, 0, "elements not finite");
@@ -241,7 +249,7 @@ fn an_f16_cache_computes_its_scores_in_f32_and_refuses_a_scale_infinite_there() 
                     .into(),
             }
         );
-        let err = exact.try_attend(&rounded[0], Some(1e300)).unwrap_err();
+        let err = exact.try_attend(&q.cast::<f32>(), Some(1e300)).unwrap_err();
         assert!(
             err.to_string().contains("1e300 is not a finite f32"),
             "{err}"

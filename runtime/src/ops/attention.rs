@@ -303,29 +303,34 @@ pub(crate) fn attend_filled<'s, T: Element>(
         dv: d,
         causal: true,
     };
+    // The widened copies of an f16 or bf16 cache hold the filled rows alone, `tk` a key head.
+    let wide_rows = if same::<T, T::Wide>() { rows } else { dims.tk };
     let keys = Keys {
         group: heads / kv_heads,
-        rows,
+        rows: wide_rows,
         lens,
         per_seq: heads,
     };
     let scope = &q.rents_in;
     let mut out = Tensor::try_rent_in(scope, q.shape())?;
-    // Of the cache, only the rows each sequence has filled are widened (f16, bf16).
-    let filled = |width: usize| {
-        lens.iter().enumerate().flat_map(move |(i, &len)| {
-            (0..kv_heads).map(move |h| {
-                let start = (i * kv_heads + h) * rows * width;
-                start..start + len * width
-            })
-        })
+    let filled = |x: &[T]| {
+        let heads = lens
+            .iter()
+            .flat_map(|&len| std::iter::repeat_n(len, kv_heads));
+        let range = move |(head, len)| {
+            (
+                head * rows * d..(head * rows + len) * d,
+                head * wide_rows * d,
+            )
+        };
+        (x.len() / rows * wide_rows, heads.enumerate().map(range))
     };
     let mut copies = [(); 3].map(|()| None);
     let [cq, ck, cv] = &mut copies;
     let inputs = (
         widened(q.slice(), whole(q.slice()), scope, cq)?,
-        widened(k, filled(d), scope, ck)?,
-        widened(v, filled(d), scope, cv)?,
+        widened(k, filled(k), scope, ck)?,
+        widened(v, filled(v), scope, cv)?,
     );
     narrowed(scope, [out.unique_slice_mut()], |[out]| {
         run_forward(&dims, keys, scale, inputs, out, &mut [])
@@ -339,30 +344,31 @@ fn same<T: 'static, U: 'static>() -> bool {
 }
 
 /// `x`'s elements as `T::Wide`s, the type attention computes in: `x` itself for `f32` and `f64`;
-/// for `f16` and `bf16`, a copy rented in `scope` (held by `copy`) of the elements in the ranges
-/// `filled`, the others unspecified (the kernels read only those).
+/// for `f16` and `bf16`, a copy of `len` elements rented in `scope` (held by `copy`) into which
+/// each range of `x` that `parts` gives is widened, at the position it gives; the other elements
+/// are unspecified (the kernels read only those).
 fn widened<'a, T: Element>(
     x: &'a [T],
-    filled: impl IntoIterator<Item = Range<usize>>,
+    (len, parts): (usize, impl Iterator<Item = (Range<usize>, usize)>),
     scope: &State,
     copy: &'a mut Option<Tensor<'static, T::Wide>>,
 ) -> Result<&'a [T::Wide]> {
     if same::<T, T::Wide>() {
         return Ok(bytemuck::cast_slice(x));
     }
-    let mut wide = Tensor::<T::Wide>::try_rent_in(scope, &[x.len()])?;
+    let mut wide = Tensor::<T::Wide>::try_rent_in(scope, &[len])?;
     let to = wide.unique_slice_mut();
-    for range in filled {
-        for (w, &v) in to[range.clone()].iter_mut().zip(&x[range]) {
+    for (range, at) in parts {
+        for (w, &v) in to[at..].iter_mut().zip(&x[range]) {
             *w = DType::from_f64(v.to_f64());
         }
     }
     Ok(copy.insert(wide).slice())
 }
 
-/// The one range of all of `x`, for [`widened`].
-fn whole<T>(x: &[T]) -> std::iter::Once<Range<usize>> {
-    std::iter::once(0..x.len())
+/// All of `x` at its own place, for [`widened`].
+fn whole<T>(x: &[T]) -> (usize, std::iter::Once<(Range<usize>, usize)>) {
+    (x.len(), std::iter::once((0..x.len(), 0)))
 }
 
 /// Runs `f` on `outs` as `T::Wide`s, for kernels that write every element: `outs` themselves for
