@@ -359,9 +359,7 @@ fn widened<'a, T: Element>(
     let mut wide = Tensor::<T::Wide>::try_rent_in(scope, &[len])?;
     let to = wide.unique_slice_mut();
     for (range, at) in parts {
-        for (w, &v) in to[at..].iter_mut().zip(&x[range]) {
-            *w = DType::from_f64(v.to_f64());
-        }
+        T::widen(&x[range.clone()], &mut to[at..at + range.len()]);
     }
     Ok(copy.insert(wide).slice())
 }
@@ -395,9 +393,7 @@ fn narrowed<T: Element, const N: usize>(
     for out in &mut outs {
         let (part, tail) = from.split_at(out.len());
         from = tail;
-        for (o, &w) in out.iter_mut().zip(part) {
-            *o = DType::from_f64(w.to_f64());
-        }
+        T::narrow(part, out);
     }
     Ok(())
 }
