@@ -286,7 +286,9 @@ impl<'s, T: Element> KvCache<'s, T> {
     /// positions; with [`Error::InvalidArgument`] for a scale that is not finite in the type the
     /// scores are computed in (`f32` for an `f32`, `f16` or `bf16` cache: 1e300 is not) or a `q`
     /// that carries a gradient graph. An `f16` or `bf16` cache computes in `f32`, as the fused
-    /// attention does, widening its filled rows into a pooled `f32` copy for the call.
+    /// attention does, widening its filled rows into pooled `f32` copies of the attended
+    /// sequences' keys and values for the call: twice those sequences' bytes in the cache, rented
+    /// in `q`'s scope and returned before this returns.
     pub fn try_attend<'t>(&self, q: &Tensor<'t, T>, scale: Option<f64>) -> Result<Tensor<'t, T>> {
         self.attend_rows(self.rows(ATTEND, None)?, q, scale)
     }

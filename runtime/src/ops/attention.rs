@@ -303,27 +303,27 @@ pub(crate) fn attend_filled<'s, T: Element>(
         dv: d,
         causal: true,
     };
-    // The widened copies of an f16 or bf16 cache hold the filled rows alone, `tk` a key head.
-    let wide_rows = if same::<T, T::Wide>() { rows } else { dims.tk };
     let keys = Keys {
         group: heads / kv_heads,
-        rows: wide_rows,
+        rows,
         lens,
         per_seq: heads,
     };
     let scope = &q.rents_in;
     let mut out = Tensor::try_rent_in(scope, q.shape())?;
+    // An f16 or bf16 cache widens only its filled rows, into copies of the cache's layout: their
+    // size does not grow with the sequences, so every step's copies come from the pool's cache
+    // (copies of the filled rows alone, a row longer each step, missed it at each new size
+    // class: heap allocations in a steady-state decode).
     let filled = |x: &[T]| {
         let heads = lens
             .iter()
             .flat_map(|&len| std::iter::repeat_n(len, kv_heads));
         let range = move |(head, len)| {
-            (
-                head * rows * d..(head * rows + len) * d,
-                head * wide_rows * d,
-            )
+            let start = head * rows * d;
+            (start..start + len * d, start)
         };
-        (x.len() / rows * wide_rows, heads.enumerate().map(range))
+        (x.len(), heads.enumerate().map(range))
     };
     let mut copies = [(); 3].map(|()| None);
     let [cq, ck, cv] = &mut copies;
