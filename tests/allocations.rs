@@ -335,6 +335,33 @@ fn steady_state_decode_steps_allocate_nothing() {
     );
 }
 
+/// An f16 cache's attention computes in f32 from pooled widened copies of its filled rows: its
+/// steps allocate nothing either.
+#[test]
+fn steady_state_half_precision_cache_attends_allocate_nothing() {
+    let pool = Pool::with_max_memory_mb(64);
+    let count = per_step(|steps, boundary| {
+        pool.scope(|s| {
+            let mut cache = KvCache::<tensorscope::f16>::new(s, 2, 2, steps, 8);
+            for i in 0..steps {
+                boundary(i);
+                s.scope(|p| {
+                    let kv = p.randn::<f32>(&[2, 2, 1, 8], i as u64);
+                    let kv = kv.cast::<tensorscope::f16>();
+                    cache.append(&kv, &kv);
+                    let q = p.randn::<f32>(&[2, 4, 1, 8], 7).cast::<tensorscope::f16>();
+                    std::hint::black_box(cache.attend(&q, None));
+                });
+            }
+            boundary(steps);
+        })
+    });
+    assert_eq!(
+        count, 0,
+        "heap allocations over {STEADY_STEPS} steady-state attends of an f16 cache"
+    );
+}
+
 /// Causal attention over `x` (`[b, t, c]`) with `heads` heads, split as PyTorch's models split them,
 /// through rank 5: `[b, t, 3, h, d]`, permuted to `[3, b, h, t, d]`, one head group per narrow; the
 /// heads merged back by a rank-4 permute.

@@ -86,6 +86,9 @@ enum Step {
     /// few units in its last place: a fresh tensor, on which a mean rounded to `f32` is wrong by as
     /// much as the noise.
     NearlyEqualNorm(NearlyEqual),
+    /// Greedy `sample_logits` of the last axis, or `multinomial` with this many draws where its
+    /// ids are known (no row to draw from) or it must fail (no class).
+    Sample(bool, usize),
 }
 
 /// The lanes of [`Step::NearlyEqualNorm`]: `rows` lanes of `len` values, each
@@ -190,6 +193,7 @@ fn step_strategy() -> impl Strategy<Value = Step> {
                     seed,
                 })
             }),
+        1 => (any::<bool>(), 0usize..3).prop_map(|(m, n)| Step::Sample(m, n)),
     ]
 }
 
@@ -1067,6 +1071,45 @@ fn run_program(steps: &[Step]) -> Result<(), TestCaseError> {
                         0.0,
                     )
                 }
+                &Step::Sample(multinomial, n) => {
+                    let last = x.shape().last().copied();
+                    let rows = x.shape().iter().rev().skip(1).product::<usize>();
+                    let lead = x.shape()[..rank.saturating_sub(1)].to_vec();
+                    let rng = &mut tensorscope::Generator::new(n as u64);
+                    // An empty class axis has nothing to draw, with rows or without.
+                    let invalid = matches!(last, None | Some(0));
+                    if multinomial && (invalid || rows == 0) {
+                        let want = match invalid {
+                            true => Want::Invalid,
+                            false => output([&lead[..], &[n]].concat(), |_| unreachable!()),
+                        };
+                        let got = x.try_multinomial(n, true, rng).and_then(|t| t.try_cast());
+                        (format!("multinomial({n})"), got, want, 0.0)
+                    } else {
+                        let want = match invalid {
+                            true => Want::Invalid,
+                            false => output(lead, |sh| {
+                                from_fn(sh, |i| {
+                                    let mut at = i.to_vec();
+                                    at.push(0);
+                                    let lane = lane(&xv, &at, rank - 1);
+                                    let best = (0..lane.len()).fold(0, |b, k| {
+                                        if lane[k] > lane[b] {
+                                            k
+                                        } else {
+                                            b
+                                        }
+                                    });
+                                    best as f64
+                                })
+                            }),
+                        };
+                        let got = x
+                            .try_sample_logits(0.0, None, None, rng)
+                            .and_then(|t| t.try_cast());
+                        ("greedy sample_logits".into(), got, want, 0.0)
+                    }
+                }
             };
             limit_kernel_visits(None);
             let next = check(&what, got, want, visits, elements, tol)?;
@@ -1108,4 +1151,64 @@ fn the_checks_catch_unwritten_and_wrong_elements() {
         let err = check("values", Ok(wrong), want, kernel_visits(), 0, 1e-5).unwrap_err();
         assert!(err.to_string().contains("got 2, want 1"), "{err}");
     });
+}
+
+/// A view of a random tensor of shape `base`: its length-1 axes expanded to `lens`, axis
+/// `huge_at` (if it has length 1) to 2^40 where `huge` and else to 2000 (more than the 1000
+/// elements past which a print is summarized, so that both views summarize), then its axes
+/// permuted as `perm` draws.
+fn expanded_view<'s>(
+    s: &Scope<'s, '_>,
+    (base, lens, huge_at, perm): (&[usize], &[usize], usize, u64),
+    huge: bool,
+    seed: u64,
+) -> Tensor<'s> {
+    let x = random(s, base, seed);
+    let target: Vec<usize> = base
+        .iter()
+        .zip(lens)
+        .enumerate()
+        .map(|(axis, (&d, &len))| match d {
+            1 if axis == huge_at && huge => HUGE,
+            1 if axis == huge_at => 2000,
+            1 => len,
+            d => d,
+        })
+        .collect();
+    let mut axes: Vec<usize> = (0..base.len()).collect();
+    let mut state = perm;
+    for i in (1..axes.len()).rev() {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        axes.swap(i, (state >> 33) as usize % (i + 1));
+    }
+    x.expand(&target).permute(&axes)
+}
+
+// Display of views that read their buffer out of order or many times over: what a copy prints, and
+// with an axis of 2^40 (which no copy could hold) what the view with 2000 there prints, read
+// through the steps.
+proptest! {
+    #[test]
+    fn random_expanded_views_print_as_their_copies_without_one(
+        base in prop::collection::vec(prop_oneof![2 => Just(1usize), 1 => 2usize..4], 1..4),
+        lens in prop::collection::vec(1usize..9, 3),
+        huge_at in 0usize..4,
+        perm in any::<u64>(),
+        seed in any::<u64>(),
+    ) {
+        let pool = test_pool(64);
+        pool.scope(|s| {
+            let view = |huge| expanded_view(s, (&base, &lens, huge_at, perm), huge, seed);
+            let small = view(false);
+            let printed = small.to_string();
+            prop_assert_eq!(&printed, &small.contiguous().to_string());
+            let huge = view(true);
+            let footer = |t: &Tensor<'_>| format!("Tensor{:?}", t.shape()).replace(']', "; f32]");
+            let values = printed.strip_suffix(&footer(&small)).expect("the footer last");
+            prop_assert_eq!(huge.to_string(), format!("{values}{}", footer(&huge)));
+            Ok(())
+        })?;
+    }
 }

@@ -121,42 +121,63 @@ enum Step {
     Row(usize),
 }
 
-/// Writes `data`, row-major of `shape`, then `kind[shape; dtype]`: the `Display` of tensors and
-/// parameters.
+/// Where the elements of a tensor lie in its buffer: the first at `offset`, neighbours along each
+/// axis `steps` apart (row-major if `None`). An expanded axis has step 0: printing reads each
+/// shown element where it lies, so a view of 2^40 elements over one prints without a copy.
+pub(crate) struct Layout<'a> {
+    pub(crate) offset: usize,
+    pub(crate) steps: Option<&'a [usize]>,
+}
+
+impl Layout<'_> {
+    /// A row-major buffer of exactly the elements.
+    pub(crate) const ROW_MAJOR: Layout<'static> = Layout {
+        offset: 0,
+        steps: None,
+    };
+}
+
+/// Writes the elements of `shape` lying in `data` as `layout` says, then `kind[shape; dtype]`:
+/// the `Display` of tensors and parameters.
 pub(crate) fn fmt_values<T: DType>(
     f: &mut fmt::Formatter<'_>,
     kind: &str,
     shape: &[usize],
     data: &[T],
+    layout: Layout<'_>,
 ) -> fmt::Result {
-    if data.is_empty() {
+    if shape.contains(&0) {
         // Nothing to visit: an empty tensor's other axes may be 2^40 long.
         f.write_str("[]\n")?;
         return write_footer(f, kind, shape, T::NAME);
     }
-    let summarize = data.len() > SUMMARIZE_ABOVE;
+    // A view's elements may outnumber its buffer's (an expanded axis); saturating is enough to
+    // decide whether to summarize.
+    let count = shape.iter().fold(1usize, |n, &len| n.saturating_mul(len));
+    let summarize = count > SUMMARIZE_ABOVE;
     let mut axes: Vec<Axis> = Vec::with_capacity(shape.len());
-    let mut stride = 1;
-    for &len in shape.iter().rev() {
+    let mut row_major = 1;
+    for (axis, &len) in shape.iter().enumerate().rev() {
         axes.push(Axis {
             len,
-            stride,
+            stride: layout.steps.map_or(row_major, |steps| steps[axis]),
             summarized: summarize && len > 2 * EDGE_ITEMS,
         });
-        // No overflow: the product of the lengths is `data.len()`.
-        stride *= len;
+        // Used only without steps, where the product of the lengths is `data.len()`.
+        row_major = row_major.saturating_mul(len);
     }
     axes.reverse();
     let mut printer = Printer {
         axes,
         data,
+        offset: layout.offset,
         notation: Notation::Integer,
         width: 0,
     };
 
     let mut shown = Vec::new();
-    match data {
-        [x] if shape.is_empty() => shown.push(*x),
+    match shape {
+        [] => shown.push(data[layout.offset]),
         _ => printer.walk(|step| {
             if let Step::Row(offset) = step {
                 shown.extend(printer.row(offset).flatten());
@@ -172,8 +193,8 @@ pub(crate) fn fmt_values<T: DType>(
         .unwrap_or(0);
 
     let mut out = String::new();
-    match data {
-        [x] if shape.is_empty() => out.push_str(&printer.notation.text(*x)),
+    match shape {
+        [] => out.push_str(&printer.notation.text(data[layout.offset])),
         _ => printer.write_blocks(&mut out)?,
     }
     out.push('\n');
@@ -203,6 +224,8 @@ struct Printer<'a, T> {
     /// Of rank 1 or more.
     axes: Vec<Axis>,
     data: &'a [T],
+    /// Where the first element is in `data`.
+    offset: usize,
     notation: Notation,
     /// The width every element is right-aligned to.
     width: usize,
@@ -224,7 +247,7 @@ impl<T: DType> Printer<'_, T> {
         // The entry of each axis before the last being printed, and where the block of each axis
         // being printed starts in the data.
         let mut entry = vec![0; last];
-        let mut start = vec![0; last + 1];
+        let mut start = vec![self.offset; last + 1];
         // The axis whose block is to be printed from its first entry.
         let mut axis = 0;
         loop {

@@ -388,7 +388,8 @@ impl<T: DType> fmt::Display for Param<T> {
     /// The values nested in brackets by axis, then `Param[shape; dtype]`, as a
     /// [`Tensor`](crate::Tensor#printing) prints.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        crate::display::fmt_values(f, "Param", self.shape(), self.as_slice())
+        let layout = crate::display::Layout::ROW_MAJOR;
+        crate::display::fmt_values(f, "Param", self.shape(), self.as_slice(), layout)
     }
 }
 

@@ -769,10 +769,11 @@ impl<T: DType> fmt::Display for Tensor<'_, T> {
     /// The values nested in brackets by axis, then `Tensor[shape; dtype]`; see
     /// [Printing](Tensor#printing).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.as_slice() {
-            Some(values) => crate::display::fmt_values(f, "Tensor", self.shape(), values),
-            None => crate::display::fmt_values(f, "Tensor", self.shape(), &self.to_vec()),
-        }
+        // Read where the elements lie: a copy of an expanded view could be terabytes.
+        let (data, offset) = self.buffer();
+        let steps = self.strided.as_ref().map(|view| &view.steps[..]);
+        let layout = crate::display::Layout { offset, steps };
+        crate::display::fmt_values(f, "Tensor", self.shape(), data, layout)
     }
 }
 

@@ -263,3 +263,43 @@ fn a_tensor_of_rank_3002_prints_its_blocks_and_rows() {
         });
     });
 }
+
+#[test]
+fn an_expanded_view_prints_summarized_without_a_copy() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|s| {
+        // 2^40 elements over one f32: a copy would be 4 TiB.
+        let one = s.from_slice::<f32>(&[1], &[2.5]);
+        let wide = one.expand(&[1 << 40]);
+        let start = std::time::Instant::now();
+        assert_eq!(
+            wide.to_string(),
+            "[2.5000, 2.5000, 2.5000,    ..., 2.5000, 2.5000, 2.5000]\nTensor[1099511627776; f32]"
+        );
+        assert_eq!(format!("{wide:?}"), wide.to_string());
+        assert!(start.elapsed().as_secs_f64() < 1.0, "{:?}", start.elapsed());
+        assert_eq!(pool.stats().bytes_in_use, one.allocated_bytes());
+
+        // Rows of a column broadcast along the last axis, then transposed: the steps are read.
+        let col = s.from_slice::<i64>(&[3, 1], &[1, 2, 3]);
+        let grid = col.expand(&[3, 1 << 30]).t();
+        let want = "\
+[[1, 2, 3],
+ [1, 2, 3],
+ [1, 2, 3],
+ ...,
+ [1, 2, 3],
+ [1, 2, 3],
+ [1, 2, 3]]
+Tensor[1073741824, 3; i64]";
+        assert_eq!(grid.to_string(), want);
+        // A view that is not expanded prints as its copy does, offset and steps read.
+        let x = s.from_slice::<i64>(&[3, 4], &(0..12).collect::<Vec<_>>());
+        let view = x.narrow(1, 1, 2).t();
+        assert_eq!(view.to_string(), view.contiguous().to_string());
+        assert_eq!(
+            view.to_string(),
+            "[[ 1,  5,  9],\n [ 2,  6, 10]]\nTensor[2, 3; i64]"
+        );
+    });
+}

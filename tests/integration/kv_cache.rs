@@ -7,7 +7,7 @@ use std::cell::Cell;
 use tensorscope::nn::KvCache;
 use tensorscope::ops::AttentionOptions;
 use tensorscope::prelude::*;
-use tensorscope::Error;
+use tensorscope::{f16, Error};
 
 use crate::common::{max_abs_diff, test_pool};
 
@@ -205,5 +205,54 @@ fn bad_appends_and_queries_are_errors_that_change_nothing() {
         let k = s.bind(&w) * 1.0;
         let err = cache.try_append(&k, &k).unwrap_err().to_string();
         assert!(err.contains("carries a gradient graph"), "{err}");
+    });
+}
+
+#[test]
+fn an_f16_cache_computes_its_scores_in_f32_and_refuses_a_scale_infinite_there() {
+    let pool = test_pool(16);
+    pool.scope(|s| {
+        let (heads, d) = (2, 8);
+        // Two sequences filled to 70 and 20 of 96 positions, scores of up to about 2.5e5, past
+        // f16's 65504; the reference is an f32 cache of the same rounded values.
+        let mut exact = KvCache::<f32>::new(s, 2, heads, 96, d);
+        let mut half = KvCache::<f16>::new(s, 2, heads, 96, d);
+        for (seq, t) in [(0, 70), (1, 20)] {
+            let x = [1, 2].map(|seed| s.randn::<f32>(&[1, heads, t, d], seed + seq as u64) * 150.0);
+            let rounded = x.each_ref().map(|x| x.cast::<f16>().cast::<f32>());
+            exact.append_to(seq, &rounded[0], &rounded[1]);
+            half.append_to(seq, &x[0].cast::<f16>(), &x[1].cast::<f16>());
+        }
+        let q = (s.randn::<f32>(&[2, heads, 1, d], 3) * 150.0).cast::<f16>();
+        let scores = q
+            .cast::<f32>()
+            .narrow(0, 0, 1)
+            .matmul(&exact.keys(0).t())
+            .to_vec();
+        let largest = scores.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(largest > 65504.0, "the scores reach {largest}");
+        let scale = Some(1e-4);
+        let want = exact.attend(&q.cast::<f32>(), scale).to_vec();
+        let got = half.attend(&q, scale).cast::<f32>().to_vec();
+        let bad = got.iter().filter(|x| !x.is_finite()).count();
+        assert_eq!(bad, 0, "elements not finite");
+        let largest = want.iter().fold(0.0f32, |m, w| m.max(w.abs()));
+        assert!(max_abs_diff(&got, &want) < 4e-3 * largest);
+
+        let err = half.try_attend(&q, Some(1e300)).unwrap_err();
+        assert_eq!(
+            err,
+            Error::InvalidArgument {
+                op: "KvCache::attend",
+                arg: "scale",
+                reason: "1e300 is not a finite f32 (attention of f16 computes its scores in f32)"
+                    .into(),
+            }
+        );
+        let err = exact.try_attend(&q.cast::<f32>(), Some(1e300)).unwrap_err();
+        assert!(
+            err.to_string().contains("1e300 is not a finite f32"),
+            "{err}"
+        );
     });
 }

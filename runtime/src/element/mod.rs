@@ -5,6 +5,8 @@ pub(crate) mod kernels;
 
 use std::fmt::{Debug, Display};
 
+use half::slice::HalfFloatSliceExt;
+
 /// Any element type a [`Tensor`](crate::Tensor) can hold: the floating-point [`Element`]s, and the
 /// integer types `i64`, `i32` and `u8` for token ids, labels, indices and masks.
 ///
@@ -63,6 +65,22 @@ pub trait Element: DType + num_traits::Float + std::iter::Sum {
     /// `bf16` run on ndarray's generic `general_mat_mul`.
     #[doc(hidden)]
     const GEMM: bool = false;
+
+    /// The type attention computes its scores, softmax and sums in: `f32` for `f16` and `bf16`
+    /// (as PyTorch's CPU attention does: their 65504 and 8 bits of precision are no place for a
+    /// score), the type itself for `f32` and `f64`.
+    #[doc(hidden)]
+    type Wide: Element;
+
+    /// `src` converted into `dst` (of its length), exactly: how attention widens its operands
+    /// (for the half types through `half`'s slice conversions, which use F16C where the CPU has
+    /// it).
+    #[doc(hidden)]
+    fn widen(src: &[Self], dst: &mut [Self::Wide]);
+
+    /// `src` rounded to nearest into `dst` (of its length): how attention rounds its results.
+    #[doc(hidden)]
+    fn narrow(src: &[Self::Wide], dst: &mut [Self]);
 
     /// `tanh` as the ops compute it: for `f32`, `f16` and `bf16` a branch-free kernel that loops
     /// vectorise (see `element::kernels`); for `f64`, libm's.
@@ -174,9 +192,16 @@ dtype!(u8, "u8", |v| v as u8, |s| f64::from(s), integer);
 /// `f32` and the half types run the kernels of [`kernels`], the half types through `f32` (as
 /// `half`'s own `tanh` goes through `f32`).
 macro_rules! f32_kernels {
-    ($t:ty, $gemm:literal, |$x:ident| $to_f32:expr, |$y:ident| $from_f32:expr) => {
+    ($t:ty, $gemm:literal, $widen:expr, $narrow:expr, |$x:ident| $to_f32:expr, |$y:ident| $from_f32:expr) => {
         impl Element for $t {
             const GEMM: bool = $gemm;
+            type Wide = f32;
+            fn widen(src: &[Self], dst: &mut [f32]) {
+                $widen(src, dst)
+            }
+            fn narrow(src: &[f32], dst: &mut [Self]) {
+                $narrow(dst, src)
+            }
             f32_kernels!(@fn $t, |$x| $to_f32, |$y| $from_f32, tanh_kernel tanh_f32, exp_kernel exp_f32,
                 ln_kernel log_f32, erf_kernel erf_f32, erfc_kernel erfc_f32);
         }
@@ -190,15 +215,43 @@ macro_rules! f32_kernels {
         }
     )*};
 }
-f32_kernels!(f32, true, |x| x, |y| y);
-f32_kernels!(half::f16, false, |x| x.to_f32(), |y| half::f16::from_f32(y));
-f32_kernels!(half::bf16, false, |x| x.to_f32(), |y| half::bf16::from_f32(
-    y
-));
+f32_kernels!(
+    f32,
+    true,
+    |src: &[f32], dst: &mut [f32]| dst.copy_from_slice(src),
+    |dst: &mut [f32], src: &[f32]| dst.copy_from_slice(src),
+    |x| x,
+    |y| y
+);
+f32_kernels!(
+    half::f16,
+    false,
+    |src: &[half::f16], dst| src.convert_to_f32_slice(dst),
+    |dst: &mut [half::f16], src| dst.convert_from_f32_slice(src),
+    |x| x.to_f32(),
+    |y| half::f16::from_f32(y)
+);
+f32_kernels!(
+    half::bf16,
+    false,
+    |src: &[half::bf16], dst| src.convert_to_f32_slice(dst),
+    |dst: &mut [half::bf16], src| dst.convert_from_f32_slice(src),
+    |x| x.to_f32(),
+    |y| half::bf16::from_f32(y)
+);
 
 /// `f64` keeps libm's functions (through `std` where it has them).
 impl Element for f64 {
     const GEMM: bool = true;
+    type Wide = f64;
+
+    fn widen(src: &[f64], dst: &mut [f64]) {
+        dst.copy_from_slice(src)
+    }
+
+    fn narrow(src: &[f64], dst: &mut [f64]) {
+        dst.copy_from_slice(src)
+    }
 
     #[inline(always)]
     fn tanh_kernel(self) -> Self {

@@ -164,8 +164,11 @@ pub struct Generation {
 ///
 /// Fails, before renting anything, with [`Error::InvalidArgument`] for no prompt, an empty prompt,
 /// a prompt that with its new tokens would pass the model's positions, or sampling settings
-/// [`Tensor::sample_logits`] refuses; with a budget error if the caches do not fit; and with the
-/// model's errors.
+/// [`Tensor::sample_logits`] refuses; with a budget error if the caches do not fit (or
+/// [`Error::SizeOverflow`] if their size does not fit in memory at all); with
+/// [`Error::InvalidArgument`] naming `max_new_tokens` if the room for the tokens cannot be
+/// reserved; and with the model's errors. Nothing is allocated by the count `max_new_tokens`
+/// before the caches it sizes are rented under the budget.
 pub fn generate<M: CausalLm + ?Sized>(
     model: &M,
     scope: &Scope<'_, '_>,
@@ -198,10 +201,7 @@ pub fn generate<M: CausalLm + ?Sized>(
     let batch = prompts.len();
     let mut rng = Generator::new(sampling.seed);
     let mut seqs = Sequences {
-        tokens: prompts
-            .iter()
-            .map(|_| Vec::with_capacity(options.max_new_tokens))
-            .collect(),
+        tokens: vec![Vec::new(); batch],
         going: vec![options.max_new_tokens > 0; batch],
         last: vec![0; batch],
     };
@@ -212,6 +212,12 @@ pub fn generate<M: CausalLm + ?Sized>(
             .map(|_| KvCache::try_new(s, batch, layout.kv_heads, max_len, layout.head_dim))
             .collect::<Result<Vec<_>>>()?;
         cache_bytes = caches.iter().map(KvCache::allocated_bytes).sum();
+        // Reserved only now that the caches fit the budget: a cache holds at least 8 bytes a
+        // position (a key and a value of one `f32`), as much as a token, so the budget bounds the
+        // reservation too. With no cache (a model without attention) the allocator bounds it,
+        // through `try_reserve`: a count no host can hold is an error, not an abort. Reserved
+        // whole, so that no decode step reallocates.
+        seqs.reserve(options.max_new_tokens)?;
         let mut step = |result: Result<()>, stats: ScopeStats| {
             step_peak_bytes = step_peak_bytes.max(stats.peak_bytes_in_use);
             result
@@ -279,6 +285,21 @@ struct Sequences {
 }
 
 impl Sequences {
+    /// Reserves room for `n` tokens in every sequence; [`Error::InvalidArgument`] naming
+    /// `max_new_tokens` if the allocator cannot give it.
+    fn reserve(&mut self, n: usize) -> Result<()> {
+        for tokens in &mut self.tokens {
+            tokens
+                .try_reserve_exact(n)
+                .map_err(|e| Error::InvalidArgument {
+                    op: "generate",
+                    arg: "max_new_tokens",
+                    reason: format!("room for {n} tokens per prompt cannot be reserved: {e}"),
+                })?;
+        }
+        Ok(())
+    }
+
     /// Sequence `seq` made token `id`: it stops at `options`' length or at a stop token.
     fn take(&mut self, seq: usize, id: i64, options: &GenerateOptions) {
         let tokens = &mut self.tokens[seq];
@@ -322,5 +343,75 @@ impl<'c, M: CausalLm + ?Sized> Forward<'_, 'c, '_, M> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Pool;
+
+    /// A model of `layers` layers of one key/value head of one element, as many positions as
+    /// `usize` counts, whose logits always make token 1 the most likely of 2.
+    struct Unbounded {
+        layers: usize,
+    }
+
+    impl CausalLm for Unbounded {
+        fn cache_layout(&self) -> CacheLayout {
+            CacheLayout {
+                layers: self.layers,
+                kv_heads: 1,
+                head_dim: 1,
+                max_positions: usize::MAX,
+            }
+        }
+
+        fn forward_cached<'a, 'c: 'a>(
+            &self,
+            scope: &Scope<'a, '_>,
+            ids: &Tensor<'a, i64>,
+            caches: &mut [KvCache<'c>],
+            _seq: Option<usize>,
+            keep: usize,
+        ) -> Result<Tensor<'a>> {
+            let (rows, _) =
+                self.cache_layout()
+                    .check_forward("Unbounded", ids.shape(), caches.len(), keep)?;
+            let logits: Vec<f32> = (0..rows * keep).flat_map(|_| [0.0, 1.0]).collect();
+            scope.try_from_slice(&[rows, keep, 2], &logits)
+        }
+    }
+
+    fn generate_with(layers: usize, max_new_tokens: usize) -> Result<Generation> {
+        let pool = Pool::with_max_memory_mb(16);
+        let model = Unbounded { layers };
+        pool.scope(|s| generate(&model, s, &[&[0]], &GenerateOptions::greedy(max_new_tokens)))
+    }
+
+    #[test]
+    fn a_huge_max_new_tokens_is_refused_by_the_budget_or_the_allocator() {
+        // Caches of 2^40 positions: the budget refuses them, before the tokens' room (8 TiB) is
+        // asked of the allocator.
+        let e = generate_with(1, 1 << 40).unwrap_err();
+        assert!(matches!(e, Error::BudgetExceeded { .. }), "{e}");
+        assert!(e.to_string().contains("limit 16777216 bytes"), "{e}");
+        // A cache of `usize::MAX` positions has a byte size past any memory.
+        let e = generate_with(1, usize::MAX - 1).unwrap_err();
+        assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
+        // No cache to bound it: the reservation itself fails, naming the count.
+        let e = generate_with(0, usize::MAX - 1).unwrap_err();
+        let Error::InvalidArgument { arg, reason, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(*arg, "max_new_tokens");
+        assert!(reason.contains("capacity exceeded"), "{e}");
+    }
+
+    #[test]
+    fn a_model_without_caches_generates_its_tokens() {
+        let g = generate_with(0, 3).unwrap();
+        assert_eq!(g.tokens, [[1, 1, 1]]);
+        assert_eq!((g.steps, g.cache_bytes), (2, 0));
     }
 }

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use crate::element::Element;
 use crate::error::{panicking, Error, Result, Shape};
-use crate::ops::attention::attend_filled;
+use crate::ops::attention::{attend_filled, check_scale};
 use crate::scope::Scope;
 use crate::tensor::Tensor;
 
@@ -283,8 +283,12 @@ impl<'s, T: Element> KvCache<'s, T> {
     ///
     /// Fails with [`Error::ShapeMismatch`] if `q`'s batch or head dimension differs from the
     /// cache's, its heads are not a multiple of `kv_heads`, or a sequence holds fewer than `tq`
-    /// positions; with [`Error::InvalidArgument`] for a scale that is not finite or a `q` that
-    /// carries a gradient graph.
+    /// positions; with [`Error::InvalidArgument`] for a scale that is not finite in the type the
+    /// scores are computed in (`f32` for an `f32`, `f16` or `bf16` cache: 1e300 is not) or a `q`
+    /// that carries a gradient graph. An `f16` or `bf16` cache computes in `f32`, as the fused
+    /// attention does, widening its filled rows into pooled `f32` copies of the attended
+    /// sequences' keys and values for the call: twice those sequences' bytes in the cache, rented
+    /// in `q`'s scope and returned before this returns.
     pub fn try_attend<'t>(&self, q: &Tensor<'t, T>, scale: Option<f64>) -> Result<Tensor<'t, T>> {
         self.attend_rows(self.rows(ATTEND, None)?, q, scale)
     }
@@ -370,14 +374,7 @@ impl<'s, T: Element> KvCache<'s, T> {
         if q.node.is_some() {
             return Err(no_graph(ATTEND, "q"));
         }
-        let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
-        if !scale.is_finite() {
-            return Err(Error::InvalidArgument {
-                op: ATTEND,
-                arg: "scale",
-                reason: format!("{scale} is not finite"),
-            });
-        }
+        let scale = check_scale::<T>(ATTEND, scale.unwrap_or(1.0 / (d as f64).sqrt()))?;
         let per_seq = kv_heads * self.max_len() * d;
         let part = rows.start * per_seq..rows.end * per_seq;
         let kv = (&self.keys.slice()[part.clone()], &self.values.slice()[part]);

@@ -13,15 +13,23 @@
 //! `dQ += scale dS K`, `dK += scale dS^T Q`, every product accumulating into the gradient where
 //! it lies. Work is split over the worker threads by (head, query block) forward and by head
 //! backward, so no two threads write the same rows; the tiles live in a per-thread scratch buffer.
+//!
+//! `f16` and `bf16` attention computes in `f32` ([`Element::Wide`]), as PyTorch's does: a score
+//! `q k` passes `f16`'s 65504 long before a softmax is saturated. The operands are widened into
+//! pooled `f32` copies, the `f32` kernels run on them, and the results are rounded back; `f32` and
+//! `f64` run on their own slices, copying nothing.
 
+use std::any::TypeId;
 use std::ops::Range;
 
 use super::gemm::{Matrix, PER_PART};
 use super::linalg::{product, Products};
 use super::{lanes, simd, work};
 use crate::autograd::{self, Backward, Forward, Grads, Inputs, Op, Saved};
+use crate::element::DType;
 use crate::element::Element;
 use crate::error::{panicking, Error, Result, Shape};
+use crate::scope::State;
 use crate::tensor::Tensor;
 
 /// Query rows per block: a tile of scores is `BR x BC`, 16 KiB of `f32`, in the L1 cache beside
@@ -243,15 +251,15 @@ impl<'a> Keys<'a> {
     }
 }
 
-/// The forward of every head into `out`, and each query's log-sum-exp into `lse` if given,
-/// split over the worker threads by (head, query block).
+/// The forward of every head into `out`, and each query's log-sum-exp into `lse` unless it is
+/// empty, split over the worker threads by (head, query block).
 fn run_forward<T: Element>(
     dims: &Dims,
     keys: Keys<'_>,
     scale: f64,
     inputs: (&[T], &[T], &[T]),
-    out: &mut Tensor<'_, T>,
-    lse: &mut Option<Tensor<'_, T>>,
+    out: &mut [T],
+    lse: &mut [T],
 ) {
     if dims.empty() {
         return;
@@ -260,7 +268,7 @@ fn run_forward<T: Element>(
     work::visit(granules);
     let scale = T::from_f64(scale);
     let row = |g: usize| (g / per_head) * dims.tq + (g % per_head) * BR;
-    let outputs = [(out.unique_slice_mut(), dims.dv), (elements(lse), 1)];
+    let outputs = [(out, dims.dv), (lse, 1)];
     // Two products a tile, `d` and `dv` deep.
     let min = PER_PART.div_ceil(BR.min(dims.tq) * dims.tk * (dims.d + dims.dv));
     super::for_each_part(
@@ -301,16 +309,101 @@ pub(crate) fn attend_filled<'s, T: Element>(
         lens,
         per_seq: heads,
     };
-    let mut out = Tensor::try_rent_in(&q.rents_in, q.shape())?;
-    run_forward(&dims, keys, scale, (q.slice(), k, v), &mut out, &mut None);
+    let scope = &q.rents_in;
+    let mut out = Tensor::try_rent_in(scope, q.shape())?;
+    // An f16 or bf16 cache widens only its filled rows, into copies of the cache's layout: their
+    // size does not grow with the sequences, so every step's copies come from the pool's cache
+    // (copies of the filled rows alone, a row longer each step, missed it at each new size
+    // class: heap allocations in a steady-state decode).
+    let filled = |x: &[T]| {
+        let heads = lens
+            .iter()
+            .flat_map(|&len| std::iter::repeat_n(len, kv_heads));
+        let range = move |(head, len)| {
+            let start = head * rows * d;
+            (start..start + len * d, start)
+        };
+        (x.len(), heads.enumerate().map(range))
+    };
+    let mut copies = [(); 3].map(|()| None);
+    let [cq, ck, cv] = &mut copies;
+    let inputs = (
+        widened(q.slice(), whole(q.slice()), scope, cq)?,
+        widened(k, filled(k), scope, ck)?,
+        widened(v, filled(v), scope, cv)?,
+    );
+    narrowed(scope, [out.unique_slice_mut()], |[out]| {
+        run_forward(&dims, keys, scale, inputs, out, &mut [])
+    })?;
     Ok(out)
 }
 
+/// Whether `T` and `U` are one type (attention computes `f32` and `f64` in their own type).
+fn same<T: 'static, U: 'static>() -> bool {
+    TypeId::of::<T>() == TypeId::of::<U>()
+}
+
+/// `x`'s elements as `T::Wide`s, the type attention computes in: `x` itself for `f32` and `f64`;
+/// for `f16` and `bf16`, a copy of `len` elements rented in `scope` (held by `copy`) into which
+/// each range of `x` that `parts` gives is widened, at the position it gives; the other elements
+/// are unspecified (the kernels read only those).
+fn widened<'a, T: Element>(
+    x: &'a [T],
+    (len, parts): (usize, impl Iterator<Item = (Range<usize>, usize)>),
+    scope: &State,
+    copy: &'a mut Option<Tensor<'static, T::Wide>>,
+) -> Result<&'a [T::Wide]> {
+    if same::<T, T::Wide>() {
+        return Ok(bytemuck::cast_slice(x));
+    }
+    let mut wide = Tensor::<T::Wide>::try_rent_in(scope, &[len])?;
+    let to = wide.unique_slice_mut();
+    for (range, at) in parts {
+        T::widen(&x[range.clone()], &mut to[at..at + range.len()]);
+    }
+    Ok(copy.insert(wide).slice())
+}
+
+/// All of `x` at its own place, for [`widened`].
+fn whole<T>(x: &[T]) -> (usize, std::iter::Once<(Range<usize>, usize)>) {
+    (x.len(), std::iter::once((0..x.len(), 0)))
+}
+
+/// Runs `f` on `outs` as `T::Wide`s, for kernels that write every element: `outs` themselves for
+/// `f32` and `f64`; for `f16` and `bf16`, one buffer rented in `scope` for them all, rounded into
+/// `outs` after (as PyTorch rounds its `f32` accumulators).
+fn narrowed<T: Element, const N: usize>(
+    scope: &State,
+    mut outs: [&mut [T]; N],
+    f: impl FnOnce([&mut [T::Wide]; N]),
+) -> Result<()> {
+    if same::<T, T::Wide>() {
+        f(outs.map(|out| bytemuck::cast_slice_mut(out)));
+        return Ok(());
+    }
+    let total = outs.iter().map(|out| out.len()).sum();
+    let mut wide = Tensor::<T::Wide>::try_rent_in(scope, &[total])?;
+    let mut rest = wide.unique_slice_mut();
+    f(outs.each_ref().map(|out| {
+        let (part, tail) = std::mem::take(&mut rest).split_at_mut(out.len());
+        rest = tail;
+        part
+    }));
+    let mut from = wide.slice();
+    for out in &mut outs {
+        let (part, tail) = from.split_at(out.len());
+        from = tail;
+        T::narrow(part, out);
+    }
+    Ok(())
+}
+
 impl<T: Element> Op<T> for Attention {
-    /// `q`, `k` and `v`, and the output with each query's log-sum-exp.
+    /// `q`, `k` and `v`, and the output with each query's log-sum-exp (in the type the scores
+    /// are computed in: a log-sum-exp can pass `f16`'s 65504).
     type Saved<'s> = (
         (Saved<'s, T>, Saved<'s, T>, Saved<'s, T>),
-        (Saved<'s, T>, Saved<'s, T>),
+        (Saved<'s, T>, Saved<'s, T::Wide>),
     );
 
     fn name(&self) -> &'static str {
@@ -328,12 +421,21 @@ impl<T: Element> Op<T> for Attention {
         let mut out = cx.rent(shape.slice())?;
         // Each query's log-sum-exp, for the backward only.
         let mut lse = match cx.saving() {
-            true => Some(cx.rent::<T>(&q.shape()[..q.ndim() - 1])?),
+            true => Some(cx.rent::<T::Wide>(&q.shape()[..q.ndim() - 1])?),
             false => None,
         };
-        let inputs = (q.slice(), k.slice(), v.slice());
+        let scope = cx.scope();
+        let mut copies = [(); 3].map(|()| None);
+        let [cq, ck, cv] = &mut copies;
+        let inputs = (
+            widened(q.slice(), whole(q.slice()), scope, cq)?,
+            widened(k.slice(), whole(k.slice()), scope, ck)?,
+            widened(v.slice(), whole(v.slice()), scope, cv)?,
+        );
         let keys = Keys::whole(&dims);
-        run_forward(&dims, keys, self.scale, inputs, &mut out, &mut lse);
+        narrowed(scope, [out.unique_slice_mut()], |[out]| {
+            run_forward(&dims, keys, self.scale, inputs, out, elements(&mut lse))
+        })?;
         let saved = lse.map(|lse| {
             let inputs = (cx.save(q), cx.save(k), cx.save(v));
             (inputs, (cx.save(&out), cx.save(&lse)))
@@ -361,30 +463,39 @@ impl<T: Element> Op<T> for Attention {
         ];
         if !dims.empty() {
             work::visit(dims.heads);
+            let scope = cx.at();
+            let mut copies = [(); 5].map(|()| None);
+            let [cq, ck, cv, co, cg] = &mut copies;
+            let (q, k, v, o, g) = (
+                q.0.slice(),
+                k.0.slice(),
+                v.0.slice(),
+                o.0.slice(),
+                g.slice(),
+            );
             let saves = Saves {
-                q: q.0.slice(),
-                k: k.0.slice(),
-                v: v.0.slice(),
-                o: o.0.slice(),
+                q: widened(q, whole(q), scope, cq)?,
+                k: widened(k, whole(k), scope, ck)?,
+                v: widened(v, whole(v), scope, cv)?,
+                o: widened(o, whole(o), scope, co)?,
                 lse: lse.0.slice(),
-                g: g.slice(),
+                g: widened(g, whole(g), scope, cg)?,
             };
-            let scale = T::from_f64(self.scale);
+            let scale = T::Wide::from_f64(self.scale);
             let (tq, tk, d) = (dims.tq, dims.tk, dims.d);
             let [dq, dk, dv] = &mut grads;
-            let outputs = [
-                (elements(dq), tq * d),
-                (elements(dk), tk * d),
-                (elements(dv), tk * dims.dv),
-            ];
-            // Five products a tile: three `d` deep or wide, two `dv`.
-            let min = PER_PART.div_ceil(tq * tk * (3 * d + 2 * dims.dv));
-            super::for_each_part(
-                dims.heads,
-                min,
-                |parts| runs(dims.heads, parts, |h| h, outputs),
-                |(heads, grads)| backward_heads(&dims, scale, &saves, heads, grads),
-            );
+            let outs = [elements(dq), elements(dk), elements(dv)];
+            narrowed(scope, outs, |[dq, dk, dv]| {
+                let outputs = [(dq, tq * d), (dk, tk * d), (dv, tk * dims.dv)];
+                // Five products a tile: three `d` deep or wide, two `dv`.
+                let min = PER_PART.div_ceil(tq * tk * (3 * d + 2 * dims.dv));
+                super::for_each_part(
+                    dims.heads,
+                    min,
+                    |parts| runs(dims.heads, parts, |h| h, outputs),
+                    |(heads, grads)| backward_heads(&dims, scale, &saves, heads, grads),
+                );
+            })?;
         }
         Ok(grads.into_iter().collect())
     }
@@ -651,8 +762,14 @@ impl<T: Element> HeadBackward<'_, T> {
     }
 }
 
-/// Checks the shapes of `q`, `k` and `v` and the options of an attention; the scale it uses.
-fn check(q: &[usize], k: &[usize], v: &[usize], options: AttentionOptions) -> Result<f64> {
+/// Checks the shapes of `q`, `k` and `v` and the options of an attention of `T`s; the scale it
+/// uses.
+fn check<T: Element>(
+    q: &[usize],
+    k: &[usize],
+    v: &[usize],
+    options: AttentionOptions,
+) -> Result<f64> {
     let shape = |shape: &[usize]| Shape::from(shape);
     let mismatch = |lhs: &[usize], rhs: &[usize], reason: String| Error::ShapeMismatch {
         op: NAME,
@@ -727,15 +844,25 @@ fn check(q: &[usize], k: &[usize], v: &[usize], options: AttentionOptions) -> Re
         );
         return Err(mismatch(q, k, reason));
     }
-    let scale = options.scale.unwrap_or(1.0 / (d as f64).sqrt());
-    if !scale.is_finite() {
-        return Err(Error::InvalidArgument {
-            op: NAME,
-            arg: "scale",
-            reason: format!("{scale} is not a finite number"),
-        });
+    check_scale::<T>(NAME, options.scale.unwrap_or(1.0 / (d as f64).sqrt()))
+}
+
+/// `scale`, if it is finite in the type an attention of `T`s (for `op`) computes its scores in
+/// ([`Element::Wide`]): 1e300 is a finite `f64` and infinite as an `f32`, which would make every
+/// score NaN. Else [`Error::InvalidArgument`] naming the scale and both types.
+pub(crate) fn check_scale<T: Element>(op: &'static str, scale: f64) -> Result<f64> {
+    if num_traits::Float::is_finite(<T::Wide as DType>::from_f64(scale)) {
+        return Ok(scale);
     }
-    Ok(scale)
+    Err(Error::InvalidArgument {
+        op,
+        arg: "scale",
+        reason: format!(
+            "{scale:?} is not a finite {} (attention of {} computes its scores in {0})",
+            T::Wide::NAME,
+            T::NAME
+        ),
+    })
 }
 
 impl<'s, T: Element> Tensor<'s, T> {
@@ -755,7 +882,12 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// 2 or a head dimension `d` of 0; with [`Error::ShapeMismatch`] naming the two shapes if the
     /// leading axes differ, `q` and `k` differ in `d`, `k` and `v` in `tk`, or a query would see
     /// no key (no keys at all, or `causal` with `tq > tk`); with [`Error::InvalidArgument`] for a
-    /// scale that is not finite.
+    /// scale that is not finite in the type the scores are computed in (1e300 is a finite `f64`
+    /// and an infinite `f32`).
+    ///
+    /// `f16` and `bf16` compute their scores, softmax and sums in `f32`, as PyTorch does (scores
+    /// may pass 65504), from `f32` copies of the operands rented for the call: the output and the
+    /// gradients are the `f32` results rounded once.
     ///
     /// ```
     /// use tensorscope::ops::AttentionOptions;
@@ -779,7 +911,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         v: &Tensor<'s, T>,
         options: AttentionOptions,
     ) -> Result<Tensor<'s, T>> {
-        let scale = check(self.shape(), k.shape(), v.shape(), options)?;
+        let scale = check::<T>(self.shape(), k.shape(), v.shape(), options)?;
         let op = Attention {
             causal: options.causal,
             scale,

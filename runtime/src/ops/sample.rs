@@ -59,13 +59,31 @@ fn draw(weights: &[f64], total: f64, rng: &mut Generator) -> usize {
         .expect("a positive weight")
 }
 
+/// What a row of probabilities (finite, at least 0, one positive) is divided by so that its sum
+/// stays finite: 1, unless the sum in `f64` overflows (`[f64::MAX, f64::MAX]`), then its largest
+/// value, so that every weight is at most 1 and the sum at most the row's length. Dividing only
+/// then keeps the draws of every other row as they were.
+fn row_divisor<T: Element>(row: &[T]) -> f64 {
+    let sum: f64 = row.iter().map(|&p| DType::to_f64(p)).sum();
+    match sum.is_finite() {
+        true => 1.0,
+        false => row.iter().map(|&p| DType::to_f64(p)).fold(0.0, f64::max),
+    }
+}
+
+/// The weight a draw gives probability `p` of a row whose [`row_divisor`] is `divisor`.
+fn weight<T: Element>(p: T, divisor: f64) -> f64 {
+    DType::to_f64(p) / divisor
+}
+
 impl<'s, T: Element> Tensor<'s, T> {
     /// `n` ids drawn from each row of probabilities `[.., classes]` (PyTorch's
     /// `torch.multinomial`): the result is `[.., n]`, `i64`. The rows need not sum to 1 (each is
     /// divided by its sum); with `replacement` an id may come again, without it each draw excludes
-    /// the ids drawn before in its row. Draws come from `rng`, row after row. Fails with
-    /// [`Error::InvalidShape`] for a tensor of rank 0, and with [`Error::InvalidArgument`] for a
-    /// row holding a negative or non-finite value or summing to 0, or, without replacement, for
+    /// the ids drawn before in its row. Draws come from `rng`, row after row; a row whose sum overflows
+    /// (`[f64::MAX, f64::MAX]`) is first divided by its largest value. Fails with
+    /// [`Error::InvalidShape`] for a tensor of rank 0 or with no class (an empty last axis), and
+    /// with [`Error::InvalidArgument`] for a row holding a negative or non-finite value or summing to 0, or, without replacement, for
     /// more draws than a row has positive probabilities.
     ///
     /// ```
@@ -91,12 +109,14 @@ impl<'s, T: Element> Tensor<'s, T> {
         // Read row by row: a view (`logits.narrow(1, t - 1, 1)`) is copied first.
         let values = self.try_contiguous()?;
         let invalid = |arg, reason| Error::InvalidArgument { op, arg, reason };
-        for (r, row) in values.slice().chunks_exact(classes.max(1)).enumerate() {
+        for (r, row) in values.slice().chunks_exact(classes).enumerate() {
             if let Some(&v) = row.iter().find(|&&v| !(v >= T::zero() && v.is_finite())) {
                 let reason = format!("row {r} holds {v}; probabilities are finite and at least 0");
                 return Err(invalid("probabilities", reason));
             }
-            let positive = row.iter().filter(|&&v| v > T::zero()).count();
+            // Counted as drawn: a value that the row's divisor takes to 0 is never drawn.
+            let divisor = row_divisor(row);
+            let positive = row.iter().filter(|&&v| weight(v, divisor) > 0.0).count();
             if positive == 0 {
                 return Err(invalid("probabilities", format!("row {r} sums to 0")));
             }
@@ -119,10 +139,11 @@ impl<'s, T: Element> Tensor<'s, T> {
         work::visit(out.len());
         let rows = values.slice().chunks_exact(classes);
         for (ids, row) in out.unique_slice_mut().chunks_exact_mut(n).zip(rows) {
+            let divisor = row_divisor(row);
             weights
                 .iter_mut()
                 .zip(row)
-                .for_each(|(w, &p)| *w = DType::to_f64(p));
+                .for_each(|(w, &p)| *w = weight(p, divisor));
             for id in ids {
                 let i = draw(weights, weights.iter().sum(), rng);
                 *id = i as i64;
@@ -142,8 +163,8 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// softmax of what is kept. A `temperature` of 0 is greedy: the id of the largest logit (the
     /// first of equal ones), nothing drawn. The result is `[..]` (the leading axes), `i64`; a
     /// removed token is never drawn. Logits may be `-inf` (a masked token). Fails with
-    /// [`Error::InvalidShape`] for a tensor of rank 0, and with [`Error::InvalidArgument`] for a
-    /// negative or non-finite `temperature`, a `top_k` of 0, a `top_p` outside `[0, 1]`, or a row
+    /// [`Error::InvalidShape`] for a tensor of rank 0 or with no token (an empty last axis), and
+    /// with [`Error::InvalidArgument`] for a negative or non-finite `temperature`, a `top_k` of 0, a `top_p` outside `[0, 1]`, or a row
     /// holding NaN or `+inf`, or no finite logit.
     ///
     /// ```
@@ -174,7 +195,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         let vocab = self.last_axis(op)?;
         // Read row by row: a view (`logits.narrow(1, t - 1, 1)`) is copied first.
         let values = self.try_contiguous()?;
-        for (r, row) in values.slice().chunks_exact(vocab.max(1)).enumerate() {
+        for (r, row) in values.slice().chunks_exact(vocab).enumerate() {
             if let Some(&v) = row.iter().find(|&&v| v.is_nan() || v == T::infinity()) {
                 return Err(invalid("logits", &format!("row {r} holds {v}")));
             }
@@ -223,16 +244,22 @@ impl<'s, T: Element> Tensor<'s, T> {
     }
 
     /// The length of the last axis, the one sampled from; [`Error::InvalidShape`] naming `op` for
-    /// a tensor of rank 0.
+    /// a tensor of rank 0 or an empty last axis (with rows or without: there is no class to draw).
     fn last_axis(&self, op: &'static str) -> Result<usize> {
-        self.shape()
-            .last()
-            .copied()
-            .ok_or_else(|| Error::InvalidShape {
-                op,
-                shape: Shape::from(self.shape()),
-                reason: "the last axis holds the classes; a rank-0 tensor has none".into(),
-            })
+        let invalid = |reason: &str| Error::InvalidShape {
+            op,
+            shape: Shape::from(self.shape()),
+            reason: reason.into(),
+        };
+        match self.shape().last() {
+            None => Err(invalid(
+                "the last axis holds the classes; a rank-0 tensor has none",
+            )),
+            Some(0) => Err(invalid(
+                "the last axis holds the classes, and it is empty: there is no class to draw",
+            )),
+            Some(&classes) => Ok(classes),
+        }
     }
 }
 

@@ -183,32 +183,109 @@ fn its_gradients_match_finite_differences() {
 
 /// The output and the gradients of `q`, `k` and `v` (for the upstream gradient `gy`) of the fused
 /// op in `T`, as `f32`.
-fn in_precision<T: tensorscope::Element>(x: [&Tensor<'_>; 4]) -> [Vec<f32>; 4] {
+fn in_precision<T: tensorscope::Element>(
+    x: [&Tensor<'_>; 4],
+    options: AttentionOptions,
+) -> [Vec<f32>; 4] {
     let [q, k, v, gy] = x.map(|t| t.cast::<T>());
     let [q, k, v] = [q, k, v].map(Tensor::requires_grad);
-    let y = q.scaled_dot_product_attention(&k, &v, CAUSAL);
+    let y = q.scaled_dot_product_attention(&k, &v, options);
     let grads = y.backward_with(&gy).unwrap();
     let [dq, dk, dv] = [&q, &k, &v].map(|x| grads.of(x).unwrap());
     [&y, dq, dk, dv].map(|t| t.cast::<f32>().to_vec())
 }
 
 #[test]
-fn half_precisions_run_the_same_tiles_in_their_own_precision() {
+fn half_precisions_run_the_same_tiles_in_f32() {
     let pool = test_pool(16);
     pool.scope(|s| {
         // Past a tile of queries and of keys, so that the tiles' products accumulate.
         let x = [1, 2, 3, 4].map(|seed| s.randn::<f32>(&[2, 70, 8], seed));
         let x = [&x[0], &x[1], &x[2], &x[3]];
-        let exact = in_precision::<f32>(x);
+        let exact = in_precision::<f32>(x, CAUSAL);
         let half = [
-            ("f16", in_precision::<tensorscope::f16>(x), 1e-2),
-            ("bf16", in_precision::<tensorscope::bf16>(x), 5e-2),
+            ("f16", in_precision::<tensorscope::f16>(x, CAUSAL), 1e-2),
+            ("bf16", in_precision::<tensorscope::bf16>(x, CAUSAL), 5e-2),
         ];
         for (name, got, tol) in half {
             for (what, (got, want)) in ["y", "dq", "dk", "dv"].iter().zip(got.iter().zip(&exact)) {
                 assert_within_largest(&format!("{name} {what}"), got, want, tol);
             }
         }
+    });
+}
+
+#[test]
+fn half_precision_scores_past_65504_are_computed_in_f32_as_pytorch_does() {
+    let pool = test_pool(16);
+    pool.scope(|s| {
+        // Scores q k^T of up to about 2.5e5, past f16's 65504, scaled by 1e-4 to a softmax that
+        // is not one-hot. The reference is f32 on the same (rounded) inputs: what is left is the
+        // rounding of the results.
+        let x = [1, 2, 3, 4].map(|seed| s.randn::<f32>(&[2, 70, 8], seed));
+        let x = [&x[0] * 150.0, &x[1] * 150.0, x[2].clone(), x[3].clone()];
+        let scores = x[0].matmul(&x[1].t()).to_vec();
+        let largest = scores.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(largest > 65504.0, "the scores reach {largest}");
+        let options = AttentionOptions {
+            causal: true,
+            scale: Some(1e-4),
+        };
+        for (name, tol) in [("f16", 4e-3), ("bf16", 3e-2)] {
+            let (rounded, got) = match name {
+                "f16" => (
+                    x.each_ref()
+                        .map(|t| t.cast::<tensorscope::f16>().cast::<f32>()),
+                    in_precision::<tensorscope::f16>(x.each_ref(), options),
+                ),
+                _ => (
+                    x.each_ref()
+                        .map(|t| t.cast::<tensorscope::bf16>().cast::<f32>()),
+                    in_precision::<tensorscope::bf16>(x.each_ref(), options),
+                ),
+            };
+            let exact = in_precision::<f32>(rounded.each_ref(), options);
+            for (what, (got, want)) in ["y", "dq", "dk", "dv"].iter().zip(got.iter().zip(&exact)) {
+                let bad = got.iter().filter(|x| !x.is_finite()).count();
+                assert_eq!(bad, 0, "{name} {what}: elements not finite");
+                assert_within_largest(&format!("{name} {what}"), got, want, tol);
+            }
+        }
+    });
+}
+
+#[test]
+fn a_scale_past_the_score_types_range_is_an_error_naming_both_types() {
+    let pool = test_pool(16);
+    pool.scope(|s| {
+        let huge = AttentionOptions {
+            causal: false,
+            scale: Some(1e300),
+        };
+        let q = s.randn::<f32>(&[3, 4], 1);
+        let reason = |t: &str| {
+            format!("1e300 is not a finite f32 (attention of {t} computes its scores in f32)")
+        };
+        let err = |t: &str| Error::InvalidArgument {
+            op: "scaled_dot_product_attention",
+            arg: "scale",
+            reason: reason(t),
+        };
+        assert_eq!(
+            q.try_scaled_dot_product_attention(&q, &q, huge)
+                .unwrap_err(),
+            err("f32")
+        );
+        let half = q.cast::<tensorscope::f16>();
+        assert_eq!(
+            half.try_scaled_dot_product_attention(&half, &half, huge)
+                .unwrap_err(),
+            err("f16")
+        );
+        // Finite in f64, which computes in f64: every query attends to its largest score.
+        let wide = q.cast::<f64>();
+        let y = wide.scaled_dot_product_attention(&wide, &wide, huge);
+        assert!(y.to_vec().iter().all(|x| x.is_finite()));
     });
 }
 
@@ -347,7 +424,7 @@ fn bad_shapes_and_options_are_the_ops_errors_before_anything_is_rented() {
     let not_finite = Error::InvalidArgument {
         op,
         arg: "scale",
-        reason: "NaN is not a finite number".into(),
+        reason: "NaN is not a finite f32 (attention of f32 computes its scores in f32)".into(),
     };
     assert_fails([&[3, 4], &[3, 4], &[3, 4]], scale, not_finite);
     // Shapes that do not fit together: q, k and v, the options, the two shapes the error names

@@ -216,3 +216,54 @@ fn bad_settings_and_rows_are_invalid_arguments() {
         );
     });
 }
+
+#[test]
+fn an_empty_class_axis_is_an_invalid_shape() {
+    test_pool(16).scope(|s| {
+        let rng = &mut Generator::new(0);
+        for shape in [[2, 0], [0, 0]] {
+            let x = s.zeros::<f32>(&shape);
+            let empty = |op| Error::InvalidShape {
+                op,
+                shape: Shape(shape.to_vec()),
+                reason: "the last axis holds the classes, and it is empty: there is no class to \
+                         draw"
+                    .into(),
+            };
+            assert_eq!(
+                x.try_sample_logits(1.0, None, None, rng).unwrap_err(),
+                empty("sample_logits")
+            );
+            for n in [0, 1] {
+                assert_eq!(
+                    x.try_multinomial(n, true, rng).unwrap_err(),
+                    empty("multinomial")
+                );
+            }
+        }
+        // Rows of none: nothing drawn, no error.
+        let none = s.zeros::<f32>(&[0, 3]);
+        assert_eq!(none.sample_logits(1.0, None, None, rng).shape(), &[0]);
+        assert_eq!(none.multinomial(2, true, rng).shape(), &[0, 2]);
+    });
+}
+
+#[test]
+fn multinomial_of_probabilities_whose_sum_overflows_draws_at_their_rates() {
+    test_pool(16).scope(|s| {
+        let rows = [
+            ([f64::MAX, f64::MAX, 0.0], [0.5, 0.5, 0.0]),
+            ([f64::MAX, f64::MAX / 2.0, f64::MAX], [0.4, 0.2, 0.4]),
+        ];
+        for (row, probs) in rows {
+            let x = s.from_slice::<f64>(&[3], &row);
+            let ids = x.multinomial(10_000, true, &mut Generator::new(3)).to_vec();
+            assert_frequencies(&format!("{row:?}"), ids.into_iter(), &probs);
+        }
+        // Without replacement every positive class comes once, whatever its scale.
+        let x = s.from_slice::<f64>(&[3], &[f64::MAX, 1.0, f64::MAX]);
+        let mut ids = x.multinomial(3, false, &mut Generator::new(4)).to_vec();
+        ids.sort_unstable();
+        assert_eq!(ids, [0, 1, 2]);
+    });
+}
