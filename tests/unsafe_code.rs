@@ -13,7 +13,11 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+#[path = "../runtime/tests/common/sources.rs"]
+mod sources;
+use sources::files;
 
 /// The crates whose sources are read, from the workspace root.
 const SOURCES: &[&str] = &["runtime/src", "macros/src", "src"];
@@ -208,17 +212,6 @@ fn allowed_at(tokens: &[Token], i: usize) -> bool {
         }
     }
     false
-}
-
-fn files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in fs::read_dir(dir).expect("a readable source directory") {
-        let path = entry.expect("an entry").path();
-        if path.is_dir() {
-            files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// Every module of [`SOURCES`] with `unsafe`, by its path from the workspace root.

@@ -13,7 +13,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+#[path = "common/sources.rs"]
+mod sources;
+use sources::files;
 
 /// The layers, bottom up: a module may name its own layer's and those below, never above. The
 /// knot (layer 1) holds what is essential to each other: a tensor carries its scope and its graph
@@ -51,17 +55,6 @@ fn module_of(src: &Path, file: &Path) -> String {
         [only] if only == "lib" => "lib".into(),
         [only] if only == "private" => "__private".into(),
         _ => parts.join("::"),
-    }
-}
-
-fn files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in fs::read_dir(dir).expect("a readable source directory") {
-        let path = entry.expect("an entry").path();
-        if path.is_dir() {
-            files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
     }
 }
 
