@@ -64,7 +64,11 @@ fn case() -> impl Strategy<Value = (Vec<usize>, usize, Vec<Vec<usize>>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    // 256 cases unless `PROPTEST_CASES` says otherwise.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(256),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn a_backward_uses_a_custom_ops_gradients_only_when_each_has_its_inputs_shape(

@@ -102,7 +102,11 @@ impl State {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    // 256 cases unless `PROPTEST_CASES` says otherwise.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(256),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn a_state_is_refused_or_steps_to_finite_weights(state in state()) {

@@ -57,7 +57,11 @@ fn corrupt_reason(err: NnError) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    // 64 cases unless `PROPTEST_CASES` says otherwise.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(64),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn a_truncated_file_reads_whole_tensors_or_fails_naming_the_tensor(

@@ -252,7 +252,11 @@ impl ReadAt for ShrinksAt {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+    // 128 cases unless `PROPTEST_CASES` says otherwise.
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(128),
+        ..proptest::prelude::ProptestConfig::default()
+    })]
 
     /// A file that shrinks at any read of a load, to any length. Shrunk while its header is read,
     /// the open fails naming the header if a read goes past the new length, else the load's
