@@ -581,11 +581,8 @@ pub trait Parameters<T: Element> {
     /// the data (no copy).
     fn named_params(&self) -> Vec<(String, Param<T>)> {
         let mut named = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        self.visit_params(&ParamPath::ROOT, &mut |path, p| {
-            if seen.insert(p.key()) {
-                named.push((path.to_string(), p.clone()))
-            }
+        visit_once(self, &mut |path, p| {
+            named.push((path.to_string(), p.clone()))
         });
         named
     }
@@ -606,15 +603,26 @@ pub trait Parameters<T: Element> {
     /// nothing once this thread has walked a set as large.
     fn param_count(&self) -> usize {
         let mut count = 0;
-        let mut seen = RecycledVec::<u64>::new();
-        self.visit_params(&ParamPath::ROOT, &mut |_, p| {
-            if let Err(i) = seen.binary_search(&p.key()) {
-                seen.insert(i, p.key());
-                count += p.len();
-            }
-        });
+        visit_once(self, &mut |_, p| count += p.len());
         count
     }
+}
+
+/// Calls `f` on every parameter of `params` once, at the first of its names (a tied parameter's
+/// later fields are passed over), in the walk's order. The keys met so far are kept sorted in a
+/// recycled list (a walk usually meets keys in the order they were made, so an insertion is at
+/// the end): no allocation once this thread has walked a set as large.
+fn visit_once<T: Element, P: Parameters<T> + ?Sized>(
+    params: &P,
+    f: &mut dyn FnMut(&ParamPath<'_>, &Param<T>),
+) {
+    let mut seen = RecycledVec::<u64>::new();
+    params.visit_params(&ParamPath::ROOT, &mut |path, p| {
+        if let Err(i) = seen.binary_search(&p.key()) {
+            seen.insert(i, p.key());
+            f(path, p);
+        }
+    });
 }
 
 impl<T: Element> Parameters<T> for Param<T> {

@@ -61,9 +61,10 @@ pub enum SafeTensorsError {
     },
     /// A read failed (the file shrank or could not be read) while a load was writing parameters in
     /// place: the parameters before the one named in `source` hold the file's values, that one may
-    /// hold part of them (a read fills what the file still has), the others their old ones. Everything that can fail before the first write (names, shapes, dtypes, a
-    /// value that does not fit, the budget, a file shorter than when it was opened) fails the load
-    /// with nothing changed; only a file changed by another process during the load gets here.
+    /// hold part of them (a read fills what the file still has), the others their old ones.
+    /// Everything that can fail before the first write (names, shapes, dtypes, a value that does
+    /// not fit, the budget, a file shorter than when it was opened) fails the load with nothing
+    /// changed; only a file changed by another process during the load gets here.
     #[error(
         "{source}; the load stopped there: the first {loaded} parameters hold the file's values, \
          the next may hold part of them, the others hold their old values"
@@ -1054,8 +1055,8 @@ fn load_file<T: Element, P: Parameters<T> + ?Sized>(
         /// Read straight into the parameter's buffer (no other handle shares it, and the
         /// conversion cannot fail).
         InPlace(StoredTensor<'a>),
-        /// Read into a new buffer before anything changes.
-        Fresh(StoredTensor<'a>),
+        /// Read into a new buffer of the parameter's pool before anything changes.
+        Fresh(StoredTensor<'a>, Pool),
         /// A later field of a tied parameter: given the data of the handle at this index.
         Tied(usize),
     }
@@ -1091,7 +1092,7 @@ fn load_file<T: Element, P: Parameters<T> + ?Sized>(
                 Ok(tensor) if p.is_unique() && !tensor.may_not_fit::<T>() => {
                     Some(Fill::InPlace(tensor))
                 }
-                Ok(tensor) => Some(Fill::Fresh(tensor)),
+                Ok(tensor) => Some(Fill::Fresh(tensor, p.pool().clone())),
                 Err(e) => {
                     problems.push(Ok(e));
                     None
@@ -1118,16 +1119,12 @@ fn load_file<T: Element, P: Parameters<T> + ?Sized>(
         1 => return Err(problems.remove(0).into()),
         _ => return Err(SafeTensorsError::Mismatch { problems }.into()),
     }
-    let mut fresh = Vec::with_capacity(planned.len());
-    params.visit_params(&ParamPath::ROOT, &mut |_, p| {
-        let buffer = match planned.get(fresh.len()).map(|planned| &planned.fill) {
-            Some(Fill::Fresh(tensor)) => Some(tensor.to_buffer::<T>(p.pool())),
-            _ => None,
-        };
-        fresh.push(buffer.transpose());
-    });
-    let mut fresh = fresh
-        .into_iter()
+    let mut fresh = planned
+        .iter()
+        .map(|plan| match &plan.fill {
+            Fill::Fresh(tensor, pool) => tensor.to_buffer::<T>(pool).map(Some),
+            _ => Ok(None),
+        })
         .collect::<Result<Vec<_>, NnError>>()?
         .into_iter();
     // What can be known before the first write: a file that shrank since it was opened.
@@ -1169,7 +1166,7 @@ fn load_file<T: Element, P: Parameters<T> + ?Sized>(
                 .try_slice_mut()
                 .map_err(NnError::from)
                 .and_then(|out| Ok(tensor.write_to(out)?)),
-            (Fill::Fresh(_), None) => unreachable!("read above"),
+            (Fill::Fresh(..), None) => unreachable!("read above"),
         };
         if let Err(e) = filled {
             failure = Some(match e {
