@@ -311,3 +311,17 @@ fn the_gradient_check_reports_a_wrong_shaped_gradient_rather_than_panicking() {
         })
     );
 }
+
+#[test]
+fn an_op_on_no_inputs_is_an_error_naming_it() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.scope(|_| {
+        let op = Doubling {
+            grad: Returned::Extra(0),
+        };
+        assert_eq!(
+            Tensor::<f32>::try_apply(op, &[]).map(|t| t.len()),
+            Err(Error::NoInputs { op: "doubling" })
+        );
+    });
+}

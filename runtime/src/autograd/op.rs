@@ -869,8 +869,13 @@ impl<T: DType> Replayable<T> for Slot<Opaque<T>> {
 impl<'s, T: DType> Tensor<'s, T> {
     /// Runs `op` on `inputs` (see [`Op`]): recorded, when an input carries a gradient graph, so
     /// that a backward differentiates through it and a `#[checkpoint]` replays it. The output
-    /// belongs to the deepest of the inputs' scopes. Fails with the op's error.
+    /// belongs to the deepest of the inputs' scopes. Fails with the op's error, or with
+    /// [`Error::NoInputs`] for an empty list of inputs (the output would belong to no scope).
     pub fn try_apply<O: Op<T>>(op: O, inputs: &[&Tensor<'s, T>]) -> Result<Tensor<'s, T>> {
+        // The output's scope is the deepest of the inputs': an op needs one.
+        if inputs.is_empty() {
+            return Err(Error::NoInputs { op: op.name() });
+        }
         run(op, &mut Inputs::Slice(inputs))
     }
 

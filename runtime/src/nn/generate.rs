@@ -333,6 +333,19 @@ impl<'c, M: CausalLm + ?Sized> Forward<'_, 'c, '_, M> {
         'c: 'a,
     {
         let logits = self.model.forward_cached(scope, ids, self.caches, seq, 1)?;
+        // What the model returned decides which sequence each id goes to: a wrong shape would
+        // give one sequence another's token, or index past the batch.
+        if !matches!(logits.shape(), &[rows, 1, _] if rows == ids.shape()[0]) {
+            return Err(Error::InvalidShape {
+                op: "generate",
+                shape: logits.shape().into(),
+                reason: format!(
+                    "the model's logits must be [rows, 1, vocab], one row per row of the ids \
+                     (of shape {:?}) and the last position only",
+                    ids.shape()
+                ),
+            });
+        }
         let s = self.sampling;
         let next = logits.try_sample_logits(s.temperature, s.top_k, s.top_p, self.rng)?;
         let next = next.as_slice().expect("sampled ids are a fresh tensor");
@@ -352,9 +365,11 @@ mod tests {
     use crate::Pool;
 
     /// A model of `layers` layers of one key/value head of one element, as many positions as
-    /// `usize` counts, whose logits always make token 1 the most likely of 2.
+    /// `usize` counts, whose logits always make token 1 the most likely of 2; with `extra`, its
+    /// logits have that many rows and positions more than asked for (a model's defect).
     struct Unbounded {
         layers: usize,
+        extra: [usize; 2],
     }
 
     impl CausalLm for Unbounded {
@@ -378,6 +393,7 @@ mod tests {
             let (rows, _) =
                 self.cache_layout()
                     .check_forward("Unbounded", ids.shape(), caches.len(), keep)?;
+            let [rows, keep] = [rows + self.extra[0], keep + self.extra[1]];
             let logits: Vec<f32> = (0..rows * keep).flat_map(|_| [0.0, 1.0]).collect();
             scope.try_from_slice(&[rows, keep, 2], &logits)
         }
@@ -385,7 +401,10 @@ mod tests {
 
     fn generate_with(layers: usize, max_new_tokens: usize) -> Result<Generation> {
         let pool = Pool::with_max_memory_mb(16);
-        let model = Unbounded { layers };
+        let model = Unbounded {
+            layers,
+            extra: [0, 0],
+        };
         pool.scope(|s| generate(&model, s, &[&[0]], &GenerateOptions::greedy(max_new_tokens)))
     }
 
@@ -413,5 +432,23 @@ mod tests {
         let g = generate_with(0, 3).unwrap();
         assert_eq!(g.tokens, [[1, 1, 1]]);
         assert_eq!((g.steps, g.cache_bytes), (2, 0));
+    }
+
+    #[test]
+    fn logits_of_another_shape_than_the_ids_ask_for_are_an_error_naming_it() {
+        let pool = Pool::with_max_memory_mb(16);
+        for extra in [[1, 0], [0, 1]] {
+            let model = Unbounded { layers: 1, extra };
+            let prompts: [&[i64]; 2] = [&[0, 1], &[0]];
+            let e = pool
+                .scope(|s| generate(&model, s, &prompts, &GenerateOptions::greedy(3)))
+                .unwrap_err();
+            let Error::InvalidShape { op, shape, .. } = &e else {
+                panic!("{e}")
+            };
+            assert_eq!(*op, "generate");
+            // The first forward is the prefill of the first prompt alone: one row.
+            assert_eq!(shape.0[..2], [1 + extra[0], 1 + extra[1]], "{e}");
+        }
     }
 }
