@@ -146,11 +146,14 @@ fn curve<M: Parameters<f32>>(
         }
     };
     if let Mode::Row(spec) = mode {
-        // Three untimed steps (under Memory: as Sqrt, profiling, planning), then the timed ones.
+        // Three untimed steps (under Memory: profiling, then planned), then the timed ones.
         let mut r = row(spec);
         run(&mut r, loss_of, 0..3);
         r.measured = Measured::default();
         run(&mut r, loss_of, 3..steps + 4);
+        if let Some(plan) = r.ckpt.as_ref().and_then(Checkpointer::plan_report) {
+            print!("{plan}");
+        }
         let report = r.ckpt.as_ref().and_then(Checkpointer::last_backward);
         let (recomputed, replayed) =
             report.map_or((0, 0), |b| (b.recomputed_steps, b.replayed_steps));
@@ -176,12 +179,12 @@ fn curve<M: Parameters<f32>>(
     let mut plain = row(Spec::None);
     let mut probe = row(Spec::Memory(usize::MAX));
     run(&mut plain, loss_of, 0..3);
-    run(&mut probe, loss_of, 0..2);
+    run(&mut probe, loss_of, 0..1);
     let smallest = probe
         .ckpt
         .as_ref()
         .and_then(Checkpointer::smallest_budget)
-        .expect("the second step measured");
+        .expect("the first step measured");
     let most = plain.measured.peak.max(smallest);
     for fraction in [0.0, 0.05, 0.1, 0.2, 0.35, 0.6, 1.0] {
         specs.push(Spec::Memory(
@@ -191,6 +194,8 @@ fn curve<M: Parameters<f32>>(
     drop((plain, probe));
     let mut results: Vec<(usize, usize, usize, f32, Vec<f64>)> =
         specs.iter().map(|_| (0, 0, 0, 0.0, Vec::new())).collect();
+    // The plan report of each Memory row's last step, from its first process.
+    let mut plans: Vec<String> = specs.iter().map(|_| String::new()).collect();
     for round in 0..2 {
         let mut order: Vec<usize> = (0..specs.len()).collect();
         if round == 1 {
@@ -214,6 +219,12 @@ fn curve<M: Parameters<f32>>(
                         String::from_utf8_lossy(&out.stderr)
                     )
                 });
+            if plans[i].is_empty() {
+                plans[i] = text
+                    .lines()
+                    .take_while(|l| !l.starts_with("row "))
+                    .fold(String::new(), |all, l| all + l + "\n");
+            }
             let fields: Vec<&str> = line.split(' ').collect();
             let r = &mut results[i];
             r.0 = r.0.max(fields[0].parse().expect("a peak"));
@@ -235,7 +246,7 @@ fn curve<M: Parameters<f32>>(
         "{:<18} {:>10} {:>11} {:>10} {:>9} {:>11}",
         "policy", "peak MiB", "median ms", "recomputed", "replayed", "final loss"
     );
-    specs
+    let points: Vec<Point> = specs
         .iter()
         .zip(results)
         .map(|(spec, (peak, recomputed, replayed, loss, mut times))| {
@@ -257,7 +268,19 @@ fn curve<M: Parameters<f32>>(
                 peak_bytes: peak,
             }
         })
-        .collect()
+        .collect();
+    // The plans of the smallest budget and of the middle one.
+    let memory: Vec<usize> = (0..specs.len())
+        .filter(|&i| matches!(specs[i], Spec::Memory(_)))
+        .collect();
+    for i in [memory[0], memory[memory.len() / 2]] {
+        println!(
+            "\nThe plan of {}, its last step:\n{}",
+            specs[i].name(),
+            plans[i]
+        );
+    }
+    points
 }
 
 fn run<M: Parameters<f32>>(

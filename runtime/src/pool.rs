@@ -218,10 +218,33 @@ struct State {
     /// Idle buffers per size class, oldest at the front.
     idle: Vec<VecDeque<Idle>>,
     stats: PoolStats,
-    /// The most bytes in use since the checkpointer's profiling last restarted it (see
-    /// [`Pool::probe_start`]); kept apart from the public peak, which it must not disturb.
-    probe_peak: usize,
 }
+
+thread_local! {
+    /// This thread's gauge of the pool it probes (see [`Pool::probe`]).
+    static PROBE: std::cell::Cell<Probe> = const {
+        std::cell::Cell::new(Probe { pool: 0, level: 0, peak: 0, step_peak: 0 })
+    };
+}
+
+/// The checkpointer's measure of one thread's use of one pool: a level that rises with the bytes
+/// this thread rents and falls with those it returns, and its highest point since the last
+/// [`Pool::probe_start`]. Per thread, so that another thread training on the same pool does not
+/// disturb the measurements; apart from the public peak, which they must not disturb either. The
+/// level starts far from zero (only differences mean anything), so that returning buffers rented
+/// before the thread began probing never takes it below.
+#[derive(Clone, Copy)]
+struct Probe {
+    /// The pool's address (`0`: none yet).
+    pool: usize,
+    level: usize,
+    peak: usize,
+    /// The highest since [`Pool::probe_step_start`]: a training step's peak, which the
+    /// measurements inside the step restart `peak` without disturbing.
+    step_peak: usize,
+}
+
+const PROBE_ORIGIN: usize = usize::MAX / 2;
 
 struct Idle {
     blocks: Box<[Block]>,
@@ -329,7 +352,6 @@ impl State {
     fn note_peak(&mut self) {
         let s = &mut self.stats;
         s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
-        self.probe_peak = self.probe_peak.max(s.bytes_in_use);
     }
 
     /// Takes the least recently returned idle buffer out of the cache.
@@ -433,18 +455,68 @@ impl Pool {
         state.stats.peak_bytes_in_use = state.stats.bytes_in_use;
     }
 
-    /// Restarts the profiling peak and returns the bytes in use now: the start of a phase whose
+    /// Restarts this thread's profiling peak and returns its level now: the start of a phase whose
     /// pool bytes the checkpointer measures (see [`Pool::probe`]).
     pub(crate) fn probe_start(&self) -> usize {
-        let mut state = self.lock();
-        state.probe_peak = state.stats.bytes_in_use;
-        state.probe_peak
+        let mut probe = self.probe_gauge();
+        probe.peak = probe.level;
+        PROBE.set(probe);
+        probe.level
     }
 
-    /// The bytes in use now and the most in use since [`Pool::probe_start`].
+    /// Restarts this thread's step peak (see [`Pool::probe_step`]) and returns its level now.
+    pub(crate) fn probe_step_start(&self) -> usize {
+        let mut probe = self.probe_gauge();
+        probe.step_peak = probe.level;
+        PROBE.set(probe);
+        probe.level
+    }
+
+    /// This thread's highest level since [`Pool::probe_step_start`].
+    pub(crate) fn probe_step(&self) -> usize {
+        self.probe_gauge().step_peak
+    }
+
+    /// This thread's level now and its highest since [`Pool::probe_start`]: the bytes it rented
+    /// from this pool and has not returned, from an arbitrary origin (so only differences mean
+    /// anything).
     pub(crate) fn probe(&self) -> (usize, usize) {
-        let state = self.lock();
-        (state.stats.bytes_in_use, state.probe_peak)
+        let probe = self.probe_gauge();
+        (probe.level, probe.peak)
+    }
+
+    /// This thread's gauge of this pool, started at the origin if it was of another pool.
+    fn probe_gauge(&self) -> Probe {
+        let pool = Arc::as_ptr(&self.shared) as usize;
+        let probe = PROBE.get();
+        if probe.pool == pool {
+            return probe;
+        }
+        let fresh = Probe {
+            pool,
+            level: PROBE_ORIGIN,
+            peak: PROBE_ORIGIN,
+            step_peak: PROBE_ORIGIN,
+        };
+        PROBE.set(fresh);
+        fresh
+    }
+
+    /// Counts `class_bytes` rented (`rented`) or returned by this thread on its gauge, if it
+    /// probes this pool.
+    fn probe_count(&self, class_bytes: usize, rented: bool) {
+        let mut probe = PROBE.get();
+        if probe.pool != Arc::as_ptr(&self.shared) as usize {
+            return;
+        }
+        if rented {
+            probe.level = probe.level.wrapping_add(class_bytes);
+            probe.peak = probe.peak.max(probe.level);
+            probe.step_peak = probe.step_peak.max(probe.level);
+        } else {
+            probe.level = probe.level.wrapping_sub(class_bytes);
+        }
+        PROBE.set(probe);
     }
 
     /// Frees every idle buffer. Buffers in use are untouched and return to the pool as usual; the
@@ -521,14 +593,16 @@ impl Pool {
         let max = self.shared.max_bytes;
         let mut evicted = Vec::new();
         {
-            let mut state = self.lock();
-            let state = &mut *state;
+            let mut guard = self.lock();
+            let state = &mut *guard;
             if let Some(idle) = state.idle.get_mut(class).and_then(VecDeque::pop_back) {
                 let s = &mut state.stats;
                 s.hits += 1;
                 s.bytes_cached -= class_bytes;
                 state.hand_out(bytes, class_bytes);
                 state.note_peak();
+                drop(guard);
+                self.probe_count(class_bytes, true);
                 return Ok((idle.blocks, false));
             }
             let s = state.stats;
@@ -561,6 +635,8 @@ impl Pool {
             Ok(blocks) => {
                 // Only a buffer that exists counts towards the peak.
                 state.note_peak();
+                drop(state);
+                self.probe_count(class_bytes, true);
                 Ok((blocks, true))
             }
             Err(()) => {
@@ -582,6 +658,7 @@ impl Pool {
         let Some((class, _)) = size_class(bytes) else {
             return;
         };
+        self.probe_count(bytes, false);
         let mut guard = self.lock();
         if guard.uncached {
             guard.stats.returns += 1;

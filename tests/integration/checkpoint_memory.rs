@@ -3,6 +3,7 @@
 //! schedule fits in names the smallest one that does, and layers of different sizes are placed
 //! by their costs.
 
+use tensorscope::checkpoint::PlanKind;
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, CheckpointError, Checkpointer, Policy};
 
@@ -53,10 +54,8 @@ fn the_step_stays_within_the_budget_with_the_plain_gradients() {
     let width = 32;
     let model = Model::new(&pool, 64, width);
     let (loss, grads, plain_peak) = step(&pool, &model, None, width);
-    // The smallest budget, from the error of one far too small.
-    // The first step runs as under Sqrt, the second measures.
+    // The smallest budget, from the error of one far too small. The first step measures.
     let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(1)));
-    step(&pool, &model, Some(&mut probe), width);
     let (_, _, profiling_peak) = step(&pool, &model, Some(&mut probe), width);
     let smallest = match pool.train(|s| {
         let x = s.randn::<f32>(&[16, width], 100);
@@ -96,12 +95,11 @@ fn the_step_stays_within_the_budget_with_the_plain_gradients() {
             );
             let report = ckpt.last_backward();
             println!("budget {budget} round {round}: peak {peak} B, {report:?}");
-            if round > 0 {
-                assert!(
-                    peak <= budget,
-                    "budget {budget}, round {round}: peak {peak}"
-                );
-            }
+            // The profiling step (round 0) included.
+            assert!(
+                peak <= budget,
+                "budget {budget}, round {round}: peak {peak}"
+            );
         }
     }
 }
@@ -163,8 +161,11 @@ fn layers_of_different_sizes_are_placed_by_their_costs_within_the_budget() {
     let (plain, plain_peak) = chain.step(&pool, None);
     let memory_steps = |chain: &Alternating, plain: &[Vec<f32>], budget: usize| {
         let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
-        chain.step(&pool, Some(&mut ckpt)); // as under Sqrt
-        chain.step(&pool, Some(&mut ckpt)); // profiling
+        let (_, profiling) = chain.step(&pool, Some(&mut ckpt));
+        assert!(
+            profiling <= budget,
+            "budget {budget}: profiling {profiling}"
+        );
         let (grads, peak) = chain.step(&pool, Some(&mut ckpt));
         assert!(grads == plain, "budget {budget}: the plain gradients");
         assert!(peak <= budget, "budget {budget}: peak {peak}");
@@ -193,7 +194,6 @@ fn layers_of_different_sizes_are_placed_by_their_costs_within_the_budget() {
     let (plain, plain_peak) = chain.step(&pool, None);
     let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(1)));
     chain.step(&pool, Some(&mut probe));
-    chain.step(&pool, Some(&mut probe));
     let smallest = match pool.train(|s| {
         let layers: Vec<usize> = (0..32).collect();
         probe
@@ -219,7 +219,6 @@ fn layers_of_different_sizes_are_placed_by_their_costs_within_the_budget() {
 fn within_budgets(name: &str, step: impl Fn(Option<&mut Checkpointer>) -> (Vec<Vec<f32>>, usize)) {
     let (plain, plain_peak) = step(None);
     let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(plain_peak)));
-    step(Some(&mut probe));
     let (grads, profiling_peak) = step(Some(&mut probe));
     assert!(grads == plain, "{name}: the profiling step's gradients");
     let smallest = probe.smallest_budget().unwrap();
@@ -387,12 +386,10 @@ fn the_attribute_keeps_what_it_measured_without_a_checkpointer() {
         });
         assert_eq!(got_loss.to_bits(), loss.to_bits());
         assert!(got == grads, "round {round}: the plain gradients");
-        // The first step runs as under Sqrt, the second measures; the third plans with what the
-        // second measured, kept for this function on this thread.
+        // The first step measures; the second plans with what it measured, kept for this
+        // function on this thread.
         println!("round {round}: peak {peak} B");
-        if round >= 2 {
-            assert!(peak <= 128 * 1024, "round {round}: peak {peak} B");
-        }
+        assert!(peak <= 128 * 1024, "round {round}: peak {peak} B");
     }
 }
 
@@ -411,9 +408,11 @@ fn a_budget_too_small_and_narrow_storage_are_refused_with_what_would_fit() {
     };
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(1000)));
     assert!(ckpt.costs().is_none() && ckpt.smallest_budget().is_none());
-    // The first step runs as under Sqrt and the second measures, whatever the budget.
+    // The first step measures, whatever the budget, and the second again (the first made the
+    // gradients, which this loop makes every step).
     for _ in 0..2 {
         forward(&mut ckpt).unwrap().unwrap();
+        assert_eq!(ckpt.plan_report().unwrap().kind, PlanKind::Profiled);
     }
     let smallest = ckpt.smallest_budget().unwrap();
     let err = forward(&mut ckpt).unwrap_err();

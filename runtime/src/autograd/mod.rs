@@ -68,6 +68,23 @@ thread_local! {
     static MODE: Cell<Mode> = const { Cell::new(Mode::Infer) };
     /// The number of the last backward walk started on this thread (see [`Node::walk`]).
     static WALKS: Cell<u64> = const { Cell::new(0) };
+    /// What is told when the backward called on a tensor ends (see [`at_backward_end`]).
+    static AT_END: std::cell::RefCell<Vec<std::rc::Rc<dyn BackwardEnd>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Something to tell when a backward ends (see [`at_backward_end`]).
+pub(crate) trait BackwardEnd {
+    /// The backward it waited for has ended, by success or failure.
+    fn ended(&self);
+}
+
+/// Tells `hook` once, when the backward called on a tensor (the outermost one, not a nested
+/// backward a rule runs) ends on this thread, whether it succeeds or fails: how a checkpointed
+/// region's backward learns that the training step's backward is done. A shared handle, so that
+/// registering a clone allocates nothing.
+pub(crate) fn at_backward_end(hook: std::rc::Rc<dyn BackwardEnd>) {
+    AT_END.with_borrow_mut(|hooks| hooks.push(hook));
 }
 
 /// The recording mode on this thread.
@@ -514,6 +531,14 @@ impl<'s, T: Element> Tensor<'s, T> {
         grads: &mut Gradients<'_, T>,
     ) -> Result<()> {
         let node = self.node.as_ref().ok_or(Error::NoGraph)?;
-        backward(node, seed, at, grads)
+        let result = backward(node, seed, at, grads);
+        // Those registered by now, each taken out before it is told (it may register again, for
+        // the next backward); popped, so that the list keeps its capacity.
+        for _ in 0..AT_END.with_borrow(Vec::len) {
+            if let Some(hook) = AT_END.with_borrow_mut(Vec::pop) {
+                hook.ended();
+            }
+        }
+        result
     }
 }

@@ -92,6 +92,21 @@ impl<T: DType> Tape<T> {
         }
     }
 
+    /// A hash of what determines the step's costs beyond its input: how many ops it ran, and the
+    /// shapes of the values from outside it that they read (parameters, constants). Two runs of a
+    /// step with equal fingerprints and inputs of one shape did the same work on the same shapes,
+    /// unless an op's work depends on values.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        // FNV-1a over the words, with a separator after each shape.
+        let mix = |h: u64, word: u64| (h ^ word).wrapping_mul(0x0100_0000_01b3);
+        let mut h = mix(0xcbf2_9ce4_8422_2325, self.ops.len() as u64);
+        self.for_each_outside(&mut |(_, value)| {
+            h = value.shape().iter().fold(h, |h, &d| mix(h, d as u64));
+            h = mix(h, u64::MAX);
+        });
+        h
+    }
+
     /// Calls `f` on every value from outside the step (for moving their accounting, and for
     /// finding the graph nodes the step reads).
     pub(crate) fn for_each_outside(&self, f: &mut dyn FnMut(Outside<'_, T>)) {

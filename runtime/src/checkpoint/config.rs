@@ -26,17 +26,27 @@ pub enum Policy {
     /// The fastest schedule whose training step holds at most this many pool bytes: the stored
     /// checkpoints, the graphs and temporaries of the steps being run or replayed, and what the
     /// code after the layers (the loss) holds until their backward, above what is in use when the
-    /// checkpointed forward starts. The chain's output counts from the start.
+    /// checkpointed forward starts, until the backward called on the loss ends (the optimizer's
+    /// step after it is not counted). The chain's output counts from the start.
     ///
     /// The schedule is the optimum of the dynamic program for heterogeneous chains (Beaumont et
     /// al. 2019) on each step's measured costs: its forward and backward time, its input's bytes,
     /// and the pool bytes its forward, its recorded graph and its backward hold. They are measured
-    /// by the second training step (a *profiling step*: only the input is stored, every step is
-    /// recomputed from it, and each step's peak is read off the pool), or stated with
-    /// [`Checkpointer::set_costs`]. The first training step runs as under [`Policy::Sqrt`]: it
-    /// allocates the gradients and the optimizer's state, which later steps reuse, so it is no
-    /// step to measure; from the third on, the plan holds the budget. A budget below the smallest feasible one fails
-    /// with [`CheckpointError::MemoryBudgetTooSmall`], which names that smallest budget.
+    /// by a *profiling step* (only the input is stored, every step is recomputed from it, and
+    /// each step's peak is read off this thread's use of the pool), or stated with
+    /// [`Checkpointer::set_costs`]. The first profiling step of a checkpointer that makes the
+    /// parameters' gradients is followed by a second (a loop that keeps its gradients holds less
+    /// from then on). The profiling step holds the least memory a schedule can, so
+    /// it keeps every budget a schedule fits; a budget below the smallest feasible one then fails
+    /// with [`CheckpointError::MemoryBudgetTooSmall`], which names that smallest budget, before
+    /// the next step runs.
+    ///
+    /// The costs are kept by what determines them: the input's shape, and for each step its
+    /// input's shape, what its ops read (how many, of which shapes) and the bytes it was measured
+    /// to hold (the last four kept: a last batch of another size each epoch is measured once). A
+    /// forward of an input of another shape profiles; a step that differs from the plan's as the
+    /// forward runs (another weight shape, a layer grown) makes the rest of that step hold the
+    /// least memory and the next one profile ([`Checkpointer::plan_report`] says which ran).
     ///
     /// Storage is at full precision. A forward that records no graph has no backward to plan
     /// for: it stores the checkpoints of [`Policy::Sqrt`].

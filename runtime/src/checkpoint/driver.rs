@@ -3,7 +3,7 @@
 //! (each segment in a child scope). A recording forward records each step on a tape and gives the
 //! output the region's node (see `region`).
 
-use super::memory::{self, Layout, Measuring};
+use super::memory::{self, Layout, Measuring, StepKey};
 use super::region::{self, Recording};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
 use crate::element::Element;
@@ -31,6 +31,13 @@ struct Driver<'c, T: Element> {
     layout: Layout,
     /// The region being run and the position of its first step.
     recording: Option<(Recording<T>, usize)>,
+    /// The position of the step being run, and this thread's pool level when it started (while
+    /// the forward is checked against its plan's key).
+    pos: usize,
+    entered: usize,
+    /// Where a step first differed from the key of `Policy::Memory`'s plan: from there on every
+    /// step runs on a tape in one region that reverses with the least memory.
+    stale: Option<usize>,
 }
 
 impl<'c, T: Element> Driver<'c, T> {
@@ -66,6 +73,9 @@ impl<'c, T: Element> Driver<'c, T> {
                     plan,
                     layout: Layout::Prefix(0),
                     recording: None,
+                    pos: 0,
+                    entered: 0,
+                    stale: None,
                 });
             }
         };
@@ -81,15 +91,62 @@ impl<'c, T: Element> Driver<'c, T> {
             plan,
             layout,
             recording: None,
+            pos: 0,
+            entered: 0,
+            stale: None,
         })
+    }
+
+    /// Whether the step at `pos` runs on a tape.
+    fn taped(&self, pos: usize) -> bool {
+        self.stale.is_some_and(|p| pos >= p) || self.layout.taped(pos)
+    }
+
+    /// Whether a new region starts at `pos` (a taped step).
+    fn starts_region(&self, pos: usize) -> bool {
+        match self.stale {
+            Some(p) if pos >= p => pos == p,
+            _ => self.layout.starts_region(pos),
+        }
+    }
+
+    /// The key of `Policy::Memory`'s plan at `pos`, unless the forward has gone stale.
+    fn key(&mut self, pos: usize) -> Option<StepKey> {
+        if self.stale.is_some() {
+            return None;
+        }
+        let ckpt = self.slot.get()?;
+        Some(ckpt.memory.checking.as_ref()?.get(pos)?.clone())
+    }
+
+    /// The step at `pos` is not the one the plan was made for: the plan's costs are forgotten (the
+    /// next forward measures these steps), the regions already run reverse with the least memory,
+    /// and the steps from `pos` on run on tapes in one region that does too.
+    fn go_stale(&mut self, pos: usize) {
+        self.stale = Some(pos);
+        if let Layout::Rotor(plan) = &self.layout {
+            plan.stale.set(true);
+        }
+        if let Some(ckpt) = self.slot.get() {
+            ckpt.forget_checked();
+            ckpt.store_at(pos);
+            ckpt.memory.stale_at = Some(pos);
+        }
     }
 
     /// The input of the step at `pos`: stored if the plan says so and, for a step on a tape,
     /// opening it (and a region, if one starts here). A step that keeps its graph gets the
     /// previous region's output, with the region's node.
     fn enter<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        let taped = self.layout.taped(pos);
-        let mut x = if !taped || self.layout.starts_region(pos) {
+        self.pos = pos;
+        if self
+            .key(pos)
+            .is_some_and(|key| key.input.slice() != x.shape())
+        {
+            self.go_stale(pos);
+        }
+        let taped = self.taped(pos);
+        let mut x = if !taped || self.starts_region(pos) {
             self.close_region(pos, x)?
         } else {
             x
@@ -101,7 +158,10 @@ impl<'c, T: Element> Driver<'c, T> {
             x = ckpt.record(pos, x)?;
         }
         if let Some(mut measuring) = self.measuring() {
-            measuring.enter(x.rents_in.pool(), x.data_bytes());
+            measuring.enter(x.rents_in.pool(), x.shape(), x.data_bytes());
+        }
+        if self.stale.is_none() && self.key(pos).is_some() {
+            self.entered = x.rents_in.pool().probe_start();
         }
         Ok(match &mut self.recording {
             Some((recording, _)) if taped => recording.open(x),
@@ -119,13 +179,26 @@ impl<'c, T: Element> Driver<'c, T> {
 
     /// What the step returned, as the next step's input.
     fn leave<'s>(&mut self, y: Tensor<'s, T>) -> Tensor<'s, T> {
+        let (y, reads) = match &mut self.recording {
+            Some((recording, _)) => {
+                let y = recording.close(y);
+                (y, Some(recording.fingerprint()))
+            }
+            None => (y, None),
+        };
         if let Some(mut measuring) = self.measuring() {
-            measuring.leave(y.rents_in.pool());
+            measuring.leave(y.rents_in.pool(), reads);
         }
-        match &mut self.recording {
-            Some((recording, _)) => recording.close(y),
-            None => y,
+        let pos = self.pos;
+        if let Some(key) = self.key(pos) {
+            let (level, peak) = y.rents_in.pool().probe();
+            let (held, peak) = (level.wrapping_sub(self.entered), peak - self.entered);
+            let read_other = matches!((key.reads, reads), (Some(was), Some(now)) if was != now);
+            if read_other || key.exceeded(reads.is_some(), held, peak) {
+                self.go_stale(pos + 1);
+            }
         }
+        y
     }
 
     /// `x`, the output of the region being run (steps before `end`), with the region's node; `x`
@@ -133,7 +206,8 @@ impl<'c, T: Element> Driver<'c, T> {
     fn close_region<'s>(&mut self, end: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         match (self.recording.take(), self.slot.get()) {
             (Some((recording, start)), Some(ckpt)) => {
-                recording.finish(ckpt, &self.layout, start, end, x)
+                let least = self.stale.is_some_and(|p| start >= p);
+                recording.finish(ckpt, &self.layout, least, (start, end), x)
             }
             _ => Ok(x),
         }
@@ -152,6 +226,9 @@ impl<'c, T: Element> Driver<'c, T> {
         let x = self.close_region(n, x)?;
         if let Some(mut measuring) = self.measuring() {
             measuring.forward_ended(x.rents_in.pool(), x.data_bytes());
+        }
+        if let (Layout::Profile | Layout::Rotor(_), Some(ckpt)) = (&self.layout, self.slot.get()) {
+            memory::Watch::wait(&ckpt.memory.watch);
         }
         if let Slot::Own(own) = &mut self.slot {
             if let Some(site) = own.config.site {

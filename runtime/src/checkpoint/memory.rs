@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::rotor::{self, ChainCosts, Rotor, StepCost, TopPlan};
 use super::{CheckpointError, Checkpointer, Precision, Result};
+use crate::autograd;
 use crate::dims::Dims;
 use crate::element::Element;
 use crate::pool::Pool;
@@ -14,16 +15,108 @@ use crate::pool::Pool;
 /// What the checkpointer keeps for `Policy::Memory`.
 #[derive(Default)]
 pub(crate) struct Memory {
-    /// The costs plans use, and the layer count and input shape they were measured for (`None`
-    /// for stated costs, which serve any input of their layer count).
-    costs: Option<(ChainCosts, Option<Dims>)>,
+    /// The costs known, each with the key it was measured for, most recently used last.
+    known: Vec<Known>,
     /// The measurements of the profiling step in progress, shared with its region's backward.
     pub(crate) measuring: Rc<RefCell<Measuring>>,
-    /// The plan of the last budget, for its costs.
+    /// The forward in progress under a plan: the key of its costs, which each step is checked
+    /// against (`None` for stated costs and for a profiling step).
+    pub(crate) checking: Option<Rc<[StepKey]>>,
+    /// The time and the pool peak of the last training step, measured from its forward's start
+    /// to the end of its backward.
+    pub(crate) watch: Rc<Watch>,
+    /// The layout of the last training forward under `Policy::Memory`, for its report.
+    pub(crate) layout: Option<Layout>,
+    /// Where that forward's steps first differed from its plan's key, if they did.
+    pub(crate) stale_at: Option<usize>,
+    /// Whether a profiling step has been kept.
+    profiled: bool,
+}
+
+/// At most this many sets of costs are kept, one per key: a batch or a sequence length that comes
+/// back (the last batch of every epoch) finds its plan without profiling again.
+const KNOWN: usize = 4;
+
+/// Costs and what they were measured for.
+struct Known {
+    costs: ChainCosts,
+    /// The steps as the profiling step saw them; `None` for stated costs, which serve any input
+    /// of their layer count.
+    key: Option<Rc<[StepKey]>>,
+    /// The plan of the last budget for these costs.
     plan: Option<Rc<MemoryPlan>>,
-    /// Whether a training forward ran: the first one allocates the gradients and the optimizer's
-    /// state, so the step after it is the one measured.
-    warmed: bool,
+    /// Whether these are the first costs measured and their profiling step made parameters'
+    /// gradients (the first step of a training loop does): a loop that keeps its gradients holds
+    /// less from the next step on, so the next forward of this key profiles again rather than
+    /// plan with costs it will not have (and refuse budgets that its steps fit).
+    cold: bool,
+}
+
+/// What determines a step's costs, as a forward sees it: the shape of its input, the fingerprint
+/// of its tape (how many ops, on values from outside of which shapes; see `Tape::fingerprint`),
+/// and the pool bytes it was measured to hold. A planned forward whose step differs from its key
+/// replans.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StepKey {
+    pub(crate) input: Dims,
+    /// `None` until the step's tape closes.
+    pub(crate) reads: Option<u64>,
+    /// The step's measured bytes: held at most beyond its input on a tape (`forward_peak`), and
+    /// held after recording its graph and at most while recording it (`graph_bytes`,
+    /// `record_peak`).
+    pub(crate) forward_peak: usize,
+    pub(crate) graph_bytes: usize,
+    pub(crate) record_peak: usize,
+}
+
+impl StepKey {
+    /// Whether a run of the step that held `held` bytes at its end and `peak` at most, beyond its
+    /// input, on a tape or recording its graph, holds more than it was measured to.
+    pub(crate) fn exceeded(&self, taped: bool, held: usize, peak: usize) -> bool {
+        if taped {
+            peak > self.forward_peak
+        } else {
+            held > self.graph_bytes || peak > self.record_peak.max(self.graph_bytes)
+        }
+    }
+}
+
+/// A training step's time and pool peak, from its forward's start to the end of its backward.
+#[derive(Default)]
+pub(crate) struct Watch {
+    /// The pool, the level and the clock at the forward's start, until the backward ends.
+    started: RefCell<Option<(Pool, usize, Instant)>>,
+    /// Seconds and peak bytes above the start, once the backward has ended.
+    pub(crate) measured: std::cell::Cell<Option<(f64, usize)>>,
+    /// Whether it waits for a backward to end: registered once, however many forwards start
+    /// before one does.
+    waiting: std::cell::Cell<bool>,
+}
+
+impl Watch {
+    /// A training forward starts.
+    pub(crate) fn start(&self, pool: &Pool) {
+        *self.started.borrow_mut() = Some((pool.clone(), pool.probe_step_start(), Instant::now()));
+        self.measured.set(None);
+    }
+
+    /// The forward has ended: `watch` is told when the next backward ends.
+    pub(crate) fn wait(watch: &Rc<Watch>) {
+        if !watch.waiting.replace(true) {
+            autograd::at_backward_end(watch.clone());
+        }
+    }
+}
+
+impl autograd::BackwardEnd for Watch {
+    fn ended(&self) {
+        self.waiting.set(false);
+        if let Some((pool, level, clock)) = self.started.borrow_mut().take() {
+            let peak = pool.probe_step().saturating_sub(level);
+            self.measured
+                .set(Some((clock.elapsed().as_secs_f64(), peak)));
+        }
+    }
 }
 
 thread_local! {
@@ -49,13 +142,13 @@ pub(crate) fn keep_site(site: &'static str, memory: Memory) {
 #[derive(Default)]
 pub(crate) struct Measuring {
     pub(crate) costs: ChainCosts,
-    /// The input shape of the profiled forward.
-    input: Option<Dims>,
+    /// The steps as the profiled forward saw them.
+    key: Vec<StepKey>,
     /// Bytes in use when the forward ended.
     pub(crate) forward_end: usize,
     /// The start of the step being measured: bytes in use and the clock.
     step_start: Option<(usize, Instant)>,
-    /// Whether the backward has measured every step.
+    /// Whether every step and what followed the chain's backward are measured.
     pub(crate) done: bool,
     /// The pool, and the bytes in use when the chain's backward ended: what follows is measured
     /// until the costs are read.
@@ -67,9 +160,13 @@ pub(crate) struct MemoryPlan {
     pub(crate) rotor: Rotor,
     pub(crate) top: TopPlan,
     budget: usize,
+    /// Set when a forward under this plan met a step that differs from the plan's key: the
+    /// regions run under it reverse with the least memory instead of the plan's schedule.
+    pub(crate) stale: std::cell::Cell<bool>,
 }
 
 /// How a recording forward runs its steps.
+#[derive(Clone)]
 pub(crate) enum Layout {
     /// The steps before this position run on tapes in one region; the rest record their graphs.
     /// Under `Every`, `Sqrt` and `Explicit` the last segment records its graph, since its backward
@@ -103,17 +200,29 @@ impl Layout {
 }
 
 impl Measuring {
-    /// Starts measuring the forward of the step whose input holds `input_bytes` of data.
-    pub(crate) fn enter(&mut self, pool: &Pool, input_bytes: usize) {
+    /// Starts measuring the forward of the step whose input has `shape` and holds `input_bytes`
+    /// of data.
+    pub(crate) fn enter(&mut self, pool: &Pool, shape: &[usize], input_bytes: usize) {
         self.costs.steps.push(StepCost {
             input_bytes: crate::pool::class_bytes_of(input_bytes),
             ..StepCost::default()
         });
+        self.key.push(StepKey {
+            input: Dims::from_slice(shape),
+            reads: None,
+            forward_peak: 0,
+            graph_bytes: 0,
+            record_peak: 0,
+        });
         self.step_start = Some((pool.probe_start(), Instant::now()));
     }
 
-    /// Ends measuring the forward of the last step entered.
-    pub(crate) fn leave(&mut self, pool: &Pool) {
+    /// Ends measuring the forward of the last step entered, whose tape has the fingerprint
+    /// `reads`.
+    pub(crate) fn leave(&mut self, pool: &Pool, reads: Option<u64>) {
+        if let Some(key) = self.key.last_mut() {
+            key.reads = reads;
+        }
         let (Some((before, clock)), Some(step)) =
             (self.step_start.take(), self.costs.steps.last_mut())
         else {
@@ -131,19 +240,10 @@ impl Measuring {
     }
 
     /// The chain's backward ended: every step is measured, and what follows is measured until
-    /// the costs are read.
-    pub(crate) fn backward_ended(&mut self, pool: &Pool) {
-        self.done = true;
-        self.backward_end = Some((pool.clone(), pool.probe_start()));
-    }
-
-    /// The measured costs, with what followed the chain's backward until now.
-    fn measured(&self) -> ChainCosts {
-        let mut costs = self.costs.clone();
-        if let Some((pool, end)) = &self.backward_end {
-            costs.before_peak = pool.probe().1.saturating_sub(*end);
-        }
-        costs
+    /// the backward it is part of ends (`measuring` is told then).
+    pub(crate) fn backward_ended(measuring: &Rc<RefCell<Measuring>>, pool: &Pool) {
+        measuring.borrow_mut().backward_end = Some((pool.clone(), pool.probe_start()));
+        autograd::at_backward_end(measuring.clone());
     }
 
     /// The chain's backward starts: what the code after the chain held is known.
@@ -154,42 +254,60 @@ impl Measuring {
     }
 }
 
+impl autograd::BackwardEnd for RefCell<Measuring> {
+    /// The training step's backward ended: what the backward of the code before the chain held
+    /// is known, and with it every cost.
+    fn ended(&self) {
+        let mut measuring = self.borrow_mut();
+        if let Some((pool, end)) = measuring.backward_end.take() {
+            measuring.costs.before_peak = pool.probe().1.saturating_sub(end);
+            measuring.done = true;
+        }
+    }
+}
+
 impl<T: Element> Checkpointer<T> {
     /// The costs `Policy::Memory` plans with: measured by the last profiling step (once its
-    /// backward has run), or stated; `None` before either.
+    /// backward has run), or those of the last planned forward, or stated; `None` before any.
     pub fn costs(&self) -> Option<ChainCosts> {
         let measuring = self.memory.measuring.borrow();
         if measuring.done {
-            return Some(measuring.measured());
+            return Some(measuring.costs.clone());
         }
-        self.memory.costs.as_ref().map(|(costs, _)| costs.clone())
+        self.memory.known.last().map(|known| known.costs.clone())
     }
 
-    /// The smallest budget `Policy::Memory` finds a schedule for with [`Checkpointer::costs`]
-    /// (to within its memory unit, about a 4096th to a 512th of it); `None` before costs are known.
+    /// The smallest budget `Policy::Memory` finds a schedule for with [`Checkpointer::costs`];
+    /// `None` before costs are known.
     pub fn smallest_budget(&self) -> Option<usize> {
         self.costs().map(|costs| rotor::smallest_budget(&costs))
     }
 
     /// States the costs `Policy::Memory` plans with, instead of measuring them in a profiling
-    /// step: one [`StepCost`] per layer of the forwards it will run, whatever their input shape.
-    /// Costs measured by a profiling step can be kept (see [`Checkpointer::costs`]) and stated to
-    /// a checkpointer of a later run.
+    /// step: one [`StepCost`] per layer of the forwards it will run, whatever their input shape
+    /// (they replace every measured cost). Costs measured by a profiling step can be kept (see
+    /// [`Checkpointer::costs`]) and stated to a checkpointer of a later run.
     pub fn set_costs(&mut self, costs: ChainCosts) {
-        self.memory.costs = Some((costs, None));
-        self.memory.plan = None;
+        self.memory.known.clear();
+        self.memory.known.push(Known {
+            costs,
+            key: None,
+            plan: None,
+            cold: false,
+        });
     }
 
     /// The layout of a recording forward over `n` layers from an input of `shape` under
-    /// `Policy::Memory(budget)`, with the positions it stores written into `plan`; `None` for the
-    /// first training forward, which runs as `Policy::Sqrt` does (see [`Policy::Memory`]).
+    /// `Policy::Memory(budget)`, with the positions it stores written into `plan`: the plan of the
+    /// costs known for this input (the most recent first), or else a profiling step, which
+    /// measures them holding the least memory a schedule can.
     pub(crate) fn plan_memory(
         &mut self,
         budget: usize,
         n: usize,
         shape: &[usize],
         plan: &mut Vec<usize>,
-    ) -> Result<Option<Layout>> {
+    ) -> Result<Layout> {
         if self.config.precision != Precision::Full {
             return Err(CheckpointError::InvalidPolicy(
                 "Policy::Memory stores at full precision; its plan counts every byte it holds"
@@ -197,53 +315,104 @@ impl<T: Element> Checkpointer<T> {
             ));
         }
         self.take_measured();
-        let fits = |costs: &ChainCosts, input: &Option<Dims>| {
-            costs.steps.len() == n && input.as_ref().is_none_or(|d| d.slice() == shape)
-        };
-        let Some((costs, _)) = self.memory.costs.as_ref().filter(|(c, i)| fits(c, i)) else {
-            if !std::mem::replace(&mut self.memory.warmed, true) {
-                return Ok(None);
-            }
-            // Nothing known of these layers: this step measures them.
-            let mut measuring = self.memory.measuring.borrow_mut();
-            *measuring = Measuring {
-                input: Some(Dims::from_slice(shape)),
-                ..Measuring::default()
-            };
+        let memory = &mut self.memory;
+        let found = memory.known.iter().rposition(|known| {
+            !known.cold
+                && known.costs.steps.len() == n
+                && known
+                    .key
+                    .as_ref()
+                    .is_none_or(|key| key.first().is_none_or(|first| first.input.slice() == shape))
+        });
+        let Some(found) = found else {
+            // Nothing known of these steps: this one measures them.
+            *memory.measuring.borrow_mut() = Measuring::default();
+            memory.checking = None;
             plan.clear();
             plan.push(0);
-            return Ok(Some(Layout::Profile));
+            return Ok(Layout::Profile);
         };
-        let current = self.memory.plan.as_ref().filter(|p| p.budget == budget);
+        // The most recently used last; moved within the list, which keeps its buffer.
+        let last = memory.known.len() - 1;
+        memory.known[found..].rotate_left(1);
+        let known = &mut memory.known[last];
+        memory.checking = known.key.clone();
+        let current = known
+            .plan
+            .as_ref()
+            .filter(|p| p.budget == budget && !p.stale.get());
         let memory_plan = match current {
             Some(p) => p.clone(),
             None => {
-                let (rotor, units) = Rotor::for_budget(costs, budget);
+                let (rotor, units) = Rotor::for_budget(&known.costs, budget);
                 let top =
                     rotor
                         .plan(units)
                         .ok_or_else(|| CheckpointError::MemoryBudgetTooSmall {
                             budget,
-                            smallest: rotor::smallest_budget(costs),
+                            smallest: rotor::smallest_budget(&known.costs),
                             layers: n,
                         })?;
-                let p = Rc::new(MemoryPlan { rotor, top, budget });
-                self.memory.plan = Some(p.clone());
+                let p = Rc::new(MemoryPlan {
+                    rotor,
+                    top,
+                    budget,
+                    stale: std::cell::Cell::new(false),
+                });
+                known.plan = Some(p.clone());
                 p
             }
         };
         plan.clear();
         plan.extend(memory_plan.top.regions.iter().map(|r| r.start));
-        Ok(Some(Layout::Rotor(memory_plan)))
+        Ok(Layout::Rotor(memory_plan))
     }
 
-    /// Keeps the costs a finished profiling step measured.
+    /// Forgets the costs the forward in progress planned with, which one of its steps does not
+    /// match: the next forward of these steps measures them again.
+    pub(crate) fn forget_checked(&mut self) {
+        if let Some(key) = self.memory.checking.take() {
+            self.memory
+                .known
+                .retain(|known| !known.key.as_ref().is_some_and(|k| Rc::ptr_eq(k, &key)));
+        }
+    }
+
+    /// Keeps the costs a finished profiling step measured, with the key they were measured for.
     fn take_measured(&mut self) {
         let mut measuring = self.memory.measuring.borrow_mut();
         if measuring.done {
-            let measured = std::mem::take(&mut *measuring);
-            self.memory.costs = Some((measured.measured(), measured.input));
-            self.memory.plan = None;
+            let mut measured = std::mem::take(&mut *measuring);
+            for (key, cost) in measured.key.iter_mut().zip(&measured.costs.steps) {
+                key.forward_peak = cost.forward_peak;
+                key.graph_bytes = cost.graph_bytes;
+                key.record_peak = cost.record_peak;
+            }
+            let key: Rc<[StepKey]> = measured.key.into();
+            let known = &mut self.memory.known;
+            // Stated costs give way to measured ones, and a key measured again replaces itself,
+            // warm once measured twice.
+            let same_steps = |k: &[StepKey]| {
+                k.len() == key.len()
+                    && k.iter()
+                        .zip(key.iter())
+                        .all(|(a, b)| a.input == b.input && a.reads == b.reads)
+            };
+            let again = known
+                .iter()
+                .any(|k| k.key.as_ref().is_some_and(|k| same_steps(k)));
+            known.retain(|k| k.key.as_ref().is_some_and(|k| !same_steps(k)));
+            if known.len() == KNOWN {
+                known.remove(0);
+            }
+            let made_gradients = measured.costs.steps.iter().any(|s| s.gradient_bytes > 0);
+            let first = !std::mem::replace(&mut self.memory.profiled, true);
+            known.push(Known {
+                costs: measured.costs,
+                key: Some(key),
+                plan: None,
+                cold: made_gradients && first && !again,
+            });
         }
     }
 }

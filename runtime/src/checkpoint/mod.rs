@@ -37,6 +37,7 @@ mod install;
 mod memory;
 mod plan;
 mod region;
+mod report;
 mod rotor;
 mod schedule;
 mod stored;
@@ -51,6 +52,7 @@ pub use crate::error::checkpoint::{CheckpointError, Result};
 pub use config::{CheckpointConfig, Policy, Precision};
 pub(crate) use driver::run_layers;
 pub(crate) use install::with_active;
+pub use report::{PlanKind, PlanReport, StepRun};
 pub use rotor::{ChainCosts, StepCost};
 pub use schedule::{binomial_recompute_steps, revolve_forward_steps};
 pub use sweep::ReverseReport;
@@ -328,7 +330,7 @@ impl<T: Element> Checkpointer<T> {
         let mut plan = RecycledVec::new();
         let memory = match self.config.policy {
             Policy::Memory(budget) if records => {
-                self.plan_memory(budget, n, input.shape(), &mut plan)?
+                Some(self.plan_memory(budget, n, input.shape(), &mut plan)?)
             }
             _ => None,
         };
@@ -366,7 +368,14 @@ impl<T: Element> Checkpointer<T> {
         self.clear();
         self.swept = false;
         self.last_backward.set(None);
-        self.forward_start = input.rents_in.pool().probe().0;
+        let pool = input.rents_in.pool();
+        self.forward_start = pool.stats().bytes_in_use;
+        let memory = matches!(layout, Layout::Profile | Layout::Rotor(_));
+        if memory {
+            self.memory.watch.start(pool);
+        }
+        self.memory.layout = memory.then(|| layout.clone());
+        self.memory.stale_at = None;
         // Refilled rather than replaced, so that their buffers serve every forward.
         self.layers.clear();
         self.layers.extend(layers);
@@ -386,6 +395,13 @@ impl<T: Element> Checkpointer<T> {
         } else {
             self.saved_bytes += x.data_bytes();
             Ok(x)
+        }
+    }
+
+    /// Adds `pos` to the positions the forward in progress stores (a step after it has not run).
+    pub(crate) fn store_at(&mut self, pos: usize) {
+        if let Err(at) = self.plan.binary_search(&pos) {
+            self.plan.insert(at, pos);
         }
     }
 

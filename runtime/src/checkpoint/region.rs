@@ -107,16 +107,24 @@ impl<T: Element> Recording<T> {
         }
     }
 
+    /// The fingerprint of the last step's tape (see `Tape::fingerprint`).
+    pub(super) fn fingerprint(&self) -> u64 {
+        self.tapes
+            .last()
+            .map_or(0, |tape| tape.borrow().fingerprint())
+    }
+
     /// `x`, the output of the steps `start .. end` (those recorded), with the node whose backward
     /// replays them from what `ckpt` stored, which it takes over; without a node if nothing in the
-    /// steps needs a gradient. Fails with [`CheckpointError::CrossStepValue`] if a step read a value
-    /// of an earlier step.
+    /// steps needs a gradient. The backward follows `layout`, or holds the least memory it can if
+    /// `least`. Fails with [`CheckpointError::CrossStepValue`] if a step read a value of an
+    /// earlier step.
     pub(super) fn finish<'s>(
         self,
         ckpt: &mut Checkpointer<T>,
         layout: &Layout,
-        start: usize,
-        end: usize,
+        least: bool,
+        (start, end): (usize, usize),
         mut x: Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
         // The region's graph inputs: its input, and the values from before it that its steps read
@@ -141,6 +149,7 @@ impl<T: Element> Recording<T> {
             return Ok(x);
         }
         let reverse = match layout {
+            _ if least => Reverse::Least,
             Layout::Prefix(_) if ckpt.slots > 0 => Reverse::Binomial(ckpt.slots),
             Layout::Prefix(_) => Reverse::Segments,
             Layout::Profile => Reverse::Profile(ckpt.memory.measuring.clone()),
@@ -196,6 +205,10 @@ enum Reverse {
     /// The profiling step of `Policy::Memory`: every step recomputed from the input and replayed,
     /// its graph's and its backward's pool bytes measured.
     Profile(Rc<RefCell<Measuring>>),
+    /// Every step recomputed from the input and replayed, as the profiling step does, measuring
+    /// nothing: the least memory a backward can hold, for steps that differ from what the plan
+    /// was made for.
+    Least,
 }
 
 /// The backward of a checkpointed region: what its forward recorded and stored. It is the rule of
@@ -430,19 +443,21 @@ impl<T: Element> Region<T> {
         }
     }
 
-    /// The profiling step's backward: each step, last first, recomputed from the region's input,
-    /// replayed with recording on and backpropagated, the pool bytes of its graph and of its
-    /// backward measured into `measuring`. It holds the least a backward can: the input, one
-    /// activation, one step's graph.
-    fn profile(
+    /// Each step, last first, recomputed from the region's input, replayed with recording on and
+    /// backpropagated: the least a backward can hold (the input, one activation, one step's graph).
+    /// The profiling step's backward, which measures the pool bytes of each step's graph and
+    /// backward into `measuring`.
+    fn least(
         &mut self,
-        measuring: &RefCell<Measuring>,
+        measuring: Option<&Rc<RefCell<Measuring>>>,
         at: &State,
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
         let pool = at.pool();
-        measuring.borrow_mut().backward_started(pool);
+        if let Some(measuring) = measuring {
+            measuring.borrow_mut().backward_started(pool);
+        }
         let input = self.restore(0, at)?;
         for t in (0..self.tapes.len()).rev() {
             let a = self.advance(0, t, &input, at, flow)?;
@@ -454,15 +469,19 @@ impl<T: Element> Region<T> {
             self.settle(graph, at, grads, flow)?;
             let secs = clock.elapsed().as_secs_f64();
             drop(y);
-            let mut measuring = measuring.borrow_mut();
-            let step = &mut measuring.costs.steps[t];
-            step.graph_bytes = held.saturating_sub(before);
-            step.record_peak = peak.saturating_sub(before);
-            step.backward_secs = secs;
-            step.backward_peak = pool.probe().1.saturating_sub(started);
-            step.gradient_bytes = gradient_bytes(grads, flow).saturating_sub(gradients);
+            if let Some(measuring) = measuring {
+                let mut measuring = measuring.borrow_mut();
+                let step = &mut measuring.costs.steps[t];
+                step.graph_bytes = held.saturating_sub(before);
+                step.record_peak = peak.saturating_sub(before);
+                step.backward_secs = secs;
+                step.backward_peak = pool.probe().1.saturating_sub(started);
+                step.gradient_bytes = gradient_bytes(grads, flow).saturating_sub(gradients);
+            }
         }
-        measuring.borrow_mut().backward_ended(pool);
+        if let Some(measuring) = measuring {
+            Measuring::backward_ended(measuring, pool);
+        }
         Ok(())
     }
 
@@ -580,6 +599,10 @@ impl<T: Element> Region<T> {
         let result = match &self.reverse {
             Reverse::Segments => self.segments(at, grads, &mut flow),
             &Reverse::Binomial(slots) => self.binomial(slots, at, grads, &mut flow),
+            Reverse::Least => self.least(None, at, grads, &mut flow),
+            Reverse::Rotor { plan, .. } if plan.stale.get() => {
+                self.least(None, at, grads, &mut flow)
+            }
             Reverse::Rotor { plan, offset, free } => {
                 let (plan, offset, free) = (plan.clone(), *offset, *free);
                 let last = self.tapes.len() - 1;
@@ -597,7 +620,7 @@ impl<T: Element> Region<T> {
             }
             Reverse::Profile(measuring) => {
                 let measuring = measuring.clone();
-                self.profile(&measuring, at, grads, &mut flow)
+                self.least(Some(&measuring), at, grads, &mut flow)
             }
         };
         result.map_err(|e| match e {

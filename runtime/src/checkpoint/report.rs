@@ -1,0 +1,149 @@
+//! What a training forward under `Policy::Memory` did with its steps, and what it cost: the plan
+//! report, as JAX's `print_saved_residuals` lists what a checkpointed function saves.
+
+use std::fmt;
+
+use super::memory::Layout;
+use super::{Checkpointer, Policy};
+use crate::element::Element;
+
+/// How a training forward under [`Policy::Memory`] ran its steps and what the step measured
+/// ([`Checkpointer::plan_report`]). Its `Display` is a table of the steps, runs of the same kind
+/// grouped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanReport {
+    /// Where the schedule came from.
+    pub kind: PlanKind,
+    /// The budget, in pool bytes.
+    pub budget: usize,
+    /// How each step ran in the forward, by position.
+    pub steps: Vec<StepRun>,
+    /// The schedule's time by the costs it was planned with, in seconds (`None` for a profiling
+    /// step, which has no plan).
+    pub predicted_secs: Option<f64>,
+    /// The step's seconds and its pool peak in bytes above what was in use when the forward
+    /// started, both from the forward's start to the end of the backward it was part of, on the
+    /// thread that ran it; `None` until that backward has ended.
+    pub measured: Option<(f64, usize)>,
+}
+
+/// Where the schedule of a [`PlanReport`] came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanKind {
+    /// No costs were known for these steps (the first forward, or a changed input or layer):
+    /// every step ran on a tape with only the input stored, and the backward held the least
+    /// memory a schedule can while it measured each step.
+    Profiled,
+    /// The optimal schedule for the costs measured for these steps.
+    Planned,
+    /// A step differed from those the plan was made for (its input's shape, or what its ops
+    /// read): from this position on every step ran on a tape, and every region reversed with the
+    /// least memory; the next forward measures the steps again.
+    Replanned {
+        /// The first step that differed.
+        at: usize,
+    },
+}
+
+/// How one step of a [`PlanReport`] ran in the forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepRun {
+    /// Recorded its graph, kept until its backward.
+    Recorded,
+    /// Ran on a tape, its values released; replayed by its region's backward. `stored` if its
+    /// input was stored (the region's start).
+    Taped {
+        /// Whether the step's input was stored.
+        stored: bool,
+    },
+}
+
+impl<T: Element> Checkpointer<T> {
+    /// How the last training forward under [`Policy::Memory`] ran its steps, what its plan
+    /// predicted and what the step measured; `None` if the last forward was of another policy or
+    /// recorded no graph.
+    pub fn plan_report(&self) -> Option<PlanReport> {
+        let Policy::Memory(budget) = self.config.policy else {
+            return None;
+        };
+        let (kind, predicted_secs) = match (&self.memory.layout, self.memory.stale_at) {
+            (None, _) => return None,
+            (Some(_), Some(at)) => (PlanKind::Replanned { at }, None),
+            (Some(Layout::Rotor(plan)), None) => (PlanKind::Planned, Some(plan.top.secs)),
+            (Some(_), None) => (PlanKind::Profiled, None),
+        };
+        let layout = self.memory.layout.as_ref()?;
+        let steps = (0..self.layers.len())
+            .map(|pos| {
+                let taped = layout.taped(pos) || self.memory.stale_at.is_some_and(|p| pos >= p);
+                if taped {
+                    StepRun::Taped {
+                        stored: self.plan.binary_search(&pos).is_ok(),
+                    }
+                } else {
+                    StepRun::Recorded
+                }
+            })
+            .collect();
+        Some(PlanReport {
+            kind,
+            budget,
+            steps,
+            predicted_secs,
+            measured: self.memory.watch.measured.get(),
+        })
+    }
+}
+
+impl fmt::Display for PlanReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            PlanKind::Profiled => "profiled (no costs known: least memory, every step measured)",
+            PlanKind::Planned => "planned",
+            PlanKind::Replanned { .. } => "replanned (a step differed from the plan's)",
+        };
+        writeln!(f, "Policy::Memory({} B), {kind}", self.budget)?;
+        if let PlanKind::Replanned { at } = self.kind {
+            writeln!(f, "  step {at} differed: least memory from there on")?;
+        }
+        match self.predicted_secs {
+            Some(secs) => write!(f, "  predicted {:.3} ms", secs * 1e3)?,
+            None => write!(f, "  predicted -")?,
+        }
+        match self.measured {
+            Some((secs, peak)) => writeln!(
+                f,
+                ", measured {:.3} ms, peak {peak} B ({:.1}% of the budget)",
+                secs * 1e3,
+                peak as f64 * 100.0 / self.budget.max(1) as f64
+            )?,
+            None => writeln!(f, ", not measured yet (its backward has not ended)")?,
+        }
+        writeln!(f, "  steps      run")?;
+        let mut start = 0;
+        while start < self.steps.len() {
+            let run = self.steps[start];
+            // A run of steps of one kind: recorded ones, or one region (a stored start, then
+            // taped steps).
+            let end = (start + 1..self.steps.len())
+                .find(|&p| match (run, self.steps[p]) {
+                    (StepRun::Recorded, StepRun::Recorded) => false,
+                    (StepRun::Taped { .. }, StepRun::Taped { stored }) => stored,
+                    _ => true,
+                })
+                .unwrap_or(self.steps.len());
+            let what = match run {
+                StepRun::Recorded => "recorded (graph kept)",
+                StepRun::Taped { .. } => "on tapes, input stored, replayed in the backward",
+            };
+            let steps = if end - start == 1 {
+                format!("{start}")
+            } else {
+                format!("{start}..{end}")
+            };
+            writeln!(f, "  {steps:<10} {what}")?;
+            start = end;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,232 @@
+//! `Policy::Memory` keeps its budget when what the plan was made for changes: a batch that grows
+//! and shrinks, weights swapped for wider ones, sequence lengths that vary step by step, and two
+//! threads training on one pool. At every step the pool's peak above the step's start is within
+//! the budget, or the step fails with `MemoryBudgetTooSmall` naming the smallest budget before
+//! anything runs; the gradients are the plain step's.
+
+use tensorscope::checkpoint::{PlanKind, PlanReport};
+use tensorscope::prelude::*;
+use tensorscope::{CheckpointConfig, CheckpointError, Checkpointer, Policy};
+
+use crate::gpt::{Config, Gpt};
+
+/// A chain of `tanh(x W1) W2` steps of a hidden width its weights set, on inputs of width 32.
+struct Chain {
+    weights: Vec<(Param, Param)>,
+}
+
+impl Chain {
+    fn new(pool: &Pool, steps: usize, hidden: usize) -> Self {
+        let weights = (0..steps as u64)
+            .map(|i| {
+                pool.scope(|s| {
+                    let w1 = (s.randn::<f32>(&[32, hidden], 2 * i) * 0.1).detach();
+                    let w2 = (s.randn::<f32>(&[hidden, 32], 2 * i + 1) * 0.1).detach();
+                    (w1, w2)
+                })
+            })
+            .collect();
+        Chain { weights }
+    }
+
+    fn layer<'s>(&self, x: &Tensor<'s>, i: usize) -> Tensor<'s> {
+        let (w1, w2) = &self.weights[i];
+        &x.matmul(&x.bind(w1)).tanh().matmul(&x.bind(w2)) + x
+    }
+
+    /// One training step on a batch of `rows`: the weights' gradients and the pool's peak above
+    /// what was in use when the forward started, or the forward's error.
+    fn step(
+        &self,
+        pool: &Pool,
+        rows: usize,
+        ckpt: Option<&mut Checkpointer>,
+    ) -> Result<(Vec<Vec<f32>>, usize), CheckpointError> {
+        pool.train(|s| {
+            let x = s.randn::<f32>(&[rows, 32], 7);
+            let layers: Vec<usize> = (0..self.weights.len()).collect();
+            let start = pool.stats().bytes_in_use;
+            pool.reset_peak();
+            let y = match ckpt {
+                Some(ckpt) => ckpt.checkpointed_forward(&x, &layers, |x, i| self.layer(x, i))?,
+                None => layers.iter().fold(x, |x, &i| self.layer(&x, i)),
+            };
+            let grads = y.sum_all().backward().unwrap();
+            let peak = pool.stats().peak_bytes_in_use - start;
+            let all = self
+                .weights
+                .iter()
+                .flat_map(|(a, b)| {
+                    [
+                        grads.get(a).unwrap().to_vec(),
+                        grads.get(b).unwrap().to_vec(),
+                    ]
+                })
+                .collect();
+            Ok((all, peak))
+        })
+    }
+}
+
+/// Runs `rows` batches through `chain` under `ckpt`, checking each step against the plain one:
+/// within the budget with its gradients, or refused before running with the smallest budget
+/// (which then fits). Returns the plan reports.
+fn steps_within(
+    pool: &Pool,
+    chain: &Chain,
+    ckpt: &mut Checkpointer,
+    budget: usize,
+    rows: &[usize],
+) -> Vec<PlanReport> {
+    let mut reports = Vec::new();
+    for (i, &r) in rows.iter().enumerate() {
+        let (plain, _) = chain.step(pool, r, None).unwrap();
+        match chain.step(pool, r, Some(ckpt)) {
+            Ok((grads, peak)) => {
+                let report = ckpt.plan_report().expect("a report");
+                println!("step {i}, batch {r}: peak {peak} B of {budget}\n{report}");
+                assert!(
+                    peak <= budget,
+                    "step {i}, batch {r}: peak {peak} > {budget}"
+                );
+                assert!(grads == plain, "step {i}, batch {r}: the plain gradients");
+                let (_, measured) = report.measured.expect("measured");
+                assert!(measured <= peak, "the thread's peak is within the pool's");
+                reports.push(report);
+            }
+            Err(CheckpointError::MemoryBudgetTooSmall { smallest, .. }) => {
+                assert!(smallest > budget);
+                println!("step {i}, batch {r}: refused, smallest {smallest} B");
+                assert_eq!(pool.stats().bytes_in_use, 0, "refused before anything ran");
+                reports.push(ckpt.plan_report().expect("a report"));
+            }
+            Err(e) => panic!("step {i}: {e}"),
+        }
+    }
+    reports
+}
+
+#[test]
+fn a_batch_that_grows_and_shrinks_keeps_the_budget() {
+    let pool = Pool::with_max_memory_mb(256);
+    let chain = Chain::new(&pool, 24, 64);
+    let budget = 600_000;
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
+    let rows = [64, 64, 128, 128, 64, 32, 128, 64];
+    let reports = steps_within(&pool, &chain, &mut ckpt, budget, &rows);
+    let kinds: Vec<PlanKind> = reports.iter().map(|r| r.kind).collect();
+    // Each batch size is measured once (the first twice: its first step made the gradients),
+    // and its plan found again when it comes back.
+    use PlanKind::{Planned, Profiled};
+    assert_eq!(
+        kinds,
+        [Profiled, Profiled, Profiled, Planned, Planned, Profiled, Planned, Planned]
+    );
+}
+
+#[test]
+fn weights_swapped_for_wider_ones_replan_before_exceeding_the_budget() {
+    let pool = Pool::with_max_memory_mb(256);
+    let narrow = Chain::new(&pool, 24, 64);
+    let wide = Chain::new(&pool, 24, 256);
+    // The narrow chain's plain step fits (its plan records every graph), the wide one's does not.
+    let budget = 1_800_000;
+    let (_, wide_plain) = wide.step(&pool, 64, None).unwrap();
+    let (_, narrow_plain) = narrow.step(&pool, 64, None).unwrap();
+    assert!(narrow_plain < budget && budget < wide_plain);
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
+    let mut kinds = Vec::new();
+    for chain in [&narrow, &narrow, &wide, &wide, &wide, &narrow] {
+        let reports = steps_within(&pool, chain, &mut ckpt, budget, &[64]);
+        kinds.extend(reports.iter().map(|r| r.kind));
+    }
+    // The wide weights' first step finds its steps differ from the plan after the first one
+    // ran on a tape: the rest of it holds the least memory, and the next one measures.
+    assert!(
+        matches!(kinds[2], PlanKind::Replanned { at: 1 }),
+        "{kinds:?}"
+    );
+    assert_eq!(kinds[3], PlanKind::Profiled, "{kinds:?}");
+    assert_eq!(kinds[4], PlanKind::Planned, "{kinds:?}");
+}
+
+#[test]
+fn sequence_lengths_that_vary_step_by_step_keep_the_budget() {
+    let pool = Pool::with_max_memory_mb(512);
+    let config = Config {
+        layers: 4,
+        dim: 64,
+        n_ctx: 32,
+        ..Config::TINY
+    };
+    let gpt = Gpt::random(&pool, config, 5).unwrap();
+    let budget = 3 << 20;
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
+    for (i, len) in [32usize, 16, 24, 32, 16, 8, 24, 32].into_iter().enumerate() {
+        let ids: Vec<i64> = (0..2 * len as i64).map(|i| i * 7 % 96).collect();
+        let step = |ckpt: Option<&mut Checkpointer>| {
+            pool.train(|s| {
+                let ids = s.from_slice::<i64>(&[2, len], &ids);
+                let start = pool.stats().bytes_in_use;
+                pool.reset_peak();
+                let logits = match ckpt {
+                    Some(ckpt) => gpt.forward_checkpointed(ckpt, &ids),
+                    None => gpt.forward(&ids),
+                };
+                let grads = Gpt::loss(&logits, &ids).backward().unwrap();
+                let peak = pool.stats().peak_bytes_in_use - start;
+                let all: Vec<Vec<f32>> = gpt
+                    .named_params()
+                    .iter()
+                    .map(|(_, p)| grads.get(p).unwrap().to_vec())
+                    .collect();
+                (all, peak)
+            })
+        };
+        let (plain, plain_peak) = step(None);
+        let (grads, peak) = step(Some(&mut ckpt));
+        let report = ckpt.plan_report().unwrap();
+        println!(
+            "step {i}, length {len}: peak {peak} B (plain {plain_peak} B), {:?}",
+            report.kind
+        );
+        assert!(peak <= budget, "step {i}, length {len}: {peak} > {budget}");
+        assert!(
+            grads == plain,
+            "step {i}, length {len}: the plain gradients"
+        );
+    }
+}
+
+#[test]
+fn two_threads_training_on_one_pool_each_keep_their_own_budget() {
+    let pool = Pool::with_max_memory_mb(256);
+    let chain = Chain::new(&pool, 24, 64);
+    let other = Chain::new(&pool, 16, 128);
+    let budget = 600_000;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|threads| {
+        // Another thread trains on the same pool all along.
+        let trainer = threads.spawn(|| {
+            let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(1 << 20)));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                other.step(&pool, 64, Some(&mut ckpt)).unwrap();
+            }
+        });
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
+        for round in 0..4 {
+            let (plain, _) = chain.step(&pool, 64, None).unwrap();
+            let (grads, _) = chain.step(&pool, 64, Some(&mut ckpt)).unwrap();
+            assert!(grads == plain, "round {round}");
+            let report = ckpt.plan_report().unwrap();
+            let (_, peak) = report.measured.unwrap();
+            println!("round {round}: this thread's peak {peak} B\n{report}");
+            assert!(peak <= budget, "round {round}: {peak} > {budget}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        trainer.join().unwrap();
+        // Alone on the pool, the plan made beside the other thread holds the pool's own peak too.
+        let (_, peak) = chain.step(&pool, 64, Some(&mut ckpt)).unwrap();
+        assert!(peak <= budget, "alone: {peak} > {budget}");
+    });
+}
