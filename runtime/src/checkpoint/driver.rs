@@ -227,7 +227,9 @@ impl<'c, T: Element> Driver<'c, T> {
         if let Some(mut measuring) = self.measuring() {
             measuring.forward_ended(x.rents_in.pool(), x.data_bytes());
         }
-        if let (Layout::Profile | Layout::Rotor(_), Some(ckpt)) = (&self.layout, self.slot.get()) {
+        if let (Layout::Profile | Layout::Least | Layout::Rotor(_), Some(ckpt)) =
+            (&self.layout, self.slot.get())
+        {
             memory::Watch::wait(&ckpt.memory.watch);
         }
         if let Slot::Own(own) = &mut self.slot {

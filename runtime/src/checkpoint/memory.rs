@@ -50,6 +50,10 @@ struct Known {
     /// less from the next step on, so the next forward of this key profiles again rather than
     /// plan with costs it will not have (and refuse budgets that its steps fit).
     cold: bool,
+    /// Bytes of the gradients of the values from before the chain that its steps read.
+    shared_gradient_bytes: usize,
+    /// The budget the last plan was for, if it was `Layout::Least`.
+    least_for: Option<usize>,
 }
 
 /// What determines a step's costs, as a forward sees it: the shape of its input, the fingerprint
@@ -150,6 +154,9 @@ pub(crate) struct Measuring {
     step_start: Option<(usize, Instant)>,
     /// Whether every step and what followed the chain's backward are measured.
     pub(crate) done: bool,
+    /// Bytes of the gradients of the values from before the chain, once the chain's backward
+    /// has made them.
+    pub(crate) shared_gradient_bytes: usize,
     /// The pool, and the bytes in use when the chain's backward ended: what follows is measured
     /// until the costs are read.
     backward_end: Option<(Pool, usize)>,
@@ -176,6 +183,9 @@ pub(crate) enum Layout {
     /// Every step on a tape in one region, only the input stored, each step measured: the
     /// profiling step of `Policy::Memory`.
     Profile,
+    /// As `Profile`, measuring nothing: the least memory a schedule holds, where no schedule of
+    /// the dynamic program's fits (see `plan_memory`).
+    Least,
     /// `Policy::Memory`'s plan: regions and recorded steps as it places them.
     Rotor(Rc<MemoryPlan>),
 }
@@ -185,7 +195,7 @@ impl Layout {
     pub(crate) fn taped(&self, pos: usize) -> bool {
         match self {
             Layout::Prefix(taped) => pos < *taped,
-            Layout::Profile => true,
+            Layout::Profile | Layout::Least => true,
             Layout::Rotor(plan) => !plan.top.graph[pos],
         }
     }
@@ -193,7 +203,7 @@ impl Layout {
     /// Whether a new region starts at `pos` (a taped step).
     pub(crate) fn starts_region(&self, pos: usize) -> bool {
         match self {
-            Layout::Prefix(_) | Layout::Profile => pos == 0,
+            Layout::Prefix(_) | Layout::Profile | Layout::Least => pos == 0,
             Layout::Rotor(plan) => plan.top.regions.iter().any(|r| r.start == pos),
         }
     }
@@ -294,6 +304,8 @@ impl<T: Element> Checkpointer<T> {
             key: None,
             plan: None,
             cold: false,
+            shared_gradient_bytes: 0,
+            least_for: None,
         });
     }
 
@@ -337,6 +349,11 @@ impl<T: Element> Checkpointer<T> {
         memory.known[found..].rotate_left(1);
         let known = &mut memory.known[last];
         memory.checking = known.key.clone();
+        plan.clear();
+        if known.least_for == Some(budget) {
+            plan.push(0);
+            return Ok(Layout::Least);
+        }
         let current = known
             .plan
             .as_ref()
@@ -344,15 +361,31 @@ impl<T: Element> Checkpointer<T> {
         let memory_plan = match current {
             Some(p) => p.clone(),
             None => {
-                let (rotor, units) = Rotor::for_budget(&known.costs, budget);
-                let top =
-                    rotor
-                        .plan(units)
-                        .ok_or_else(|| CheckpointError::MemoryBudgetTooSmall {
-                            budget,
-                            smallest: rotor::smallest_budget(&known.costs),
-                            layers: n,
-                        })?;
+                let too_small = || CheckpointError::MemoryBudgetTooSmall {
+                    budget,
+                    smallest: rotor::smallest_budget(&known.costs),
+                    layers: n,
+                };
+                let (mut rotor, units) = Rotor::for_budget(&known.costs, budget);
+                let mut top = rotor.plan(units).ok_or_else(too_small)?;
+                // A step recording its graph after a region, reading a value from before the
+                // chain, makes its gradient in the outer backward before the region makes its
+                // own: two at once, where the profiling step's one region held one. Such a
+                // schedule is planned with them reserved.
+                let first_region = top.regions.first().map_or(usize::MAX, |r| r.start);
+                let mixed = top.graph.iter().skip(first_region).any(|&g| g);
+                if mixed && known.shared_gradient_bytes > 0 {
+                    let reserved = budget.saturating_sub(known.shared_gradient_bytes);
+                    let (r, units) = Rotor::for_budget(&known.costs, reserved);
+                    let Some(reserved_top) = r.plan(units) else {
+                        // Every step on a tape in one region holds them once, as the profiling
+                        // step did, which the budget fits (the plan did without them).
+                        known.least_for = Some(budget);
+                        plan.push(0);
+                        return Ok(Layout::Least);
+                    };
+                    (top, rotor) = (reserved_top, r);
+                }
                 let p = Rc::new(MemoryPlan {
                     rotor,
                     top,
@@ -363,7 +396,6 @@ impl<T: Element> Checkpointer<T> {
                 p
             }
         };
-        plan.clear();
         plan.extend(memory_plan.top.regions.iter().map(|r| r.start));
         Ok(Layout::Rotor(memory_plan))
     }
@@ -412,6 +444,8 @@ impl<T: Element> Checkpointer<T> {
                 key: Some(key),
                 plan: None,
                 cold: made_gradients && first && !again,
+                shared_gradient_bytes: measured.shared_gradient_bytes,
+                least_for: None,
             });
         }
     }

@@ -88,6 +88,8 @@ pub struct Checkpointer<T: Element = f32> {
     memory: memory::Memory,
     /// Pool bytes in use when the last forward started.
     forward_start: usize,
+    /// What the regions of the last recording forward share of the values from before them.
+    externals: Rc<region::SharedExternals<T>>,
 }
 
 impl Checkpointer<f32> {
@@ -137,6 +139,7 @@ impl<T: Element> Checkpointer<T> {
             swept: false,
             memory: memory::Memory::default(),
             forward_start: 0,
+            externals: Rc::default(),
         }
     }
 
@@ -366,11 +369,12 @@ impl<T: Element> Checkpointer<T> {
             }
         }
         self.clear();
+        self.externals.clear();
         self.swept = false;
         self.last_backward.set(None);
         let pool = input.rents_in.pool();
         self.forward_start = pool.stats().bytes_in_use;
-        let memory = matches!(layout, Layout::Profile | Layout::Rotor(_));
+        let memory = matches!(layout, Layout::Profile | Layout::Least | Layout::Rotor(_));
         if memory {
             self.memory.watch.start(pool);
         }

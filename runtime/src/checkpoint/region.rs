@@ -153,6 +153,7 @@ impl<T: Element> Recording<T> {
             Layout::Prefix(_) if ckpt.slots > 0 => Reverse::Binomial(ckpt.slots),
             Layout::Prefix(_) => Reverse::Segments,
             Layout::Profile => Reverse::Profile(ckpt.memory.measuring.clone()),
+            Layout::Least => Reverse::Least,
             Layout::Rotor(plan) => Reverse::Rotor {
                 plan: plan.clone(),
                 offset: start,
@@ -165,6 +166,9 @@ impl<T: Element> Recording<T> {
                     .free,
             },
         };
+        // The earliest region of the forward that reads a value returns its gradient; later ones
+        // (whose backward runs first) leave theirs to it.
+        let returns = ckpt.externals.first_readers(&externals);
         let inputs = std::iter::once(self.input)
             .chain(externals.iter().cloned().map(Some))
             .collect();
@@ -172,6 +176,8 @@ impl<T: Element> Recording<T> {
             ids: (0..self.tapes.len()).collect(),
             tapes: self.tapes,
             externals,
+            returns,
+            shared: ckpt.externals.clone(),
             stored: ckpt.hand_over(start, end),
             shapes: ckpt.shapes.iter().skip(start).cloned().collect(),
             plan: ckpt
@@ -186,6 +192,61 @@ impl<T: Element> Recording<T> {
         let rule = Rule::new(recycle::slot(region));
         x.node = Some(Node::op(inputs, rule, &x.rents_in));
         Ok(x)
+    }
+}
+
+/// The values from before a forward's regions that several of them read, and the gradients the
+/// later regions' backwards (which run first) leave to the earlier ones: one gradient per value
+/// at a time, added into by each region, as one region's backward holds it (two regions each
+/// returning their own held two, past the budget the profiling step's one region measured).
+pub(crate) struct SharedExternals<T: DType> {
+    /// The external values read by the forward's regions so far.
+    seen: RefCell<RecycledVec<NodeRef<T>>>,
+    /// Gradients left by a region's backward for an earlier region.
+    left: RefCell<RecycledVec<(NodeRef<T>, Saved<T>)>>,
+}
+
+impl<T: DType> Default for SharedExternals<T> {
+    fn default() -> Self {
+        SharedExternals {
+            seen: RefCell::new(RecycledVec::new()),
+            left: RefCell::new(RecycledVec::new()),
+        }
+    }
+}
+
+impl<T: Element> SharedExternals<T> {
+    /// Forgets the last forward's values and gradients (a new forward starts).
+    pub(crate) fn clear(&self) {
+        self.seen.borrow_mut().clear();
+        self.left.borrow_mut().clear();
+    }
+
+    /// For each of a region's external values, whether it is the first region to read it.
+    fn first_readers(&self, externals: &[NodeRef<T>]) -> RecycledVec<bool> {
+        let mut seen = self.seen.borrow_mut();
+        externals
+            .iter()
+            .map(|e| {
+                let first = !seen.iter().any(|s| NodeRef::ptr_eq(s, e));
+                if first {
+                    seen.push(e.clone());
+                }
+                first
+            })
+            .collect()
+    }
+
+    /// The gradient of `e` a later region left, if any.
+    fn take(&self, e: &NodeRef<T>) -> Option<Saved<T>> {
+        let mut left = self.left.borrow_mut();
+        let i = left.iter().position(|(n, _)| NodeRef::ptr_eq(n, e))?;
+        Some(left.swap_remove(i).1)
+    }
+
+    /// Leaves `g`, the gradient of `e` so far, to an earlier region.
+    fn leave(&self, e: &NodeRef<T>, g: Saved<T>) {
+        self.left.borrow_mut().push((e.clone(), g));
     }
 }
 
@@ -222,6 +283,11 @@ pub(crate) struct Region<T: DType> {
     /// The graph nodes from before the region that its steps read, after its input in the node's
     /// inputs.
     externals: RecycledVec<NodeRef<T>>,
+    /// Whether this is the earliest region of its forward to read each external value: the one
+    /// whose backward returns its gradient.
+    returns: RecycledVec<bool>,
+    /// The gradients of external values that later regions of the forward left to earlier ones.
+    shared: Rc<SharedExternals<T>>,
     /// The stored boundaries, by position.
     stored: ByLayer<T>,
     /// The shapes of the steps' inputs, for [`CheckpointError::ShapeDrift`].
@@ -480,6 +546,8 @@ impl<T: Element> Region<T> {
             }
         }
         if let Some(measuring) = measuring {
+            let shared = flow.externals.iter().flatten().map(Tensor::allocated_bytes);
+            measuring.borrow_mut().shared_gradient_bytes = shared.sum();
             Measuring::backward_ended(measuring, pool);
         }
         Ok(())
@@ -593,7 +661,7 @@ impl<T: Element> Region<T> {
     ) -> TensorResult<PerInput<Saved<T>>> {
         let mut flow = Flow {
             grad: Some(g),
-            externals: self.externals.iter().map(|_| None).collect(),
+            externals: self.externals.iter().map(|e| self.shared.take(e)).collect(),
             report: ReverseReport::default(),
         };
         let result = match &self.reverse {
@@ -640,6 +708,18 @@ impl<T: Element> Region<T> {
         let input = flow
             .grad
             .filter(|_| needs.first().copied().unwrap_or(false));
+        for ((e, &returns), g) in self
+            .externals
+            .iter()
+            .zip(&self.returns)
+            .zip(flow.externals.iter_mut())
+        {
+            if !returns {
+                if let Some(g) = g.take() {
+                    self.shared.leave(e, g);
+                }
+            }
+        }
         let externals = flow.externals.iter_mut().map(Option::take);
         Ok(std::iter::once(input).chain(externals).collect())
     }

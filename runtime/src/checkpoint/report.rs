@@ -36,6 +36,11 @@ pub enum PlanKind {
     Profiled,
     /// The optimal schedule for the costs measured for these steps.
     Planned,
+    /// Every step on a tape, only the input stored, reversed with the least memory a schedule
+    /// holds: the schedules of the dynamic program that fit the budget all record a step after a
+    /// region that reads a value from before the chain, which then holds two gradients of that
+    /// value at once, and none fits with them reserved.
+    Least,
     /// A step differed from those the plan was made for (its input's shape, or what its ops
     /// read): from this position on every step ran on a tape, and every region reversed with the
     /// least memory; the next forward measures the steps again.
@@ -70,6 +75,7 @@ impl<T: Element> Checkpointer<T> {
             (None, _) => return None,
             (Some(_), Some(at)) => (PlanKind::Replanned { at }, None),
             (Some(Layout::Rotor(plan)), None) => (PlanKind::Planned, Some(plan.top.secs)),
+            (Some(Layout::Least), None) => (PlanKind::Least, None),
             (Some(_), None) => (PlanKind::Profiled, None),
         };
         let layout = self.memory.layout.as_ref()?;
@@ -100,6 +106,7 @@ impl fmt::Display for PlanReport {
         let kind = match self.kind {
             PlanKind::Profiled => "profiled (no costs known: least memory, every step measured)",
             PlanKind::Planned => "planned",
+            PlanKind::Least => "least memory (no planned schedule fits)",
             PlanKind::Replanned { .. } => "replanned (a step differed from the plan's)",
         };
         writeln!(f, "Policy::Memory({} B), {kind}", self.budget)?;
