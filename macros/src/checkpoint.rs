@@ -376,7 +376,9 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
         Some(ident) => quote!(::core::option::Option::Some(&mut *#ident)),
         None => quote!(::core::option::Option::None),
     };
-    let segment = Ident::new("segment_scope", Span::mixed_site());
+    // Named for what a borrow error says of it: a step's values live in the scope of their
+    // segment, which a step's closure cannot let out (`history.push(x)` names this).
+    let segment = Ident::new("scope_of_each_checkpointed_segment", Span::mixed_site());
     let run = |act: &Ident, layers: TokenStream, step: TokenStream, span: Span| {
         quote_spanned! {span=>
             #private::checkpoint_or_panic(#private::checkpoint_layers(

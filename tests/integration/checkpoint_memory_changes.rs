@@ -300,3 +300,47 @@ fn values_from_before_the_chain_read_by_several_steps_keep_the_budget() {
         }
     }
 }
+
+#[test]
+fn every_budget_an_explicit_schedule_fits_is_planned_within_it_and_no_slower() {
+    let pool = Pool::with_max_memory_mb(256);
+    let chain = Chain::new(&pool, 6, 64);
+    let (plain, _) = chain.step(&pool, 64, None).unwrap();
+    // The measured bytes, with every step's times made equal: the fastest schedule is the one
+    // that runs the fewest steps again, which the counts show without a clock.
+    let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(usize::MAX)));
+    chain.step(&pool, 64, Some(&mut probe)).unwrap();
+    chain.step(&pool, 64, Some(&mut probe)).unwrap();
+    let mut costs = probe.costs().unwrap();
+    for step in &mut costs.steps {
+        (step.forward_secs, step.backward_secs) = (1.0, 2.0);
+    }
+    let again = |ckpt: &Checkpointer| {
+        ckpt.last_backward()
+            .map_or(0, |r| r.recomputed_steps + r.replayed_steps)
+    };
+    for mask in 0..32u32 {
+        let stored: Vec<usize> = (1..6).filter(|p| mask & (1 << (p - 1)) != 0).collect();
+        let mut explicit =
+            Checkpointer::new(CheckpointConfig::new(Policy::Explicit(stored.clone())));
+        chain.step(&pool, 64, Some(&mut explicit)).unwrap();
+        let (_, explicit_peak) = chain.step(&pool, 64, Some(&mut explicit)).unwrap();
+        let explicit_again = again(&explicit);
+        let mut memory = Checkpointer::new(CheckpointConfig::new(Policy::Memory(explicit_peak)));
+        memory.set_costs(costs.clone());
+        let (grads, peak) = chain
+            .step(&pool, 64, Some(&mut memory))
+            .unwrap_or_else(|e| panic!("Explicit({stored:?}) runs in {explicit_peak} B: {e}"));
+        assert!(grads == plain);
+        assert!(
+            peak <= explicit_peak,
+            "Explicit({stored:?}): {peak} > {explicit_peak}"
+        );
+        assert!(
+            again(&memory) <= explicit_again,
+            "Explicit({stored:?}) at {explicit_peak} B: {} steps again, against {explicit_again}\n{}",
+            again(&memory),
+            memory.plan_report().unwrap()
+        );
+    }
+}

@@ -202,12 +202,18 @@ pub enum Error {
     /// another shape, a checkpoint missing).
     #[error(transparent)]
     Checkpoint(Box<CheckpointError>),
-    /// A backward from a tensor computed inside a layer step of a checkpointed region: the step's
-    /// graph exists only when the region replays it.
+    /// A backward whose graph reaches a tensor computed inside a layer step of a checkpointed
+    /// region: the step's graph exists only when the region replays it. Either the backward was
+    /// called on such a tensor, or the code after the region (the loss, or a step that records its
+    /// graph) read a value of a taped step other than the region's output: a skip connection
+    /// from inside the region.
     #[error(
-        "backward: the tensor was computed inside a layer step of a #[checkpoint] region, whose graph \
-         is built only when the region's backward replays it; call backward on the region's output, \
-         or on a loss computed from it"
+        "backward: the graph reaches a tensor computed inside a layer step of a #[checkpoint] \
+         region, whose graph is built only when the region's backward replays it. If backward was \
+         called on such a tensor, call it on the region's output or on a loss computed from it; if \
+         the loss or a later step read a value of a step other than through the activation (a skip \
+         connection from inside the region), compute that value before the checkpointed loop, or \
+         pass it through the activation"
     )]
     BackwardInsideCheckpoint,
     /// One parameter's gradient would sum contributions computed from two different copies of its
