@@ -110,13 +110,14 @@ impl<'c, T: Element> Driver<'c, T> {
         }
     }
 
-    /// The key of `Policy::Memory`'s plan at `pos`, unless the forward has gone stale.
-    fn key(&mut self, pos: usize) -> Option<StepKey> {
+    /// `differs(key)` of the key of `Policy::Memory`'s plan at `pos`: `None` if the forward is not
+    /// checked against one (another policy, a profiling step, stated costs) or has gone stale.
+    fn check_key(&mut self, pos: usize, differs: impl FnOnce(&StepKey) -> bool) -> Option<bool> {
         if self.stale.is_some() {
             return None;
         }
         let ckpt = self.slot.get()?;
-        Some(ckpt.memory.checking.as_ref()?.get(pos)?.clone())
+        Some(differs(ckpt.memory.checking.as_ref()?.get(pos)?))
     }
 
     /// The step at `pos` is not the one the plan was made for: the plan's costs are forgotten (the
@@ -139,10 +140,7 @@ impl<'c, T: Element> Driver<'c, T> {
     /// previous region's output, with the region's node.
     fn enter<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         self.pos = pos;
-        if self
-            .key(pos)
-            .is_some_and(|key| key.input.slice() != x.shape())
-        {
+        if self.check_key(pos, |key| key.input.slice() != x.shape()) == Some(true) {
             self.go_stale(pos);
         }
         let taped = self.taped(pos);
@@ -160,7 +158,7 @@ impl<'c, T: Element> Driver<'c, T> {
         if let Some(mut measuring) = self.measuring() {
             measuring.enter(x.rents_in.pool(), x.shape(), x.data_bytes());
         }
-        if self.stale.is_none() && self.key(pos).is_some() {
+        if self.check_key(pos, |_| false).is_some() {
             self.entered = x.rents_in.pool().probe_start();
         }
         Ok(match &mut self.recording {
@@ -189,14 +187,15 @@ impl<'c, T: Element> Driver<'c, T> {
         if let Some(mut measuring) = self.measuring() {
             measuring.leave(y.rents_in.pool(), reads);
         }
-        let pos = self.pos;
-        if let Some(key) = self.key(pos) {
-            let (level, peak) = y.rents_in.pool().probe();
-            let (held, peak) = (level.wrapping_sub(self.entered), peak - self.entered);
+        let (pool, entered) = (y.rents_in.pool(), self.entered);
+        let differs = self.check_key(self.pos, |key| {
+            let (level, peak) = pool.probe();
+            let (held, peak) = (level.wrapping_sub(entered), peak.saturating_sub(entered));
             let read_other = matches!((key.reads, reads), (Some(was), Some(now)) if was != now);
-            if read_other || key.exceeded(reads.is_some(), held, peak) {
-                self.go_stale(pos + 1);
-            }
+            read_other || key.exceeded(reads.is_some(), held, peak)
+        });
+        if differs == Some(true) {
+            self.go_stale(self.pos + 1);
         }
         y
     }
