@@ -130,9 +130,11 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// record what it takes to run them again instead of a graph that keeps their activations, and the
 /// output's graph node replays them in the backward pass: segment by segment from the stored
 /// inputs (`every`, `sqrt`, explicit positions), by the binomial schedule of a byte budget, or by
-/// the fastest schedule whose whole step fits `memory = "64 MiB"` (`Policy::Memory`: its second
-/// training step measures each layer's time and pool bytes, and the plan holds from the third on;
-/// without a checkpointer the measurements are kept for the function, on its thread).
+/// the fastest schedule whose step fits `memory = "64 MiB"` (`Policy::Memory`: a profiling step
+/// measures each layer's time and pool bytes holding the least memory a schedule can, the first
+/// training step and each new input shape; every step stays within the budget, and a step that
+/// differs from the plan's, another weight shape, is measured again; without a checkpointer the
+/// measurements are kept for the function, on its thread).
 /// The last segment keeps its graph (its backward comes first). At full precision the loss and
 /// every gradient are bit-identical to the same forward without the attribute, but for a parameter
 /// or a value from before the region that several steps read (an RNN's weight, a UNet's time
