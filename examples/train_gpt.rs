@@ -246,6 +246,12 @@ fn main() {
                 .unwrap_or_else(|e| fail(&e.to_string()));
             grads.zero().unwrap_or_else(|e| fail(&e.to_string()));
             let peak = pool.stats().peak_bytes_in_use - base;
+            // The plan of the first step that follows one (the first ones measure).
+            if let Some(report) = ckpt.as_ref().and_then(Checkpointer::plan_report) {
+                if step == first + 2 {
+                    print!("{report}");
+                }
+            }
             recent.push(loss);
             if (step + 1) % every == 0 || step + 1 == a.steps {
                 let mean = recent.iter().sum::<f32>() / recent.len() as f32;
