@@ -54,6 +54,7 @@ mod scope;
 mod storage;
 mod tensor;
 mod threads;
+mod trace;
 
 pub use autograd::Gradients;
 pub use checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};
@@ -70,6 +71,7 @@ pub use pool::{
 pub use scope::{current_pool, scope, Scope, ScopeStats};
 pub use tensor::Tensor;
 pub use threads::{set_threads, threads};
+pub use trace::{ScopeName, Segment, Trace, TraceEvent, TraceEventKind};
 
 #[doc(no_inline)]
 pub use half::{bf16, f16};

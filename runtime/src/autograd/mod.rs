@@ -514,6 +514,7 @@ impl<'s, T: Element> Tensor<'s, T> {
         grads: &mut Gradients<'_, T>,
     ) -> Result<()> {
         let node = self.node.as_ref().ok_or(Error::NoGraph)?;
+        let _pass = crate::trace::backward();
         backward(node, seed, at, grads)
     }
 }

@@ -97,6 +97,9 @@ impl<'c, T: Element> Driver<'c, T> {
         if taped && self.recording.is_none() {
             self.recording = Some((Recording::start(&mut x), pos));
         }
+        // A trace tags what the step rents with where its segment starts, its own position and
+        // whether it runs on a tape.
+        crate::trace::set_segment(|| Some((self.segment_start(pos), pos, taped)));
         if let Some(ckpt) = self.slot.get() {
             x = ckpt.record(pos, x)?;
         }
@@ -107,6 +110,18 @@ impl<'c, T: Element> Driver<'c, T> {
             Some((recording, _)) if taped => recording.open(x),
             _ => x,
         })
+    }
+
+    /// Where the segment of the step at `pos` starts: its region's first step if it runs on a
+    /// tape, else the plan's last segment start at or before it.
+    fn segment_start(&self, pos: usize) -> usize {
+        match &self.recording {
+            Some((_, start)) => *start,
+            None => {
+                let starts = &self.plan[..self.plan.partition_point(|&p| p <= pos)];
+                starts.last().copied().unwrap_or(0)
+            }
+        }
     }
 
     /// The measurements of this forward, if it is the profiling step of `Policy::Memory`.
@@ -149,6 +164,7 @@ impl<'c, T: Element> Driver<'c, T> {
 
     /// The forward's output: `x`, with the node of the region that ends it, if one does.
     fn finish<'s>(mut self, n: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+        crate::trace::set_segment(|| None);
         let x = self.close_region(n, x)?;
         if let Some(mut measuring) = self.measuring() {
             measuring.forward_ended(x.rents_in.pool(), x.data_bytes());
