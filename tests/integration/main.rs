@@ -49,4 +49,5 @@ mod reliability;
 mod safetensors;
 mod scopes;
 mod tied_parameters;
+mod trace;
 mod training;
