@@ -4,7 +4,7 @@
 //! it holds: the events, the bytes rented per scope and per op.
 //!
 //! `cargo run --release --example memory_trace [-- PATH]` (default `target/memory.trace.json`);
-//! open the file in <https://ui.perfetto.dev> (Open trace file) or `chrome://tracing`. Each step is
+//! `-- --off` runs the same steps without a trace, for counting what tracing costs. Open the file in <https://ui.perfetto.dev> (Open trace file) or `chrome://tracing`. Each step is
 //! a slice named `training step`, each block's `#[dispose_scope]` forward a slice inside it named by
 //! its path, and each rent, return and eviction an instant on the thread's track whose arguments
 //! say its bytes, size class, scope, checkpoint segment, layer and op; the pool's bytes in use and
@@ -28,10 +28,11 @@ const STEPS: usize = 3;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let path = match args.as_slice() {
-        [] => PathBuf::from("target/memory.trace.json"),
-        [path] => PathBuf::from(path),
+        [] => Some(PathBuf::from("target/memory.trace.json")),
+        [off] if off == "--off" => None,
+        [path] => Some(PathBuf::from(path)),
         _ => {
-            eprintln!("usage: memory_trace [PATH]");
+            eprintln!("usage: memory_trace [PATH | --off]");
             std::process::exit(2)
         }
     };
@@ -40,7 +41,9 @@ fn main() {
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Sqrt));
     let mut adam = Adam::new(1e-3);
 
-    pool.start_trace();
+    if path.is_some() {
+        pool.start_trace();
+    }
     for step in 0..STEPS {
         let loss = pool.scope_named("training step", |s| {
             let x = s.randn::<f32>(&[BATCH, WIDTH], 7);
@@ -57,6 +60,7 @@ fn main() {
         });
         println!("step {step}: loss {loss:.5}");
     }
+    let Some(path) = path else { return };
     let trace = pool.finish_trace();
 
     let mut by_scope: BTreeMap<String, (usize, usize)> = BTreeMap::new();
