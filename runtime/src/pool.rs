@@ -173,6 +173,13 @@ impl PoolStats {
 /// it); [`threads`](crate::threads) says how many there are now. Several threads can run scopes
 /// on one pool at once (a server's requests); their ops then share those threads.
 ///
+/// # Traces
+///
+/// [`Pool::start_trace`] and [`Pool::finish_trace`] record a [`Trace`] of the pool's memory: every
+/// rent, return and eviction with the bytes in use after it, tagged with its thread, scope,
+/// checkpoint segment and op, written as Chrome trace JSON for Perfetto or `chrome://tracing`
+/// ([`Trace::save`]). Off (the default) it costs a flag check per scope, op and checkpointed layer.
+///
 /// # Poison
 ///
 /// A pool made with [`PoolConfig::poisoned`] (or switched with [`Pool::set_poison`]) fills every
