@@ -294,3 +294,65 @@ fn a_pool_not_tracing_records_nothing_and_a_failed_save_names_the_file() {
         2 + 1 + 4 + 2
     );
 }
+
+#[dispose_scope]
+fn ones_in<'a>(s: &Scope<'a, '_>) -> Tensor<'a> {
+    s.ones::<f32>(&[4])
+}
+
+#[dispose_scope]
+fn a_sum() -> f32 {
+    tensorscope::scope(|s| s.ones::<f32>(&[4]).sum_all().item())
+}
+
+struct Doubler;
+
+impl Doubler {
+    #[dispose_scope]
+    fn double<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
+        x * 2.0
+    }
+}
+
+#[test]
+fn every_form_of_dispose_scope_names_its_scope_by_its_path() {
+    let pool = Pool::with_max_memory_mb(16);
+    pool.start_trace();
+    pool.scope(|s| {
+        let x = ones_in(s);
+        let y = Doubler.double(&x);
+        assert_eq!(y.to_vec(), vec![2.0; 4]);
+        // No scope or tensor parameter: an outermost scope on the pool of the innermost one open.
+        assert_eq!(a_sum(), 4.0);
+    });
+    let trace = pool.finish_trace();
+    assert_scopes_nest(&trace);
+    let opened: Vec<String> = trace
+        .events()
+        .iter()
+        .filter(|e| e.kind == TraceEventKind::ScopeOpen)
+        .map(|e| e.scope.unwrap().to_string())
+        .collect();
+    let here = format!("scope at {}:", file!());
+    assert!(opened[0].starts_with(&here), "{opened:?}");
+    // A method is named by its module and its name: an attribute on it does not see the type.
+    assert_eq!(
+        opened[1..4],
+        [
+            "integration::trace::ones_in",
+            "integration::trace::double",
+            "integration::trace::a_sum"
+        ]
+    );
+    // The global pool's scope inside `a_sum` is not this pool's: not in its trace.
+    assert_eq!(opened.len(), 4);
+    let doubled = trace
+        .events()
+        .iter()
+        .find(|e| is_rent(e) && e.op == Some("scalar"))
+        .expect("the rent of `x * 2.0`, an op on a scalar");
+    assert_eq!(
+        doubled.scope,
+        Some(ScopeName::Named("integration::trace::double"))
+    );
+}
