@@ -183,7 +183,8 @@ impl TraceEvent {
 ///
 /// Off, the pool checks for a trace under the lock it takes anyway, and scopes, ops and the
 /// checkpointed layer loop check one flag: no allocation and no clock read. On, every event reads
-/// the clock and is pushed to a list under the pool's lock.
+/// the clock and is pushed to a list under the pool's lock, where it stays (128 bytes an event)
+/// until [`Pool::finish_trace`](crate::Pool::finish_trace): trace a few steps, not a whole run.
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
     /// The bytes in use and cached when the trace started.
