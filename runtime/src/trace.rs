@@ -516,3 +516,61 @@ pub(crate) fn enter_scope(name: ScopeName) -> Restore {
 pub(crate) fn thread_name() -> Option<String> {
     std::thread::current().name().map(str::to_owned)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Pool;
+
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn an_event_takes_the_bytes_the_docs_say() {
+        assert_eq!(std::mem::size_of::<TraceEvent>(), 128);
+    }
+
+    #[test]
+    fn names_are_escaped_and_scopes_nest_in_the_json() {
+        let pool = Pool::with_max_memory_mb(1);
+        pool.start_trace();
+        pool.scope_named("a \"quoted\" \\ name\n", |s| {
+            s.scope_named("inner", |i| drop(i.zeros::<f32>(&[3])));
+        });
+        let trace = pool.finish_trace();
+        let mut json = Vec::new();
+        trace.write_chrome_json(&mut json).unwrap();
+        let parsed: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        let phases: Vec<(String, String)> = parsed["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["ph"] != "M" && v["ph"] != "C")
+            .map(|v| {
+                let name = v["name"].as_str().unwrap().to_owned();
+                (v["ph"].as_str().unwrap().to_owned(), name)
+            })
+            .collect();
+        let outer = "a \"quoted\" \\ name\n".to_owned();
+        let expected = [
+            ("B", outer.as_str()),
+            ("B", "inner"),
+            ("i", "rent (miss)"),
+            ("i", "return"),
+            ("E", "inner"),
+            ("E", outer.as_str()),
+        ];
+        let expected: Vec<(String, String)> = expected
+            .iter()
+            .map(|(p, n)| (p.to_string(), n.to_string()))
+            .collect();
+        assert_eq!(phases, expected);
+        let rent = &parsed["traceEvents"].as_array().unwrap()[5];
+        assert_eq!(rent["args"]["bytes"], 12);
+        assert_eq!(rent["args"]["class"], 64);
+        assert_eq!(rent["args"]["scope"], "inner");
+        assert_eq!(rent["args"]["op"], "none");
+        assert!(
+            rent["args"].get("segment").is_none(),
+            "outside a checkpointed loop"
+        );
+    }
+}
