@@ -640,6 +640,13 @@ impl Pool {
             s.misses += 1;
             s.allocated_bytes += class_bytes as u64;
             state.hand_out(bytes, class_bytes);
+            // Recorded with the reservation, so that the figures of every later event (of any
+            // thread) follow from the events before it.
+            state.note(TraceEventKind::Rent {
+                requested: bytes,
+                class_bytes,
+                hit: false,
+            });
         }
         drop(evicted);
         let allocated = bytemuck::allocation::try_zeroed_slice_box::<Block>(class_blocks);
@@ -648,11 +655,6 @@ impl Pool {
             Ok(blocks) => {
                 // Only a buffer that exists counts towards the peak.
                 state.note_peak();
-                state.note(TraceEventKind::Rent {
-                    requested: bytes,
-                    class_bytes,
-                    hit: false,
-                });
                 Ok((blocks, true))
             }
             Err(()) => {
@@ -663,10 +665,7 @@ impl Pool {
                 s.rented_bytes -= class_bytes as u64;
                 s.allocated_bytes -= class_bytes as u64;
                 s.failed_rents += 1;
-                state.note(TraceEventKind::FailedRent {
-                    requested: bytes,
-                    class_bytes,
-                });
+                state.note(TraceEventKind::AllocationFailed { class_bytes });
                 Err(Error::AllocationFailed { bytes: class_bytes })
             }
         }

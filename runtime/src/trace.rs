@@ -59,7 +59,10 @@ pub struct Segment {
 #[non_exhaustive]
 pub enum TraceEventKind {
     /// A buffer was handed out: `requested` bytes asked for, `class_bytes` (its size class) taken
-    /// from the budget; `hit` if an idle buffer served it, else a fresh allocation.
+    /// from the budget; `hit` if an idle buffer served it, else a fresh allocation (recorded when
+    /// its bytes are reserved, before the allocation, which can still fail:
+    /// [`TraceEventKind::AllocationFailed`]). Replaying the kinds in order from the figures at
+    /// the start gives every event's figures, whatever the threads.
     Rent {
         /// Bytes asked for.
         requested: usize,
@@ -68,10 +71,16 @@ pub enum TraceEventKind {
         /// Served from the cache (else a fresh allocation).
         hit: bool,
     },
-    /// A rent failed: the budget would be passed, or the system allocator refused.
+    /// A rent was refused: the buffers in use and the new one would pass the budget.
     FailedRent {
         /// Bytes asked for.
         requested: usize,
+        /// Bytes of the size class.
+        class_bytes: usize,
+    },
+    /// The system allocator refused the fresh buffer of the `Rent` (a miss) recorded before it on
+    /// the same thread: its bytes are no longer in use, and the rent failed.
+    AllocationFailed {
         /// Bytes of the size class.
         class_bytes: usize,
     },
@@ -246,6 +255,7 @@ impl Trace {
                 TraceEventKind::Rent { hit: true, .. } => "rent (hit)",
                 TraceEventKind::Rent { hit: false, .. } => "rent (miss)",
                 TraceEventKind::FailedRent { .. } => "failed rent",
+                TraceEventKind::AllocationFailed { .. } => "allocation failed",
                 TraceEventKind::Return { freed: false, .. } => "return",
                 TraceEventKind::Return { freed: true, .. } => "free",
                 TraceEventKind::Evict { .. } => "evict",
@@ -289,7 +299,8 @@ impl Trace {
                     class_bytes,
                 } => write!(w, "\"bytes\":{requested},\"class\":{class_bytes},")?,
                 TraceEventKind::Return { class_bytes, .. }
-                | TraceEventKind::Evict { class_bytes } => {
+                | TraceEventKind::Evict { class_bytes }
+                | TraceEventKind::AllocationFailed { class_bytes } => {
                     write!(w, "\"bytes\":{class_bytes},\"class\":{class_bytes},")?
                 }
                 TraceEventKind::Clear { bytes } => write!(w, "\"bytes\":{bytes},")?,
