@@ -517,6 +517,11 @@ fn check_trace(trace: &Trace, stats: &PoolStats) {
                 }
             }
             TraceEventKind::FailedRent { .. } => counted.failed_rents += 1,
+            TraceEventKind::AllocationFailed { class_bytes } => {
+                in_use -= class_bytes;
+                counted.misses -= 1;
+                counted.failed_rents += 1;
+            }
             TraceEventKind::Return { class_bytes, freed } => {
                 in_use -= class_bytes;
                 if !freed {
@@ -715,6 +720,9 @@ fn threads_share_one_pool() {
     const CYCLES: usize = 3000;
     const MAX_HELD: usize = 3;
     let pool = Pool::new(PoolConfig::with_max_bytes(48 * 1024));
+    // Traced: events are recorded under the lock that changes the figures, so the trace replays
+    // exactly whatever the threads' interleaving.
+    pool.start_trace();
 
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {
@@ -781,4 +789,9 @@ fn threads_share_one_pool() {
     assert!(s.bytes_cached <= pool.max_bytes());
     assert!(s.peak_bytes_in_use <= pool.max_bytes());
     assert!(s.hits > 0 && s.misses > 0, "{s:?}");
+    let trace = pool.finish_trace();
+    check_trace(&trace, &s);
+    let threads: std::collections::BTreeSet<u64> =
+        trace.events().iter().map(|e| e.thread).collect();
+    assert_eq!(threads.len(), THREADS);
 }
