@@ -6,8 +6,9 @@
 //! `cargo run --release --example diffusion_denoise [-- --timeline DIR]`
 //!
 //! With `--timeline DIR` it also writes the pooled run's memory timeline (bytes in use and cached
-//! after every rent and return) to `DIR/memory.svg` (a plot) and `DIR/memory.trace.json` (a Chrome
-//! trace: open it in Perfetto or `chrome://tracing`).
+//! after every rent and return) to `DIR/memory.svg` (a plot) and the pool's trace to
+//! `DIR/memory.trace.json` (a Chrome trace of every rent and return with its scope and op, and the
+//! scopes as slices: open it in Perfetto or `chrome://tracing`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -133,26 +134,6 @@ fn write_svg(points: &[TimelinePoint], path: &Path) -> std::io::Result<()> {
     std::fs::write(path, svg)
 }
 
-/// Writes `points` as Chrome trace counter events.
-fn write_trace(points: &[TimelinePoint], path: &Path) -> std::io::Result<()> {
-    let events: Vec<String> = points
-        .iter()
-        .map(|p| {
-            format!(
-                "{{\"name\":\"pool\",\"ph\":\"C\",\"ts\":{},\"pid\":1,\"tid\":1,\
-                 \"args\":{{\"in use MiB\":{:.4},\"cached MiB\":{:.4}}}}}",
-                p.micros,
-                p.bytes_in_use as f64 / MIB,
-                p.bytes_cached as f64 / MIB
-            )
-        })
-        .collect();
-    std::fs::write(
-        path,
-        format!("{{\"traceEvents\":[\n{}\n]}}\n", events.join(",\n")),
-    )
-}
-
 fn timeline_dir() -> Option<PathBuf> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
@@ -175,10 +156,11 @@ fn main() {
          [1, {CHANNELS}, {SIZE}, {SIZE}] ({activation} B)\n"
     );
     if timeline.is_some() {
-        pool.start_timeline();
+        pool.start_trace();
     }
     let pooled = denoise(&pool, &model);
-    let points = pool.take_timeline();
+    let trace = pool.finish_trace();
+    let points = trace.timeline();
     pool.set_caching(false);
     let fresh = denoise(&pool, &model);
     pool.set_caching(true);
@@ -214,20 +196,21 @@ fn main() {
             eprintln!("cannot create {}: {e}", dir.display());
             std::process::exit(1);
         }
-        let (svg, trace) = (dir.join("memory.svg"), dir.join("memory.trace.json"));
+        let (svg, trace_path) = (dir.join("memory.svg"), dir.join("memory.trace.json"));
         if let Err(e) = write_svg(&points, &svg) {
             eprintln!("cannot write {}: {e}", svg.display());
             std::process::exit(1);
         }
-        if let Err(e) = write_trace(&points, &trace) {
-            eprintln!("cannot write {}: {e}", trace.display());
+        if let Err(e) = trace.save(&trace_path) {
+            eprintln!("{e}");
             std::process::exit(1);
         }
         println!(
-            "\n{} timeline points written to {} and {}",
+            "\n{} timeline points written to {}, {} trace events to {}",
             points.len(),
             svg.display(),
-            trace.display()
+            trace.events().len(),
+            trace_path.display()
         );
     }
 }

@@ -13,8 +13,9 @@ pub use tensorscope_runtime::{
     autograd, checkpoint, current_pool, manual_seed, nn, ops, scope, set_threads, threads,
     CheckpointConfig, CheckpointError, Checkpointer, DType, Element, Error, Escape, EscapeTarget,
     Generator, Gradients, Operand, Param, ParamPath, Parameters, Policy, Pool, PoolBuffer,
-    PoolConfig, PoolStats, Precision, Result, Scope, ScopeStats, Shape, Tensor, TensorOps,
-    TimelinePoint, ALIGN, DEFAULT_MAX_MEMORY_MB, POISON_BYTE,
+    PoolConfig, PoolStats, Precision, Result, Scope, ScopeName, ScopeStats, Segment, Shape, Tensor,
+    TensorOps, TimelinePoint, Trace, TraceEvent, TraceEventKind, ALIGN, DEFAULT_MAX_MEMORY_MB,
+    POISON_BYTE,
 };
 #[doc(no_inline)]
 pub use tensorscope_runtime::{bf16, f16, ndarray};

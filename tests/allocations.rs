@@ -189,6 +189,24 @@ fn steady_state_mlp_training_steps_allocate_nothing() {
     );
 }
 
+/// A pool records a trace only once [`Pool::start_trace`] is called; until then every step above
+/// runs with tracing off. While another pool traces, scopes, ops and the checkpointed loop tag
+/// this thread (a few cells, no heap): the checkpointed steps of a pool that is not tracing still
+/// allocate nothing, and none of their events reaches the other pool's trace.
+#[test]
+fn steady_state_steps_allocate_nothing_while_another_pool_traces() {
+    let traced = Pool::with_max_memory_mb(1);
+    traced.start_trace();
+    let pool = Pool::with_max_memory_mb(256);
+    let config = Some(CheckpointConfig::new(Policy::Sqrt));
+    let n = per_step(|steps, boundary| training_loops::mlp(&pool, 4, config, steps, boundary));
+    assert_eq!(
+        n, 0,
+        "heap allocations over {STEADY_STEPS} steady-state steps under Sqrt"
+    );
+    assert!(traced.finish_trace().events().is_empty());
+}
+
 /// The optimizers with parameter groups, a learning rate set from a schedule at every step, and
 /// gradients clipped by norm and by value: the same steps as the plain loop, nothing on the heap.
 #[test]

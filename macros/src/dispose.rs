@@ -432,9 +432,12 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
         }
         _ => run_body,
     };
+    // The scope's name in a trace: the function's path, a `&'static str` made at compile time.
+    let fn_name = syn::ext::IdentExt::unraw(&func.sig.ident).to_string();
+    let name = quote!(::core::concat!(::core::module_path!(), "::", #fn_name));
     let new_body = quote_spanned! {body.span()=>
         {
-            #open(#budget, |#scope| #outer_ret {
+            #open(#name, #budget, |#scope| #outer_ret {
                 #(#rebinds)*
                 #result
             })

@@ -14,7 +14,10 @@ use std::mem;
 use std::thread;
 
 use proptest::prelude::*;
-use tensorscope::{bf16, f16, Element, Error, Pool, PoolBuffer, PoolConfig, PoolStats, ALIGN};
+use tensorscope::{
+    bf16, f16, Element, Error, Pool, PoolBuffer, PoolConfig, PoolStats, Trace, TraceEventKind,
+    ALIGN,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Element types and tagging
@@ -494,10 +497,77 @@ fn check(pool: &Pool, model: &Model, slots: &[Slot]) {
     }
 }
 
-/// Applies `ops` to a fresh pool and to the model, checking after every step; returns the stats as
-/// they were after the last op (before the final returns).
-fn run_ops(max_bytes: usize, ops: &[Op]) -> PoolStats {
+/// Checks `trace`, of a pool that started empty and ended with `stats`, against itself and the
+/// counters: replaying its events' kinds from zero gives the bytes in use and cached that each
+/// event records, and it holds as many rents, returns, evictions and failures as the pool counted.
+fn check_trace(trace: &Trace, stats: &PoolStats) {
+    let (mut in_use, mut cached) = (0usize, 0usize);
+    let mut counted = PoolStats::default();
+    for e in trace.events() {
+        match e.kind {
+            TraceEventKind::Rent {
+                class_bytes, hit, ..
+            } => {
+                in_use += class_bytes;
+                if hit {
+                    cached -= class_bytes;
+                    counted.hits += 1;
+                } else {
+                    counted.misses += 1;
+                }
+            }
+            TraceEventKind::FailedRent { .. } => counted.failed_rents += 1,
+            TraceEventKind::AllocationFailed { class_bytes } => {
+                in_use -= class_bytes;
+                counted.misses -= 1;
+                counted.failed_rents += 1;
+            }
+            TraceEventKind::Return { class_bytes, freed } => {
+                in_use -= class_bytes;
+                if !freed {
+                    cached += class_bytes;
+                }
+                counted.returns += 1;
+            }
+            TraceEventKind::Evict { class_bytes } => {
+                cached -= class_bytes;
+                counted.evictions += 1;
+            }
+            TraceEventKind::Clear { bytes } => {
+                assert_eq!(bytes, cached, "a clear frees every idle byte");
+                cached = 0;
+            }
+            other => panic!("no scope is opened here: {other:?}"),
+        }
+        assert_eq!((in_use, cached), (e.bytes_in_use, e.bytes_cached), "{e:?}");
+        assert!(e.scope.is_none() && e.op.is_none() && e.segment.is_none());
+    }
+    assert_eq!(
+        (
+            counted.hits,
+            counted.misses,
+            counted.returns,
+            counted.evictions,
+            counted.failed_rents
+        ),
+        (
+            stats.hits,
+            stats.misses,
+            stats.returns,
+            stats.evictions,
+            stats.failed_rents
+        )
+    );
+}
+
+/// Applies `ops` to a fresh pool and to the model, checking after every step (and, if `traced`,
+/// the pool's trace of them all at the end); returns the stats as they were after the last op
+/// (before the final returns).
+fn run_ops(max_bytes: usize, ops: &[Op], traced: bool) -> PoolStats {
     let pool = Pool::new(PoolConfig::with_max_bytes(max_bytes));
+    if traced {
+        pool.start_trace();
+    }
     let mut model = Model::new(max_bytes);
     let mut slots: Vec<Slot> = Vec::new();
     check(&pool, &model, &slots);
@@ -523,6 +593,9 @@ fn run_ops(max_bytes: usize, ops: &[Op]) -> PoolStats {
         check(&pool, &model, &slots);
     }
     assert_eq!(pool.stats().bytes_in_use, 0);
+    if traced {
+        check_trace(&pool.finish_trace(), &pool.stats());
+    }
     last
 }
 
@@ -533,8 +606,9 @@ proptest! {
     fn pool_matches_model(
         max_bytes in max_bytes_strategy(),
         ops in prop::collection::vec(op_strategy(), 1..=200),
+        traced in any::<bool>(),
     ) {
-        run_ops(max_bytes, &ops);
+        run_ops(max_bytes, &ops, traced);
     }
 }
 
@@ -578,7 +652,7 @@ fn eviction_order_on_a_fixed_sequence() {
         Op::Drop(1), // the 64-byte buffer
         small(16),   // hit: the buffer just returned
     ];
-    let s = run_ops(2048, &ops);
+    let s = run_ops(2048, &ops, true);
     assert_eq!(
         (s.hits, s.misses, s.evictions, s.failed_rents),
         (1, 5, 3, 1)
@@ -600,7 +674,7 @@ fn strategies_exercise_hits_evictions_and_failures() {
                 prop::collection::vec(op_strategy(), 1..=200),
             ),
             |(max_bytes, ops)| {
-                let s = run_ops(max_bytes, &ops);
+                let s = run_ops(max_bytes, &ops, false);
                 let mut t = total.get();
                 t.hits += s.hits;
                 t.misses += s.misses;
@@ -646,6 +720,9 @@ fn threads_share_one_pool() {
     const CYCLES: usize = 3000;
     const MAX_HELD: usize = 3;
     let pool = Pool::new(PoolConfig::with_max_bytes(48 * 1024));
+    // Traced: events are recorded under the lock that changes the figures, so the trace replays
+    // exactly whatever the threads' interleaving.
+    pool.start_trace();
 
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {
@@ -712,4 +789,9 @@ fn threads_share_one_pool() {
     assert!(s.bytes_cached <= pool.max_bytes());
     assert!(s.peak_bytes_in_use <= pool.max_bytes());
     assert!(s.hits > 0 && s.misses > 0, "{s:?}");
+    let trace = pool.finish_trace();
+    check_trace(&trace, &s);
+    let threads: std::collections::BTreeSet<u64> =
+        trace.events().iter().map(|e| e.thread).collect();
+    assert_eq!(threads.len(), THREADS);
 }

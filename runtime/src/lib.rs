@@ -6,6 +6,8 @@
 //!   keeping one past the scope is a compile error unless it is [escaped](Scope::escape).
 //! - [`Tensor`]: an n-d array on a pooled buffer; dropping its last handle returns the buffer at once.
 //! - [`Param`]: a value kept outside every scope (weights), `Send + Sync`, with no ops of its own.
+//! - [`Trace`]: a pool's memory over time (rents, returns, evictions, bytes in use), per scope,
+//!   checkpoint segment and op, as Chrome trace JSON for Perfetto ([`Pool::start_trace`]).
 //! - [`ops`]: arithmetic with broadcasting, matmul, activations, softmax, layer norm, reductions.
 //! - Threads: an op on a large tensor splits its work over one thread per core, its caller's
 //!   included. `TENSORSCOPE_THREADS=n` in the environment, or [`set_threads`] in code, sets how
@@ -54,6 +56,7 @@ mod scope;
 mod storage;
 mod tensor;
 mod threads;
+mod trace;
 
 pub use autograd::Gradients;
 pub use checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};
@@ -70,6 +73,7 @@ pub use pool::{
 pub use scope::{current_pool, scope, Scope, ScopeStats};
 pub use tensor::Tensor;
 pub use threads::{set_threads, threads};
+pub use trace::{ScopeName, Segment, Trace, TraceEvent, TraceEventKind};
 
 #[doc(no_inline)]
 pub use half::{bf16, f16};

@@ -10,6 +10,7 @@ use std::{fmt, mem};
 
 use crate::element::DType;
 use crate::error::{panicking, Error, Result, Shape};
+use crate::trace::{self, Restore, ScopeName, Trace, TraceEventKind};
 
 /// Alignment of every pooled buffer, in bytes (one cache line; enough for any SIMD width in use).
 pub const ALIGN: usize = 64;
@@ -172,6 +173,13 @@ impl PoolStats {
 /// it); [`threads`](crate::threads) says how many there are now. Several threads can run scopes
 /// on one pool at once (a server's requests); their ops then share those threads.
 ///
+/// # Traces
+///
+/// [`Pool::start_trace`] and [`Pool::finish_trace`] record a [`Trace`] of the pool's memory: every
+/// rent, return and eviction with the bytes in use after it, tagged with its thread, scope,
+/// checkpoint segment and op, written as Chrome trace JSON for Perfetto or `chrome://tracing`
+/// ([`Trace::save`]). Off (the default) it costs a flag check per scope, op and checkpointed layer.
+///
 /// # Poison
 ///
 /// A pool made with [`PoolConfig::poisoned`] (or switched with [`Pool::set_poison`]) fills every
@@ -195,13 +203,24 @@ pub struct Pool {
 struct Shared {
     max_bytes: usize,
     poison: AtomicBool,
+    /// Whether a trace is being recorded: read without the lock when a scope opens.
+    tracing: AtomicBool,
     state: Mutex<State>,
 }
 
-/// One point of a pool's memory timeline (see [`Pool::start_timeline`]).
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if state.trace.is_some() {
+            trace::stopped();
+        }
+    }
+}
+
+/// One point of a pool's memory timeline (see [`Trace::timeline`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimelinePoint {
-    /// Microseconds since the timeline started.
+    /// Microseconds since the trace started.
     pub micros: u64,
     /// Bytes rented out at that moment.
     pub bytes_in_use: usize,
@@ -209,10 +228,21 @@ pub struct TimelinePoint {
     pub bytes_cached: usize,
 }
 
+/// A trace being recorded (see [`Pool::start_trace`]).
+struct Recording {
+    start: std::time::Instant,
+    /// Which trace of this pool it is, so that a scope opened during an earlier one does not
+    /// close in it.
+    generation: u64,
+    trace: Trace,
+}
+
 #[derive(Default)]
 struct State {
-    /// The memory timeline being recorded, if any: its start and its points.
-    timeline: Option<(std::time::Instant, Vec<TimelinePoint>)>,
+    /// The trace being recorded, if any.
+    trace: Option<Box<Recording>>,
+    /// The number of traces started on this pool.
+    traces: u64,
     /// Returned buffers are freed instead of kept (see [`Pool::set_caching`]).
     uncached: bool,
     /// Idle buffers per size class, oldest at the front.
@@ -327,14 +357,12 @@ pub(crate) fn class_bytes_of(bytes: usize) -> usize {
 }
 
 impl State {
-    /// Adds a timeline point for the figures as they are now, if a timeline is being recorded.
-    fn record(&mut self) {
-        if let Some((start, points)) = &mut self.timeline {
-            points.push(TimelinePoint {
-                micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
-                bytes_in_use: self.stats.bytes_in_use,
-                bytes_cached: self.stats.bytes_cached,
-            });
+    /// Adds an event of `kind` with the figures as they are now to the trace, if one is being
+    /// recorded: tagged with this thread's scope, segment and op.
+    #[inline]
+    fn note(&mut self, kind: TraceEventKind) {
+        if let Some(recording) = &mut self.trace {
+            recording.push(kind, &self.stats);
         }
     }
 
@@ -345,7 +373,6 @@ impl State {
         s.bytes_in_use += class_bytes;
         s.requested_bytes += bytes as u64;
         s.rented_bytes += class_bytes as u64;
-        self.record();
     }
 
     /// Raises the peak to the bytes in use now.
@@ -367,6 +394,7 @@ impl State {
         let bytes = idle.blocks.len() * ALIGN;
         self.stats.bytes_cached -= bytes;
         self.stats.evictions += 1;
+        self.note(TraceEventKind::Evict { class_bytes: bytes });
         Some(idle.blocks)
     }
 }
@@ -378,6 +406,7 @@ impl Pool {
             shared: Arc::new(Shared {
                 max_bytes: config.max_bytes,
                 poison: AtomicBool::new(config.poison),
+                tracing: AtomicBool::new(false),
                 state: Mutex::new(State::default()),
             }),
         }
@@ -411,21 +440,69 @@ impl Pool {
         stats.bytes_in_use + stats.bytes_cached
     }
 
-    /// Starts recording a memory timeline: a point (time, bytes in use, bytes cached) after every rent
-    /// and return, until [`Pool::take_timeline`]. Recording costs a clock read per event.
-    pub fn start_timeline(&self) {
+    /// Starts recording a memory [`Trace`] of this pool: every rent, return, eviction and clear,
+    /// from any thread, and the scopes opened from now on, until [`Pool::finish_trace`]. A trace
+    /// already being recorded is discarded and started again.
+    pub fn start_trace(&self) {
         let mut state = self.lock();
-        state.timeline = Some((std::time::Instant::now(), Vec::new()));
-        state.record();
+        let state = &mut *state;
+        state.traces += 1;
+        let recording = Recording {
+            start: std::time::Instant::now(),
+            generation: state.traces,
+            trace: Trace {
+                start: (state.stats.bytes_in_use, state.stats.bytes_cached),
+                ..Trace::default()
+            },
+        };
+        if state.trace.replace(Box::new(recording)).is_none() {
+            trace::started();
+            self.shared.tracing.store(true, Ordering::Relaxed);
+        }
     }
 
-    /// Stops recording and returns the timeline (empty if none was started).
-    pub fn take_timeline(&self) -> Vec<TimelinePoint> {
-        self.lock()
-            .timeline
-            .take()
-            .map(|(_, points)| points)
-            .unwrap_or_default()
+    /// Stops recording and returns the trace (an empty one if none was started).
+    pub fn finish_trace(&self) -> Trace {
+        let mut state = self.lock();
+        match state.trace.take() {
+            Some(recording) => {
+                self.shared.tracing.store(false, Ordering::Relaxed);
+                trace::stopped();
+                recording.trace
+            }
+            None => Trace {
+                start: (state.stats.bytes_in_use, state.stats.bytes_cached),
+                ..Trace::default()
+            },
+        }
+    }
+
+    /// Whether a trace is being recorded ([`Pool::start_trace`]).
+    pub fn is_tracing(&self) -> bool {
+        self.shared.tracing.load(Ordering::Relaxed)
+    }
+
+    /// Records the opening of a scope named `name` on this thread, if a trace is being recorded:
+    /// the guard records its closing and puts back the thread's scope tag when dropped.
+    #[inline]
+    pub(crate) fn trace_scope(&self, name: impl FnOnce() -> ScopeName) -> Option<TracedScope> {
+        if !self.is_tracing() {
+            return None;
+        }
+        self.trace_scope_open(name())
+    }
+
+    #[inline(never)]
+    fn trace_scope_open(&self, name: ScopeName) -> Option<TracedScope> {
+        let restore = trace::enter_scope(name);
+        let mut state = self.lock();
+        let generation = state.trace.as_ref()?.generation;
+        state.note(TraceEventKind::ScopeOpen);
+        Some(TracedScope {
+            pool: self.clone(),
+            generation,
+            _restore: restore,
+        })
     }
 
     /// Turns keeping returned buffers on (the default) or off. With caching off every rent is a fresh
@@ -524,7 +601,8 @@ impl Pool {
     pub fn clear(&self) {
         let freed: Vec<VecDeque<Idle>> = {
             let mut state = self.lock();
-            state.stats.bytes_cached = 0;
+            let bytes = mem::take(&mut state.stats.bytes_cached);
+            state.note(TraceEventKind::Clear { bytes });
             mem::take(&mut state.idle)
         };
         drop(freed);
@@ -601,6 +679,11 @@ impl Pool {
                 s.bytes_cached -= class_bytes;
                 state.hand_out(bytes, class_bytes);
                 state.note_peak();
+                state.note(TraceEventKind::Rent {
+                    requested: bytes,
+                    class_bytes,
+                    hit: true,
+                });
                 drop(guard);
                 self.probe_count(class_bytes, true);
                 return Ok((idle.blocks, false));
@@ -608,6 +691,10 @@ impl Pool {
             let s = state.stats;
             if s.bytes_in_use.saturating_add(class_bytes) > max {
                 state.stats.failed_rents += 1;
+                state.note(TraceEventKind::FailedRent {
+                    requested: bytes,
+                    class_bytes,
+                });
                 return Err(Error::BudgetExceeded {
                     requested: bytes,
                     class_bytes,
@@ -627,6 +714,13 @@ impl Pool {
             s.misses += 1;
             s.allocated_bytes += class_bytes as u64;
             state.hand_out(bytes, class_bytes);
+            // Recorded with the reservation, so that the figures of every later event (of any
+            // thread) follow from the events before it.
+            state.note(TraceEventKind::Rent {
+                requested: bytes,
+                class_bytes,
+                hit: false,
+            });
         }
         drop(evicted);
         let allocated = bytemuck::allocation::try_zeroed_slice_box::<Block>(class_blocks);
@@ -647,7 +741,7 @@ impl Pool {
                 s.rented_bytes -= class_bytes as u64;
                 s.allocated_bytes -= class_bytes as u64;
                 s.failed_rents += 1;
-                state.record();
+                state.note(TraceEventKind::AllocationFailed { class_bytes });
                 Err(Error::AllocationFailed { bytes: class_bytes })
             }
         }
@@ -663,7 +757,10 @@ impl Pool {
         if guard.uncached {
             guard.stats.returns += 1;
             guard.stats.bytes_in_use -= bytes;
-            guard.record();
+            guard.note(TraceEventKind::Return {
+                class_bytes: bytes,
+                freed: true,
+            });
             drop(guard);
             drop(blocks); // freed outside the lock
             return;
@@ -680,7 +777,10 @@ impl Pool {
         });
         s.bytes_in_use -= bytes;
         s.bytes_cached += bytes;
-        state.record();
+        state.note(TraceEventKind::Return {
+            class_bytes: bytes,
+            freed: false,
+        });
     }
 
     /// Whether two handles refer to the same pool.
@@ -702,6 +802,40 @@ impl fmt::Debug for Pool {
             .field("max_bytes", &self.shared.max_bytes)
             .field("stats", &self.stats())
             .finish()
+    }
+}
+
+impl Recording {
+    /// Adds an event of `kind`, tagged with this thread's tags, with the figures of `stats`.
+    fn push(&mut self, kind: TraceEventKind, stats: &PoolStats) {
+        let nanos = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let event = trace::event(kind, nanos, stats.bytes_in_use, stats.bytes_cached);
+        let threads = &mut self.trace.threads;
+        if !threads.iter().any(|&(t, _)| t == event.thread) {
+            threads.push((event.thread, trace::thread_name()));
+        }
+        self.trace.events.push(event);
+    }
+}
+
+/// A scope open in a pool's trace: records its closing when dropped (see [`Pool::trace_scope`]).
+pub(crate) struct TracedScope {
+    pool: Pool,
+    generation: u64,
+    /// Dropped after the closing is recorded, so the closing carries the scope's own name.
+    _restore: Restore,
+}
+
+impl Drop for TracedScope {
+    fn drop(&mut self) {
+        let mut state = self.pool.lock();
+        if state
+            .trace
+            .as_ref()
+            .is_some_and(|r| r.generation == self.generation)
+        {
+            state.note(TraceEventKind::ScopeClose);
+        }
     }
 }
 
@@ -855,16 +989,19 @@ mod tests {
     }
 
     #[test]
-    fn the_timeline_records_every_rent_and_return() {
-        let pool = Pool::with_max_memory_mb(16);
-        pool.start_timeline();
+    fn the_trace_records_every_rent_return_and_eviction_with_the_figures_after_it() {
+        let pool = Pool::new(PoolConfig::with_max_bytes(4096));
+        pool.start_trace();
         let a = pool.rent::<f32>(&[256]);
-        let b = pool.rent::<f32>(&[512]);
+        let b = pool.rent::<f32>(&[500]); // 2000 bytes: a class of 2048
         drop(a);
         drop(b);
         let c = pool.rent::<f32>(&[256]);
-        let points = pool.take_timeline();
-        let figures: Vec<(usize, usize)> = points
+        let d = pool.rent::<f32>(&[768]); // 3072 bytes: the idle 2048 must go
+        assert!(pool.try_rent::<f32>(&[1024]).is_err());
+        let trace = pool.finish_trace();
+        let figures: Vec<(usize, usize)> = trace
+            .timeline()
             .iter()
             .map(|p| (p.bytes_in_use, p.bytes_cached))
             .collect();
@@ -876,12 +1013,60 @@ mod tests {
                 (3072, 0),
                 (2048, 1024),
                 (0, 3072),
-                (1024, 2048)
+                (1024, 2048),
+                (1024, 0),
+                (4096, 0),
+                (4096, 0)
             ]
         );
-        assert!(points.windows(2).all(|w| w[0].micros <= w[1].micros));
-        drop(c);
-        assert!(pool.take_timeline().is_empty(), "recording stopped");
+        let kinds: Vec<TraceEventKind> = trace.events().iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                TraceEventKind::Rent {
+                    requested: 1024,
+                    class_bytes: 1024,
+                    hit: false
+                },
+                TraceEventKind::Rent {
+                    requested: 2000,
+                    class_bytes: 2048,
+                    hit: false
+                },
+                TraceEventKind::Return {
+                    class_bytes: 1024,
+                    freed: false
+                },
+                TraceEventKind::Return {
+                    class_bytes: 2048,
+                    freed: false
+                },
+                TraceEventKind::Rent {
+                    requested: 1024,
+                    class_bytes: 1024,
+                    hit: true
+                },
+                TraceEventKind::Evict { class_bytes: 2048 },
+                TraceEventKind::Rent {
+                    requested: 3072,
+                    class_bytes: 3072,
+                    hit: false
+                },
+                TraceEventKind::FailedRent {
+                    requested: 4096,
+                    class_bytes: 4096
+                },
+            ]
+        );
+        let e = &trace.events()[0];
+        assert_eq!(
+            (e.scope, e.op, e.segment, e.backward),
+            (None, None, None, false)
+        );
+        assert!(trace.events().windows(2).all(|w| w[0].nanos <= w[1].nanos));
+        assert!(!pool.is_tracing());
+        drop((c, d));
+        assert!(pool.finish_trace().events().is_empty(), "recording stopped");
     }
 
     #[test]

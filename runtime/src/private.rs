@@ -12,7 +12,8 @@ pub use crate::scope::Scope;
 pub use crate::tensor::Tensor;
 
 use crate::checkpoint;
-use crate::scope::{current_pool, deeper, run, ScopeState, State};
+use crate::scope::{current_pool, deeper, run_named, ScopeState, State};
+use crate::trace::ScopeName;
 
 /// The scope a `#[dispose_scope]` function opens its child in, with `'p` the brand its return value
 /// escapes to. Holds no borrow, so the parameter it came from can be moved into the body.
@@ -49,24 +50,30 @@ impl<'p> Parent<'p> {
         }
     }
 
-    /// Runs `f` in the new child scope, with a byte limit if `max_bytes` is given.
+    /// Runs `f` in the new child scope, named `name` in a trace (the function's path), with a
+    /// byte limit if `max_bytes` is given.
     pub fn open<R>(
         self,
+        name: &'static str,
         max_bytes: Option<usize>,
         f: impl for<'i> FnOnce(&Scope<'i, 'p>) -> R,
     ) -> R {
-        run(ScopeState::child(&self.state, max_bytes), f).0
+        let state = ScopeState::child(&self.state, max_bytes);
+        run_named(state, || ScopeName::Named(name), f).0
     }
 }
 
 /// A `#[dispose_scope]` function with no scope or tensor parameter: its body runs in a new outermost
-/// scope on the pool of the innermost scope open on this thread ([`crate::Pool::global`] if none),
-/// whose parent brand is as local as its own, so only values without a brand can be returned.
+/// scope named `name` on the pool of the innermost scope open on this thread
+/// ([`crate::Pool::global`] if none), whose parent brand is as local as its own, so only values
+/// without a brand can be returned.
 pub fn open_root<R>(
+    name: &'static str,
     max_bytes: Option<usize>,
     f: impl for<'i, 'p> FnOnce(&Scope<'i, 'p>) -> R,
 ) -> R {
-    run(ScopeState::outermost(&current_pool(), max_bytes), f).0
+    let state = ScopeState::outermost(&current_pool(), max_bytes);
+    run_named(state, || ScopeName::Named(name), f).0
 }
 
 /// Calls `f`: the function body runs in a closure so that `return` and `?` land where the result

@@ -6,6 +6,7 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::marker::PhantomData;
+use std::panic::Location;
 use std::rc::Rc;
 
 use ndarray::{ArrayViewMutD, AsArray, Dimension};
@@ -19,6 +20,7 @@ use crate::param::Param;
 use crate::pool::{check_length, class_bytes, Pool};
 use crate::recycle::RecycledRc;
 use crate::tensor::Tensor;
+use crate::trace::ScopeName;
 
 /// Per-scope counters; see [`Scope::stats`] and [`Scope::scope_with_stats`].
 ///
@@ -344,11 +346,25 @@ impl Drop for Opened {
     }
 }
 
-/// Runs `f` in a scope with `state`, then records what it leaked.
+/// Runs `f` in a scope with `state`, then records what it leaked. A trace names the scope by
+/// where `run` was called from (see [`run_named`]).
+#[track_caller]
 pub(crate) fn run<'p, R>(
     state: State,
     f: impl for<'s> FnOnce(&Scope<'s, 'p>) -> R,
 ) -> (R, ScopeStats) {
+    let at = Location::caller();
+    run_named(state, move || ScopeName::At(at), f)
+}
+
+/// Runs `f` in a scope with `state`, then records what it leaked. A trace of the pool, if one
+/// is being recorded, shows the scope as a slice named by `name`.
+pub(crate) fn run_named<'p, R>(
+    state: State,
+    name: impl FnOnce() -> ScopeName,
+    f: impl for<'s> FnOnce(&Scope<'s, 'p>) -> R,
+) -> (R, ScopeStats) {
+    let _traced = state.pool().trace_scope(name);
     OPEN.with_borrow_mut(|open| open.push(state.clone()));
     let _opened = Opened;
     let scope = Scope {
@@ -376,11 +392,13 @@ impl Pool {
     ///
     /// Tensors made in the scope cannot be returned from `f`: results leave as plain values
     /// (`to_vec`, numbers) or as parameters ([`Tensor::detach`]). See [`Scope`] for why.
+    #[track_caller]
     pub fn scope<R>(&self, f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R) -> R {
         self.scope_with_stats(f).0
     }
 
     /// Like [`Pool::scope`], and also returns the scope's final [`ScopeStats`].
+    #[track_caller]
     pub fn scope_with_stats<R>(
         &self,
         f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R,
@@ -388,8 +406,24 @@ impl Pool {
         run(ScopeState::outermost(self, None), f)
     }
 
+    /// Like [`Pool::scope`], with a name for the scope in a [`Trace`](crate::Trace) of the pool
+    /// (where an unnamed scope is named by the place it was opened).
+    pub fn scope_named<R>(
+        &self,
+        name: &'static str,
+        f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R,
+    ) -> R {
+        run_named(
+            ScopeState::outermost(self, None),
+            || ScopeName::Named(name),
+            f,
+        )
+        .0
+    }
+
     /// Like [`Pool::scope`], with a byte limit on the scope and its descendants; see
     /// [`Scope::scope_with_budget`].
+    #[track_caller]
     pub fn scope_with_budget<R>(
         &self,
         max_bytes: usize,
@@ -404,12 +438,16 @@ impl Pool {
     /// with [`Scope::bind`] or given as an operand) is a leaf of the gradient graph, so a loss
     /// computed from them can [`backward`](Tensor::backward) to their gradients. Outside, the same
     /// forward records nothing.
+    #[track_caller]
     pub fn train<R>(&self, f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R) -> R {
-        autograd::with_mode(Mode::Train, || self.scope(f))
+        let at = Location::caller();
+        let state = ScopeState::outermost(self, None);
+        autograd::with_mode(Mode::Train, || run_named(state, || ScopeName::At(at), f).0)
     }
 }
 
 /// Runs `f` in a new outermost scope on the process-wide default pool, [`Pool::global`].
+#[track_caller]
 pub fn scope<R>(f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R) -> R {
     Pool::global().scope(f)
 }
@@ -417,11 +455,13 @@ pub fn scope<R>(f: impl for<'s, 'p> FnOnce(&Scope<'s, 'p>) -> R) -> R {
 impl<'s, 'p> Scope<'s, 'p> {
     /// Runs `f` in a child scope and returns what it returns. Tensors of this scope are usable in the
     /// child; the child's own tensors reach this scope only through the child's [`Scope::escape`].
+    #[track_caller]
     pub fn scope<R>(&self, f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R) -> R {
         self.scope_with_stats(f).0
     }
 
     /// Like [`Scope::scope`], and also returns the child scope's final [`ScopeStats`].
+    #[track_caller]
     pub fn scope_with_stats<R>(
         &self,
         f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R,
@@ -429,10 +469,26 @@ impl<'s, 'p> Scope<'s, 'p> {
         run(ScopeState::child(&self.state, None), f)
     }
 
+    /// Like [`Scope::scope`], with a name for the child in a [`Trace`](crate::Trace) of the pool
+    /// (where an unnamed scope is named by the place it was opened).
+    pub fn scope_named<R>(
+        &self,
+        name: &'static str,
+        f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R,
+    ) -> R {
+        run_named(
+            ScopeState::child(&self.state, None),
+            || ScopeName::Named(name),
+            f,
+        )
+        .0
+    }
+
     /// Like [`Scope::scope`], with a byte limit: tensors owned by the child and its descendants may
     /// hold at most `max_bytes` (size-class bytes) at once. A rent past it fails with
     /// [`Error::ScopeBudgetExceeded`] (the panicking forms panic with that message); the pool's own
     /// budget still applies. Bytes escaped to the parent stop counting.
+    #[track_caller]
     pub fn scope_with_budget<R>(
         &self,
         max_bytes: usize,
@@ -443,14 +499,20 @@ impl<'s, 'p> Scope<'s, 'p> {
 
     /// Like [`Scope::scope`], for a training step: while `f` runs, parameters used by ops are
     /// leaves of the gradient graph (see [`Pool::train`]).
+    #[track_caller]
     pub fn train<R>(&self, f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R) -> R {
-        autograd::with_mode(Mode::Train, || self.scope(f))
+        let at = Location::caller();
+        let state = ScopeState::child(&self.state, None);
+        autograd::with_mode(Mode::Train, || run_named(state, || ScopeName::At(at), f).0)
     }
 
     /// Like [`Scope::scope`], with recording off while `f` runs: no op records a gradient graph,
     /// whatever its inputs carry (PyTorch's `no_grad`). For evaluation inside a training loop.
+    #[track_caller]
     pub fn no_grad<R>(&self, f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R) -> R {
-        autograd::with_mode(Mode::Off, || self.scope(f))
+        let at = Location::caller();
+        let state = ScopeState::child(&self.state, None);
+        autograd::with_mode(Mode::Off, || run_named(state, || ScopeName::At(at), f).0)
     }
 
     pub(crate) fn state(&self) -> &State {
@@ -663,11 +725,13 @@ impl<'s, 'p> Scope<'s, 'p> {
 impl<'s, T: DType> Tensor<'s, T> {
     /// Runs `f` in a child scope of the scope this tensor's ops rent in, typed as a child of the
     /// tensor's brand: what a function that receives tensors but no [`Scope`] uses to open its own.
+    #[track_caller]
     pub fn child_scope<R>(&self, f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R) -> R {
         self.child_scope_with_stats(f).0
     }
 
     /// Like [`Tensor::child_scope`], and also returns the child scope's final [`ScopeStats`].
+    #[track_caller]
     pub fn child_scope_with_stats<R>(
         &self,
         f: impl for<'i> FnOnce(&Scope<'i, 's>) -> R,

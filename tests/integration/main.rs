@@ -50,4 +50,5 @@ mod reliability;
 mod safetensors;
 mod scopes;
 mod tied_parameters;
+mod trace;
 mod training;

@@ -531,7 +531,10 @@ impl<'s, T: Element> Tensor<'s, T> {
         grads: &mut Gradients<'_, T>,
     ) -> Result<()> {
         let node = self.node.as_ref().ok_or(Error::NoGraph)?;
-        let result = backward(node, seed, at, grads);
+        let result = {
+            let _pass = crate::trace::backward();
+            backward(node, seed, at, grads)
+        };
         // Those registered by now, each taken out before it is told (it may register again, for
         // the next backward); popped, so that the list keeps its capacity.
         for _ in 0..AT_END.with_borrow(Vec::len) {

@@ -759,6 +759,7 @@ impl<T: DType, O: Op<T>> Recorded<T> for Slot<Record<O, T>> {
         _: &mut Gradients<'_, T>,
     ) -> Result<PerInput<Tensor<'static, T>>> {
         let record = self.get_mut();
+        let _op = crate::trace::op(|| record.op.name());
         // Not `ok_or`: an eager `Error` would be built and dropped on every backward.
         let Some(saved) = record.saved.take() else {
             return Err(Error::GraphConsumed);
@@ -891,6 +892,8 @@ pub(crate) fn run<'r, 's, T: DType, O: Op<T>>(
     op: O,
     inputs: &'r mut Inputs<'r, 's, T>,
 ) -> Result<Tensor<'s, T>> {
+    // A trace tags what the op rents (its output, copies of views among its inputs) with its name.
+    let _op = crate::trace::op(|| op.name());
     let (recorder, mut cx) = prepare(inputs, op.held(), op.reads_views())?;
     // Read before the forward, which may take its inputs; only a graph's record checks them (a
     // tape's runs the op again, with a record of its own, when the backward needs it).
@@ -925,6 +928,7 @@ pub(crate) fn run_opaque<'r, 's, T: DType>(
     inputs: &'r mut Inputs<'r, 's, T>,
     kernel: impl FnOnce(&mut Forward<'r, 's, T>) -> Result<Tensor<'s, T>>,
 ) -> Result<Tensor<'s, T>> {
+    let _op = crate::trace::op(|| name);
     let (recorder, mut cx) = prepare(inputs, &(), false)?;
     let mut out = match recorder {
         Some(_) => with_mode(Mode::Off, || kernel(&mut cx)),

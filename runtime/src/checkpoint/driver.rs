@@ -8,8 +8,9 @@ use super::region::{self, Recording};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
 use crate::element::Element;
 use crate::recycle::RecycledVec;
-use crate::scope::{run, Scope, ScopeState, State};
+use crate::scope::{run_named, Scope, ScopeState, State};
 use crate::tensor::Tensor;
+use crate::trace::ScopeName;
 
 /// The checkpointer a forward stores into.
 enum Slot<'c, T: Element> {
@@ -152,6 +153,9 @@ impl<'c, T: Element> Driver<'c, T> {
         if taped && self.recording.is_none() {
             self.recording = Some((Recording::start(&mut x), pos));
         }
+        // A trace tags what the step rents with where its segment starts, its own position and
+        // whether it runs on a tape.
+        crate::trace::set_segment(|| Some((self.segment_start(pos), pos, taped)));
         if let Some(ckpt) = self.slot.get() {
             x = ckpt.record(pos, x)?;
         }
@@ -165,6 +169,18 @@ impl<'c, T: Element> Driver<'c, T> {
             Some((recording, _)) if taped => recording.open(x),
             _ => x,
         })
+    }
+
+    /// Where the segment of the step at `pos` starts: its region's first step if it runs on a
+    /// tape, else the plan's last segment start at or before it.
+    fn segment_start(&self, pos: usize) -> usize {
+        match &self.recording {
+            Some((_, start)) => *start,
+            None => {
+                let starts = &self.plan[..self.plan.partition_point(|&p| p <= pos)];
+                starts.last().copied().unwrap_or(0)
+            }
+        }
     }
 
     /// The measurements of this forward, if it is the profiling step of `Policy::Memory`.
@@ -222,6 +238,7 @@ impl<'c, T: Element> Driver<'c, T> {
 
     /// The forward's output: `x`, with the node of the region that ends it, if one does.
     fn finish<'s>(mut self, n: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+        crate::trace::set_segment(|| None);
         let x = self.close_region(n, x)?;
         if let Some(mut measuring) = self.measuring() {
             measuring.forward_ended(x.rents_in.pool(), x.data_bytes());
@@ -337,7 +354,8 @@ fn run_counted<'s, T: Element, L>(
         (None, Some(ckpt)) => ckpt.config().clone(),
         (None, None) => {
             let state = ScopeState::child(&input.rents_in, None);
-            return Ok(run(state, |scope: &Scope<'_, 's>| {
+            let name = || ScopeName::Named("checkpointed layers");
+            return Ok(run_named(state, name, |scope: &Scope<'_, 's>| {
                 let x = layers.fold(scope.rebind_owned(input), |x, layer| step(scope, x, layer));
                 scope.escape(x)
             })
@@ -351,7 +369,8 @@ fn run_counted<'s, T: Element, L>(
         let (start, end) = (driver.plan[j], driver.plan.get(j + 1).copied().unwrap_or(n));
         let parent = x.rents_in.clone();
         let state = ScopeState::child(&parent, None);
-        x = run(state, |segment: &Scope<'_, 's>| {
+        let name = || ScopeName::Named("checkpoint segment");
+        x = run_named(state, name, |segment: &Scope<'_, 's>| {
             let mut a = segment.rebind_owned(x);
             for (pos, layer) in (start..end).zip(layers.by_ref()) {
                 taken += 1;
