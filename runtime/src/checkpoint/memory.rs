@@ -62,9 +62,10 @@ pub(crate) struct Measuring {
     backward_end: Option<(Pool, usize)>,
 }
 
-/// The optimal schedule for one budget: the dynamic program's tables and its forward pass.
+/// The optimal schedule for one budget: the dynamic program's fronts (shared by the plans of
+/// other budgets of the same costs) and its forward pass.
 pub(crate) struct MemoryPlan {
-    pub(crate) rotor: Rotor,
+    pub(crate) rotor: Rc<Rotor>,
     pub(crate) top: TopPlan,
     budget: usize,
 }
@@ -165,8 +166,11 @@ impl<T: Element> Checkpointer<T> {
         self.memory.costs.as_ref().map(|(costs, _)| costs.clone())
     }
 
-    /// The smallest budget `Policy::Memory` finds a schedule for with [`Checkpointer::costs`]
-    /// (to within its memory unit, about a 4096th to a 512th of it); `None` before costs are known.
+    /// The smallest budget in bytes `Policy::Memory` finds a schedule for with
+    /// [`Checkpointer::costs`], exactly (see [`Policy::Memory`] for the schedules it plans
+    /// among); `None` before costs are known.
+    ///
+    /// [`Policy::Memory`]: super::Policy::Memory
     pub fn smallest_budget(&self) -> Option<usize> {
         self.costs().map(|costs| rotor::smallest_budget(&costs))
     }
@@ -218,15 +222,18 @@ impl<T: Element> Checkpointer<T> {
         let memory_plan = match current {
             Some(p) => p.clone(),
             None => {
-                let (rotor, units) = Rotor::for_budget(costs, budget);
-                let top =
-                    rotor
-                        .plan(units)
-                        .ok_or_else(|| CheckpointError::MemoryBudgetTooSmall {
-                            budget,
-                            smallest: rotor::smallest_budget(costs),
-                            layers: n,
-                        })?;
+                // The fronts depend on the costs alone: a plan of another budget lends its own.
+                let rotor = match &self.memory.plan {
+                    Some(p) => p.rotor.clone(),
+                    None => Rc::new(Rotor::new(costs)),
+                };
+                let top = rotor.plan(budget as u64).ok_or_else(|| {
+                    CheckpointError::MemoryBudgetTooSmall {
+                        budget,
+                        smallest: rotor.smallest_budget(),
+                        layers: n,
+                    }
+                })?;
                 let p = Rc::new(MemoryPlan { rotor, top, budget });
                 self.memory.plan = Some(p.clone());
                 p
