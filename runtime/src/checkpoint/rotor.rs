@@ -17,8 +17,9 @@
 //! **The forward pass** (`Top(s)`, `a_s` held) either records step `s`'s graph (`All`) and goes on
 //! from `a_{s+1}`, or stores `a_s` and runs steps `s .. s'` on tapes (`Ck(s')`), one checkpointed
 //! region whose backward comes after everything from `s'` on is done. After the last step the code
-//! that follows the chain (the loss) holds `after_peak` at most and leaves `after_held` (the
-//! output's gradient) when the chain's backward starts.
+//! that follows the chain (the loss) holds `after_peak` at most and leaves `after_held` when the
+//! chain's backward starts: the output's gradient, which the last step's backward frees, and what
+//! it keeps to the end of the step (the loss itself).
 //!
 //! **A region's backward** (`Solve(s, t)`: steps `s ..= t` to reverse, `a_s` and the gradient of
 //! `a_{t+1}` held) either replays step `s` recording its graph (`All`), solves `s + 1 ..= t` and
@@ -85,8 +86,10 @@ pub struct ChainCosts {
     /// Most bytes held at once by the code after the chain (the loss and its backward) beyond
     /// what is held when the chain's forward ends.
     pub after_peak: usize,
-    /// Bytes held when the chain's backward starts beyond what was held when its forward ended
-    /// (the output's gradient, mostly).
+    /// Bytes held when the chain's backward starts beyond what was held when its forward ended:
+    /// the output's gradient, which the last step's backward frees, and what else the code after
+    /// the chain keeps (the loss, say), counted as held until the step ends: the part beyond
+    /// `output_bytes`.
     pub after_held: usize,
     /// Most bytes held at once after the chain's backward (by the backward of what came before
     /// the chain, and until the next training forward) beyond what is held when it ends.
@@ -137,7 +140,7 @@ pub(crate) struct Rotor {
     at: Vec<usize>,
     /// `x[i]`: bytes of `a_i`, `i <= n` (`x[n]` is 0: the output is reserved).
     x: Vec<i64>,
-    /// `d[i]`: bytes of the gradient of `a_i` (`d[n]` is `after_held`).
+    /// `d[i]`: bytes of the gradient of `a_i` (`d[n]`: of `after_held`, at most the output's).
     d: Vec<i64>,
     /// Values only, as the first step of an advance (its input held by the caller): the most
     /// bytes held beyond the input.
@@ -152,7 +155,8 @@ pub(crate) struct Rotor {
     pb: Vec<i64>,
     f: Vec<f64>,
     b: Vec<f64>,
-    /// `k[i]`: the gradient bytes steps `i ..` leave once their backward has run.
+    /// `k[i]`: the gradient bytes steps `i ..` leave once their backward has run, and (`k[n]`)
+    /// what the code after the chain holds to the end beyond the output's gradient.
     k: Vec<i64>,
     after_peak: i64,
     before_peak: i64,
@@ -215,9 +219,11 @@ impl Rotor {
         // The chain's output is held by the caller until the step ends: it is reserved out of the
         // budget from the start, so no step holds it again.
         let input = |i: usize| steps.get(i).map_or(0, |c| size(c.input_bytes));
+        // The output's gradient is the output's size; what else the loss holds stays to the end.
+        let output_grad = costs.after_held.min(costs.output_bytes);
         let grad = |i: usize| {
             if i == len {
-                size(costs.after_held)
+                size(output_grad)
             } else {
                 input(i)
             }
@@ -278,6 +284,7 @@ impl Rotor {
             r.b.push(run.iter().map(|c| c.backward_secs).sum());
             kept.push(later_grads);
         }
+        r.k[n] = size(costs.after_held - output_grad);
         for i in (0..n).rev() {
             r.k[i] = r.k[i + 1] + kept[i];
         }
@@ -400,15 +407,15 @@ impl Rotor {
         if s == self.n {
             work.front.clear();
             work.front.push(Point {
-                need: self.after_peak.max(self.d[s]),
+                need: self.after_peak.max(self.d[s] + self.k[s]),
                 secs: 0.0,
                 choice: Choice::All,
             });
             return self.keep(work);
         }
-        // It ends holding the gradient of a_s and the steps' gradients.
-        let end = self.d[s] + self.kept(s, self.n);
-        let held = self.g[s] + self.d[s + 1] + self.kept(s + 1, self.n);
+        // It ends holding the gradient of a_s, the steps' gradients and what the loss keeps.
+        let end = self.d[s] + self.k[s];
+        let held = self.g[s] + self.d[s + 1] + self.k[s + 1];
         self.record_first(s, self.top_front(s + 1, false), held, end, work);
         self.splits(
             (s, self.n),
@@ -416,7 +423,7 @@ impl Rotor {
             end,
             |sp| self.top_front(sp, true),
             |sp| self.solve_front(s, sp - 1),
-            |sp| self.d[sp] + self.kept(sp, self.n),
+            |sp| self.d[sp] + self.k[sp],
             work,
         );
         self.keep(work)
@@ -491,7 +498,7 @@ impl Rotor {
     pub(crate) fn smallest_budget(&self) -> usize {
         // After the chain's backward: the input's gradient, every step's gradients, and what the
         // backward of the code before the chain holds.
-        let after = self.d[0] + self.kept(0, self.n) + self.before_peak;
+        let after = self.d[0] + self.k[0] + self.before_peak;
         let least = self.top_front(0, false).first().map_or(0, |p| p.need);
         (self.reserve + least.max(after)) as usize
     }
@@ -499,7 +506,7 @@ impl Rotor {
     /// The optimal schedule within `budget` bytes, if one fits.
     pub(crate) fn plan(&self, budget: u64) -> Option<TopPlan> {
         let budget = free(budget) - self.reserve;
-        if self.d[0] + self.kept(0, self.n) + self.before_peak > budget {
+        if self.d[0] + self.k[0] + self.before_peak > budget {
             return None;
         }
         let secs = front::best(self.top_front(0, false), budget)?.secs;
@@ -520,7 +527,7 @@ impl Rotor {
                 }
                 Choice::Ck(sp) => {
                     let m0 = m - if fresh { 0 } else { self.x[s] };
-                    let left = m0 - self.d[sp] - self.kept(sp, self.n);
+                    let left = m0 - self.d[sp] - self.k[sp];
                     plan.regions.push(RegionPlan {
                         start: self.at[s],
                         end: self.at[sp],
@@ -705,7 +712,7 @@ mod tests {
         fn top_all_ways(&self, s: usize, fresh: bool) -> Front {
             let n = self.c.steps.len();
             if s == n {
-                return vec![(0, (self.c.after_peak as i64).max(self.d[n]))];
+                return vec![(0, (self.c.after_peak as i64).max(self.d[n] + self.k[n]))];
             }
             let (_, g, pr, pb, fb) = self.step(s);
             let mut all = Vec::new();
@@ -746,8 +753,11 @@ mod tests {
     fn exhaustive(c: &ChainCosts) -> Exhaustive<'_> {
         let n = c.steps.len();
         let mut d: Vec<i64> = c.steps.iter().map(|s| s.input_bytes as i64).collect();
-        d.push(c.after_held as i64);
+        // The output's gradient goes with the last step's backward; the rest stays to the end.
+        let output_grad = c.after_held.min(c.output_bytes);
+        d.push(output_grad as i64);
         let mut k = vec![0; n + 1];
+        k[n] = (c.after_held - output_grad) as i64;
         for i in (0..n).rev() {
             k[i] = k[i + 1] + c.steps[i].gradient_bytes as i64;
         }
@@ -836,7 +846,7 @@ mod tests {
             }
         }
         peak = peak.max(held + e.c.after_peak as i64);
-        held += e.d[n];
+        held += e.d[n] + e.k[n];
         // The backward, last first: a recorded step's B, or a region's schedule.
         let mut regions = plan.regions.iter().rev();
         while let Some((key, bytes)) = pending.pop() {
@@ -873,7 +883,7 @@ mod tests {
             secs += fb;
         }
         peak = peak.max(held + chain.after_peak as i64);
-        held += e.d[n];
+        held += e.d[n] + e.k[n];
         for j in (0..n).rev() {
             let (_, g, _, pb, _) = e.step(j);
             peak = peak.max(held + pb);
