@@ -35,8 +35,16 @@ pub enum Policy {
     /// recomputed from it, and each step's peak is read off the pool), or stated with
     /// [`Checkpointer::set_costs`]. The first training step runs as under [`Policy::Sqrt`]: it
     /// allocates the gradients and the optimizer's state, which later steps reuse, so it is no
-    /// step to measure; from the third on, the plan holds the budget. A budget below the smallest feasible one fails
-    /// with [`CheckpointError::MemoryBudgetTooSmall`], which names that smallest budget.
+    /// step to measure; from the third on, the plan holds the budget. A budget below the smallest
+    /// feasible one fails with [`CheckpointError::MemoryBudgetTooSmall`], which names that
+    /// smallest budget.
+    ///
+    /// The plan is exact in bytes: no schedule the program considers that fits the budget is
+    /// faster, and recording every layer's graph (no checkpoint) is chosen whenever it fits. Up to
+    /// 100 layers, it considers every schedule of the paper's: each layer stored, recorded or
+    /// replayed on its own. A longer chain is planned on 100 runs of consecutive layers (of equal
+    /// length, to one layer), each stored, recorded or replayed as a whole; planning takes about
+    /// as long as for 100 layers.
     ///
     /// Storage is at full precision. A forward that records no graph has no backward to plan
     /// for: it stores the checkpoints of [`Policy::Sqrt`].

@@ -172,6 +172,12 @@ impl<T: Element> Checkpointer<T> {
     ///
     /// [`Policy::Memory`]: super::Policy::Memory
     pub fn smallest_budget(&self) -> Option<usize> {
+        // The last plan's fronts are those of the costs, unless a profiling step measured anew.
+        if let Some(plan) = self.memory.plan.as_ref() {
+            if !self.memory.measuring.borrow().done {
+                return Some(plan.rotor.smallest_budget());
+            }
+        }
         self.costs().map(|costs| rotor::smallest_budget(&costs))
     }
 
