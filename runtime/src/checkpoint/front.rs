@@ -30,79 +30,118 @@ pub(crate) fn best(front: &[Point], free: i64) -> Option<&Point> {
     fits.checked_sub(1).map(|i| &front[i])
 }
 
-/// Pushes to `out` the points of a choice followed by one sub-state: needing `floor` at least
-/// and `off` more than the sub-state needs, and taking `base` more time than it does.
+/// The points of a choice followed by one sub-state: needing `floor` at least and `off` more
+/// than the sub-state needs, and taking `base` more time than it does.
 pub(crate) fn shifted(
     sub: &[Point],
     off: i64,
     floor: i64,
     base: f64,
     choice: Choice,
-    out: &mut Vec<Point>,
-) {
-    for p in sub {
-        out.push(Point {
-            need: floor.max(off + p.need),
-            secs: base + p.secs,
-            choice,
-        });
-    }
+) -> impl Iterator<Item = Point> + '_ {
+    sub.iter().map(move |p| Point {
+        need: floor.max(off + p.need),
+        secs: base + p.secs,
+        choice,
+    })
 }
 
-/// Pushes to `out` the points of a choice followed by two sub-states, `right` run holding `a`
-/// bytes more than on entry and `left` holding `b` more: each threshold of either front (shifted)
-/// at or above `floor`, with the fastest of both fronts that fits it.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn joined(
-    right: &[Point],
-    a: i64,
-    left: &[Point],
-    b: i64,
+/// The points of a choice followed by two sub-states, `right` run holding `a` bytes more than
+/// on entry and `left` holding `b` more, by need ascending: each threshold of either front
+/// (shifted) at or above `floor`, with the fastest of both fronts that fits it, `base` more.
+pub(crate) fn joined<'f>(
+    (right, a): (&'f [Point], i64),
+    (left, b): (&'f [Point], i64),
     floor: i64,
     base: f64,
     choice: Choice,
-    out: &mut Vec<Point>,
-) {
-    let (Some(r0), Some(l0)) = (right.first(), left.first()) else {
-        return;
+) -> Joined<'f> {
+    let need = match (right.first(), left.first()) {
+        (Some(r0), Some(l0)) => Some(floor.max(a + r0.need).max(b + l0.need)),
+        _ => None,
     };
-    let (mut i, mut j) = (0, 0);
-    let mut need = floor.max(a + r0.need).max(b + l0.need);
-    loop {
-        while right.get(i + 1).is_some_and(|p| a + p.need <= need) {
-            i += 1;
-        }
-        while left.get(j + 1).is_some_and(|p| b + p.need <= need) {
-            j += 1;
-        }
-        out.push(Point {
-            need,
-            secs: base + right[i].secs + left[j].secs,
-            choice,
-        });
-        let next_right = right.get(i + 1).map(|p| a + p.need);
-        let next_left = left.get(j + 1).map(|p| b + p.need);
-        need = match (next_right, next_left) {
-            (Some(r), Some(l)) => r.min(l),
-            (Some(r), None) => r,
-            (None, Some(l)) => l,
-            (None, None) => return,
-        };
+    Joined {
+        right,
+        a,
+        left,
+        b,
+        base,
+        choice,
+        i: 0,
+        j: 0,
+        need,
     }
+}
+
+/// The points of [`joined`], made as they are read.
+pub(crate) struct Joined<'f> {
+    right: &'f [Point],
+    a: i64,
+    left: &'f [Point],
+    b: i64,
+    base: f64,
+    choice: Choice,
+    /// The fastest point of each front that fits the next need.
+    i: usize,
+    j: usize,
+    need: Option<i64>,
+}
+
+impl Iterator for Joined<'_> {
+    type Item = Point;
+
+    fn next(&mut self) -> Option<Point> {
+        let need = self.need?;
+        let (right, left, a, b) = (self.right, self.left, self.a, self.b);
+        while right.get(self.i + 1).is_some_and(|p| a + p.need <= need) {
+            self.i += 1;
+        }
+        while left.get(self.j + 1).is_some_and(|p| b + p.need <= need) {
+            self.j += 1;
+        }
+        let next_right = right.get(self.i + 1).map(|p| a + p.need);
+        let next_left = left.get(self.j + 1).map(|p| b + p.need);
+        self.need = match (next_right, next_left) {
+            (Some(r), Some(l)) => Some(r.min(l)),
+            (r, l) => r.or(l),
+        };
+        Some(Point {
+            need,
+            secs: self.base + right[self.i].secs + left[self.j].secs,
+            choice: self.choice,
+        })
+    }
+}
+
+/// Whether `front` is at least as fast as each of `points` at its need: merging them would add
+/// nothing.
+pub(crate) fn beaten(front: &[Point], points: impl IntoIterator<Item = Point>) -> bool {
+    let mut fits = 0;
+    points.into_iter().all(|p| {
+        while front.get(fits).is_some_and(|f| f.need <= p.need) {
+            fits += 1;
+        }
+        fits > 0 && front[fits - 1].secs <= p.secs
+    })
 }
 
 /// Merges `other` (points by need ascending, time descending) into `front`, keeping at each need the fastest
 /// point, `front`'s among equals, only where it is faster than every point needing less.
 /// `scratch` is left with what `front` held.
-pub(crate) fn merge(front: &mut Vec<Point>, other: &[Point], scratch: &mut Vec<Point>) {
+pub(crate) fn merge(
+    front: &mut Vec<Point>,
+    other: impl IntoIterator<Item = Point>,
+    scratch: &mut Vec<Point>,
+) {
     std::mem::swap(front, scratch);
     front.clear();
     let old = &scratch[..];
-    let (mut i, mut j) = (0, 0);
+    let mut other = other.into_iter().peekable();
+    let mut i = 0;
     // The fastest point of each needing at most the need reached.
     let (mut a, mut b): (Option<Point>, Option<Point>) = (None, None);
     loop {
-        let need = match (old.get(i), other.get(j)) {
+        let need = match (old.get(i), other.peek()) {
             (Some(p), Some(q)) => p.need.min(q.need),
             (Some(p), None) => p.need,
             (None, Some(q)) => q.need,
@@ -112,9 +151,8 @@ pub(crate) fn merge(front: &mut Vec<Point>, other: &[Point], scratch: &mut Vec<P
             a = Some(old[i]);
             i += 1;
         }
-        while other.get(j).is_some_and(|q| q.need <= need) {
-            b = Some(other[j]);
-            j += 1;
+        while let Some(q) = other.next_if(|q| q.need <= need) {
+            b = Some(q);
         }
         let best = match (a, b) {
             (Some(p), Some(q)) if q.secs < p.secs => q,
@@ -183,10 +221,12 @@ mod tests {
         let r = front(&[(0, 9.0), (5, 6.0), (7, 2.0)]);
         let l = front(&[(1, 8.0), (3, 4.0), (11, 0.0)]);
         for (a, b, floor) in [(0, 0, 0), (4, -2, 3), (10, 0, 0), (-1, 7, 20), (2, 2, 6)] {
-            let mut out = Vec::new();
-            joined(&r, a, &l, b, floor, 1.0, Choice::All, &mut out);
             let mut env = Vec::new();
-            merge(&mut env, &out, &mut Vec::new());
+            merge(
+                &mut env,
+                joined((&r, a), (&l, b), floor, 1.0, Choice::All),
+                &mut Vec::new(),
+            );
             assert_eq!(
                 pairs(&env),
                 joined_by_pairs(&r, a, &l, b, floor),
@@ -197,6 +237,13 @@ mod tests {
             let last = env[env.len() - 1];
             assert!(last.secs == lower && beats(&env, last.need, lower));
             assert!(!beats(&env, last.need - 1, lower));
+            let again = || joined((&r, a), (&l, b), floor, 1.0, Choice::All);
+            assert!(beaten(&env, again()));
+            let faster = again().map(|p| Point {
+                secs: p.secs - 0.5,
+                ..p
+            });
+            assert!(!beaten(&env, faster));
         }
     }
 
@@ -205,7 +252,7 @@ mod tests {
         let mut env = front(&[(2, 5.0), (4, 3.0), (6, 3.0), (9, 1.0)]);
         let mut other = front(&[(1, f64::INFINITY), (2, 4.0), (5, 3.0), (9, 1.0)]);
         other[1].choice = Choice::Ck(1);
-        merge(&mut env, &other, &mut Vec::new());
+        merge(&mut env, other.iter().copied(), &mut Vec::new());
         assert_eq!(pairs(&env), [(2, 4.0), (4, 3.0), (9, 1.0)]);
         // The faster point's choice; the first front's among equals.
         assert_eq!(env[0].choice, Choice::Ck(1));

@@ -194,7 +194,6 @@ pub(crate) struct TopPlan {
 #[derive(Default)]
 struct Work {
     front: Vec<Point>,
-    joined: Vec<Point>,
     scratch: Vec<Point>,
     merged: usize,
     skipped: usize,
@@ -348,13 +347,14 @@ impl Rotor {
             );
             let least = floor.max(a + r0.need).max(b + l0.need);
             let fastest = secs + r[r.len() - 1].secs + l[l.len() - 1].secs;
-            if front::beats(&work.front, least, fastest) {
+            let points = || front::joined((r, a), (l, b), floor, secs, Choice::Ck(sp));
+            // Most splits are beaten at every need by those tried before: a bound first, then
+            // each point, before any is written.
+            if front::beats(&work.front, least, fastest) || front::beaten(&work.front, points()) {
                 work.skipped += 1;
                 continue;
             }
-            work.joined.clear();
-            front::joined(r, a, l, b, floor, secs, Choice::Ck(sp), &mut work.joined);
-            front::merge(&mut work.front, &work.joined, &mut work.scratch);
+            front::merge(&mut work.front, points(), &mut work.scratch);
             work.merged += 1;
         }
     }
@@ -364,10 +364,9 @@ impl Rotor {
     fn record_first(&self, s: usize, rest: &[Point], held: i64, end: i64, work: &mut Work) {
         let floor = self.pr[s].max(held + self.pb[s]).max(end);
         let secs = self.f[s] + self.b[s];
-        work.joined.clear();
-        front::shifted(rest, self.g[s], floor, secs, Choice::All, &mut work.joined);
         work.front.clear();
-        front::merge(&mut work.front, &work.joined, &mut work.scratch);
+        let points = front::shifted(rest, self.g[s], floor, secs, Choice::All);
+        front::merge(&mut work.front, points, &mut work.scratch);
     }
 
     /// Keeps the state's front, and returns its range.
