@@ -1085,6 +1085,13 @@ mod tests {
         }
     }
 
+    /// Seconds this thread has run on a CPU, where Linux says (the machine may be shared).
+    fn cpu_secs() -> Option<f64> {
+        let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+        let ns: f64 = stat.split_whitespace().next()?.parse().ok()?;
+        Some(ns * 1e-9)
+    }
+
     /// The time of planning chains of 16 to 1000 layers: the fronts, a plan at each of 8
     /// budgets, and the smallest budget. Prints a table; run in release:
     /// `cargo test -p tensorscope-runtime --release --lib plan_times -- --ignored --nocapture`.
@@ -1094,14 +1101,15 @@ mod tests {
         use std::time::Instant;
         println!(
             "layers  widths      steps  points  largest   joined  skipped  fronts(s)  \
-             8 plans(s)  smallest(s)"
+             (cpu s)  8 plans(s)  smallest(s)"
         );
         for widths in [&[256][..], &[64, 640]] {
             for n in [16, 48, 96, 100, 200, 500, 1000] {
                 let chain = mlp_chain(n, widths);
-                let clock = Instant::now();
+                let (clock, cpu) = (Instant::now(), cpu_secs());
                 let rotor = Rotor::new(&chain);
                 let fronts = clock.elapsed().as_secs_f64();
+                let cpu = cpu.zip(cpu_secs()).map(|(a, b)| format!("{:.4}", b - a));
                 let (least, plain) = (rotor.smallest_budget(), plain_step(&chain).1 as usize);
                 let clock = Instant::now();
                 for k in 0..8 {
@@ -1115,8 +1123,9 @@ mod tests {
                 let (steps, points, largest, (joined, skipped)) = rotor.size();
                 println!(
                     "{n:6}  {:10}  {steps:5}  {points:6}  {largest:7}  {joined:7}  {skipped:7}  \
-                     {fronts:9.4}  {plans:10.6}  {smallest:11.4}",
-                    format!("{widths:?}")
+                     {fronts:9.4}  {:>7}  {plans:10.6}  {smallest:11.4}",
+                    format!("{widths:?}"),
+                    cpu.unwrap_or_default()
                 );
             }
         }
