@@ -112,8 +112,12 @@ struct Alternating {
 
 impl Alternating {
     fn new(pool: &Pool, starts_narrow: bool) -> Self {
+        Self::with_layers(pool, starts_narrow, 32)
+    }
+
+    fn with_layers(pool: &Pool, starts_narrow: bool, n: usize) -> Self {
         let (a, b) = if starts_narrow { (64, 640) } else { (640, 64) };
-        let weights = (0..32)
+        let weights = (0..n)
             .map(|i| {
                 let shape = if i % 2 == 0 { [a, b] } else { [b, a] };
                 pool.scope(|s| (s.randn::<f32>(&shape, i as u64) * 0.05).detach())
@@ -130,7 +134,7 @@ impl Alternating {
     fn step(&self, pool: &Pool, ckpt: Option<&mut Checkpointer>) -> (Vec<Vec<f32>>, usize) {
         pool.train(|s| {
             let x = s.randn::<f32>(&[4, self.input], 7);
-            let layers: Vec<usize> = (0..32).collect();
+            let layers: Vec<usize> = (0..self.weights.len()).collect();
             let plain = layers.iter().fold(x.clone(), |x, &i| self.layer(&x, i));
             let mut grads = plain.sum_all().backward().unwrap();
             grads.zero().unwrap();
@@ -209,6 +213,35 @@ fn layers_of_different_sizes_are_placed_by_their_costs_within_the_budget() {
         let budget = smallest + (plain_peak - smallest) * k / 8;
         let (peak, steps) = memory_steps(&chain, &plain, budget);
         println!("starts narrow, budget {budget}: {steps} steps at {peak} B");
+    }
+}
+
+#[test]
+fn a_chain_longer_than_the_planner_steps_through_is_planned_on_runs_within_the_budget() {
+    // 150 layers: planned on 100 runs of one or two layers, each recorded or replayed whole.
+    let pool = Pool::with_max_memory_mb(256);
+    let chain = Alternating::with_layers(&pool, true, 150);
+    let (plain, plain_peak) = chain.step(&pool, None);
+    let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(plain_peak)));
+    chain.step(&pool, Some(&mut probe)); // as under Sqrt
+    let (grads, _) = chain.step(&pool, Some(&mut probe)); // profiling
+    assert!(grads == plain);
+    let smallest = probe.smallest_budget().unwrap();
+    assert!(smallest < plain_peak / 2, "{smallest} vs {plain_peak}");
+    for k in 0..=4 {
+        let budget = smallest + (plain_peak - smallest) * k / 4;
+        let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
+        ckpt.set_costs(probe.costs().unwrap());
+        let (grads, peak) = chain.step(&pool, Some(&mut ckpt));
+        let again = ckpt
+            .last_backward()
+            .map_or(0, |r| r.recomputed_steps + r.replayed_steps);
+        println!("150 layers, budget {budget}: peak {peak} B, {again} steps again (plain {plain_peak} B)");
+        assert!(grads == plain, "budget {budget}: the plain gradients");
+        assert!(peak <= budget, "budget {budget}: peak {peak}");
+        if budget == plain_peak {
+            assert_eq!(again, 0, "the plain step fits its own peak");
+        }
     }
 }
 

@@ -48,6 +48,13 @@ pub enum Policy {
     /// forward runs (another weight shape, a layer grown) makes the rest of that step hold the
     /// least memory and the next one profile ([`Checkpointer::plan_report`] says which ran).
     ///
+    /// The plan is exact in bytes: no schedule the program considers that fits the budget is
+    /// faster, and recording every layer's graph (no checkpoint) is chosen whenever it fits. Up to
+    /// 100 layers, it considers every schedule of the paper's: each layer stored, recorded or
+    /// replayed on its own. A longer chain is planned on 100 runs of consecutive layers (of equal
+    /// length, to one layer), each stored, recorded or replayed as a whole; planning takes about
+    /// as long as for 100 layers.
+    ///
     /// Storage is at full precision. A forward that records no graph has no backward to plan
     /// for: it stores the checkpoints of [`Policy::Sqrt`].
     Memory(usize),

@@ -162,9 +162,10 @@ pub(crate) struct Measuring {
     backward_end: Option<(Pool, usize)>,
 }
 
-/// The optimal schedule for one budget: the dynamic program's tables and its forward pass.
+/// The optimal schedule for one budget: the dynamic program's fronts (shared by the plans of
+/// other budgets of the same costs) and its forward pass.
 pub(crate) struct MemoryPlan {
-    pub(crate) rotor: Rotor,
+    pub(crate) rotor: Rc<Rotor>,
     pub(crate) top: TopPlan,
     budget: usize,
     /// Set when a forward under this plan met a step that differs from the plan's key: the
@@ -287,9 +288,19 @@ impl<T: Element> Checkpointer<T> {
         self.memory.known.last().map(|known| known.costs.clone())
     }
 
-    /// The smallest budget `Policy::Memory` finds a schedule for with [`Checkpointer::costs`];
-    /// `None` before costs are known.
+    /// The smallest budget in bytes `Policy::Memory` finds a schedule for with
+    /// [`Checkpointer::costs`], exactly (see [`Policy::Memory`] for the schedules it plans
+    /// among); `None` before costs are known.
+    ///
+    /// [`Policy::Memory`]: super::Policy::Memory
     pub fn smallest_budget(&self) -> Option<usize> {
+        // The last plan's fronts are those of the costs, unless a profiling step measured anew.
+        let planned = self.memory.known.last().and_then(|k| k.plan.as_ref());
+        if let Some(plan) = planned {
+            if !self.memory.measuring.borrow().done {
+                return Some(plan.rotor.smallest_budget());
+            }
+        }
         self.costs().map(|costs| rotor::smallest_budget(&costs))
     }
 
@@ -361,13 +372,17 @@ impl<T: Element> Checkpointer<T> {
         let memory_plan = match current {
             Some(p) => p.clone(),
             None => {
-                let too_small = || CheckpointError::MemoryBudgetTooSmall {
+                let too_small = |rotor: &Rotor| CheckpointError::MemoryBudgetTooSmall {
                     budget,
-                    smallest: rotor::smallest_budget(&known.costs),
+                    smallest: rotor.smallest_budget(),
                     layers: n,
                 };
-                let (mut rotor, units) = Rotor::for_budget(&known.costs, budget);
-                let mut top = rotor.plan(units).ok_or_else(too_small)?;
+                // The fronts depend on the costs alone: a plan of another budget lends its own.
+                let rotor = match &known.plan {
+                    Some(p) => p.rotor.clone(),
+                    None => Rc::new(Rotor::new(&known.costs)),
+                };
+                let mut top = rotor.plan(budget as u64).ok_or_else(|| too_small(&rotor))?;
                 // A step recording its graph after a region, reading a value from before the
                 // chain, makes its gradient in the outer backward before the region makes its
                 // own: two at once, where the profiling step's one region held one. Such a
@@ -376,15 +391,14 @@ impl<T: Element> Checkpointer<T> {
                 let mixed = top.graph.iter().skip(first_region).any(|&g| g);
                 if mixed && known.shared_gradient_bytes > 0 {
                     let reserved = budget.saturating_sub(known.shared_gradient_bytes);
-                    let (r, units) = Rotor::for_budget(&known.costs, reserved);
-                    let Some(reserved_top) = r.plan(units) else {
+                    let Some(reserved_top) = rotor.plan(reserved as u64) else {
                         // Every step on a tape in one region holds them once, as the profiling
                         // step did, which the budget fits (the plan did without them).
                         known.least_for = Some(budget);
                         plan.push(0);
                         return Ok(Layout::Least);
                     };
-                    (top, rotor) = (reserved_top, r);
+                    top = reserved_top;
                 }
                 let p = Rc::new(MemoryPlan {
                     rotor,

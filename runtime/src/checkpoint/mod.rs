@@ -33,6 +33,7 @@
 
 mod config;
 mod driver;
+mod front;
 mod install;
 mod memory;
 mod plan;

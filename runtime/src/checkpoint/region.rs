@@ -257,7 +257,7 @@ enum Reverse {
     /// The binomial schedule with this many slots (`Budget`).
     Binomial(usize),
     /// `Policy::Memory`'s schedule: the region is the steps from `offset` of the plan's chain, and
-    /// its backward has `free` memory units.
+    /// its backward has `free` bytes.
     Rotor {
         plan: Rc<MemoryPlan>,
         offset: usize,
@@ -475,7 +475,7 @@ impl<T: Element> Region<T> {
     }
 
     /// `Policy::Memory`'s schedule for steps `s ..= t` of the region from `x`, their input, with
-    /// `m` memory units free: the choices of the dynamic program, whose memory they keep to.
+    /// `m` bytes free: the choices of the dynamic program, whose memory they keep to.
     #[allow(clippy::too_many_arguments)]
     fn rotor(
         &self,
@@ -490,11 +490,23 @@ impl<T: Element> Region<T> {
         match rotor.solve(offset + s, offset + t, m).1 {
             Choice::All => {
                 let rest = rotor.all_free(offset + s, m).expect("the plan fits");
-                let (y, graph) = self.record(s, s + 1, x, at, flow)?;
-                if s < t {
-                    self.rotor(rotor, offset, (s + 1, t, rest), y, at, grads, flow)?;
+                // A super-step of a long chain records its steps one after another, and runs
+                // their backward last first, as the plan counts them.
+                let end = rotor.all_end(offset + s) - offset;
+                let mut graphs = RecycledVec::new();
+                let mut y = x;
+                for pos in s..end {
+                    let (out, graph) = self.record(pos, pos + 1, y, at, flow)?;
+                    graphs.push(graph);
+                    y = out;
                 }
-                self.settle(graph, at, grads, flow)
+                if end <= t {
+                    self.rotor(rotor, offset, (end, t, rest), y, at, grads, flow)?;
+                }
+                while let Some(graph) = graphs.pop() {
+                    self.settle(graph, at, grads, flow)?;
+                }
+                Ok(())
             }
             Choice::Ck(to) => {
                 let (right, left) = rotor

@@ -3,7 +3,8 @@
 //!
 //! This is the dynamic program of Beaumont, Eyraud-Dubois, Herrmann, Joly and Shilova (2019,
 //! "Optimal checkpointing for heterogeneous chains: how to train deep neural networks with limited
-//! memory", the `rotor` solver), with memory counted the way this runtime's executor holds it.
+//! memory", the `rotor` solver), with memory counted the way this runtime's executor holds it, in
+//! bytes.
 //!
 //! **The operations.** A step `i` maps `a_i` to `a_{i+1}`. It can run
 //! - *values only* (`F_∅`; in the forward pass, on a tape): it holds `forward_peak` beyond its
@@ -13,23 +14,40 @@
 //! - *backward* (`B`, after `F_all`): `backward_peak` at most beyond what is held, then the graph and
 //!   the output's gradient are gone and the input's gradient is held.
 //!
-//! **The forward pass** (`Top(s, m)`, `a_s` held, `m` bytes free) either records step `s`'s graph
-//! (`All`) and goes on from `a_{s+1}`, or stores `a_s` and runs steps `s .. s'` on tapes (`Ck(s')`),
-//! one checkpointed region whose backward comes after everything from `s'` on is done. After the
-//! last step the code that follows the chain (the loss) holds `after_peak` at most and leaves
-//! `after_held` (the output's gradient) when the chain's backward starts.
+//! **The forward pass** (`Top(s)`, `a_s` held) either records step `s`'s graph (`All`) and goes on
+//! from `a_{s+1}`, or stores `a_s` and runs steps `s .. s'` on tapes (`Ck(s')`), one checkpointed
+//! region whose backward comes after everything from `s'` on is done. After the last step the code
+//! that follows the chain (the loss) holds `after_peak` at most and leaves `after_held` when the
+//! chain's backward starts: the output's gradient, which the last step's backward frees, and what
+//! it keeps to the end of the step (the loss itself).
 //!
-//! **A region's backward** (`Solve(s, t, m)`: steps `s ..= t` to reverse, `a_s` and the gradient of
-//! `a_{t+1}` held, `m` bytes free) either replays step `s` recording its graph (`All`), solves
-//! `s + 1 ..= t` and runs `B(s)`; or advances values from `a_s` to `a_{s'}` (`Ck(s')`), solves
-//! `s' ..= t` holding `a_{s'}`, drops it, and solves `s ..= s' - 1`. With `s == t` it is `All`.
+//! **A region's backward** (`Solve(s, t)`: steps `s ..= t` to reverse, `a_s` and the gradient of
+//! `a_{t+1}` held) either replays step `s` recording its graph (`All`), solves `s + 1 ..= t` and
+//! runs `B(s)`; or advances values from `a_s` to `a_{s'}` (`Ck(s')`), solves `s' ..= t` holding
+//! `a_{s'}`, drops it, and solves `s ..= s' - 1`. With `s == t` it is `All`.
 //!
-//! Both recursions minimise the sum of the operations' measured times; memory is in units of
-//! `unit` bytes, every size rounded up and the budget down, so a schedule found fits the budget in
-//! bytes. States are memoised as they are reached, which for chains of repeated layers is a small
-//! part of the `n^2 M` table.
-
-use std::cell::RefCell;
+//! **Exact in bytes.** Each state keeps its Pareto front (see [`front`](super::front)): for each
+//! amount of free memory, the least time of its schedules that fit, as the points where it drops.
+//! A choice needs the most of what it holds and of what its sub-states need on top of what it
+//! holds while they run, so fronts compose by max and plus, with no budget and no rounding: a plan
+//! at a budget is the fastest schedule that holds at most that many bytes, and the smallest budget
+//! is the least need of the whole chain's front. The times are the sums of the measured times
+//! (points faster by less than a part in 10^12 are not kept).
+//!
+//! **The class of schedules.** A chain of at most [`MAX_STEPS`] steps is planned step by step:
+//! the plan is the fastest of all the schedules above. A longer chain is planned on
+//! [`MAX_STEPS`] *super-steps*, runs of consecutive steps of equal length (to one step), each
+//! recorded, replayed or advanced as a whole: its costs are those of its steps run one after
+//! another (summed times; the peaks and bytes those runs hold, exactly), so the plan is the
+//! fastest schedule that fits the budget among those that store, record and start regions only at
+//! the super-steps' boundaries. Recording every step (the plain step) is among them.
+//!
+//! **Cost.** With `n` (super-)steps and fronts of at most `F` points, building the fronts takes
+//! `O(n^3 F)` time (`n^2 / 2` states, each trying up to `n` splits, each joined and merged into
+//! the state's front in `O(F)`, or skipped when the front beats it at each point) and `O(n^2 F)`
+//! memory, once per chain: every budget then plans in `O(n log F)`. Fronts grow about linearly
+//! with `n` (at most 114 points at 100 steps, 23 on average), so about `O(n^4)` up to
+//! [`MAX_STEPS`], and the same beyond.
 
 /// What one layer step costs: measured by the profiling step of [`Policy::Memory`], or stated.
 ///
@@ -70,8 +88,10 @@ pub struct ChainCosts {
     /// Most bytes held at once by the code after the chain (the loss and its backward) beyond
     /// what is held when the chain's forward ends.
     pub after_peak: usize,
-    /// Bytes held when the chain's backward starts beyond what was held when its forward ended
-    /// (the output's gradient, mostly).
+    /// Bytes held when the chain's backward starts beyond what was held when its forward ended:
+    /// the output's gradient, which the last step's backward frees, and what else the code after
+    /// the chain keeps (the loss, say), counted as held until the step ends: the part beyond
+    /// `output_bytes`.
     pub after_held: usize,
     /// Most bytes held at once after the chain's backward (by the backward of what came before
     /// the chain, and until the next training forward) beyond what is held when it ends.
@@ -102,64 +122,59 @@ pub(crate) enum Choice {
     Ck(usize),
 }
 
-const INF: f64 = f64::INFINITY;
+use super::front::{self, Point};
 
-/// A chain's costs in memory units, and the memoised optima of both recursions.
-pub(crate) struct Rotor {
-    n: usize,
-    /// `x[i]`: bytes of `a_i`, `i <= n`.
-    x: Vec<u64>,
-    /// `d[i]`: bytes of the gradient of `a_i` (`d[n]` is `after_held`).
-    d: Vec<u64>,
-    pf: Vec<u64>,
-    g: Vec<u64>,
-    pr: Vec<u64>,
-    pb: Vec<u64>,
-    f: Vec<f64>,
-    b: Vec<f64>,
-    /// `k[i]`: the gradient bytes (not units) of steps `i ..`, which stay once their backward has
-    /// run. Summed in bytes and rounded up as sums: a long chain would gain a unit a step.
-    k: Vec<u64>,
-    unit: u64,
-    after_peak: u64,
-    before_peak: u64,
-    /// Units of the chain's output, reserved out of every budget.
-    reserve: u64,
-    /// The most units any state has free: the largest budget planned for.
-    m_max: u64,
-    /// `Solve`'s optima by `(s, t)` (`s * n + t`), each a table by free units, made when first
-    /// reached; `Top`'s by `(s, fresh)`. `NaN` marks a state not yet solved.
-    solve: RefCell<Vec<Vec<Memo>>>,
-    top: RefCell<Vec<Vec<Memo>>>,
+/// The most steps planned one by one; a longer chain is planned on this many super-steps.
+pub(crate) const MAX_STEPS: usize = 100;
+
+/// Free bytes as the fronts count them: bytes of real budgets are far below this, and sums of a
+/// few of them stay within `i64`.
+fn free(m: u64) -> i64 {
+    m.min(1 << 60) as i64
 }
 
-/// A state's least time and its first choice (`0` for `All`, `sp - s` for `Ck(sp)`), compact:
-/// the tables hold one per memory unit.
-#[derive(Clone, Copy)]
-struct Memo(f32, u32);
-
-impl Memo {
-    const UNSOLVED: Memo = Memo(f32::NAN, 0);
-
-    fn get(self, s: usize) -> Option<(f64, Choice)> {
-        let choice = match self.1 {
-            0 => Choice::All,
-            d => Choice::Ck(s + d as usize),
-        };
-        (!self.0.is_nan()).then_some((f64::from(self.0), choice))
-    }
-
-    fn of(s: usize, (secs, choice): (f64, Choice)) -> Memo {
-        let d = match choice {
-            Choice::All => 0,
-            Choice::Ck(sp) => (sp - s) as u32,
-        };
-        Memo(secs as f32, d)
-    }
+/// A chain's (super-)steps, their costs in bytes, and the fronts of every state.
+pub(crate) struct Rotor {
+    /// The (super-)steps planned on.
+    n: usize,
+    /// `at[i]`: the position in the chain of the first step of super-step `i`; `at[n]` is the
+    /// chain's length.
+    at: Vec<usize>,
+    /// `x[i]`: bytes of `a_i`, `i <= n` (`x[n]` is 0: the output is reserved).
+    x: Vec<i64>,
+    /// `d[i]`: bytes of the gradient of `a_i` (`d[n]`: of `after_held`, at most the output's).
+    d: Vec<i64>,
+    /// Values only, as the first step of an advance (its input held by the caller): the most
+    /// bytes held beyond the input.
+    first: Vec<i64>,
+    /// Values only, within an advance (each step's input dropped once its output is made): the
+    /// most bytes held, the input included.
+    mid: Vec<i64>,
+    /// Bytes of the recorded graph, and the most held while recording it (the graph included).
+    g: Vec<i64>,
+    pr: Vec<i64>,
+    /// The most bytes the backward holds beyond what is held when it starts.
+    pb: Vec<i64>,
+    f: Vec<f64>,
+    b: Vec<f64>,
+    /// `k[i]`: the gradient bytes steps `i ..` leave once their backward has run, and (`k[n]`)
+    /// what the code after the chain holds to the end beyond the output's gradient.
+    k: Vec<i64>,
+    after_peak: i64,
+    before_peak: i64,
+    /// Bytes of the chain's output, reserved out of every budget.
+    reserve: i64,
+    /// Every front, each a range of `points`: `Solve(s, t)`'s at `s * n + t`, `Top(s, fresh)`'s
+    /// at `2 * s + fresh`.
+    points: Vec<Point>,
+    solve: Vec<(usize, usize)>,
+    top: Vec<(usize, usize)>,
+    /// The splits the build joined into fronts, and those it skipped as beaten.
+    splits: (usize, usize),
 }
 
 /// One checkpointed region of a planned forward: steps `start .. end` on tapes, `a_start` stored,
-/// and the free memory its backward solves with.
+/// and the free bytes its backward solves with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RegionPlan {
     pub(crate) start: usize,
@@ -177,325 +192,378 @@ pub(crate) struct TopPlan {
     pub(crate) secs: f64,
 }
 
+/// The buffers of the state being solved, and counts of the splits it joined and skipped.
+#[derive(Default)]
+struct Work {
+    front: Vec<Point>,
+    scratch: Vec<Point>,
+    merged: usize,
+    skipped: usize,
+}
+
+/// The schedule of no step: nothing to hold, no time.
+const NOTHING: [Point; 1] = [Point {
+    need: 0,
+    secs: 0.0,
+    choice: Choice::All,
+}];
+
 impl Rotor {
-    /// The chain `costs` in units of `unit` bytes, for budgets up to `m_max` units.
-    pub(crate) fn new(costs: &ChainCosts, unit: usize, m_max: u64) -> Self {
-        let unit = unit.max(1) as u64;
-        let up = |b: usize| (b as u64).div_ceil(unit);
+    /// The chain `costs`, with the fronts of all its states.
+    pub(crate) fn new(costs: &ChainCosts) -> Self {
         let costs = &costs.output_reserved();
         let steps = &costs.steps;
-        let n = steps.len();
-        let mut x: Vec<u64> = steps.iter().map(|c| up(c.input_bytes)).collect();
+        let len = steps.len();
+        let n = len.min(MAX_STEPS);
+        let at: Vec<usize> = (0..=n).map(|i| i * len / n.max(1)).collect();
+        let size = |b: usize| b as i64;
         // The chain's output is held by the caller until the step ends: it is reserved out of the
         // budget from the start, so no step holds it again.
-        x.push(0);
-        let mut d = x.clone();
-        d[n] = up(costs.after_held);
-        Rotor {
+        let input = |i: usize| steps.get(i).map_or(0, |c| size(c.input_bytes));
+        // The output's gradient is the output's size; what else the loss holds stays to the end.
+        let output_grad = costs.after_held.min(costs.output_bytes);
+        let grad = |i: usize| {
+            if i == len {
+                size(output_grad)
+            } else {
+                input(i)
+            }
+        };
+        let mut r = Rotor {
             n,
-            x,
-            d,
-            pf: steps.iter().map(|c| up(c.forward_peak)).collect(),
-            g: steps.iter().map(|c| up(c.graph_bytes)).collect(),
-            pr: steps
-                .iter()
-                .map(|c| up(c.record_peak.max(c.graph_bytes)))
-                .collect(),
-            pb: steps.iter().map(|c| up(c.backward_peak)).collect(),
-            f: steps.iter().map(|c| c.forward_secs).collect(),
-            b: steps.iter().map(|c| c.backward_secs).collect(),
-            k: {
-                let mut k = vec![0; n + 1];
-                for i in (0..n).rev() {
-                    k[i] = k[i + 1] + steps[i].gradient_bytes as u64;
-                }
-                k
-            },
-            unit,
-            after_peak: up(costs.after_peak),
-            before_peak: up(costs.before_peak),
-            reserve: up(costs.output_bytes),
-            m_max,
-            solve: RefCell::new(vec![Vec::new(); n * n]),
-            top: RefCell::new(vec![Vec::new(); 2 * n]),
+            x: at.iter().map(|&i| input(i)).collect(),
+            d: at.iter().map(|&i| grad(i)).collect(),
+            first: Vec::with_capacity(n),
+            mid: Vec::with_capacity(n),
+            g: Vec::with_capacity(n),
+            pr: Vec::with_capacity(n),
+            pb: Vec::with_capacity(n),
+            f: Vec::with_capacity(n),
+            b: Vec::with_capacity(n),
+            k: vec![0; n + 1],
+            after_peak: size(costs.after_peak),
+            before_peak: size(costs.before_peak),
+            reserve: size(costs.output_bytes),
+            points: Vec::new(),
+            solve: vec![(0, 0); n * n],
+            top: vec![(0, 0); 2 * (n + 1)],
+            splits: (0, 0),
+            at,
+        };
+        let mut kept = Vec::with_capacity(n);
+        for w in r.at.windows(2) {
+            let run = &steps[w[0]..w[1]];
+            // The steps of a run, one after another: values only, each dropping its input once
+            // its output is made (the first one's is the caller's); recording, each holding the
+            // graphs before it; backward, last first, each holding the graphs of the steps before
+            // it and the gradients of those after.
+            let (mut first, mut mid, mut g, mut pr) = (0, 0, 0, 0);
+            for (j, c) in run.iter().enumerate() {
+                let held = size(c.input_bytes) + size(c.forward_peak);
+                first = if j == 0 {
+                    size(c.forward_peak)
+                } else {
+                    first.max(held)
+                };
+                mid = mid.max(held);
+                pr = pr.max(g + size(c.record_peak.max(c.graph_bytes)));
+                g += size(c.graph_bytes);
+            }
+            let (mut pb, mut later_graphs, mut later_grads) = (0, 0, 0);
+            for (j, c) in run.iter().enumerate().rev() {
+                let swapped = grad(w[0] + j + 1) - grad(w[1]);
+                pb = pb.max(size(c.backward_peak) + swapped - later_graphs + later_grads);
+                later_graphs += size(c.graph_bytes);
+                later_grads += size(c.gradient_bytes);
+            }
+            r.first.push(first);
+            r.mid.push(mid);
+            r.g.push(g);
+            r.pr.push(pr);
+            r.pb.push(pb);
+            r.f.push(run.iter().map(|c| c.forward_secs).sum());
+            r.b.push(run.iter().map(|c| c.backward_secs).sum());
+            kept.push(later_grads);
         }
+        r.k[n] = size(costs.after_held - output_grad);
+        for i in (0..n).rev() {
+            r.k[i] = r.k[i + 1] + kept[i];
+        }
+        r.build();
+        r
     }
 
-    /// The memo of a state, if solved.
-    fn memo(table: &RefCell<Vec<Vec<Memo>>>, at: usize, m: u64, s: usize) -> Option<(f64, Choice)> {
-        table.borrow()[at]
-            .get(m as usize)
-            .and_then(|memo| memo.get(s))
+    /// Builds every front: `Solve`'s by the length of the run, then `Top`'s from the end.
+    fn build(&mut self) {
+        let n = self.n;
+        let mut work = Work::default();
+        for len in 0..n {
+            for s in 0..n - len {
+                self.solve[s * n + s + len] = self.solve_state(s, s + len, &mut work);
+            }
+        }
+        for s in (0..=n).rev() {
+            for fresh in [false, true] {
+                self.top[2 * s + usize::from(fresh)] = self.top_state(s, fresh, &mut work);
+            }
+        }
+        self.splits = (work.merged, work.skipped);
     }
 
-    /// Keeps the optimum of a state.
-    fn keep(
-        &self,
-        table: &RefCell<Vec<Vec<Memo>>>,
-        at: usize,
-        m: u64,
-        s: usize,
-        best: (f64, Choice),
+    fn solve_front(&self, s: usize, t: usize) -> &[Point] {
+        let (from, to) = self.solve[s * self.n + t];
+        &self.points[from..to]
+    }
+
+    fn top_front(&self, s: usize, fresh: bool) -> &[Point] {
+        let (from, to) = self.top[2 * s + usize::from(fresh)];
+        &self.points[from..to]
+    }
+
+    /// Merges into the state's front those of `Ck(sp)` for each `sp` in `s + 1 ..= last`: `a_s`
+    /// advanced to `a_sp` holding `stored` more, then `right(sp)` holding `stored + x[sp]` and
+    /// `left(sp)` holding `stored + moved(sp)`, ending holding `end`.
+    #[allow(clippy::too_many_arguments)]
+    fn splits<'r>(
+        &'r self,
+        (s, last): (usize, usize),
+        stored: i64,
+        end: i64,
+        right: impl Fn(usize) -> &'r [Point],
+        left: impl Fn(usize) -> &'r [Point],
+        moved: impl Fn(usize) -> i64,
+        work: &mut Work,
     ) {
-        let mut table = table.borrow_mut();
-        let row = &mut table[at];
-        if row.is_empty() {
-            row.resize(self.m_max as usize + 1, Memo::UNSOLVED);
-        }
-        row[m as usize] = Memo::of(s, best);
-    }
-
-    /// The fastest reversal of steps `s ..= t` with `m` units free beyond `a_s` and the gradient of
-    /// `a_{t+1}`, and its first choice; infinite time if nothing fits.
-    pub(crate) fn solve(&self, s: usize, t: usize, m: u64) -> (f64, Choice) {
-        // Free memory never grows past the budget; a state given more is given the budget.
-        let m = m.min(self.m_max);
-        let at = s * self.n + t;
-        if let Some(hit) = Self::memo(&self.solve, at, m, s) {
-            return hit;
-        }
-        let mut best = (INF, Choice::All);
-        // It ends holding the gradient of a_s instead of a_{t+1}'s, and its steps' gradients.
-        if self.d[s] + self.kept(s, t + 1) > m + self.d[t + 1] {
-            self.keep(&self.solve, at, m, s, best);
-            return best;
-        }
-        if let Some(cost) = self.solve_all(s, t, m) {
-            best = (cost, Choice::All);
-        }
-        for (sp, advance) in self.advances(s, t, m) {
-            let Some((right, left)) = self.solve_ck_free(t, sp, m) else {
+        let (mut advance, mut secs) = (0, 0.0);
+        for sp in s + 1..=last {
+            advance = self.advance_peak(s, sp, advance);
+            secs += self.f[sp - 1];
+            let (r, l) = (right(sp), left(sp));
+            let (Some(r0), Some(l0)) = (r.first(), l.first()) else {
                 continue;
             };
-            let cost = advance + self.solve(sp, t, right).0 + self.solve(s, sp - 1, left).0;
-            if cost < best.0 {
-                best = (cost, Choice::Ck(sp));
+            let (a, b, floor) = (
+                stored + self.x[sp],
+                stored + moved(sp),
+                (stored + advance).max(end),
+            );
+            let least = floor.max(a + r0.need).max(b + l0.need);
+            let fastest = secs + r[r.len() - 1].secs + l[l.len() - 1].secs;
+            let points = || front::joined((r, a), (l, b), floor, secs, Choice::Ck(sp));
+            // Most splits are beaten at every need by those tried before: a bound first, then
+            // each point, before any is written.
+            if front::beats(&work.front, least, fastest) || front::beaten(&work.front, points()) {
+                work.skipped += 1;
+                continue;
             }
+            front::merge(&mut work.front, points(), &mut work.scratch);
+            work.merged += 1;
         }
-        self.keep(&self.solve, at, m, s, best);
-        best
     }
 
-    /// `All` at `s` in a region's backward: its time, if it fits.
-    fn solve_all(&self, s: usize, t: usize, m: u64) -> Option<f64> {
-        let rest = self.all_free(s, m)?;
-        let sub = if s < t {
-            self.solve(s + 1, t, rest).0
+    /// Starts the state's front with `All`'s: recording the (super-)step, then `rest` holding
+    /// its graph, then its backward holding `held` more than on entry, ending holding `end`.
+    fn record_first(&self, s: usize, rest: &[Point], held: i64, end: i64, work: &mut Work) {
+        let floor = self.pr[s].max(held + self.pb[s]).max(end);
+        let secs = self.f[s] + self.b[s];
+        work.front.clear();
+        let points = front::shifted(rest, self.g[s], floor, secs, Choice::All);
+        front::merge(&mut work.front, points, &mut work.scratch);
+    }
+
+    /// Keeps the state's front, and returns its range.
+    fn keep(&mut self, work: &mut Work) -> (usize, usize) {
+        let from = self.points.len();
+        self.points.extend_from_slice(&work.front);
+        (from, self.points.len())
+    }
+
+    /// The front of `Solve(s, t)`, from those of shorter runs and of `Solve(s', t)`, `s' > s`.
+    fn solve_state(&mut self, s: usize, t: usize, work: &mut Work) -> (usize, usize) {
+        // It ends holding the gradient of a_s instead of a_{t+1}'s, and its steps' gradients.
+        let end = self.d[s] - self.d[t + 1] + self.kept(s, t + 1);
+        let rest = if s < t {
+            self.solve_front(s + 1, t)
         } else {
-            0.0
+            &NOTHING
         };
-        // The sub-problem swapped the gradient of a_{t+1} for that of a_{s+1}, and left its
-        // steps' gradients.
-        let held = (rest + self.d[t + 1]).checked_sub(self.d[s + 1] + self.kept(s + 1, t + 1))?;
-        (sub < INF && self.pb[s] <= held).then(|| self.f[s] + sub + self.b[s])
+        // B(s) runs holding the graph and what the rest left.
+        let held = self.g[s] + self.d[s + 1] - self.d[t + 1] + self.kept(s + 1, t + 1);
+        self.record_first(s, rest, held, end, work);
+        self.splits(
+            (s, t),
+            0,
+            end,
+            |sp| self.solve_front(sp, t),
+            |sp| self.solve_front(s, sp - 1),
+            |sp| self.d[sp] - self.d[t + 1] + self.kept(sp, t + 1),
+            work,
+        );
+        self.keep(work)
     }
 
-    /// Units free after recording step `s`'s graph with `m` free, if the recording fits.
+    /// The front of `Top(s, fresh)`, from those of `Top(s', _)`, `s' > s`, and of `Solve`;
+    /// `fresh` when `a_s` has no other handle (storing it copies nothing).
+    fn top_state(&mut self, s: usize, fresh: bool, work: &mut Work) -> (usize, usize) {
+        if s == self.n {
+            work.front.clear();
+            work.front.push(Point {
+                need: self.after_peak.max(self.d[s] + self.k[s]),
+                secs: 0.0,
+                choice: Choice::All,
+            });
+            return self.keep(work);
+        }
+        // It ends holding the gradient of a_s, the steps' gradients and what the loss keeps.
+        let end = self.d[s] + self.k[s];
+        let held = self.g[s] + self.d[s + 1] + self.k[s + 1];
+        self.record_first(s, self.top_front(s + 1, false), held, end, work);
+        self.splits(
+            (s, self.n),
+            if fresh { 0 } else { self.x[s] },
+            end,
+            |sp| self.top_front(sp, true),
+            |sp| self.solve_front(s, sp - 1),
+            |sp| self.d[sp] + self.k[sp],
+            work,
+        );
+        self.keep(work)
+    }
+
+    /// The most bytes held beyond `a_s` advancing values from it to `a_sp`, given `before`, that
+    /// of advancing to `a_{sp-1}`.
+    fn advance_peak(&self, s: usize, sp: usize, before: i64) -> i64 {
+        if sp == s + 1 {
+            self.first[s]
+        } else {
+            before.max(self.mid[sp - 1])
+        }
+    }
+
+    /// The gradient bytes (super-)steps `from .. to` leave.
+    fn kept(&self, from: usize, to: usize) -> i64 {
+        self.k[from] - self.k[to]
+    }
+
+    /// The (super-)step that starts at position `pos` of the chain.
+    fn index(&self, pos: usize) -> usize {
+        if self.at.len() == self.at.last().map_or(0, |&l| l + 1) {
+            return pos;
+        }
+        self.at
+            .binary_search(&pos)
+            .expect("the plan's positions start (super-)steps")
+    }
+
+    /// A choice with positions of the chain.
+    fn positioned(&self, choice: Choice) -> Choice {
+        match choice {
+            Choice::All => Choice::All,
+            Choice::Ck(sp) => Choice::Ck(self.at[sp]),
+        }
+    }
+
+    /// The fastest reversal of steps `s ..= t` with `m` bytes free beyond `a_s` and the gradient of
+    /// `a_{t+1}`, and its first choice; infinite time if nothing fits.
+    pub(crate) fn solve(&self, s: usize, t: usize, m: u64) -> (f64, Choice) {
+        let (s, t) = (self.index(s), self.index(t + 1) - 1);
+        match front::best(self.solve_front(s, t), free(m)) {
+            Some(p) => (p.secs, self.positioned(p.choice)),
+            None => (f64::INFINITY, Choice::All),
+        }
+    }
+
+    /// Bytes free after recording the graph of the (super-)step at `s` with `m` free, if the
+    /// recording fits.
     pub(crate) fn all_free(&self, s: usize, m: u64) -> Option<u64> {
-        (self.pr[s] <= m).then(|| m - self.g[s])
+        let i = self.index(s);
+        (self.pr[i] <= free(m)).then(|| m - self.g[i] as u64)
     }
 
-    /// The free units of the two sub-problems of `Ck(sp)` at `(s, t, m)`: the right part (holding
+    /// The position after the steps `All` at `s` records: `s + 1`, or the end of its super-step.
+    pub(crate) fn all_end(&self, s: usize) -> usize {
+        self.at[self.index(s) + 1]
+    }
+
+    /// The free bytes of the two sub-problems of `Ck(sp)` at `(s, t, m)`: the right part (holding
     /// `a_sp`) and the left part (holding the gradient of `a_sp` instead of `a_{t+1}`'s).
     pub(crate) fn solve_ck_free(&self, t: usize, sp: usize, m: u64) -> Option<(u64, u64)> {
-        let right = m.checked_sub(self.x[sp])?;
-        let left = (m + self.d[t + 1]).checked_sub(self.d[sp] + self.kept(sp, t + 1))?;
-        Some((right, left))
+        let (t1, sp) = (self.index(t + 1), self.index(sp));
+        let m = free(m);
+        let right = m - self.x[sp];
+        let left = m + self.d[t1] - self.d[sp] - self.kept(sp, t1);
+        Some((u64::try_from(right).ok()?, u64::try_from(left).ok()?))
     }
 
-    /// The positions `sp` in `s + 1 ..= last` that advancing values from `a_s` reaches with `m`
-    /// units free (each step's forward peak on top of its input, held but for the first step's,
-    /// whose holder is the caller), each with the time of the steps to it.
-    fn advances(&self, s: usize, last: usize, m: u64) -> impl Iterator<Item = (usize, f64)> + '_ {
-        let first_fits = self.pf[s] <= m;
-        (s + 1..=last)
-            .take_while(move |&sp| {
-                first_fits && (sp - 1 == s || self.x[sp - 1] + self.pf[sp - 1] <= m)
-            })
-            .scan(0.0, move |time, sp| {
-                *time += self.f[sp - 1];
-                Some((sp, *time))
-            })
-    }
-
-    /// The gradient units steps `from .. to` leave, rounded up.
-    fn kept(&self, from: usize, to: usize) -> u64 {
-        (self.k[from] - self.k[to]).div_ceil(self.unit)
-    }
-
-    /// The fastest forward and backward of steps `s ..` from `a_s` with `m` units free beyond what
-    /// is held; `fresh` when `a_s` has no other handle (storing it copies nothing).
-    fn top(&self, s: usize, m: u64, fresh: bool) -> (f64, Choice) {
-        if s == self.n {
-            let fits = self.after_peak <= m && self.d[s] <= m;
-            return (if fits { 0.0 } else { INF }, Choice::All);
-        }
-        let m = m.min(self.m_max);
-        let at = 2 * s + usize::from(fresh);
-        if let Some(hit) = Self::memo(&self.top, at, m, s) {
-            return hit;
-        }
-        let mut best = (INF, Choice::All);
-        if self.d[s] + self.kept(s, self.n) > m {
-            // It ends holding the gradient of a_s and the steps' gradients.
-            self.keep(&self.top, at, m, s, best);
-            return best;
-        }
-        if let Some(rest) = self.all_free(s, m) {
-            let sub = self.top(s + 1, rest, false).0;
-            let held = self.d[s + 1] + self.kept(s + 1, self.n);
-            if sub < INF && rest.checked_sub(held).is_some_and(|h| self.pb[s] <= h) {
-                best = (self.f[s] + sub + self.b[s], Choice::All);
-            }
-        }
-        if let Some(m0) = m.checked_sub(if fresh { 0 } else { self.x[s] }) {
-            for (sp, advance) in self.advances(s, self.n, m0) {
-                let Some((right, left)) = self.top_ck_free(sp, m0) else {
-                    continue;
-                };
-                let cost = advance + self.top(sp, right, true).0 + self.solve(s, sp - 1, left).0;
-                if cost < best.0 {
-                    best = (cost, Choice::Ck(sp));
-                }
-            }
-        }
-        self.keep(&self.top, at, m, s, best);
-        best
-    }
-
-    /// The free units of `Ck(sp)` in the forward pass with `m0` free once `a_s` is stored: the rest
-    /// of the forward (holding `a_sp`), and the region's backward (holding the gradient of `a_sp`).
-    fn top_ck_free(&self, sp: usize, m0: u64) -> Option<(u64, u64)> {
-        Some((
-            m0.checked_sub(self.x[sp])?,
-            m0.checked_sub(self.d[sp] + self.kept(sp, self.n))?,
-        ))
-    }
-
-    /// The optimal schedule with `budget` units, if one fits.
-    pub(crate) fn plan(&self, budget: u64) -> Option<TopPlan> {
-        let budget = budget.checked_sub(self.reserve)?;
+    /// The least budget in bytes a plan fits in.
+    pub(crate) fn smallest_budget(&self) -> usize {
         // After the chain's backward: the input's gradient, every step's gradients, and what the
         // backward of the code before the chain holds.
-        if self.d[0] + self.kept(0, self.n) + self.before_peak > budget {
+        let after = self.d[0] + self.k[0] + self.before_peak;
+        let least = self.top_front(0, false).first().map_or(0, |p| p.need);
+        (self.reserve + least.max(after)) as usize
+    }
+
+    /// The optimal schedule within `budget` bytes, if one fits.
+    pub(crate) fn plan(&self, budget: u64) -> Option<TopPlan> {
+        let budget = free(budget) - self.reserve;
+        if self.d[0] + self.k[0] + self.before_peak > budget {
             return None;
         }
-        let (secs, _) = self.top(0, budget, false);
-        if secs == INF {
-            return None;
-        }
+        let secs = front::best(self.top_front(0, false), budget)?.secs;
         let mut plan = TopPlan {
-            graph: vec![false; self.n],
+            graph: vec![false; self.at[self.n]],
             regions: Vec::new(),
             secs,
         };
         let (mut s, mut m, mut fresh) = (0, budget, false);
         while s < self.n {
-            match self.top(s, m, fresh).1 {
+            let point = front::best(self.top_front(s, fresh), m).expect("the optimum fits");
+            match point.choice {
                 Choice::All => {
-                    plan.graph[s] = true;
-                    m = self.all_free(s, m).expect("the optimum fits");
+                    plan.graph[self.at[s]..self.at[s + 1]].fill(true);
+                    m -= self.g[s];
                     fresh = false;
                     s += 1;
                 }
                 Choice::Ck(sp) => {
                     let m0 = m - if fresh { 0 } else { self.x[s] };
-                    let (right, left) = self.top_ck_free(sp, m0).expect("the optimum fits");
+                    let left = m0 - self.d[sp] - self.k[sp];
                     plan.regions.push(RegionPlan {
-                        start: s,
-                        end: sp,
-                        free: left,
+                        start: self.at[s],
+                        end: self.at[sp],
+                        free: left as u64,
                     });
-                    (s, m, fresh) = (sp, right, true);
+                    (s, m, fresh) = (sp, m0 - self.x[sp], true);
                 }
             }
         }
         Some(plan)
     }
-}
 
-/// Memory units of a plan: its budget is split into at least `UNITS` and at most `MAX_UNITS`.
-const UNITS: usize = 512;
-const MAX_UNITS: usize = 4096;
-
-impl Rotor {
-    /// The chain `costs` for a budget of `budget` bytes, and the budget in its units. A unit is a
-    /// 16th of the smallest activation (every size is rounded up to units, and a schedule holds
-    /// many activations at once), but no less than a 4096th of the budget and no more than a 512th:
-    /// the time of the dynamic program grows with the units.
-    pub(crate) fn for_budget(costs: &ChainCosts, budget: usize) -> (Rotor, u64) {
-        let smallest = costs
-            .steps
+    /// The (super-)steps planned on, the points of all the fronts, of the largest, and the
+    /// splits joined and skipped.
+    #[cfg(test)]
+    fn size(&self) -> (usize, usize, usize, (usize, usize)) {
+        let largest = self
+            .solve
             .iter()
-            .map(|c| c.input_bytes)
-            .filter(|&b| b > 0)
-            .min();
-        let fine = smallest.map_or(usize::MAX, |b| b / 16);
-        let unit = fine
-            .min(budget.div_ceil(UNITS))
-            .max(budget.div_ceil(MAX_UNITS))
-            .max(1);
-        let units = (budget / unit) as u64;
-        (Rotor::new(costs, unit, units), units)
+            .chain(&self.top)
+            .map(|(from, to)| to - from);
+        let largest = largest.max().unwrap_or(0);
+        (self.n, self.points.len(), largest, self.splits)
     }
 }
 
-/// The smallest budget in bytes for which a plan of `costs` fits, as [`Rotor::for_budget`] plans it
-/// (to within its unit, about a 512th). Bisection over a coarse grid, then over a fine one near
-/// the result; the states of each grid are solved once for all its probes.
+/// The smallest budget in bytes for which a plan of `costs` fits.
 pub(crate) fn smallest_budget(costs: &ChainCosts) -> usize {
-    let fits_at = |budget: usize| {
-        let (rotor, units) = Rotor::for_budget(costs, budget);
-        rotor.plan(units).is_some()
-    };
-    let steps = &costs.steps;
-    let mut hi = costs.output_bytes
-        + costs.before_peak
-        + costs.after_peak
-        + costs.after_held
-        + steps
-            .iter()
-            .map(|c| {
-                2 * c.input_bytes
-                    + c.forward_peak
-                    + c.graph_bytes
-                    + c.record_peak
-                    + c.backward_peak
-                    + c.gradient_bytes
-            })
-            .sum::<usize>();
-    while !fits_at(hi) {
-        hi = hi.saturating_mul(2);
-    }
-    // On the grid of `hi`, then on the grid of the coarse result.
-    let least_units = |rotor: &Rotor, lo: u64, hi: u64| {
-        let (mut lo, mut hi) = (lo, hi);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if rotor.plan(mid).is_some() {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        hi
-    };
-    let (coarse, units) = Rotor::for_budget(costs, hi);
-    let unit = coarse.unit as usize;
-    let found = least_units(&coarse, 0, units) as usize * unit;
-    let (fine, units) = Rotor::for_budget(costs, found);
-    let below = (found.saturating_sub(unit) as u64) / fine.unit;
-    let mut least = least_units(&fine, below.min(units), units) as usize * fine.unit as usize;
-    // Planned in its own units, the least budget must fit too.
-    while !fits_at(least) {
-        least += least.div_ceil(MAX_UNITS);
-    }
-    least
+    Rotor::new(costs).smallest_budget()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
     use std::collections::HashMap;
 
     /// A small xorshift generator: the chains are random but the same at every run.
@@ -645,7 +713,7 @@ mod tests {
         fn top_all_ways(&self, s: usize, fresh: bool) -> Front {
             let n = self.c.steps.len();
             if s == n {
-                return vec![(0, (self.c.after_peak as i64).max(self.d[n]))];
+                return vec![(0, (self.c.after_peak as i64).max(self.d[n] + self.k[n]))];
             }
             let (_, g, pr, pb, fb) = self.step(s);
             let mut all = Vec::new();
@@ -686,8 +754,11 @@ mod tests {
     fn exhaustive(c: &ChainCosts) -> Exhaustive<'_> {
         let n = c.steps.len();
         let mut d: Vec<i64> = c.steps.iter().map(|s| s.input_bytes as i64).collect();
-        d.push(c.after_held as i64);
+        // The output's gradient goes with the last step's backward; the rest stays to the end.
+        let output_grad = c.after_held.min(c.output_bytes);
+        d.push(output_grad as i64);
         let mut k = vec![0; n + 1];
+        k[n] = (c.after_held - output_grad) as i64;
         for i in (0..n).rev() {
             k[i] = k[i + 1] + c.steps[i].gradient_bytes as i64;
         }
@@ -703,17 +774,32 @@ mod tests {
     fn follow(r: &Rotor, e: &Exhaustive<'_>, budget: u64) -> (u64, i64) {
         fn solve(r: &Rotor, e: &Exhaustive<'_>, s: usize, t: usize, m: u64) -> (u64, i64) {
             let end = e.d[s] - e.d[t + 1] + e.k[s] - e.k[t + 1];
-            let (_, g, pr, pb, fb) = e.step(s);
             match r.solve(s, t, m).1 {
                 Choice::All => {
+                    // Steps s .. to recorded one after another, the rest solved, and their
+                    // backward last first.
                     let rest = r.all_free(s, m).unwrap();
-                    let ((c1, p1), e1) = if s < t {
-                        let e1 = e.d[s + 1] - e.d[t + 1] + e.k[s + 1] - e.k[t + 1];
-                        (solve(r, e, s + 1, t, rest), e1)
-                    } else {
-                        ((0, 0), 0)
-                    };
-                    (fb + c1, pr.max(g + p1).max(g + e1 + pb).max(end))
+                    let to = r.all_end(s);
+                    let (mut held, mut peak, mut secs) = (0, 0, 0);
+                    for j in s..to {
+                        let (_, g, pr, _, fb) = e.step(j);
+                        peak = peak.max(held + pr);
+                        held += g;
+                        secs += fb;
+                    }
+                    if to <= t {
+                        let (c1, p1) = solve(r, e, to, t, rest);
+                        peak = peak.max(held + p1);
+                        held += e.d[to] - e.d[t + 1] + e.k[to] - e.k[t + 1];
+                        secs += c1;
+                    }
+                    for j in (s..to).rev() {
+                        let (_, g, _, pb, _) = e.step(j);
+                        peak = peak.max(held + pb);
+                        held += e.d[j] - e.d[j + 1] - g + e.k[j] - e.k[j + 1];
+                    }
+                    assert_eq!(held, end);
+                    (secs, peak.max(end))
                 }
                 Choice::Ck(sp) => {
                     let (right, left) = r.solve_ck_free(t, sp, m).unwrap();
@@ -761,7 +847,7 @@ mod tests {
             }
         }
         peak = peak.max(held + e.c.after_peak as i64);
-        held += e.d[n];
+        held += e.d[n] + e.k[n];
         // The backward, last first: a recorded step's B, or a region's schedule.
         let mut regions = plan.regions.iter().rev();
         while let Some((key, bytes)) = pending.pop() {
@@ -784,6 +870,75 @@ mod tests {
         (secs, peak.max(e.c.output_bytes as i64 + after))
     }
 
+    /// The peak in bytes of the plain step (every step records its graph), simulated as
+    /// [`follow`] does, and its time.
+    fn plain_step(chain: &ChainCosts) -> (u64, i64) {
+        let reserved = chain.output_reserved();
+        let e = exhaustive(&reserved);
+        let n = chain.steps.len();
+        let (mut held, mut peak, mut secs) = (chain.output_bytes as i64, 0, 0);
+        for j in 0..n {
+            let (_, g, pr, _, fb) = e.step(j);
+            peak = peak.max(held + pr);
+            held += g;
+            secs += fb;
+        }
+        peak = peak.max(held + chain.after_peak as i64);
+        held += e.d[n] + e.k[n];
+        for j in (0..n).rev() {
+            let (_, g, _, pb, _) = e.step(j);
+            peak = peak.max(held + pb);
+            held += e.d[j] - e.d[j + 1] - g + e.k[j] - e.k[j + 1];
+        }
+        (secs, peak.max(held + chain.before_peak as i64))
+    }
+
+    /// Compares the plan of `chain` at each of `budgets` with the exhaustive search, and follows
+    /// it in bytes; returns the budgets a plan fits.
+    fn compare(chain: &ChainCosts, budgets: impl IntoIterator<Item = i64>) -> usize {
+        // Simulated as the runtime holds it: the output reserved from the start.
+        let reserved = chain.output_reserved();
+        let e = exhaustive(&reserved);
+        let rotor = Rotor::new(chain);
+        let n = chain.steps.len();
+        let mut compared = 0;
+        for budget in budgets {
+            let plan = rotor.plan(budget as u64);
+            let best = e.best(budget);
+            assert_eq!(
+                plan.as_ref().map(|p| p.secs as u64),
+                best,
+                "n={n} budget={budget}: {chain:?}"
+            );
+            if let Some(plan) = plan {
+                let (secs, peak) = follow(&rotor, &e, budget as u64);
+                assert_eq!(Some(secs), best, "the plan's schedule takes its time");
+                assert!(peak <= budget, "peak {peak} > budget {budget}");
+                let (plain_secs, plain_peak) = plain_step(chain);
+                if budget >= plain_peak {
+                    assert!(plan.graph.iter().all(|&g| g) && secs == plain_secs);
+                }
+                compared += 1;
+            }
+        }
+        compared
+    }
+
+    /// The least budget of every schedule of `chain`, by the exhaustive search, and the
+    /// budgets of the points of its front.
+    fn least_budgets(chain: &ChainCosts) -> (i64, Vec<i64>) {
+        let reserved = chain.output_reserved();
+        let e = exhaustive(&reserved);
+        let after = e.d[0] + e.k[0] + chain.before_peak as i64;
+        let reserve = chain.output_bytes as i64;
+        let peaks: Vec<i64> = e
+            .top(0, false)
+            .iter()
+            .map(|&(_, p)| reserve + p.max(after))
+            .collect();
+        (*peaks.iter().min().unwrap(), peaks)
+    }
+
     #[test]
     fn the_plan_is_the_least_time_of_every_schedule_within_the_budget() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -791,34 +946,190 @@ mod tests {
         for round in 0..60 {
             let n = if round < 6 { 10 } else { rng.between(1, 8) };
             let chain = random_chain(&mut rng, n);
-            // Simulated as the runtime holds it: the output reserved from the start.
-            let reserved = chain.output_reserved();
-            let e = exhaustive(&reserved);
-            let after = e.d[0] + e.k[0] + chain.before_peak as i64;
-            let least = e
-                .top(0, false)
-                .iter()
-                .map(|&(_, p)| p.max(after))
-                .min()
-                .unwrap()
-                + chain.output_bytes as i64;
-            for budget in least - 2..least + 40 {
-                let rotor = Rotor::new(&chain, 1, budget as u64);
-                let plan = rotor.plan(budget as u64);
-                let best = e.best(budget);
-                assert_eq!(
-                    plan.as_ref().map(|p| p.secs as u64),
-                    best,
-                    "n={n} budget={budget}: {chain:?}"
-                );
-                if plan.is_some() {
-                    let (secs, peak) = follow(&rotor, &e, budget as u64);
-                    assert_eq!(Some(secs), best, "the plan's schedule takes its time");
-                    assert!(peak <= budget, "peak {peak} > budget {budget}");
-                    compared += 1;
-                }
-            }
+            let (least, _) = least_budgets(&chain);
+            assert_eq!(smallest_budget(&chain), least as usize, "{chain:?}");
+            compared += compare(&chain, least - 2..least + 40);
         }
         assert!(compared > 1000, "{compared}");
+    }
+
+    /// A chain of `n` steps with sizes in the megabytes, multiples of 64 bytes as the pool's
+    /// classes are, and whole-second times: layers of one width repeated, or of several.
+    fn realistic_chain(rng: &mut Rng, n: usize, widths: usize) -> ChainCosts {
+        let mb = |rng: &mut Rng, lo: usize, hi: usize| 64 * rng.between(lo << 14, hi << 14);
+        let kinds: Vec<(usize, StepCost)> = (0..widths)
+            .map(|_| {
+                let output = mb(rng, 1, 8);
+                let graph = output + mb(rng, 0, 12);
+                let cost = StepCost {
+                    forward_secs: rng.between(1, 9) as f64,
+                    backward_secs: rng.between(1, 9) as f64,
+                    input_bytes: 0,
+                    forward_peak: output + mb(rng, 0, 4),
+                    graph_bytes: graph,
+                    record_peak: graph + mb(rng, 0, 4),
+                    backward_peak: mb(rng, 1, 12),
+                    gradient_bytes: mb(rng, 0, 2),
+                };
+                (output, cost)
+            })
+            .collect();
+        let first = mb(rng, 1, 8);
+        let steps: Vec<StepCost> = (0..n)
+            .map(|i| StepCost {
+                input_bytes: if i == 0 {
+                    first
+                } else {
+                    kinds[(i - 1) % widths].0
+                },
+                ..kinds[i % widths].1
+            })
+            .collect();
+        let output = kinds[(n - 1) % widths].0;
+        ChainCosts {
+            steps,
+            output_bytes: output,
+            after_peak: mb(rng, 0, 8),
+            after_held: output + 64 * rng.between(0, 64),
+            before_peak: mb(rng, 0, 16),
+        }
+    }
+
+    #[test]
+    fn the_plan_is_exact_in_bytes_on_chains_of_megabytes() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut compared = 0;
+        for round in 0..40 {
+            let n = rng.between(1, 9);
+            let chain = realistic_chain(&mut rng, n, 1 + round % 3);
+            let (least, peaks) = least_budgets(&chain);
+            assert_eq!(smallest_budget(&chain), least as usize, "{chain:?}");
+            let (_, plain) = plain_step(&chain);
+            // Each schedule's exact peak, a byte either side, and budgets between.
+            let mut budgets: Vec<i64> = peaks
+                .iter()
+                .chain([&plain])
+                .flat_map(|&p| [p - 1, p, p + 1])
+                .collect();
+            budgets.extend((0..20).map(|_| least + rng.below((plain - least + 64) as u64) as i64));
+            compared += compare(&chain, budgets);
+        }
+        assert!(compared > 500, "{compared}");
+    }
+
+    #[test]
+    fn a_long_chain_is_planned_on_super_steps_within_its_budget() {
+        let mut rng = Rng(0x8f1b_bcdc_3ce6_53a1);
+        for (n, widths) in [(101, 1), (300, 2), (1000, 3)] {
+            let chain = realistic_chain(&mut rng, n, widths);
+            let rotor = Rotor::new(&chain);
+            assert_eq!(rotor.size().0, MAX_STEPS);
+            let (_, points, largest, _) = rotor.size();
+            assert!(
+                largest > 1 && points > MAX_STEPS * MAX_STEPS / 2,
+                "{points} {largest}"
+            );
+            let reserved = chain.output_reserved();
+            let e = exhaustive(&reserved);
+            let least = rotor.smallest_budget() as u64;
+            assert!(rotor.plan(least - 1).is_none());
+            let (plain_secs, plain) = plain_step(&chain);
+            let plain = plain as u64;
+            assert!(least < plain, "{least} {plain}");
+            // The plain step is found at its peak, not a byte below.
+            let plan = rotor.plan(plain).unwrap();
+            assert!(plan.graph.iter().all(|&g| g) && plan.secs as u64 == plain_secs);
+            assert!(!rotor.plan(plain - 1).unwrap().graph.iter().all(|&g| g));
+            let mut last = f64::INFINITY;
+            for k in 0..=16 {
+                let budget = least + (plain - least) * k / 16;
+                let plan = rotor.plan(budget).unwrap();
+                let (secs, peak) = follow(&rotor, &e, budget);
+                assert_eq!(secs, plan.secs as u64, "n={n} budget={budget}");
+                assert!(
+                    peak as u64 <= budget,
+                    "n={n}: peak {peak} > budget {budget}"
+                );
+                assert!(plan.secs <= last);
+                last = plan.secs;
+            }
+        }
+    }
+
+    /// A chain of `n` layers of an MLP over a batch of 1024, alternating between `widths`: a
+    /// linear map and an activation, costs in proportion to their sizes.
+    fn mlp_chain(n: usize, widths: &[usize]) -> ChainCosts {
+        let act = |w: usize| crate::pool::class_bytes_of(1024 * w * 4);
+        let steps: Vec<StepCost> = (0..n)
+            .map(|i| {
+                let (w_in, w_out) = (widths[i % widths.len()], widths[(i + 1) % widths.len()]);
+                let (x, y) = (act(w_in), act(w_out));
+                let secs = (w_in * w_out) as f64 * 1e-9;
+                StepCost {
+                    forward_secs: secs,
+                    backward_secs: 2.0 * secs,
+                    input_bytes: x,
+                    forward_peak: 2 * y,
+                    graph_bytes: 2 * y,
+                    record_peak: 3 * y,
+                    backward_peak: x + 2 * y,
+                    gradient_bytes: crate::pool::class_bytes_of(w_in * w_out * 4),
+                }
+            })
+            .collect();
+        let out = act(widths[n % widths.len()]);
+        ChainCosts {
+            steps,
+            output_bytes: out,
+            after_peak: 2 * out,
+            after_held: out,
+            before_peak: 0,
+        }
+    }
+
+    /// Seconds this thread has run on a CPU, where Linux says (the machine may be shared).
+    fn cpu_secs() -> Option<f64> {
+        let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+        let ns: f64 = stat.split_whitespace().next()?.parse().ok()?;
+        Some(ns * 1e-9)
+    }
+
+    /// The time of planning chains of 16 to 1000 layers: the fronts, a plan at each of 8
+    /// budgets, and the smallest budget. Prints a table; run in release:
+    /// `cargo test -p tensorscope-runtime --release --lib plan_times -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "prints timings; run in release"]
+    fn plan_times() {
+        use std::time::Instant;
+        println!(
+            "layers  widths      steps  points  largest   joined  skipped  fronts(s)  \
+             (cpu s)  8 plans(s)  smallest(s)"
+        );
+        for widths in [&[256][..], &[64, 640]] {
+            for n in [16, 48, 96, 100, 200, 500, 1000] {
+                let chain = mlp_chain(n, widths);
+                let (clock, cpu) = (Instant::now(), cpu_secs());
+                let rotor = Rotor::new(&chain);
+                let fronts = clock.elapsed().as_secs_f64();
+                let cpu = cpu.zip(cpu_secs()).map(|(a, b)| format!("{:.4}", b - a));
+                let (least, plain) = (rotor.smallest_budget(), plain_step(&chain).1 as usize);
+                let clock = Instant::now();
+                for k in 0..8 {
+                    let plan = rotor.plan((least + (plain - least) * k / 7) as u64);
+                    assert!(plan.is_some());
+                }
+                let plans = clock.elapsed().as_secs_f64();
+                let clock = Instant::now();
+                assert_eq!(smallest_budget(&chain), least);
+                let smallest = clock.elapsed().as_secs_f64();
+                let (steps, points, largest, (joined, skipped)) = rotor.size();
+                println!(
+                    "{n:6}  {:10}  {steps:5}  {points:6}  {largest:7}  {joined:7}  {skipped:7}  \
+                     {fronts:9.4}  {:>7}  {plans:10.6}  {smallest:11.4}",
+                    format!("{widths:?}"),
+                    cpu.unwrap_or_default()
+                );
+            }
+        }
     }
 }

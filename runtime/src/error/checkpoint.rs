@@ -61,8 +61,7 @@ pub enum CheckpointError {
     MemoryBudgetTooSmall {
         /// The budget given.
         budget: usize,
-        /// The smallest budget a schedule fits in (to the memory unit of the plan: about a
-        /// thousandth of it).
+        /// The smallest budget in bytes a schedule of the plan's class fits in, exactly.
         smallest: usize,
         /// The layers of the forward.
         layers: usize,
