@@ -35,6 +35,7 @@ mod autograd;
 mod checkpoint;
 mod checkpoint_macro;
 mod checkpoint_memory;
+mod checkpoint_saving;
 mod checkpoint_training;
 mod custom_op;
 mod display;

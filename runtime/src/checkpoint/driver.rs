@@ -31,6 +31,10 @@ struct Driver<'c, T: Element> {
     layout: Layout,
     /// The region being run and the position of its first step.
     recording: Option<(Recording<T>, usize)>,
+    /// The ops whose outputs the steps' tapes keep (the config's `Saving`).
+    keep: &'static [&'static str],
+    /// The pool bytes the tapes of a profiling step keep (see `finish`).
+    kept_bytes: usize,
 }
 
 impl<'c, T: Element> Driver<'c, T> {
@@ -42,6 +46,7 @@ impl<'c, T: Element> Driver<'c, T> {
         input: &Tensor<'_, T>,
     ) -> Result<Self> {
         let n = ids.len();
+        let keep = config.saving.names();
         let mut plan = RecycledVec::new();
         let records = region::records(input);
         let mut slot = match ckpt {
@@ -66,6 +71,8 @@ impl<'c, T: Element> Driver<'c, T> {
                     plan,
                     layout: Layout::Prefix(0),
                     recording: None,
+                    keep,
+                    kept_bytes: 0,
                 });
             }
         };
@@ -81,6 +88,8 @@ impl<'c, T: Element> Driver<'c, T> {
             plan,
             layout,
             recording: None,
+            keep,
+            kept_bytes: 0,
         })
     }
 
@@ -95,7 +104,7 @@ impl<'c, T: Element> Driver<'c, T> {
             x
         };
         if taped && self.recording.is_none() {
-            self.recording = Some((Recording::start(&mut x), pos));
+            self.recording = Some((Recording::start(&mut x, self.keep), pos));
         }
         if let Some(ckpt) = self.slot.get() {
             x = ckpt.record(pos, x)?;
@@ -123,7 +132,13 @@ impl<'c, T: Element> Driver<'c, T> {
             measuring.leave(y.rents_in.pool());
         }
         match &mut self.recording {
-            Some((recording, _)) => recording.close(y),
+            Some((recording, _)) => {
+                let y = recording.close(y);
+                if matches!(self.layout, Layout::Profile) {
+                    self.kept_bytes += recording.kept_bytes();
+                }
+                y
+            }
             None => y,
         }
     }
@@ -150,8 +165,13 @@ impl<'c, T: Element> Driver<'c, T> {
     /// The forward's output: `x`, with the node of the region that ends it, if one does.
     fn finish<'s>(mut self, n: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         let x = self.close_region(n, x)?;
+        let kept_bytes = self.kept_bytes;
         if let Some(mut measuring) = self.measuring() {
             measuring.forward_ended(x.rents_in.pool(), x.data_bytes());
+            // The planner does not know that a taped step keeps outputs (`Saving`) until its
+            // backward: the kept bytes of every step are counted as held for the whole step, as
+            // the chain's output is, so that every plan still holds its budget.
+            measuring.costs.output_bytes += kept_bytes;
         }
         if let Slot::Own(own) = &mut self.slot {
             if let Some(site) = own.config.site {
