@@ -140,6 +140,36 @@ fn kept_products_give_the_plain_gradients_bit_for_bit_and_are_not_run_again() {
                 case.name
             );
         }
+        // Policy::Memory: the first step runs as Sqrt, the second profiles (every step replayed
+        // from the input), the third follows the plan at the smallest budget.
+        for saving in [Saving::Nothing, Saving::Products] {
+            let config = |budget| CheckpointConfig::new(Policy::Memory(budget)).with_saving(saving);
+            let mut ckpt = Checkpointer::new(config(1 << 30));
+            for round in 0..2 {
+                let got = (case.step)(Some(&mut ckpt));
+                assert!(
+                    got == plain,
+                    "{}, Memory, {saving:?}, round {round}",
+                    case.name
+                );
+            }
+            let smallest = ckpt.smallest_budget().expect("profiled");
+            ckpt.set_config(config(smallest));
+            let got = (case.step)(Some(&mut ckpt));
+            assert!(
+                got == plain,
+                "{}, Memory({smallest}), {saving:?}",
+                case.name
+            );
+            let report = ckpt.last_backward().unwrap_or_default();
+            println!("{}, Memory({smallest}), {saving:?}: {report:?}", case.name);
+            let replays = report.replayed_steps + report.recomputed_steps;
+            assert!(
+                (saving == Saving::Products) == (report.kept_ops > 0) || replays == 0,
+                "{}, {saving:?}: {report:?}",
+                case.name
+            );
+        }
         // Naming an elementwise op keeps it too, with the same gradients.
         let named = Saving::Ops(&["gelu", "silu", "matmul"]);
         let report = checked(&case, &plain, &Policy::Sqrt, named);
