@@ -1,6 +1,7 @@
 //! Selective saving (`Saving`): a checkpointed forward whose tapes keep the outputs of products
 //! (or of named ops) and whose replays bind them. Against the plain forward, on the three models of
-//! `checkpoint_training` (the pre-norm MLP, the transformer blocks, the convolutional denoiser): the
+//! `checkpoint_training` (the pre-norm MLP, the transformer blocks, the convolutional denoiser) and
+//! the GPT with fused attention: the
 //! loss and every gradient bit for bit under every policy, no product run again in a replay, the
 //! kept bytes released by the backward, and `Policy::Memory`'s plan within its budget with the
 //! kept bytes counted.
@@ -10,6 +11,7 @@ use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy};
 
 use crate::checkpoint_training::{gradients, policies};
+use crate::gpt::{Config, Gpt};
 use crate::pre_norm_mlp::Model;
 use crate::{denoiser, transformer};
 
@@ -33,7 +35,14 @@ fn cases(pool: &Pool) -> Vec<Case> {
     let mlp: Model = Model::new(pool, 16, WIDTH);
     let blocks = transformer::Transformer::new(pool, 6, 8);
     let noise = denoiser::Denoiser::new(pool, 2, 4, 2);
-    let (p1, p2, p3) = (pool.clone(), pool.clone(), pool.clone());
+    let config = Config {
+        layers: 3,
+        dim: 32,
+        n_ctx: 16,
+        ..Config::TINY
+    };
+    let gpt = Gpt::random(pool, config, 5).unwrap();
+    let (p1, p2, p3, p4) = (pool.clone(), pool.clone(), pool.clone(), pool.clone());
     vec![
         Case {
             name: "pre-norm MLP",
@@ -87,6 +96,28 @@ fn cases(pool: &Pool) -> Vec<Case> {
                     },
                     |f| noise.visit_params(&ParamPath::ROOT, &mut |_, p| f(p)),
                 )
+            }),
+        },
+        Case {
+            name: "gpt",
+            steps: 3,
+            activation: 2 * 16 * 32 * 4,
+            // The fused qkv projection, attention, its output projection and the MLP's two.
+            products: Some(5),
+            step: Box::new(move |mut ckpt: Option<&mut Checkpointer>| {
+                let ids: Vec<i64> = (0..32).map(|i| i * 7 % 96).collect();
+                p4.train(|s| {
+                    let ids = s.from_slice::<i64>(&[2, 16], &ids);
+                    let logits = match ckpt.as_deref_mut() {
+                        Some(ckpt) => gpt.forward_checkpointed(ckpt, &ids),
+                        None => gpt.forward(&ids),
+                    };
+                    let loss = Gpt::loss(&logits, &ids);
+                    let grads = loss.backward().unwrap();
+                    let all = gpt.named_params().into_iter();
+                    let all = all.map(|(_, p)| grads.get(&p).expect("a gradient").to_vec());
+                    (loss.item().to_bits(), all.collect())
+                })
             }),
         },
     ]
