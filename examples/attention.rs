@@ -215,7 +215,7 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool, saving: bool
                 Adam::new(3e-4)
             };
             let row = (name, products, pool, model, adam);
-            (row, Measured::default(), forwards, ckpt)
+            (row, Measured::default(), forwards, ckpt, Vec::new())
         })
         .collect();
     let c = config(Attention::Fused);
@@ -223,8 +223,9 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool, saving: bool
         .map(|i| ((i * 7 + i / c.n_ctx) % c.vocab) as i64)
         .collect();
     for round in 0..rounds {
-        for ((name, products, pool, model, adam), measured, forwards, ckpt) in &mut runs {
+        for ((name, products, pool, model, adam), measured, forwards, ckpt, rounds) in &mut runs {
             let steps = round * CHUNK..(round + 1) * CHUNK;
+            let timed = measured.times.len();
             let products = *products;
             let checkpointed = ckpt.is_some();
             measured.run(name, pool, model, adam, steps, |model, s, _, grads| {
@@ -242,6 +243,7 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool, saving: bool
                     loss.item()
                 })
             });
+            rounds.push(median(&measured.times[timed..]));
             if checkpointed {
                 // Inference does not checkpoint: the forward alone is the rows' above.
                 continue;
@@ -275,7 +277,7 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool, saving: bool
     );
     println!("\n| row | step ms | forward ms | peak activation bytes | last loss |");
     println!("|---|---:|---:|---:|---:|");
-    for ((name, ..), measured, forwards, _) in &runs {
+    for ((name, ..), measured, forwards, ..) in &runs {
         let forward = match forwards.is_empty() {
             true => "-".to_string(),
             false => format!("{:.1}", median(forwards)),
@@ -286,6 +288,32 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool, saving: bool
             measured.peak,
             measured.losses.last().expect("a step ran")
         );
+    }
+    if saving {
+        // Each products row ran right after its policy's row without saving, in every round: the
+        // ratio of their round medians, paired, is less moved by the machine's load than either.
+        println!(
+            "\n| policy | step, Products / Nothing | Nothing / no checkpointing | Products / no \
+             checkpointing | peak, Products / Nothing |"
+        );
+        println!("|---|---:|---:|---:|---:|");
+        let paired = |a: &[f64], b: &[f64]| {
+            let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| b / a).collect();
+            median(&ratios)
+        };
+        let plain = &runs[0].4;
+        let checkpointed: Vec<_> = runs.iter().filter(|r| r.3.is_some()).collect();
+        for pair in checkpointed.chunks(2) {
+            let [nothing, products] = pair else { continue };
+            println!(
+                "| {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                nothing.0 .0,
+                paired(&nothing.4, &products.4),
+                paired(plain, &nothing.4),
+                paired(plain, &products.4),
+                products.1.peak as f64 / nothing.1.peak as f64
+            );
+        }
     }
     if bf16 {
         // The fused rows' losses, f32 against bf16 products, from the same initial weights.
