@@ -17,13 +17,19 @@
 //! `--adamw-clip` trains as a real run does instead of plain Adam: AdamW (weight decay 0.1) without
 //! decay on biases and LayerNorms (parameter groups), and the gradients clipped to norm 1.0 before
 //! each update (`scripts/gpt_step_torch.py --adamw-clip` is the same step in PyTorch).
+//! `--saving` adds rows of the fused form's step checkpointed (`#[checkpoint]` on the block loop)
+//! under `Every(2)`, `Sqrt` and `Budget` (room for 4 block inputs), each without and with
+//! `Saving::Products` (the products' and the attention's outputs kept for the replays): their step
+//! time and peak at the same policies.
 
 use std::hint::black_box;
 use std::time::Instant;
 
+use tensorscope::checkpoint::Saving;
 use tensorscope::nn::{Adam, Group};
 use tensorscope::ops::{autocast, Products};
 use tensorscope::prelude::*;
+use tensorscope::{CheckpointConfig, Checkpointer, Policy};
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -43,6 +49,7 @@ const REPS: usize = 3;
 
 fn main() {
     let (mut rounds, mut vocab, mut gpt_only, mut bf16, mut recipe) = (5, 256, false, false, false);
+    let mut saving = false;
     let mut raw = std::env::args().skip(1);
     while let Some(flag) = raw.next() {
         let mut number = || {
@@ -56,6 +63,7 @@ fn main() {
             "--gpt-only" => gpt_only = true,
             "--bf16" => bf16 = true,
             "--adamw-clip" => recipe = true,
+            "--saving" => saving = true,
             _ => usage(),
         }
     }
@@ -73,11 +81,13 @@ fn main() {
             op_table(t, rounds);
         }
     }
-    gpt_table(rounds, vocab, bf16, recipe);
+    gpt_table(rounds, vocab, bf16, recipe, saving);
 }
 
 fn usage() -> ! {
-    eprintln!("usage: attention [--rounds N] [--vocab N] [--gpt-only] [--bf16] [--adamw-clip]");
+    eprintln!(
+        "usage: attention [--rounds N] [--vocab N] [--gpt-only] [--bf16] [--adamw-clip] [--saving]"
+    );
     std::process::exit(2)
 }
 
@@ -149,7 +159,7 @@ fn op_round(pool: &Pool, form: Attention, t: usize, future: &Param<u8>, rounds: 
 /// Prints a GPT training step in either form (and, with `bf16`, the fused form with its products
 /// in bf16), the rows taking turns, `CHUNK` steps each per round; with `recipe`, AdamW with groups
 /// and clipping by norm.
-fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool) {
+fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool, saving: bool) {
     let config = |attention| Config {
         vocab,
         n_ctx: 256,
@@ -160,18 +170,37 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool) {
         attention,
     };
     let mut rows = vec![
-        (Attention::Fused, Products::F32),
-        (Attention::Unfused, Products::F32),
+        (Attention::Fused, Products::F32, None),
+        (Attention::Unfused, Products::F32, None),
     ];
     if bf16 {
-        rows.push((Attention::Fused, Products::Bf16));
+        rows.push((Attention::Fused, Products::Bf16, None));
+    }
+    if saving {
+        let c = config(Attention::Fused);
+        let activation = BATCH * c.n_ctx * c.dim * 4;
+        let policies = [
+            ("every 2", Policy::Every(2)),
+            ("sqrt", Policy::Sqrt),
+            ("budget 4", Policy::Budget(4 * activation)),
+        ];
+        for (name, policy) in policies {
+            for kept in [Saving::Nothing, Saving::Products] {
+                let config = CheckpointConfig::new(policy.clone()).with_saving(kept);
+                rows.push((Attention::Fused, Products::F32, Some((name, config))));
+            }
+        }
     }
     let mut runs: Vec<_> = rows
         .into_iter()
-        .map(|(form, products)| {
+        .map(|(form, products, checkpointed)| {
             let pool = Pool::with_max_memory_mb(8192);
             let model = Gpt::random(&pool, config(form), 1).expect("the model's own shapes");
-            let name = format!("{form:?}, {products:?} products");
+            let name = match &checkpointed {
+                Some((policy, config)) => format!("{form:?}, {policy}, saving {:?}", config.saving),
+                None => format!("{form:?}, {products:?} products"),
+            };
+            let ckpt = checkpointed.map(|(_, config)| Checkpointer::new(config));
             let forwards = Vec::new();
             let no_decay = |name: &str| name.ends_with("bias") || name.contains("ln_");
             let adam = if recipe {
@@ -186,7 +215,7 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool) {
                 Adam::new(3e-4)
             };
             let row = (name, products, pool, model, adam);
-            (row, Measured::default(), forwards)
+            (row, Measured::default(), forwards, ckpt, Vec::new())
         })
         .collect();
     let c = config(Attention::Fused);
@@ -194,13 +223,19 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool) {
         .map(|i| ((i * 7 + i / c.n_ctx) % c.vocab) as i64)
         .collect();
     for round in 0..rounds {
-        for ((name, products, pool, model, adam), measured, forwards) in &mut runs {
+        for ((name, products, pool, model, adam), measured, forwards, ckpt, rounds) in &mut runs {
             let steps = round * CHUNK..(round + 1) * CHUNK;
+            let timed = measured.times.len();
             let products = *products;
+            let checkpointed = ckpt.is_some();
             measured.run(name, pool, model, adam, steps, |model, s, _, grads| {
                 s.train(|t| {
                     let ids = t.from_slice::<i64>(&[BATCH, c.n_ctx], &ids);
-                    let loss = autocast(products, || Gpt::loss(&model.forward(&ids), &ids));
+                    let mut logits = |model: &Gpt| match ckpt.as_mut() {
+                        Some(ckpt) => model.forward_checkpointed(ckpt, &ids),
+                        None => model.forward(&ids),
+                    };
+                    let loss = autocast(products, || Gpt::loss(&logits(model), &ids));
                     loss.backward_into(grads).expect("backward");
                     if recipe {
                         grads.clip_norm(1.0).expect("clip");
@@ -208,6 +243,11 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool) {
                     loss.item()
                 })
             });
+            rounds.push(median(&measured.times[timed..]));
+            if checkpointed {
+                // Inference does not checkpoint: the forward alone is the rows' above.
+                continue;
+            }
             // The forward alone, as inference runs it; the chunk's first warms the pool.
             for j in 0..CHUNK {
                 let started = Instant::now();
@@ -237,14 +277,43 @@ fn gpt_table(rounds: usize, vocab: usize, bf16: bool, recipe: bool) {
     );
     println!("\n| row | step ms | forward ms | peak activation bytes | last loss |");
     println!("|---|---:|---:|---:|---:|");
-    for ((name, ..), measured, forwards) in &runs {
+    for ((name, ..), measured, forwards, ..) in &runs {
+        let forward = match forwards.is_empty() {
+            true => "-".to_string(),
+            false => format!("{:.1}", median(forwards)),
+        };
         println!(
-            "| {name} | {:.1} | {:.1} | {} | {:.4} |",
+            "| {name} | {:.1} | {forward} | {} | {:.4} |",
             measured.median_ms(),
-            median(forwards),
             measured.peak,
             measured.losses.last().expect("a step ran")
         );
+    }
+    if saving {
+        // Each products row ran right after its policy's row without saving, in every round: the
+        // ratio of their round medians, paired, is less moved by the machine's load than either.
+        println!(
+            "\n| policy | step, Products / Nothing | Nothing / no checkpointing | Products / no \
+             checkpointing | peak, Products / Nothing |"
+        );
+        println!("|---|---:|---:|---:|---:|");
+        let paired = |a: &[f64], b: &[f64]| {
+            let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| b / a).collect();
+            median(&ratios)
+        };
+        let plain = &runs[0].4;
+        let checkpointed: Vec<_> = runs.iter().filter(|r| r.3.is_some()).collect();
+        for pair in checkpointed.chunks(2) {
+            let [nothing, products] = pair else { continue };
+            println!(
+                "| {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                nothing.0 .0,
+                paired(&nothing.4, &products.4),
+                paired(plain, &nothing.4),
+                paired(plain, &products.4),
+                products.1.peak as f64 / nothing.1.peak as f64
+            );
+        }
     }
     if bf16 {
         // The fused rows' losses, f32 against bf16 products, from the same initial weights.

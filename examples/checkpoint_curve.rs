@@ -2,10 +2,15 @@
 //! residual MLP of `checkpointed_training`, a GPT of 6 blocks of width 384 over 256 tokens, and the
 //! convolutional denoiser of `diffusion_denoise` (64 channels, 64x64).
 //!
-//! `cargo run --release --example checkpoint_curve [-- --steps 12 --models mlp,gpt,denoiser --vocab 50257 --json PATH]`
+//! `cargo run --release --example checkpoint_curve [-- --steps 12 --models mlp,gpt,denoiser --vocab 50257 --saving both --rows none,sqrt,budget:4,memfrac:10 --json PATH]`
 //!
 //! Rows: no checkpointing, `Every(k)`, `Sqrt`, `Budget` at several slot counts, and
-//! `Policy::Memory` at seven budgets from the smallest that fits to the plain step's peak. Each row
+//! `Policy::Memory` at seven budgets from the smallest that fits to the plain step's peak; or the
+//! rows `--rows` lists (`memfrac:P` is the Memory budget `P`% of the way from the smallest to the
+//! plain peak). `--saving products` runs every checkpointed row with `Saving::Products` (the
+//! outputs of products and attention kept for the replays), `--saving both` each row both ways
+//! at the same budgets (those of `Saving::Nothing`); a Memory row whose budget is below the
+//! smallest its saving fits in is shown as not fitting. Each row
 //! trains the same model from the same seeds with Adam, in a pool of its own, the rows taking turns
 //! a few steps at a time; a step's peak is the pool's most bytes in use beyond what was in use
 //! before it (parameters, Adam's moments and the kept gradients), as `checkpointed_training`
@@ -14,6 +19,7 @@
 
 use std::fmt::Write as _;
 
+use tensorscope::checkpoint::Saving;
 use tensorscope::nn::Adam;
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Gradients, Parameters, Policy};
@@ -100,7 +106,7 @@ impl Spec {
         }
     }
 
-    fn checkpointer(self, activation: usize) -> Option<Checkpointer> {
+    fn checkpointer(self, activation: usize, saving: Saving) -> Option<Checkpointer> {
         let policy = match self {
             Spec::None => return None,
             Spec::Every(k) => Policy::Every(k),
@@ -108,7 +114,59 @@ impl Spec {
             Spec::Budget(slots) => Policy::Budget(slots * activation),
             Spec::Memory(bytes) => Policy::Memory(bytes),
         };
-        Some(Checkpointer::new(CheckpointConfig::new(policy)))
+        let config = CheckpointConfig::new(policy).with_saving(saving);
+        Some(Checkpointer::new(config))
+    }
+}
+
+/// A row: a policy, and what its replays keep.
+#[derive(Clone, Copy)]
+struct RowSpec {
+    spec: Spec,
+    saving: Saving,
+}
+
+impl RowSpec {
+    fn name(self) -> String {
+        match self.saving {
+            Saving::Products => format!("{} +products", self.spec.name()),
+            _ => self.spec.name(),
+        }
+    }
+
+    fn arg(self) -> String {
+        match self.saving {
+            Saving::Products => format!("{}+products", self.spec.arg()),
+            _ => self.spec.arg(),
+        }
+    }
+
+    fn parse(arg: &str) -> RowSpec {
+        match arg.strip_suffix("+products") {
+            Some(spec) => RowSpec {
+                spec: Spec::parse(spec),
+                saving: Saving::Products,
+            },
+            None => RowSpec {
+                spec: Spec::parse(arg),
+                saving: Saving::Nothing,
+            },
+        }
+    }
+}
+
+/// `--saving`: which savings the checkpointed rows run with.
+static SAVINGS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `--rows`: the rows to run instead of the full curve.
+static ROWS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn savings() -> Vec<Saving> {
+    match SAVINGS.get().map_or("nothing", String::as_str) {
+        "nothing" => vec![Saving::Nothing],
+        "products" => vec![Saving::Products],
+        "both" => vec![Saving::Nothing, Saving::Products],
+        other => panic!("--saving {other}: accepted nothing, products, both"),
     }
 }
 
@@ -116,7 +174,7 @@ impl Spec {
 #[derive(Clone, Copy)]
 enum Mode {
     Curve,
-    Row(Spec),
+    Row(RowSpec),
 }
 
 /// One model's curve: each row runs in a process of its own (`--row`), twice, the rows in one
@@ -134,23 +192,34 @@ fn curve<M: Parameters<f32>>(
     activation: usize,
     every: &[usize],
 ) -> Vec<Point> {
-    let row = |spec: Spec| {
+    let row = |spec: RowSpec| {
         let pool = Pool::with_max_memory_mb(8192);
         Row {
             name: spec.name(),
             model: make(&pool),
             pool,
             adam: Adam::new(1e-3),
-            ckpt: spec.checkpointer(activation),
+            ckpt: spec.spec.checkpointer(activation, spec.saving),
             measured: Measured::default(),
         }
     };
+    let plain = |spec| RowSpec {
+        spec,
+        saving: Saving::Nothing,
+    };
     if let Mode::Row(spec) = mode {
-        // Three untimed steps (under Memory: profiling, then planned), then the timed ones.
+        // Three untimed steps (under Memory: as Sqrt, profiling, planning), then the timed ones.
         let mut r = row(spec);
-        run(&mut r, loss_of, 0..3);
-        r.measured = Measured::default();
-        run(&mut r, loss_of, 3..steps + 4);
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run(&mut r, loss_of, 0..3);
+            r.measured = Measured::default();
+            run(&mut r, loss_of, 3..steps + 4);
+        }));
+        if ran.is_err() {
+            // A budget below what this row's saving fits in.
+            println!("row infeasible");
+            return Vec::new();
+        }
         if let Some(plan) = r.ckpt.as_ref().and_then(Checkpointer::plan_report) {
             print!("{plan}");
         }
@@ -167,31 +236,51 @@ fn curve<M: Parameters<f32>>(
         );
         return Vec::new();
     }
-    let mut specs = vec![Spec::None];
-    specs.extend(every.iter().map(|&k| Spec::Every(k)));
-    specs.extend([
-        Spec::Sqrt,
-        Spec::Budget(2),
-        Spec::Budget(4),
-        Spec::Budget(8),
-    ]);
     // The plain step's peak and the smallest budget that fits: the range of the Memory rows.
-    let mut plain = row(Spec::None);
-    let mut probe = row(Spec::Memory(usize::MAX));
-    run(&mut plain, loss_of, 0..3);
-    run(&mut probe, loss_of, 0..1);
+    let mut plain_row = row(plain(Spec::None));
+    let mut probe = row(plain(Spec::Memory(usize::MAX)));
+    run(&mut plain_row, loss_of, 0..3);
+    run(&mut probe, loss_of, 0..2);
     let smallest = probe
         .ckpt
         .as_ref()
         .and_then(Checkpointer::smallest_budget)
-        .expect("the first step measured");
-    let most = plain.measured.peak.max(smallest);
-    for fraction in [0.0, 0.05, 0.1, 0.2, 0.35, 0.6, 1.0] {
-        specs.push(Spec::Memory(
-            smallest + ((most - smallest) as f64 * fraction) as usize,
-        ));
+        .expect("the second step measured");
+    let most = plain_row.measured.peak.max(smallest);
+    drop((plain_row, probe));
+    let memory =
+        |fraction: f64| Spec::Memory(smallest + ((most - smallest) as f64 * fraction) as usize);
+    let mut policies = Vec::new();
+    match ROWS.get() {
+        Some(rows) => {
+            for arg in rows.split(',') {
+                policies.push(match arg.strip_prefix("memfrac:") {
+                    Some(p) => memory(p.parse::<f64>().expect("memfrac:PERCENT") / 100.0),
+                    None => Spec::parse(arg),
+                });
+            }
+        }
+        None => {
+            policies.push(Spec::None);
+            policies.extend(every.iter().map(|&k| Spec::Every(k)));
+            policies.extend([
+                Spec::Sqrt,
+                Spec::Budget(2),
+                Spec::Budget(4),
+                Spec::Budget(8),
+            ]);
+            for fraction in [0.0, 0.05, 0.1, 0.2, 0.35, 0.6, 1.0] {
+                policies.push(memory(fraction));
+            }
+        }
     }
-    drop((plain, probe));
+    let mut specs = Vec::new();
+    for spec in policies {
+        match spec {
+            Spec::None => specs.push(plain(spec)),
+            _ => specs.extend(savings().into_iter().map(|saving| RowSpec { spec, saving })),
+        }
+    }
     let mut results: Vec<(usize, usize, usize, f32, Vec<f64>)> =
         specs.iter().map(|_| (0, 0, 0, 0.0, Vec::new())).collect();
     // The plan report of each Memory row's last step, from its first process.
@@ -205,6 +294,7 @@ fn curve<M: Parameters<f32>>(
             let out = std::process::Command::new(std::env::current_exe().expect("this program"))
                 .args(["--models", model_name, "--steps", &steps.to_string()])
                 .args(["--vocab", &gpt_vocab().to_string()])
+                .args(["--saving", SAVINGS.get().map_or("nothing", String::as_str)])
                 .args(["--row", &specs[i].arg()])
                 .output()
                 .expect("a row's process runs");
@@ -220,13 +310,14 @@ fn curve<M: Parameters<f32>>(
                     )
                 });
             if plans[i].is_empty() {
-                plans[i] = text
-                    .lines()
-                    .take_while(|l| !l.starts_with("row "))
-                    .fold(String::new(), |all, l| all + l + "\n");
+                let report = text.lines().take_while(|l| !l.starts_with("row "));
+                plans[i] = report.fold(String::new(), |all, l| all + l + "\n");
             }
             let fields: Vec<&str> = line.split(' ').collect();
             let r = &mut results[i];
+            if fields[0] == "infeasible" {
+                continue;
+            }
             r.0 = r.0.max(fields[0].parse().expect("a peak"));
             r.1 = fields[1].parse().expect("a count");
             r.2 = fields[2].parse().expect("a count");
@@ -243,17 +334,21 @@ fn curve<M: Parameters<f32>>(
         specs.len()
     );
     println!(
-        "{:<18} {:>10} {:>11} {:>10} {:>9} {:>11}",
+        "{:<26} {:>10} {:>11} {:>10} {:>9} {:>11}",
         "policy", "peak MiB", "median ms", "recomputed", "replayed", "final loss"
     );
-    let points: Vec<Point> = specs
+    let points = specs
         .iter()
         .zip(results)
-        .map(|(spec, (peak, recomputed, replayed, loss, mut times))| {
+        .filter_map(|(spec, (peak, recomputed, replayed, loss, mut times))| {
+            if times.is_empty() {
+                println!("{:<26} does not fit its budget", spec.name());
+                return None;
+            }
             times.sort_by(f64::total_cmp);
             let median = times[times.len() / 2];
             println!(
-                "{:<18} {:>10.3} {:>11.2} {:>10} {:>9} {:>11.5}",
+                "{:<26} {:>10.3} {:>11.2} {:>10} {:>9} {:>11.5}",
                 spec.name(),
                 mib(peak),
                 median,
@@ -261,24 +356,24 @@ fn curve<M: Parameters<f32>>(
                 replayed,
                 loss
             );
-            Point {
+            Some(Point {
                 model: model_name,
                 config: spec.name(),
                 step_ms: median,
                 peak_bytes: peak,
-            }
+            })
         })
         .collect();
     // The plans of the smallest budget and of the middle one.
-    let memory: Vec<usize> = (0..specs.len())
-        .filter(|&i| matches!(specs[i], Spec::Memory(_)))
-        .collect();
-    for i in [memory[0], memory[memory.len() / 2]] {
-        println!(
-            "\nThe plan of {}, its last step:\n{}",
-            specs[i].name(),
-            plans[i]
-        );
+    let memory: Vec<usize> = (0..specs.len()).filter(|&i| !plans[i].is_empty()).collect();
+    if !memory.is_empty() {
+        for i in [memory[0], memory[memory.len() / 2]] {
+            println!(
+                "\nThe plan of {}, its last step:\n{}",
+                specs[i].name(),
+                plans[i]
+            );
+        }
     }
     points
 }
@@ -321,10 +416,13 @@ fn main() {
                 VOCAB.set(vocab).expect("--vocab is given once");
             }
             "--json" => json = Some(value),
-            "--row" => mode = Mode::Row(Spec::parse(&value)),
-            other => {
-                panic!("unknown argument {other}; accepted: --steps --models --vocab --json --row")
-            }
+            "--row" => mode = Mode::Row(RowSpec::parse(&value)),
+            "--saving" => SAVINGS.set(value).expect("--saving is given once"),
+            "--rows" => ROWS.set(value).expect("--rows is given once"),
+            other => panic!(
+                "unknown argument {other}; accepted: --steps --models --vocab --saving --rows \
+                 --json --row"
+            ),
         }
     }
     let mut points = Vec::new();

@@ -38,6 +38,13 @@ const OPTIONS: Options = Options {
             example: "precision = \"f16\"",
         },
         Accepted {
+            name: "saving",
+            kind: Kind::Str,
+            value: "\"products\" (keep matrix products' and convolutions' outputs for the replay) \
+                    or \"nothing\"",
+            example: "saving = \"products\"",
+        },
+        Accepted {
             name: "max",
             kind: Kind::Int,
             value: "the most checkpoints to store, at least 1",
@@ -61,6 +68,7 @@ const OPTIONS: Options = Options {
 struct Settings {
     policy: TokenStream,
     precision: TokenStream,
+    saving: TokenStream,
     max: Option<u64>,
     replay: Option<Ident>,
     krate: Path,
@@ -86,6 +94,7 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
     let mut settings = Settings {
         policy: TokenStream::new(),
         precision: quote!(Full),
+        saving: quote!(Nothing),
         max: None,
         replay: None,
         krate: syn::parse_quote!(::tensorscope),
@@ -140,6 +149,14 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
                     "unknown precision \"{p}\"; accepted: \"f32\", \"f16\", \"bf16\""
                 ))),
             },
+            ("saving", Value::Str(p)) => match p.as_str() {
+                "products" => settings.saving = quote!(Products),
+                "nothing" => settings.saving = quote!(Nothing),
+                _ => errors.push(error(format!(
+                    "unknown saving \"{p}\"; accepted: \"products\", \"nothing\" (name other \
+                     ops with `CheckpointConfig::with_saving(Saving::Ops(..))`)"
+                ))),
+            },
             ("max", Value::Int(0)) => errors.push(error(
                 "`max = 0` would refuse every checkpoint; give at least 1".into(),
             )),
@@ -155,10 +172,11 @@ fn settings(args: TokenStream, func: &ItemFn) -> syn::Result<Settings> {
         }
     }
     if policy_key.is_none() && errors.is_empty() {
-        // Without a policy the checkpointer's configuration applies, precision and limit included.
+        // Without a policy the checkpointer's configuration applies, precision, saving and limit
+        // included.
         for found in found
             .iter()
-            .filter(|f| matches!(f.key.as_str(), "precision" | "max"))
+            .filter(|f| matches!(f.key.as_str(), "precision" | "saving" | "max"))
         {
             errors.push(syn::Error::new(
                 found.key_span,
@@ -347,7 +365,7 @@ fn bytes(text: &str) -> Result<usize, String> {
 fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
     let krate = &settings.krate;
     let private = quote!(#krate::__private);
-    let (policy, precision) = (&settings.policy, &settings.precision);
+    let (policy, precision, saving) = (&settings.policy, &settings.precision, &settings.saving);
     let max = settings
         .max
         .map(|m| {
@@ -365,6 +383,7 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
             ::core::option::Option::Some(
                 #private::CheckpointConfig::new(#private::Policy::#policy)
                     .with_precision(#private::Precision::#precision)
+                    .with_saving(#private::Saving::#saving)
                     #max
                     .at_site(::core::concat!(
                         ::core::module_path!(), ":", ::core::line!(), ":", ::core::column!()

@@ -4,7 +4,9 @@
 
 use std::marker::PhantomData;
 
-pub use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision};
+pub use crate::checkpoint::{
+    CheckpointConfig, CheckpointError, Checkpointer, Policy, Precision, Saving,
+};
 pub use crate::element::{DType, Element};
 pub use crate::escape::{Escape, EscapeTarget};
 pub use crate::param::BindFirst;

@@ -261,6 +261,22 @@ impl<'s, T: DType> Tensor<'s, T> {
         }
     }
 
+    /// Whether `other` is a handle on the same elements: the same buffer, shape and layout (an
+    /// alias, as an op's saved input is of the input it read).
+    pub(crate) fn same_view(&self, other: &Tensor<'_, T>) -> bool {
+        let layout = match (&self.strided, &other.strided) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.offset == b.offset && a.steps == b.steps,
+            _ => false,
+        };
+        self.buffer_addr() == other.buffer_addr() && self.dim == other.dim && layout
+    }
+
+    /// The address of the buffer: equal for handles on one buffer.
+    pub(crate) fn buffer_addr(&self) -> *const () {
+        std::ptr::from_ref(self.buf()).cast()
+    }
+
     /// An alias without a graph and without a brand, for a backward rule to keep.
     pub(crate) fn saved(&self) -> Tensor<'static, T> {
         let mut alias = self.alias_in(&self.rents_in);

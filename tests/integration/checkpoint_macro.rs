@@ -43,9 +43,46 @@ impl Mlp {
         x
     }
 
+    #[checkpoint(every = 2, saving = "products")]
+    fn forward_saving<'a>(&self, ckpt: &mut Checkpointer, x: Tensor<'a>) -> Tensor<'a> {
+        let mut x = x;
+        for i in 0..self.weights.len() {
+            x = self.layer(&x, i);
+        }
+        x
+    }
+
     fn forward_plain<'a>(&self, x: Tensor<'a>) -> Tensor<'a> {
         (0..self.weights.len()).fold(x, |x, i| self.layer(&x, i))
     }
+}
+
+#[test]
+fn saving_products_in_the_attribute_keeps_each_layers_product() {
+    let pool = Pool::with_max_memory_mb(64);
+    let mlp = Mlp::new(&pool, 8, 4);
+    // The checkpointer says nothing is saved; the attribute's option applies.
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(1)));
+    let grads_of = |ckpt: Option<&mut Checkpointer>| {
+        pool.train(|s| {
+            let x = s.randn::<f32>(&[3, 4], 9);
+            let y = match ckpt {
+                Some(ckpt) => mlp.forward_saving(ckpt, x),
+                None => mlp.forward_plain(x),
+            };
+            let grads = y.sum_all().backward().unwrap();
+            let all = mlp.weights.iter().map(|w| grads.get(w).unwrap().to_vec());
+            all.collect::<Vec<Vec<f32>>>()
+        })
+    };
+    assert_eq!(grads_of(Some(&mut ckpt)), grads_of(None));
+    assert_eq!(
+        ckpt.config().saving,
+        tensorscope::checkpoint::Saving::Products
+    );
+    let report = ckpt.last_backward().unwrap();
+    // Segments of 2, the last one's graph kept: 6 layers replayed, one product each.
+    assert_eq!((report.replayed_steps, report.kept_ops), (6, 6));
 }
 
 #[test]

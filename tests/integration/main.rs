@@ -36,6 +36,7 @@ mod checkpoint;
 mod checkpoint_macro;
 mod checkpoint_memory;
 mod checkpoint_memory_changes;
+mod checkpoint_saving;
 mod checkpoint_training;
 mod custom_op;
 mod display;

@@ -65,6 +65,10 @@ use sealed::{Held as _, Walk as _};
 /// - Under `#[checkpoint]` a layer step keeps the op itself, not what it saved, and runs its
 ///   forward again when the backward needs the step: the same kernels on the same values, so the
 ///   same bits. An op's forward must therefore be deterministic in its inputs and its own fields.
+///   An op a [`Saving`](crate::checkpoint::Saving) policy names (by [`Op::name`]) runs its forward
+///   saving on the tape instead: the tape keeps the output and what the forward saved, less the
+///   saved aliases of its inputs, and a replay gives the backward the recomputed inputs in their
+///   place and the kept output, without running the forward.
 ///
 /// The op's fields are its parameters (an axis, a scalar); run it with [`Tensor::try_apply`].
 ///
@@ -231,6 +235,9 @@ pub(crate) mod sealed {
         type At<'x>: Held;
         /// Moves the value to the brand `'x`: the engine's alone (see `Token`).
         fn rebrand<'x>(self, token: Token) -> Self::At<'x>;
+        /// Calls `f` on every tensor held (a `Tensor<'static, U>`), in the order `each` visits
+        /// them, so that the engine can put another handle in its place.
+        fn each_mut(&mut self, f: &mut dyn FnMut(&mut dyn std::any::Any));
     }
 
     /// A held tensor of any element type.
@@ -239,6 +246,8 @@ pub(crate) mod sealed {
         fn scope(&self) -> &State;
         /// Moves its accounting to `target` if `target` outlives its owner.
         fn move_accounting(&self, target: &State);
+        /// The pool bytes of its buffer, and the buffer's address (equal for aliases).
+        fn buffer(&self) -> (usize, *const ());
     }
 }
 
@@ -251,6 +260,9 @@ impl<U: DType> sealed::Tensorish for Saved<'_, U> {
     }
     fn move_accounting(&self, target: &State) {
         self.0.move_accounting(target);
+    }
+    fn buffer(&self) -> (usize, *const ()) {
+        (self.0.allocated_bytes(), self.0.buffer_addr())
     }
 }
 
@@ -265,6 +277,9 @@ impl<U: DType> sealed::Held for Saved<'_, U> {
     fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
         Saved::new(self.0)
     }
+    fn each_mut(&mut self, f: &mut dyn FnMut(&mut dyn std::any::Any)) {
+        f(&mut self.0)
+    }
 }
 
 macro_rules! held_plain {
@@ -277,6 +292,7 @@ macro_rules! held_plain {
             fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
                 self
             }
+            fn each_mut(&mut self, _: &mut dyn FnMut(&mut dyn std::any::Any)) {}
         }
     )*};
 }
@@ -311,6 +327,11 @@ impl<X: sealed::Held> sealed::Held for Option<X> {
     fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
         self.map(|x| x.rebrand(Token(())))
     }
+    fn each_mut(&mut self, f: &mut dyn FnMut(&mut dyn std::any::Any)) {
+        if let Some(x) = self {
+            x.each_mut(f)
+        }
+    }
 }
 
 impl<X: sealed::Walk> sealed::Walk for Vec<X> {
@@ -323,6 +344,9 @@ impl<X: sealed::Held> sealed::Held for Vec<X> {
     type At<'x> = Vec<X::At<'x>>;
     fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
         self.into_iter().map(|x| x.rebrand(Token(()))).collect()
+    }
+    fn each_mut(&mut self, f: &mut dyn FnMut(&mut dyn std::any::Any)) {
+        self.iter_mut().for_each(|x| x.each_mut(f))
     }
 }
 
@@ -337,6 +361,9 @@ impl<X: sealed::Held, const N: usize> sealed::Held for [X; N] {
     fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
         self.map(|x| x.rebrand(Token(())))
     }
+    fn each_mut(&mut self, f: &mut dyn FnMut(&mut dyn std::any::Any)) {
+        self.iter_mut().for_each(|x| x.each_mut(f))
+    }
 }
 
 macro_rules! held_tuple {
@@ -350,6 +377,9 @@ macro_rules! held_tuple {
             type At<'x> = ($($x::At<'x>,)*);
             fn rebrand<'x>(self, _: Token) -> Self::At<'x> {
                 ($(self.$i.rebrand(Token(())),)*)
+            }
+            fn each_mut(&mut self, f: &mut dyn FnMut(&mut dyn std::any::Any)) {
+                $(self.$i.each_mut(f);)*
             }
         }
     };
@@ -675,14 +705,33 @@ pub(crate) trait Recorded<T: DType> {
     fn recycle(self: Box<Self>);
 }
 
-/// What a checkpoint's tape keeps of an op: how to run it again, without what it saved.
+/// What a checkpoint's tape keeps of an op: how to run it again, without what it saved (or,
+/// for an op whose output the tape keeps, that output).
 pub(crate) trait Replayable<T: DType> {
-    /// Runs the op again on `args` (recording if they carry graphs).
-    fn replay(&self, args: Inputs<'_, 'static, T>) -> Result<Tensor<'static, T>>;
+    /// Runs the op again on `args` in `at` (recording if they carry graphs), or binds the output
+    /// the tape kept. `args` is empty when [`Replayable::reads_args`] said so.
+    fn replay(&self, args: Inputs<'_, 'static, T>, at: &State) -> Result<Tensor<'static, T>>;
 
     /// The output kept by an op that cannot run again (no derivative), with its name.
     fn kept(&self) -> Option<(&'static str, &Tensor<'static, T>)> {
         None
+    }
+
+    /// Whether a replay needs the op's arguments (`recording`: it builds a graph). An op whose
+    /// output the tape keeps needs them only to record its node, whose backward reads them.
+    fn reads_args(&self, _recording: bool) -> bool {
+        true
+    }
+
+    /// Whether a replay runs the op's kernel again, rather than binding a kept output.
+    fn reruns(&self) -> bool {
+        true
+    }
+
+    /// The pool bytes the entry keeps for replays (a kept output, and what the op's backward
+    /// saved beyond its inputs and output), until a replay that records takes them.
+    fn kept_bytes(&self) -> usize {
+        0
     }
 
     /// Moves the accounting of what is kept (held tensors, a kept output) to `target`.
@@ -789,7 +838,7 @@ impl<T: DType, O: Op<T>> Recorded<T> for Slot<Record<O, T>> {
 }
 
 impl<T: DType, O: Op<T>> Replayable<T> for Slot<Record<O, T>> {
-    fn replay(&self, args: Inputs<'_, 'static, T>) -> Result<Tensor<'static, T>> {
+    fn replay(&self, args: Inputs<'_, 'static, T>, _: &State) -> Result<Tensor<'static, T>> {
         run(self.get().op.clone(), &mut { args })
     }
 
@@ -843,19 +892,30 @@ impl<T: DType> Recorded<T> for Slot<Opaque<T>> {
 }
 
 impl<T: DType> Replayable<T> for Slot<Opaque<T>> {
-    fn replay(&self, args: Inputs<'_, 'static, T>) -> Result<Tensor<'static, T>> {
+    fn replay(&self, _: Inputs<'_, 'static, T>, at: &State) -> Result<Tensor<'static, T>> {
         let opaque = self.get();
         let kept = opaque
             .kept
             .as_ref()
             .expect("an opaque op on a tape keeps its output");
-        let at = &args.get(0).expect("the step's input").rents_in;
         Ok(super::barrier(kept.alias_in(at), opaque.name))
     }
 
     fn kept(&self) -> Option<(&'static str, &Tensor<'static, T>)> {
         let opaque = self.get();
         Some((opaque.name, opaque.kept.as_ref()?))
+    }
+
+    fn reads_args(&self, _: bool) -> bool {
+        false
+    }
+
+    fn reruns(&self) -> bool {
+        false
+    }
+
+    fn kept_bytes(&self) -> usize {
+        self.get().kept.as_ref().map_or(0, Tensor::allocated_bytes)
     }
 
     fn move_accounting(&self, target: &State) {
@@ -865,6 +925,181 @@ impl<T: DType> Replayable<T> for Slot<Opaque<T>> {
     fn recycle(self: Box<Self>) {
         recycle::recycle_slot(self)
     }
+}
+
+/// An op on a tape whose output the tape keeps (selective saving, `checkpoint::Saving`): the op,
+/// and until a replay that records takes them, its output and what its forward saved, with the
+/// saved handles on its inputs taken out (the replay puts the recomputed inputs back).
+struct Keeping<O: Op<T>, T: DType> {
+    op: O,
+    kept: RefCell<Option<KeptRun<O, T>>>,
+}
+
+/// What [`Keeping`] holds of the op's run in the forward.
+struct KeptRun<O: Op<T>, T: DType> {
+    output: Tensor<'static, T>,
+    /// What the forward saved, a handle on the output in the place of each saved input.
+    saved: O::Saved<'static>,
+    /// Which of the saved tensors (by their place in the walk of `saved`) is which input.
+    inputs: RecycledVec<(usize, usize)>,
+}
+
+impl<T: DType, O: Op<T>> Replayable<T> for Slot<Keeping<O, T>> {
+    fn replay(&self, args: Inputs<'_, 'static, T>, at: &State) -> Result<Tensor<'static, T>> {
+        let keeping = self.get();
+        if keeping.kept.borrow().is_none() {
+            // Taken by an earlier replay that recorded: the op runs again.
+            return run(keeping.op.clone(), &mut { args });
+        }
+        let mut args = args;
+        if args.len() == 0 {
+            // A values-only replay: the kept output, without running the op or its inputs.
+            let kept = keeping.kept.borrow();
+            let output = &kept.as_ref().expect("checked above").output;
+            return Ok(output.alias_in(at));
+        }
+        let (recorder, cx) = prepare(&mut args, keeping.op.held(), keeping.op.reads_views())?;
+        match recorder {
+            Some(recorder) if !recorder.on_tape() => {
+                let run = keeping.kept.borrow_mut().take().expect("checked above");
+                Ok(bind_kept(keeping.op.clone(), recorder, &cx, run))
+            }
+            Some(recorder) => run_prepared(keeping.op.clone(), Some(recorder), cx),
+            None => {
+                // Nothing it read carries a graph: the values are all a replay needs.
+                let kept = keeping.kept.borrow();
+                let output = &kept.as_ref().expect("checked above").output;
+                Ok(output.alias_in(cx.scope()))
+            }
+        }
+    }
+
+    fn reads_args(&self, recording: bool) -> bool {
+        recording || self.get().kept.borrow().is_none()
+    }
+
+    fn reruns(&self) -> bool {
+        self.get().kept.borrow().is_none()
+    }
+
+    fn kept_bytes(&self) -> usize {
+        let Some(run) = &*self.get().kept.borrow() else {
+            return 0;
+        };
+        let output = run.output.buffer_addr();
+        let mut bytes = run.output.allocated_bytes();
+        run.saved.each(&mut |t| {
+            let (size, addr) = t.buffer();
+            if addr != output {
+                bytes += size;
+            }
+        });
+        bytes
+    }
+
+    fn move_accounting(&self, target: &State) {
+        let keeping = self.get();
+        let mut each = |t: &dyn sealed::Tensorish| t.move_accounting(target);
+        keeping.op.held().each(&mut each);
+        if let Some(run) = &*keeping.kept.borrow() {
+            run.output.move_accounting(target);
+            run.saved.each(&mut each);
+        }
+    }
+
+    fn recycle(self: Box<Self>) {
+        recycle::recycle_slot(self)
+    }
+}
+
+/// The node of the kept output of `run` in a replay that records: the op's record, with the
+/// inputs of this replay (`cx`'s) in the places the forward saved its own, so that the backward
+/// reads the recomputed inputs and the kept output, and gives the plain backward's gradients.
+fn bind_kept<T: DType, O: Op<T>>(
+    op: O,
+    recorder: Recorder<T>,
+    cx: &Forward<'_, 'static, T>,
+    run: KeptRun<O, T>,
+) -> Tensor<'static, T> {
+    let KeptRun {
+        output,
+        mut saved,
+        inputs,
+    } = run;
+    let mut visit = 0;
+    saved.each_mut(&mut |slot| {
+        if let Some(&(_, i)) = inputs.iter().find(|&&(v, _)| v == visit) {
+            if let Some(t) = slot.downcast_mut::<Tensor<'static, T>>() {
+                *t = cx.input(i).saved();
+            }
+        }
+        visit += 1;
+    });
+    let shapes = cx
+        .inputs()
+        .map(|t| Some(Dims::from_slice(t.shape())))
+        .collect();
+    let mut out = output.alias_in(cx.scope());
+    drop(output);
+    finish(recorder, &mut out, op, Some(saved), shapes);
+    out
+}
+
+/// Runs `op` on a tape that keeps its output: its forward saves what its backward needs, and the
+/// tape keeps the output and that, less the handles on the op's inputs (which a replay
+/// recomputes), so the inputs go back to the pool as in a tape's other ops.
+#[inline(never)]
+fn run_keeping<'s, T: DType, O: Op<T>>(
+    op: O,
+    recorder: Recorder<T>,
+    mut cx: Forward<'_, 's, T>,
+) -> Result<Tensor<'s, T>> {
+    // The inputs as the forward reads them, to find them among what it saves.
+    let inputs: RecycledVec<Tensor<'static, T>> = cx.inputs().map(Tensor::saved).collect();
+    cx.saving = true;
+    let (mut out, saved) = with_mode(Mode::Off, || op.forward(&mut cx))?;
+    out.set_scope(cx.scope);
+    let Some(saved) = saved else {
+        // An op that saves nothing for its backward cannot be bound: it runs again.
+        let step = recycle::slot(Record {
+            op,
+            saved: None,
+            shapes: PerInput::default(),
+            _element: std::marker::PhantomData,
+        });
+        out.node = Some(recorder.node(step, &out));
+        return Ok(out);
+    };
+    let output = out.saved();
+    let mut saved = saved.rebrand(Token(()));
+    let mut at_inputs = RecycledVec::new();
+    let mut visit = 0;
+    saved.each_mut(&mut |slot| {
+        if let Some(t) = slot.downcast_mut::<Tensor<'static, T>>() {
+            if !t.same_view(&output) {
+                if let Some(i) = inputs.iter().position(|x| t.same_view(x)) {
+                    at_inputs.push((visit, i));
+                    // Until a replay gives the input back: a handle on the output, which the
+                    // tape keeps anyway.
+                    *t = output.saved();
+                }
+            }
+        }
+        visit += 1;
+    });
+    drop(inputs);
+    let step = recycle::slot(Keeping {
+        op,
+        kept: RefCell::new(Some(KeptRun {
+            output,
+            saved,
+            inputs: at_inputs,
+        })),
+    });
+    let (tape, args) = recorder.tape.expect("only a tape keeps outputs");
+    let value = tape.borrow_mut().push(Step(Some(step)), args);
+    out.node = Some(Node::taped(&tape, value, &out.rents_in));
+    Ok(out)
 }
 
 impl<'s, T: DType> Tensor<'s, T> {
@@ -894,7 +1129,22 @@ pub(crate) fn run<'r, 's, T: DType, O: Op<T>>(
 ) -> Result<Tensor<'s, T>> {
     // A trace tags what the op rents (its output, copies of views among its inputs) with its name.
     let _op = crate::trace::op(|| op.name());
-    let (recorder, mut cx) = prepare(inputs, op.held(), op.reads_views())?;
+    let (recorder, cx) = prepare(inputs, op.held(), op.reads_views())?;
+    run_prepared(op, recorder, cx)
+}
+
+/// [`run`] after [`prepare`].
+#[inline(always)]
+fn run_prepared<'s, T: DType, O: Op<T>>(
+    op: O,
+    recorder: Option<Recorder<T>>,
+    mut cx: Forward<'_, 's, T>,
+) -> Result<Tensor<'s, T>> {
+    let keeps = recorder.as_ref().is_some_and(|r| r.keeps(op.name()));
+    if keeps {
+        let recorder = recorder.expect("a recorder keeps");
+        return run_keeping(op, recorder, cx);
+    }
     // Read before the forward, which may take its inputs; only a graph's record checks them (a
     // tape's runs the op again, with a record of its own, when the backward needs it).
     let shapes = match cx.saving {
@@ -1036,6 +1286,13 @@ impl<T: DType> Recorder<T> {
 
     fn on_tape(&self) -> bool {
         self.tape.is_some()
+    }
+
+    /// Whether the op `name` is on a tape that keeps its output (selective saving).
+    fn keeps(&self, name: &str) -> bool {
+        self.tape
+            .as_ref()
+            .is_some_and(|(tape, _)| tape.borrow().keeps(name))
     }
 }
 

@@ -9,6 +9,11 @@
 //! else is kept, so the step's temporaries go back to the pool as the forward drops them. Replaying
 //! the tape from the same input runs the same kernels on the same values: with recording on, it
 //! builds the graph the plain forward would have built, bit for bit.
+//!
+//! A tape may keep the outputs of some ops (selective saving: the names in [`Tape::new`]'s
+//! `keep`, matrix products under `checkpoint::Saving::Products`). A replay binds such an output
+//! instead of running the op, and when it records, gives it the op's own node, whose backward
+//! reads the op's inputs as the replay recomputed them.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -48,6 +53,15 @@ pub(crate) struct Tape<T: DType> {
     args: RecycledVec<Arg<T>>,
     /// What the step returned; `None` until the driver closes the tape.
     output: Option<Arg<T>>,
+    /// The names of the ops whose outputs the tape keeps.
+    keep: &'static [&'static str],
+}
+
+/// What replays did: the ops they ran again, and those whose kept output they bound instead.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Replayed {
+    pub(crate) ran: usize,
+    pub(crate) kept: usize,
 }
 
 /// A tape shared by the nodes of the step's tensors.
@@ -76,6 +90,11 @@ impl<T: DType> Tape<T> {
     /// The arguments of `op`.
     fn args_of(&self, op: &Op<T>) -> &[Arg<T>] {
         &self.args[op.args.clone()]
+    }
+
+    /// Whether the tape keeps the outputs of ops named `name`.
+    pub(crate) fn keeps(&self, name: &str) -> bool {
+        self.keep.contains(&name)
     }
 
     /// Records what the step returned.
@@ -107,6 +126,12 @@ impl<T: DType> Tape<T> {
         h
     }
 
+    /// The pool bytes the tape keeps for replays: outputs of ops it keeps (and of ops without a
+    /// derivative), until a replay that records takes them.
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.ops.iter().map(|op| op.step.get().kept_bytes()).sum()
+    }
+
     /// Calls `f` on every value from outside the step (for moving their accounting, and for
     /// finding the graph nodes the step reads).
     pub(crate) fn for_each_outside(&self, f: &mut dyn FnMut(Outside<'_, T>)) {
@@ -118,26 +143,29 @@ impl<T: DType> Tape<T> {
         }
     }
 
-    /// An empty tape, for a step whose input is value 0.
-    pub(crate) fn new() -> SharedTape<T> {
+    /// An empty tape, for a step whose input is value 0, keeping the outputs of the ops named
+    /// in `keep`.
+    pub(crate) fn new(keep: &'static [&'static str]) -> SharedTape<T> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         RecycledRc::new(RefCell::new(Tape {
             seq: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ops: RecycledVec::new(),
             args: RecycledVec::new(),
             output: None,
+            keep,
         }))
     }
 
-    /// Which ops the step's output depends on: the others need not run again.
-    fn needed(&self) -> RecycledVec<bool> {
+    /// Which ops the step's output depends on, in a replay that records or not: the others need
+    /// not run again.
+    fn needed(&self, recording: bool) -> RecycledVec<bool> {
         let mut needed: RecycledVec<bool> = (0..=self.ops.len()).map(|_| false).collect();
         if let Some(Arg::Value(v)) = &self.output {
             needed[*v] = true;
         }
         for i in (0..self.ops.len()).rev() {
             // A kept output is not computed from its arguments.
-            if needed[i + 1] && self.ops[i].step.get().kept().is_none() {
+            if needed[i + 1] && self.ops[i].step.get().reads_args(recording) {
                 for arg in self.args_of(&self.ops[i]) {
                     if let Arg::Value(v) = arg {
                         needed[*v] = true;
@@ -151,7 +179,7 @@ impl<T: DType> Tape<T> {
     /// The op without a derivative that the step's output depends on, if any: a backward through
     /// the step fails naming it, as one through the same ops without a tape would.
     pub(crate) fn opaque_dependency(&self) -> Option<&'static str> {
-        let needed = self.needed();
+        let needed = self.needed(true);
         self.ops
             .iter()
             .enumerate()
@@ -159,20 +187,24 @@ impl<T: DType> Tape<T> {
             .find_map(|(_, op)| op.step.get().kept().map(|(name, _)| name))
     }
 
-    /// Runs the step again from `input`, in `at`: the ops its output depends on, no others. Values
-    /// from outside take `outside(node, value)`: the value itself for a values-only replay, or the
-    /// value with a node for a replay that builds a graph. Every intermediate value is dropped as
-    /// soon as no later op reads it.
+    /// Runs the step again from `input`, in `at`: the ops its output depends on, no others, a kept
+    /// output bound rather than computed; what ran and what was bound is added to `replayed`.
+    /// Values from outside take `outside(node, value)`: the value itself for a values-only
+    /// replay, or the value with a node for a replay that builds a graph (recording on). Every
+    /// intermediate value is dropped as soon as no later op reads it.
     pub(crate) fn replay(
         &self,
         input: Tensor<'static, T>,
         at: &State,
         outside: &mut dyn FnMut(Outside<'_, T>) -> Tensor<'static, T>,
+        replayed: &mut Replayed,
     ) -> Result<Tensor<'static, T>> {
-        let needed = self.needed();
+        let recording = super::mode() != super::Mode::Off;
+        let needed = self.needed(recording);
+        let reads = |op: &Op<T>| op.step.get().reads_args(recording);
         let mut last_read: RecycledVec<usize> = (0..=self.ops.len()).map(|_| 0).collect();
         for (i, op) in self.ops.iter().enumerate().filter(|&(i, _)| needed[i + 1]) {
-            for arg in self.args_of(op) {
+            for arg in self.args_of(op).iter().filter(|_| reads(op)) {
                 if let Arg::Value(v) = arg {
                     last_read[*v] = i + 1;
                 }
@@ -190,11 +222,18 @@ impl<T: DType> Tape<T> {
                 values.push(None);
                 continue;
             }
-            let args = Inputs::owned(self.args_of(op).iter().map(|arg| match arg {
+            let step = op.step.get();
+            match step.reruns() {
+                true => replayed.ran += 1,
+                false => replayed.kept += 1,
+            }
+            let args = self.args_of(op);
+            let args = args[..if reads(op) { args.len() } else { 0 }].iter();
+            let args = Inputs::owned(args.map(|arg| match arg {
                 Arg::Value(v) => values[*v].clone().expect("read before its last reader"),
                 Arg::Outside { node, value } => outside((node.as_ref(), value)).alias_in(at),
             }));
-            values.push(Some(op.step.get().replay(args)?));
+            values.push(Some(step.replay(args, at)?));
             for arg in self.args_of(op) {
                 if let Arg::Value(v) = arg {
                     if last_read[*v] == i + 1 {

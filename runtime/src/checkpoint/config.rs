@@ -81,6 +81,69 @@ impl Precision {
     }
 }
 
+/// Which ops of a replayed layer step keep their outputs instead of running again: selective
+/// saving, as JAX's `checkpoint_policies.dots_saveable` / `save_only_these_names` and PyTorch's
+/// selective activation checkpointing (`policy_fn`) choose.
+///
+/// In a recording forward, a layer step on a tape keeps nothing by default, and its backward runs
+/// every op of the step again. With a saving policy, the tape keeps the outputs of the ops it names
+/// (pool buffers, counted in the pool's stats like any tensor, and held until the region's backward
+/// has replayed that step with recording on); the replay binds each kept output instead of running
+/// its op, and gives it the op's own graph node, whose backward reads the op's inputs as the
+/// replay recomputed them. The gradients are those of the plain forward, bit for bit: the kept
+/// output is the value the op computed, and its backward runs the same kernels on the same values.
+///
+/// What an op's backward saved beyond its inputs and its output (attention's log-sum-exp of each
+/// query) is kept with the output. The ops upstream of a kept output still run in a replay that
+/// records (the kept op's backward reads its inputs); a values-only replay (`Budget` and `Memory`
+/// recomputing a boundary) skips whatever only a kept output depended on.
+///
+/// The bytes kept are on top of what a policy counts: [`Policy::Budget`] counts stored
+/// activations only; [`Policy::Memory`]'s profiling step measures with the saving in force and
+/// reserves the kept bytes of every step for the whole training step, so its plans still hold the
+/// budget (see [`Policy::Memory`]).
+///
+/// [`ReverseReport::replayed_ops`](super::ReverseReport::replayed_ops) and
+/// [`ReverseReport::kept_ops`](super::ReverseReport::kept_ops) count what a backward ran again
+/// and what it bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Saving {
+    /// Keep nothing: a replay runs every op again (the least memory).
+    #[default]
+    Nothing,
+    /// Keep the outputs of the matrix products, convolutions and fused attention
+    /// ([`Saving::PRODUCTS`]): the expensive ops, whose outputs are few bytes for their work.
+    /// Elementwise ops, norms and softmaxes run again.
+    Products,
+    /// Keep the outputs of the ops of these names (an op's [`Op::name`](crate::autograd::Op::name),
+    /// the names errors give: `"matmul"`, `"softmax"`, `"gelu"`, a user's op's own). A name no op
+    /// has keeps nothing. Ops without a derivative (`map`) keep their outputs whatever the policy.
+    Ops(&'static [&'static str]),
+}
+
+impl Saving {
+    /// The ops [`Saving::Products`] keeps: the matrix product (`Tensor::matmul`, which
+    /// [`Linear`](crate::nn::Linear) and every batched product use), the convolutions and fused
+    /// attention.
+    pub const PRODUCTS: &'static [&'static str] =
+        &["matmul", "conv1d", "conv2d", "scaled_dot_product_attention"];
+
+    /// The names of the ops whose outputs a tape keeps under this policy.
+    pub fn names(&self) -> &'static [&'static str] {
+        match self {
+            Saving::Nothing => &[],
+            Saving::Products => Saving::PRODUCTS,
+            Saving::Ops(names) => names,
+        }
+    }
+
+    /// Whether an op named `op` keeps its output under this policy.
+    pub fn keeps(&self, op: &str) -> bool {
+        self.names().contains(&op)
+    }
+}
+
 /// Settings of a [`Checkpointer`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -92,6 +155,8 @@ pub struct CheckpointConfig {
     /// At most this many stored activations; a save past it fails with
     /// [`CheckpointError::LimitExceeded`].
     pub max_checkpoints: Option<usize>,
+    /// Which ops of a replayed step keep their outputs ([`Saving::Nothing`] by default).
+    pub saving: Saving,
     /// The `#[checkpoint]` function this config is of, if any: where a forward without a
     /// checkpointer keeps what `Policy::Memory` measured.
     pub(crate) site: Option<&'static str>,
@@ -104,6 +169,7 @@ impl CheckpointConfig {
             policy,
             precision: Precision::Full,
             max_checkpoints: None,
+            saving: Saving::Nothing,
             site: None,
         }
     }
@@ -120,6 +186,23 @@ impl CheckpointConfig {
     /// The same config storing activations in `precision`.
     pub fn with_precision(mut self, precision: Precision) -> Self {
         self.precision = precision;
+        self
+    }
+
+    /// The same config keeping the outputs `saving` names in the layer steps a backward replays
+    /// (see [`Saving`]).
+    ///
+    /// ```
+    /// use tensorscope::checkpoint::Saving;
+    /// use tensorscope::{CheckpointConfig, Policy};
+    ///
+    /// let config = CheckpointConfig::new(Policy::Sqrt).with_saving(Saving::Products);
+    /// assert!(config.saving.keeps("matmul") && !config.saving.keeps("gelu"));
+    /// let named = config.with_saving(Saving::Ops(&["matmul", "softmax"]));
+    /// assert!(named.saving.keeps("softmax"));
+    /// ```
+    pub fn with_saving(mut self, saving: Saving) -> Self {
+        self.saving = saving;
         self
     }
 

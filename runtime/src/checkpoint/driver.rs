@@ -39,6 +39,10 @@ struct Driver<'c, T: Element> {
     /// Where a step first differed from the key of `Policy::Memory`'s plan: from there on every
     /// step runs on a tape in one region that reverses with the least memory.
     stale: Option<usize>,
+    /// The ops whose outputs the steps' tapes keep (the config's `Saving`).
+    keep: &'static [&'static str],
+    /// The pool bytes the tapes of a profiling step keep (see `finish`).
+    kept_bytes: usize,
 }
 
 impl<'c, T: Element> Driver<'c, T> {
@@ -50,6 +54,7 @@ impl<'c, T: Element> Driver<'c, T> {
         input: &Tensor<'_, T>,
     ) -> Result<Self> {
         let n = ids.len();
+        let keep = config.saving.names();
         let mut plan = RecycledVec::new();
         let records = region::records(input);
         let mut slot = match ckpt {
@@ -77,6 +82,8 @@ impl<'c, T: Element> Driver<'c, T> {
                     pos: 0,
                     entered: 0,
                     stale: None,
+                    keep,
+                    kept_bytes: 0,
                 });
             }
         };
@@ -95,6 +102,8 @@ impl<'c, T: Element> Driver<'c, T> {
             pos: 0,
             entered: 0,
             stale: None,
+            keep,
+            kept_bytes: 0,
         })
     }
 
@@ -151,7 +160,7 @@ impl<'c, T: Element> Driver<'c, T> {
             x
         };
         if taped && self.recording.is_none() {
-            self.recording = Some((Recording::start(&mut x), pos));
+            self.recording = Some((Recording::start(&mut x, self.keep), pos));
         }
         // A trace tags what the step rents with where its segment starts, its own position and
         // whether it runs on a tape.
@@ -196,6 +205,9 @@ impl<'c, T: Element> Driver<'c, T> {
         let (y, reads) = match &mut self.recording {
             Some((recording, _)) => {
                 let y = recording.close(y);
+                if matches!(self.layout, Layout::Profile) {
+                    self.kept_bytes += recording.kept_bytes();
+                }
                 (y, Some(recording.fingerprint()))
             }
             None => (y, None),
@@ -240,8 +252,13 @@ impl<'c, T: Element> Driver<'c, T> {
     fn finish<'s>(mut self, n: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         crate::trace::set_segment(|| None);
         let x = self.close_region(n, x)?;
+        let kept_bytes = self.kept_bytes;
         if let Some(mut measuring) = self.measuring() {
             measuring.forward_ended(x.rents_in.pool(), x.data_bytes());
+            // The planner does not know that a taped step keeps outputs (`Saving`) until its
+            // backward: the kept bytes of every step are counted as held for the whole step, as
+            // the chain's output is, so that every plan still holds its budget.
+            measuring.costs.output_bytes += kept_bytes;
         }
         if let (Layout::Profile | Layout::Least | Layout::Rotor(_), Some(ckpt)) =
             (&self.layout, self.slot.get())

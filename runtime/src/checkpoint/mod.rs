@@ -50,7 +50,7 @@ use std::rc::Rc;
 use crate::dims::Dims;
 
 pub use crate::error::checkpoint::{CheckpointError, Result};
-pub use config::{CheckpointConfig, Policy, Precision};
+pub use config::{CheckpointConfig, Policy, Precision, Saving};
 pub(crate) use driver::run_layers;
 pub(crate) use install::with_active;
 pub use report::{PlanKind, PlanReport, StepRun};

@@ -32,7 +32,8 @@ use super::stored::ByLayer;
 use super::sweep::{check_shape, ReverseReport, Sweep};
 use super::{CheckpointError, Checkpointer, Result};
 use crate::autograd::{
-    self, Gradients, Mode, Node, NodeRef, PerInput, Recorded, Rule, SharedTape, Tape, TapeArg,
+    self, Gradients, Mode, Node, NodeRef, PerInput, Recorded, Replayed, Rule, SharedTape, Tape,
+    TapeArg,
 };
 use crate::dims::Dims;
 use crate::element::{DType, Element};
@@ -66,20 +67,24 @@ pub(super) struct Recording<T: Element> {
     /// The graph node of the region's input.
     input: Option<NodeRef<T>>,
     tapes: RecycledVec<SharedTape<T>>,
+    /// The ops whose outputs the tapes keep (`Saving::names`).
+    keep: &'static [&'static str],
 }
 
 impl<T: Element> Recording<T> {
-    /// Starts recording a forward from `input`, taking its graph node (the steps see only values).
-    pub(super) fn start(input: &mut Tensor<'_, T>) -> Self {
+    /// Starts recording a forward from `input`, taking its graph node (the steps see only values);
+    /// its tapes keep the outputs of the ops named in `keep`.
+    pub(super) fn start(input: &mut Tensor<'_, T>, keep: &'static [&'static str]) -> Self {
         Recording {
             input: input.node.take(),
             tapes: RecycledVec::new(),
+            keep,
         }
     }
 
     /// `x`, the input of the next step, with a node that opens the step's tape.
     pub(super) fn open<'s>(&mut self, mut x: Tensor<'s, T>) -> Tensor<'s, T> {
-        let tape = Tape::new();
+        let tape = Tape::new(self.keep);
         x.node = Some(Node::taped(&tape, 0, &x.rents_in));
         self.tapes.push(tape);
         x
@@ -97,6 +102,13 @@ impl<T: Element> Recording<T> {
         };
         tape.borrow_mut().close(output);
         y.without_grad()
+    }
+
+    /// The pool bytes the last step's tape keeps for replays (see `Saving`).
+    pub(super) fn kept_bytes(&self) -> usize {
+        self.tapes
+            .last()
+            .map_or(0, |tape| tape.borrow().kept_bytes())
     }
 
     /// Moves the accounting of what the tapes keep from scopes that end to `target` (as an escape
@@ -188,6 +200,7 @@ impl<T: Element> Recording<T> {
                 .collect(),
             reverse,
             report: ckpt.last_backward.clone(),
+            replayed: Cell::new(Replayed::default()),
         };
         let rule = Rule::new(recycle::slot(region));
         x.node = Some(Node::op(inputs, rule, &x.rents_in));
@@ -297,6 +310,8 @@ pub(crate) struct Region<T: DType> {
     reverse: Reverse,
     /// Where the report of the backward goes (the checkpointer's).
     report: Rc<Cell<Option<ReverseReport>>>,
+    /// The ops the backward's replays ran and bound so far.
+    replayed: Cell<Replayed>,
 }
 
 /// A replay's gradient bookkeeping: the keys of the leaves standing for the region's input and
@@ -362,14 +377,19 @@ impl<T: Element> Region<T> {
         keys: Option<&mut Keys<T>>,
     ) -> TensorResult<Saved<T>> {
         let tape = self.tapes[pos].borrow();
-        match keys {
+        let mut replayed = self.replayed.get();
+        let y = match keys {
             None => autograd::with_mode(Mode::Off, || {
-                tape.replay(x, at, &mut |(_, value)| value.alias_in(at))
+                tape.replay(x, at, &mut |(_, value)| value.alias_in(at), &mut replayed)
             }),
             Some(keys) => autograd::with_mode(Mode::Infer, || {
-                tape.replay(x, at, &mut |(node, value)| keys.outside(node, value, at))
+                let outside =
+                    |(node, value): autograd::Outside<'_, T>| keys.outside(node, value, at);
+                tape.replay(x, at, &mut { outside }, &mut replayed)
             }),
-        }
+        };
+        self.replayed.set(replayed);
+        y
     }
 
     /// Steps `start..end` replayed from `x` with recording on, backpropagated from `flow.grad`.
@@ -539,9 +559,13 @@ impl<T: Element> Region<T> {
         let input = self.restore(0, at)?;
         for t in (0..self.tapes.len()).rev() {
             let a = self.advance(0, t, &input, at, flow)?;
+            // What the tape keeps, held before the record starts, may be released by it: the
+            // graph of a step that recorded as it ran would hold it anew.
+            let kept = self.tapes[t].borrow().kept_bytes();
             let before = pool.probe_start();
             let (y, graph) = self.record(t, t + 1, a, at, flow)?;
             let (held, peak) = pool.probe();
+            let (held, peak) = (held + kept, peak + kept);
             let (started, gradients) = (pool.probe_start(), gradient_bytes(grads, flow));
             let clock = Instant::now();
             self.settle(graph, at, grads, flow)?;
@@ -708,11 +732,16 @@ impl<T: Element> Region<T> {
             e => crate::error::Error::Checkpoint(Box::new(e)),
         })?;
         // A forward of several regions reports them together (its start cleared the report).
+        let replayed = self.replayed.take();
+        flow.report.replayed_ops = replayed.ran;
+        flow.report.kept_ops = replayed.kept;
         let report = match self.report.get() {
             Some(earlier) => ReverseReport {
                 recomputed_steps: earlier.recomputed_steps + flow.report.recomputed_steps,
                 replayed_steps: earlier.replayed_steps + flow.report.replayed_steps,
                 peak_activations: earlier.peak_activations.max(flow.report.peak_activations),
+                replayed_ops: earlier.replayed_ops + flow.report.replayed_ops,
+                kept_ops: earlier.kept_ops + flow.report.kept_ops,
             },
             None => flow.report,
         };

@@ -25,6 +25,12 @@ pub struct ReverseReport {
     /// [`Policy::Memory`](super::Policy::Memory), whose plan counts bytes, not activations: the
     /// pool's peak is its measure).
     pub peak_activations: usize,
+    /// Ops run again by the replays of checkpointed regions (recomputations and replays that
+    /// record alike).
+    pub replayed_ops: usize,
+    /// Ops whose output a tape kept and a replay bound instead of running them: those that
+    /// [`Saving`](super::Saving) names, and ops without a derivative (`map`).
+    pub kept_ops: usize,
 }
 
 impl<T: Element> Checkpointer<T> {
