@@ -67,13 +67,12 @@ pub use init::{manual_seed, Generator};
 pub use ops::{Operand, TensorOps};
 pub use param::{Param, ParamPath, Parameters};
 pub use pool::{
-    Pool, PoolBuffer, PoolConfig, PoolStats, TimelinePoint, ALIGN, DEFAULT_MAX_MEMORY_MB,
-    POISON_BYTE,
+    Pool, PoolBuffer, PoolConfig, PoolStats, ALIGN, DEFAULT_MAX_MEMORY_MB, POISON_BYTE,
 };
 pub use scope::{current_pool, scope, Scope, ScopeStats};
 pub use tensor::Tensor;
 pub use threads::{set_threads, threads};
-pub use trace::{ScopeName, Segment, Trace, TraceEvent, TraceEventKind};
+pub use trace::{ScopeName, Segment, TimelinePoint, Trace, TraceEvent, TraceEventKind};
 
 #[doc(no_inline)]
 pub use half::{bf16, f16};

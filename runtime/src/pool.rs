@@ -217,17 +217,6 @@ impl Drop for Shared {
     }
 }
 
-/// One point of a pool's memory timeline (see [`Trace::timeline`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimelinePoint {
-    /// Microseconds since the trace started.
-    pub micros: u64,
-    /// Bytes rented out at that moment.
-    pub bytes_in_use: usize,
-    /// Bytes held idle at that moment.
-    pub bytes_cached: usize,
-}
-
 /// A trace being recorded (see [`Pool::start_trace`]).
 struct Recording {
     start: std::time::Instant,

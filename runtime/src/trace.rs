@@ -13,8 +13,6 @@ use std::panic::Location;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::pool::TimelinePoint;
-
 /// The name of a scope in a [`Trace`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -140,6 +138,17 @@ impl TraceEvent {
             TraceEventKind::ScopeOpen | TraceEventKind::ScopeClose
         )
     }
+}
+
+/// One point of a pool's memory timeline (see [`Trace::timeline`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimelinePoint {
+    /// Microseconds since the trace started.
+    pub micros: u64,
+    /// Bytes rented out at that moment.
+    pub bytes_in_use: usize,
+    /// Bytes held idle at that moment.
+    pub bytes_cached: usize,
 }
 
 /// The memory trace of a [`Pool`](crate::Pool), from [`Pool::start_trace`](crate::Pool::start_trace)

@@ -26,7 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "pool and element types",
         &[
-            "dims", "element", "error", "init", "pool", "recycle", "threads", "display",
+            "dims", "element", "error", "init", "pool", "recycle", "threads", "display", "trace",
         ],
     ),
     (

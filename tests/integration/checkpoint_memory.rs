@@ -315,16 +315,21 @@ fn kept_step<'s>(
     (all, peak)
 }
 
-#[test]
-fn the_gpt_and_the_denoiser_steps_stay_within_their_budgets() {
-    let pool = Pool::with_max_memory_mb(512);
+/// The GPT the budget tests train: 4 blocks of width 64 over 32 positions.
+pub(crate) fn small_gpt(pool: &Pool) -> Gpt {
     let config = Config {
         layers: 4,
         dim: 64,
         n_ctx: 32,
         ..Config::TINY
     };
-    let gpt = Gpt::random(&pool, config, 5).unwrap();
+    Gpt::random(pool, config, 5).unwrap()
+}
+
+#[test]
+fn the_gpt_and_the_denoiser_steps_stay_within_their_budgets() {
+    let pool = Pool::with_max_memory_mb(512);
+    let gpt = small_gpt(&pool);
     let params: Vec<Param> = gpt.named_params().into_iter().map(|(_, p)| p).collect();
     let params: Vec<&Param> = params.iter().collect();
     within_budgets("gpt", |ckpt| {

@@ -8,7 +8,7 @@ use tensorscope::checkpoint::{PlanKind, PlanReport};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, CheckpointError, Checkpointer, Policy};
 
-use crate::gpt::{Config, Gpt};
+use crate::gpt::Gpt;
 
 /// A chain of `tanh(x W1) W2` steps of a hidden width its weights set, on inputs of width 32.
 struct Chain {
@@ -153,13 +153,7 @@ fn weights_swapped_for_wider_ones_replan_before_exceeding_the_budget() {
 #[test]
 fn sequence_lengths_that_vary_step_by_step_keep_the_budget() {
     let pool = Pool::with_max_memory_mb(512);
-    let config = Config {
-        layers: 4,
-        dim: 64,
-        n_ctx: 32,
-        ..Config::TINY
-    };
-    let gpt = Gpt::random(&pool, config, 5).unwrap();
+    let gpt = crate::checkpoint_memory::small_gpt(&pool);
     let budget = 3 << 20;
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
     for (i, len) in [32usize, 16, 24, 32, 16, 8, 24, 32].into_iter().enumerate() {

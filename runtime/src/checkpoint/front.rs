@@ -8,7 +8,13 @@
 //! it runs (a max of sums), and takes their summed time: so a state's front is built from its
 //! sub-states' fronts alone, whatever the budget, and is exact in bytes.
 
-use super::rotor::Choice;
+/// What a schedule does at a state: record the graph of the step (`All`), or advance values to
+/// the step at the given position and store or hold its input (`Ck`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Choice {
+    All,
+    Ck(usize),
+}
 
 /// One point of a front: the fastest schedule with at least `need` bytes free takes `secs`
 /// (until the next point), and starts with `choice`.

@@ -114,14 +114,7 @@ impl ChainCosts {
     }
 }
 
-/// What a schedule does at a state: record the graph of the step (`All`), or advance values to
-/// the step at the given position and store or hold its input (`Ck`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Choice {
-    All,
-    Ck(usize),
-}
-
+pub(crate) use super::front::Choice;
 use super::front::{self, Point};
 
 /// The most steps planned one by one; a longer chain is planned on this many super-steps.
