@@ -52,7 +52,9 @@ impl Chain {
                 None => layers.iter().fold(x, |x, &i| self.layer(&x, i)),
             };
             let grads = y.sum_all().backward().unwrap();
-            let peak = pool.stats().peak_bytes_in_use - start;
+            // Saturating: with another thread on the pool, its returns can take the peak reset
+            // after `start` was read below `start` (the pool's figures are that thread's too).
+            let peak = pool.stats().peak_bytes_in_use.saturating_sub(start);
             let all = self
                 .weights
                 .iter()
@@ -207,6 +209,15 @@ fn two_threads_training_on_one_pool_each_keep_their_own_budget() {
                 other.step(&pool, 64, Some(&mut ckpt)).unwrap();
             }
         });
+        /// Stops the other thread when this one is done, also if it panics (the scope waits
+        /// for the other thread before it unwinds).
+        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let stopping = Stop(&stop);
         let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
         for round in 0..4 {
             let (plain, _) = chain.step(&pool, 64, None).unwrap();
@@ -217,7 +228,7 @@ fn two_threads_training_on_one_pool_each_keep_their_own_budget() {
             println!("round {round}: this thread's peak {peak} B\n{report}");
             assert!(peak <= budget, "round {round}: {peak} > {budget}");
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(stopping);
         trainer.join().unwrap();
         // Alone on the pool, the plan made beside the other thread holds the pool's own peak too.
         let (_, peak) = chain.step(&pool, 64, Some(&mut ckpt)).unwrap();
