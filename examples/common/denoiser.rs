@@ -1,6 +1,7 @@
 //! The convolutional denoiser of `examples/diffusion_denoise.rs`: convolutions, group norm, SiLU,
 //! a stride-2 convolution down, nearest upsampling back, and a skip connection, written plainly and
-//! with `#[checkpoint]` over the layers after the skip's source.
+//! with `#[checkpoint]` over the layers from the skip's source on (the skip is a read of the
+//! chain's input).
 //!
 //! Shared by `examples/diffusion_denoise.rs` and `tests/integration/checkpoint_training.rs` through
 //! `#[path]`.
@@ -50,8 +51,9 @@ impl Denoiser {
         h4.conv2d(&self.conv_out, 1, 1)
     }
 
-    /// The same prediction, the layers after `h1` checkpointed as `ckpt` says; `h1`, read by a
-    /// later layer through the skip, is kept by the region.
+    /// The same prediction, the layers after the input convolution checkpointed as `ckpt` says;
+    /// `h1`, the chain's input, is read again by the upsampling step (a skip connection), which
+    /// the chain keeps until that step's backward.
     #[checkpoint]
     pub(crate) fn predict_noise_checkpointed<'a>(
         &self,

@@ -284,6 +284,82 @@ fn rebinding(stmt: &Stmt) -> Option<(&Ident, &Expr)> {
     }
 }
 
+/// Whether `stmt` is a `let mut`.
+fn is_mut(stmt: &Stmt) -> bool {
+    let Stmt::Local(Local { pat, .. }) = stmt else {
+        return false;
+    };
+    let pat = match pat {
+        Pat::Type(typed) => &*typed.pat,
+        pat => pat,
+    };
+    matches!(pat, Pat::Ident(p) if p.mutability.is_some())
+}
+
+/// The single names an expression reads (`x`, not `self.x` or `a::x`), closures' and macros'
+/// tokens included.
+#[derive(Default)]
+struct Names(Vec<Ident>);
+
+impl<'ast> Visit<'ast> for Names {
+    fn visit_expr_path(&mut self, e: &'ast syn::ExprPath) {
+        if let (None, Some(ident)) = (&e.qself, e.path.get_ident()) {
+            self.0.push(ident.clone());
+        }
+    }
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        fn idents(tokens: TokenStream, out: &mut Vec<Ident>) {
+            for tree in tokens {
+                match tree {
+                    proc_macro2::TokenTree::Ident(i) => out.push(i),
+                    proc_macro2::TokenTree::Group(g) => idents(g.stream(), out),
+                    _ => {}
+                }
+            }
+        }
+        idents(m.tokens.clone(), &mut self.0);
+    }
+}
+
+/// Whether `expr` may give a chain's input, which a later `let` of another name reads: a call, a
+/// method call, an operator or a macro (computing a tensor), or a variable; not a field, a
+/// literal or a constant (`let g = self.groups;` before the layers is not the chain's input).
+fn tensor_like(expr: &Expr) -> bool {
+    match expr {
+        Expr::Path(p) => p.qself.is_none() && p.path.get_ident().is_some(),
+        Expr::Call(_) | Expr::MethodCall(_) | Expr::Binary(_) | Expr::Unary(_) | Expr::Macro(_) => {
+            true
+        }
+        Expr::Reference(r) => tensor_like(&r.expr),
+        Expr::Paren(p) => tensor_like(&p.expr),
+        _ => false,
+    }
+}
+
+fn names_in(expr: &Expr) -> Vec<Ident> {
+    let mut names = Names::default();
+    names.visit_expr(expr);
+    names.0
+}
+
+/// The first of `names` that `stmts` read before a `let` binds it again, with where.
+fn read_after<'n>(stmts: &[Stmt], names: &[&'n Ident]) -> Option<(&'n Ident, Span)> {
+    let mut live: Vec<&Ident> = names.to_vec();
+    for stmt in stmts {
+        let mut read = Names::default();
+        read.visit_stmt(stmt);
+        for i in &read.0 {
+            if let Some(name) = live.iter().find(|n| **n == i) {
+                return Some((name, i.span()));
+            }
+        }
+        if let Some((bound, _)) = rebinding(stmt) {
+            live.retain(|n| *n != bound);
+        }
+    }
+    None
+}
+
 /// The variable the function ends with (`... x }`), if it ends with one.
 fn returned(func: &ItemFn) -> Option<&Ident> {
     match func.block.stmts.last() {
@@ -398,10 +474,10 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
     // Named for what a borrow error says of it: a step's values live in the scope of their
     // segment, which a step's closure cannot let out (`history.push(x)` names this).
     let segment = Ident::new("scope_of_each_checkpointed_segment", Span::mixed_site());
-    let run = |act: &Ident, layers: TokenStream, step: TokenStream, span: Span| {
+    let run = |input: TokenStream, layers: TokenStream, reads: TokenStream, step, span: Span| {
         quote_spanned! {span=>
             #private::checkpoint_or_panic(#private::checkpoint_layers(
-                #config, #ckpt, #act, #layers, #step,
+                #config, #ckpt, #input, #layers, #reads, #step,
             ))
         }
     };
@@ -447,7 +523,7 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
         // knows its length, so the runtime plans without a `Vec` of the layers.
         let collected = mixed("layers");
         let layers = quote!(#collected);
-        let step = quote!(|#segment, mut #act, #pat| { let _ = #segment; #(#body)* #act });
+        let step = quote!(|#segment, mut #act, _, #pat| { let _ = #segment; #(#body)* #act });
         let (all, index) = (mixed("layers"), mixed("index"));
         let replay_body = quote! {
             let #all: ::std::vec::Vec<_> = ::core::iter::IntoIterator::into_iter(#iter).collect();
@@ -461,7 +537,7 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
             #(#body)*
             #act
         };
-        let call = run(&act, layers, step, for_loop.span());
+        let call = run(quote!(#act), layers, quote!(&[]), step, for_loop.span());
         stmts[i] = syn::parse2(quote! {
             {
                 let #collected = ::core::iter::IntoIterator::into_iter(#iter);
@@ -472,61 +548,148 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
         return Ok(quote!(#func #replay));
     }
 
-    // The sequence form: `let act = ...;` twice or more in a row, the first giving the input.
+    // The sequence form: `let`s in a row, each reading the one before (or rebinding its name),
+    // the first giving the input; a `let` may also read earlier ones (skip connections).
     let runs: Vec<(usize, usize)> = (0..stmts.len())
         .filter_map(|start| {
-            let (name, _) = rebinding(&stmts[start])?;
-            let len = stmts[start..]
-                .iter()
-                .take_while(|s| rebinding(s).is_some_and(|(n, _)| n == name))
-                .count();
+            let (_, input) = rebinding(&stmts[start])?;
+            let mut len = 1;
+            while let (Some((before, _)), Some((name, init))) = (
+                rebinding(&stmts[start + len - 1]),
+                stmts.get(start + len).and_then(rebinding),
+            ) {
+                if name != before && (!names_in(init).contains(before) || !tensor_like(input)) {
+                    break;
+                }
+                len += 1;
+            }
             (len >= 2).then_some((start, len))
         })
         .collect();
-    // Prefer the run of the variable the function ends with.
+    // Prefer the run that ends with the variable the function ends with, then the longest.
+    let ends = |&&(start, len): &&(usize, usize)| {
+        rebinding(&stmts[start + len - 1]).map(|(n, _)| n) == ends_with.as_ref()
+    };
     let run_at = runs
         .iter()
-        .find(|&&(start, _)| rebinding(&stmts[start]).map(|(n, _)| n) == ends_with.as_ref())
-        .or(runs.first())
+        .find(ends)
+        .or_else(|| runs.iter().rev().max_by_key(|&&(_, len)| len))
         .copied();
     if let Some((start, len)) = run_at {
-        let act = rebinding(&stmts[start]).expect("found above").0.clone();
-        let steps: Vec<&Expr> = stmts[start + 1..start + len]
+        let lets: Vec<(&Ident, &Expr, bool)> = stmts[start..start + len]
             .iter()
-            .map(|s| rebinding(s).expect("found above").1)
+            .map(|s| {
+                let (name, init) = rebinding(s).expect("found above");
+                (name, init, is_mut(s))
+            })
             .collect();
-        for step in &steps {
+        let steps = &lets[1..];
+        for (_, step, _) in steps {
             check_no_control_flow(&syn::parse_quote!({ #step }))?;
         }
-        let count = steps.len();
-        let arms = steps.iter().enumerate().map(|(i, expr)| {
-            if i + 1 == count {
-                quote!(_ => { #expr })
-            } else {
-                quote!(#i => { #expr })
+        // What each step reads: for the step at `p` (the `let` after `lets[p]`), the earlier
+        // `let`s its names are bound by last, before `lets[p]`, whose value is its input.
+        let reads: Vec<Vec<usize>> = steps
+            .iter()
+            .enumerate()
+            .map(|(p, (_, expr, _))| {
+                let names = names_in(expr);
+                let mut read: Vec<usize> = names
+                    .iter()
+                    .filter_map(|n| (0..=p).rev().find(|&q| lets[q].0 == n))
+                    .filter(|&q| q < p)
+                    .collect();
+                read.sort_unstable();
+                read.dedup();
+                read
+            })
+            .collect();
+        let skipping = reads.iter().any(|r| !r.is_empty());
+        if skipping {
+            if let Some(name) = &settings.replay {
+                return Err(syn::Error::new(
+                    name.span(),
+                    "`replay` runs one layer from its input alone, and a `let` of this sequence \
+                     reads an earlier one (a skip connection): leave `replay` out",
+                ));
             }
+        }
+        // A value inside the chain is gone once it has run: only its last `let` is bound after.
+        let last = &lets[len - 1].0.clone();
+        let inner: Vec<&Ident> = lets[1..len - 1]
+            .iter()
+            .map(|(n, ..)| *n)
+            .filter(|n| *n != last)
+            .collect();
+        let after = &stmts[start + len..];
+        if let Some((name, span)) = read_after(after, &inner) {
+            return Err(syn::Error::new(
+                span,
+                format!(
+                    "`{name}` is a value inside the #[checkpoint] sequence, which is not kept \
+                     after it; only the sequence's last `let` (`{last}`) and its first (the \
+                     input) can be read after it"
+                ),
+            ));
+        }
+        let first = lets[0].0.clone();
+        let input = match first != *last && read_after(after, &[&first]).is_some() {
+            true => quote!(::core::clone::Clone::clone(&#first)),
+            false => quote!(#first),
+        };
+        let (act, skips) = (mixed("activation"), mixed("skips"));
+        let bindings = |p: usize, from: TokenStream| {
+            let (name, _, mutable) = lets[p];
+            let mutable = mutable.then(|| quote!(mut));
+            let read = reads[p].iter().enumerate().map(|(k, &q)| {
+                let skip = lets[q].0;
+                quote!(let #skip = ::core::clone::Clone::clone(&#skips[#k]);)
+            });
+            quote! {
+                #(#read)*
+                #[allow(unused_variables, unused_mut)]
+                let #mutable #name = #from;
+            }
+        };
+        let count = steps.len();
+        let arms = steps.iter().enumerate().map(|(p, (_, expr, _))| {
+            let bound = bindings(p, quote!(#act));
+            let pat = if p + 1 == count {
+                quote!(_)
+            } else {
+                quote!(#p)
+            };
+            quote!(#pat => { #bound #expr })
         });
         let index = Ident::new("__tensorscope_layer", Span::mixed_site());
         let layers = quote!(0..#count);
         let step = quote! {
-            |#segment, #act, #index: usize| { let _ = #segment; match #index { #(#arms)* } }
+            |#segment, #act, #skips, #index: usize| {
+                let _ = (#segment, #skips);
+                match #index { #(#arms)* }
+            }
+        };
+        let reads_list = reads.iter().map(|r| quote!(&[#(#r),*]));
+        let reads_tokens = match skipping {
+            true => quote!(&[#(#reads_list),*]),
+            false => quote!(&[]),
         };
         let index = mixed("index");
-        let replay_arms = steps
-            .iter()
-            .enumerate()
-            .map(|(i, expr)| quote!(#i => { #expr }));
+        let replay_arms = steps.iter().enumerate().map(|(p, (_, expr, _))| {
+            let bound = bindings(p, quote!(::core::clone::Clone::clone(#first)));
+            quote!(#p => { #bound #expr })
+        });
         let replay_body = quote! {
-            let #act = ::core::clone::Clone::clone(#act);
             match #index {
                 #(#replay_arms)*
                 _ => ::core::panic!("layer {} is past the last of the {} layers", #index, #count),
             }
         };
-        let call = run(&act, layers, step, stmts[start + 1].span());
-        let replacement: Stmt = syn::parse2(quote!(let #act = #call;))?;
+        let call = run(input, layers, reads_tokens, step, stmts[start + 1].span());
+        let mutable = lets[len - 1].2.then(|| quote!(mut));
+        let replacement: Stmt = syn::parse2(quote!(let #mutable #last = #call;))?;
         stmts.splice(start + 1..start + len, [replacement]);
-        let replay = replay_fn(settings, &func, &act, replay_body)?;
+        let replay = replay_fn(settings, &func, &first, replay_body)?;
         return Ok(quote!(#func #replay));
     }
 
@@ -534,7 +697,9 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
         func.sig.ident.span(),
         "#[checkpoint] found no layer loop or sequence in this function: write a `for` loop over \
          the layers that reassigns the activation (`for layer in &self.layers { x = \
-         layer.forward(&x); }`) or a sequence of `let x = ...;` statements rebinding it",
+         layer.forward(&x); }`) or a sequence of `let`s, each reading the one before it (`let h \
+         = self.conv_in.forward(&x); let d = self.down.forward(&h); ...`; a `let` may also read \
+         earlier ones, as skip connections do)",
     ))
 }
 

@@ -98,12 +98,13 @@ pub fn checkpoint_layers<'s, T: Element, L>(
     ckpt: Option<&mut Checkpointer<T>>,
     input: Tensor<'s, T>,
     layers: impl IntoIterator<Item = L>,
-    step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
+    reads: &'static [&'static [usize]],
+    step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, &[Tensor<'b, T>], L) -> Tensor<'b, T>,
 ) -> Result<Tensor<'s, T>, CheckpointError> {
     match ckpt {
-        Some(ckpt) => checkpoint::run_layers(config, Some(ckpt), input, layers, step),
+        Some(ckpt) => checkpoint::run_layers(config, Some(ckpt), input, layers, reads, step),
         None => checkpoint::with_active(|active| {
-            checkpoint::run_layers(config, active, input, layers, step)
+            checkpoint::run_layers(config, active, input, layers, reads, step)
         }),
     }
 }

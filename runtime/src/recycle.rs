@@ -264,6 +264,12 @@ impl<X: 'static> RecycledVec<X> {
     pub(crate) fn new() -> Self {
         RecycledVec(take::<Vec<X>>().unwrap_or_default())
     }
+
+    /// An empty list without a buffer, for a list that stays empty in most uses: it takes no
+    /// spare that another list could use (a push allocates, and the buffer is kept at drop).
+    pub(crate) fn empty() -> Self {
+        RecycledVec(Vec::new())
+    }
 }
 
 impl<X: 'static> Default for RecycledVec<X> {

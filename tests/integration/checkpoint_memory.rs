@@ -249,7 +249,10 @@ fn a_chain_longer_than_the_planner_steps_through_is_planned_on_runs_within_the_b
 /// step's peak: each planned step within its budget, with the plain step's gradients. `step` runs
 /// one training step into kept gradients and returns them with the pool's peak above what was in
 /// use when the checkpointed forward started.
-fn within_budgets(name: &str, step: impl Fn(Option<&mut Checkpointer>) -> (Vec<Vec<f32>>, usize)) {
+pub(crate) fn within_budgets(
+    name: &str,
+    step: impl Fn(Option<&mut Checkpointer>) -> (Vec<Vec<f32>>, usize),
+) {
     let (plain, plain_peak) = step(None);
     let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(plain_peak)));
     let (grads, profiling_peak) = step(Some(&mut probe));
@@ -285,7 +288,7 @@ fn within_budgets(name: &str, step: impl Fn(Option<&mut Checkpointer>) -> (Vec<V
 /// One training step into `grads` (made by a plain step first, then kept): the gradients of
 /// `params` and the pool's peak above what was in use when the checkpointed forward started (when
 /// `loss` started, without a checkpointer).
-fn kept_step<'s>(
+pub(crate) fn kept_step<'s>(
     pool: &Pool,
     grads: &mut Option<Gradients<'s>>,
     loss: impl FnOnce(Option<&mut Checkpointer>) -> Tensor<'s>,

@@ -262,8 +262,8 @@ fn transformer_blocks_and_the_denoiser_checkpoint_exactly_under_every_policy() {
         |x| denoiser.predict_noise(&x),
         |f| denoiser.visit_params(&ParamPath::ROOT, &mut |_, p| f(p)),
     );
-    // Four steps after the skip's source; the skip is a value from before the region.
-    for policy in policies(4, 4 * 6 * 6 * 4) {
+    // Five steps from `h1`, the chain's input, which the upsampling step reads (a skip).
+    for policy in policies(5, 4 * 6 * 6 * 4) {
         let mut ckpt = Checkpointer::new(CheckpointConfig::new(policy.clone()));
         let got = gradients(
             &pool,
@@ -272,11 +272,17 @@ fn transformer_blocks_and_the_denoiser_checkpoint_exactly_under_every_policy() {
             |f| denoiser.visit_params(&ParamPath::ROOT, &mut |_, p| f(p)),
         );
         assert!(got == plain, "denoiser, {policy:?}");
-        // Every(4) is one segment: nothing to replay, the forward kept its graph; Budget
-        // replays every step but the last, whose graph the forward kept.
+        // Each step is replayed once but those of the last segment, whose graph the forward
+        // kept: Every(4) replays 4 (the fifth step's segment is last), Sqrt (segments of 3)
+        // 3, Explicit([1, 2]) 2 (steps 0 and 1: the last segment starts at 2), Budget all
+        // but the last step.
         let replayed = ckpt.last_backward().map_or(0, |r| r.replayed_steps);
-        let budget = matches!(policy, Policy::Budget(_));
-        assert!(budget == (replayed == 3), "{policy:?}: {replayed}");
+        let want = match policy {
+            Policy::Every(_) | Policy::Budget(_) => 4,
+            Policy::Sqrt => 3,
+            _ => 2,
+        };
+        assert_eq!(replayed, want, "{policy:?}");
     }
     assert_eq!(
         pool.stats().bytes_in_use - pool_weights(&model, &denoiser),
@@ -642,32 +648,71 @@ fn a_budget_that_growing_activations_would_pass_is_an_error_naming_the_figures()
     assert!(err.to_string().contains("past the budget of 512"), "{err}");
 }
 
-/// A forward of a layer that reads the previous step's value as well as its input.
+/// A forward of four layers, each but the first also reading a value of the step before it: that
+/// step's input (`input`), or the product computed inside it.
 fn dense<'s>(
-    ckpt: &mut Checkpointer,
+    ckpt: Option<&mut Checkpointer>,
     w: &Param,
     x: &Tensor<'s>,
+    input: bool,
 ) -> Result<Tensor<'s>, tensorscope::CheckpointError> {
     let previous: std::cell::RefCell<Option<Tensor<'s>>> = Default::default();
-    ckpt.checkpointed_forward(x, &[0, 1, 2, 3], |x, _| {
+    let layer = |x: &Tensor<'s>, _| {
+        let product = x.matmul(w);
         let y = match previous.borrow().as_ref() {
-            Some(p) => (x.matmul(w) + p).tanh(),
-            None => x.matmul(w).tanh(),
+            Some(p) => (&product + p).tanh(),
+            None => product.clone().tanh(),
         };
-        *previous.borrow_mut() = Some(x.clone());
+        *previous.borrow_mut() = Some(if input { x.clone() } else { product });
         y
-    })
+    };
+    match ckpt {
+        Some(ckpt) => ckpt.checkpointed_forward(x, &[0, 1, 2, 3], layer),
+        None => Ok((0..4).fold(x.clone(), |x, i| layer(&x, i))),
+    }
 }
 
 #[test]
-fn steps_that_read_an_earlier_steps_value_are_refused_in_training() {
+fn a_step_reading_the_input_of_the_step_before_it_is_a_skip_in_a_region_and_fails_past_it() {
     let pool = Pool::with_max_memory_mb(64);
     let w = Param::from_slice(&pool, &[2, 2], &[0.5f32, 0.1, -0.2, 0.3]);
+    let grads = |ckpt: Option<&mut Checkpointer>| {
+        pool.train(|s| {
+            let y = dense(ckpt, &w, &s.ones(&[1, 2]), true).unwrap();
+            match y.sum_all().backward() {
+                Ok(grads) => Ok(grads.get(&w).unwrap().to_vec()),
+                Err(e) => Err(e),
+            }
+        })
+    };
+    let plain = grads(None).unwrap();
+    // The profiling step of `Memory` runs every step on a tape in one region: each read is a skip
+    // connection inside it.
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(64 << 20)));
+    assert_eq!(grads(Some(&mut ckpt)).unwrap(), plain);
+    // Under Every(2) the last segment records its graph; its first step reads a value on the
+    // region's tape, which only `#[checkpoint]`'s skip reads carry out of a region.
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(2)));
+    assert_eq!(
+        grads(Some(&mut ckpt)).unwrap_err(),
+        tensorscope::Error::BackwardInsideCheckpoint
+    );
+}
+
+#[test]
+fn a_step_reading_a_value_computed_inside_an_earlier_step_is_refused_in_training() {
+    let pool = Pool::with_max_memory_mb(64);
+    let w = Param::from_slice(&pool, &[2, 2], &[0.5f32, 0.1, -0.2, 0.3]);
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Every(4)));
     // In inference the layers run as written.
-    pool.scope(|s| dense(&mut ckpt, &w, &s.ones(&[1, 2])).map(drop).unwrap());
+    pool.scope(|s| {
+        dense(Some(&mut ckpt), &w, &s.ones(&[1, 2]), false)
+            .map(drop)
+            .unwrap()
+    });
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(64 << 20)));
     let err = pool.train(|s| {
-        dense(&mut ckpt, &w, &s.ones(&[1, 2]))
+        dense(Some(&mut ckpt), &w, &s.ones(&[1, 2]), false)
             .map(drop)
             .unwrap_err()
     });

@@ -37,6 +37,7 @@ mod checkpoint_macro;
 mod checkpoint_memory;
 mod checkpoint_memory_changes;
 mod checkpoint_saving;
+mod checkpoint_skips;
 mod checkpoint_training;
 mod custom_op;
 mod display;

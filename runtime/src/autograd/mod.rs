@@ -254,11 +254,13 @@ impl<T: DType> Recorder<T> {
         if mode() == Mode::Off || inputs.clone().all(|t| t.node.is_none()) {
             return None;
         }
-        // The latest tape among the inputs': the step being recorded (a value of an earlier step
-        // is an outside value, which the region refuses).
+        // The latest open tape among the inputs': the step being recorded (a value of an earlier
+        // step is an outside value, which its region gives; on a closed tape only, the op records
+        // a graph node, whose backward fails as one reaching into a region does).
         let tape = inputs
             .clone()
             .filter_map(|t| t.node.as_ref()?.tape_value().map(|(tape, _)| tape))
+            .filter(|tape| tape.borrow().is_open())
             .max_by_key(|tape| tape.borrow().seq())
             .cloned();
         Some(match tape {

@@ -484,7 +484,7 @@ impl<'r, 's, T: DType> Inputs<'r, 's, T> {
 
     /// Input `i`, taken (a borrowed one stays borrowed).
     #[inline]
-    fn take(&mut self, i: usize) -> Option<Arg<'r, 's, T>> {
+    pub(super) fn take(&mut self, i: usize) -> Option<Arg<'r, 's, T>> {
         match self {
             Inputs::Few(few) => few.get_mut(i)?.take(),
             Inputs::Slice(all) => all.get(i).map(|&t| Arg::Borrowed(t)),
@@ -725,6 +725,12 @@ pub(crate) trait Replayable<T: DType> {
 
     /// Whether a replay runs the op's kernel again, rather than binding a kept output.
     fn reruns(&self) -> bool {
+        true
+    }
+
+    /// Whether the entry is an op, counted in what replays did (not a value of an earlier step
+    /// that the step reads).
+    fn is_op(&self) -> bool {
         true
     }
 

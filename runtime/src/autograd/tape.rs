@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::op::{Inputs, Step};
+use super::op::{Arg as OpArg, Inputs, Replayable, Step};
 use super::NodeRef;
 use crate::element::DType;
 use crate::error::Result;
@@ -57,6 +57,28 @@ pub(crate) struct Tape<T: DType> {
     keep: &'static [&'static str],
 }
 
+/// A tape's entry for a value of an earlier step that the step reads (a skip connection): its
+/// one argument is that value, as the tape keeps it, and a replay passes on what the region's
+/// backward gives for it (the value kept, the value recomputed, or a leaf for its gradient).
+struct SkipRead;
+
+impl<T: DType> Replayable<T> for SkipRead {
+    fn replay(&self, mut args: Inputs<'_, 'static, T>, _: &State) -> Result<Tensor<'static, T>> {
+        Ok(match args.take(0).expect("a skip read has its value") {
+            OpArg::Owned(t) => t,
+            OpArg::Borrowed(t) => t.clone(),
+        })
+    }
+
+    fn is_op(&self) -> bool {
+        false
+    }
+
+    fn move_accounting(&self, _: &State) {}
+
+    fn recycle(self: Box<Self>) {}
+}
+
 /// What replays did: the ops they ran again, and those whose kept output they bound instead.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Replayed {
@@ -92,9 +114,37 @@ impl<T: DType> Tape<T> {
         &self.args[op.args.clone()]
     }
 
+    /// Appends a read of `value`, a value of an earlier step with its node `node` (a skip
+    /// connection); returns the value index the step reads it at.
+    pub(crate) fn push_skip(
+        &mut self,
+        node: Option<NodeRef<T>>,
+        value: Tensor<'static, T>,
+    ) -> usize {
+        let mut args = RecycledVec::new();
+        args.push(Arg::Outside { node, value });
+        // A unit struct: the box allocates nothing.
+        self.push(Step(Some(Box::new(SkipRead))), args)
+    }
+
+    /// Lets go of the values of earlier steps the step reads, once its backward has run (no
+    /// replay runs it again).
+    pub(crate) fn release_skips(&mut self) {
+        for op in self.ops.iter().filter(|op| !op.step.get().is_op()) {
+            for arg in &mut self.args[op.args.clone()] {
+                *arg = Arg::Value(0);
+            }
+        }
+    }
+
     /// Whether the tape keeps the outputs of ops named `name`.
     pub(crate) fn keeps(&self, name: &str) -> bool {
         self.keep.contains(&name)
+    }
+
+    /// Whether the step is still running (its tape not closed).
+    pub(crate) fn is_open(&self) -> bool {
+        self.output.is_none()
     }
 
     /// Records what the step returned.
@@ -223,9 +273,10 @@ impl<T: DType> Tape<T> {
                 continue;
             }
             let step = op.step.get();
-            match step.reruns() {
-                true => replayed.ran += 1,
-                false => replayed.kept += 1,
+            match (step.is_op(), step.reruns()) {
+                (false, _) => {}
+                (true, true) => replayed.ran += 1,
+                (true, false) => replayed.kept += 1,
             }
             let args = self.args_of(op);
             let args = args[..if reads(op) { args.len() } else { 0 }].iter();

@@ -4,10 +4,11 @@
 //! output the region's node (see `region`).
 
 use super::memory::{self, Layout, Measuring, StepKey};
-use super::region::{self, Recording};
+use super::region::{self, Recording, SkipOut};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
+use crate::autograd::{Node, Rule};
 use crate::element::Element;
-use crate::recycle::RecycledVec;
+use crate::recycle::{self, RecycledVec};
 use crate::scope::{run_named, Scope, ScopeState, State};
 use crate::tensor::Tensor;
 use crate::trace::ScopeName;
@@ -43,17 +44,100 @@ struct Driver<'c, T: Element> {
     keep: &'static [&'static str],
     /// The pool bytes the tapes of a profiling step keep (see `finish`).
     kept_bytes: usize,
+    /// The inputs of steps that later steps read (skip connections).
+    skips: Skips<'c, T>,
+}
+
+/// The inputs of steps that later steps read (skip connections), held from when their step starts
+/// until their last reader has them.
+struct Skips<'r, T: Element> {
+    /// `reads[pos]`: the earlier positions whose inputs the step at `pos` reads; empty when no
+    /// step reads one.
+    reads: &'r [&'r [usize]],
+    /// `(position, last reader, value)`.
+    held: RecycledVec<(usize, usize, Option<Tensor<'static, T>>)>,
+}
+
+impl<'r, T: Element> Skips<'r, T> {
+    /// The skip reads `reads` of a chain of `n` steps, checked: each step reads only inputs of
+    /// steps before it.
+    fn new(reads: &'r [&'r [usize]], n: usize) -> Result<Self> {
+        let mut held: RecycledVec<(usize, usize, Option<Tensor<'static, T>>)> = RecycledVec::new();
+        if !reads.is_empty() && reads.len() != n {
+            return Err(CheckpointError::BadSkip {
+                step: reads.len().min(n),
+                read: None,
+                steps: n,
+            });
+        }
+        for (step, sources) in reads.iter().enumerate() {
+            for &source in sources.iter() {
+                if source >= step {
+                    return Err(CheckpointError::BadSkip {
+                        step,
+                        read: Some(source),
+                        steps: n,
+                    });
+                }
+                match held.iter_mut().find(|(p, ..)| *p == source) {
+                    Some((_, last, _)) => *last = step,
+                    None => held.push((source, step, None)),
+                }
+            }
+        }
+        Ok(Skips { reads, held })
+    }
+
+    /// `x`, the input of the step at `pos`, is held if a later step reads it.
+    fn hold(&mut self, pos: usize, x: &Tensor<'_, T>) {
+        if let Some((_, _, held)) = self.held.iter_mut().find(|(p, ..)| *p == pos) {
+            *held = Some(x.alias_in(&x.rents_in));
+        }
+    }
+
+    /// The inputs the step at `pos` reads, each as `give` hands it over; those it reads last are
+    /// let go.
+    fn read(
+        &mut self,
+        pos: usize,
+        mut give: impl FnMut(&Tensor<'static, T>) -> Tensor<'static, T>,
+    ) -> RecycledVec<Tensor<'static, T>> {
+        let mut out = RecycledVec::new();
+        for &source in self.reads.get(pos).copied().unwrap_or(&[]) {
+            let (_, last, held) = self
+                .held
+                .iter_mut()
+                .find(|(p, ..)| *p == source)
+                .expect("every position read is held");
+            out.push(give(held.as_ref().expect("held until its last reader")));
+            if *last == pos {
+                *held = None;
+            }
+        }
+        out
+    }
+
+    /// Moves the held values' accounting to `target`, the scope a segment's output escapes to.
+    fn settle(&mut self, target: &State) {
+        for value in self.held.iter_mut().filter_map(|(.., held)| held.as_mut()) {
+            value.move_accounting(target);
+            *value = value.alias_in(target);
+        }
+    }
 }
 
 impl<'c, T: Element> Driver<'c, T> {
-    /// Plans a forward over `ids` from `input`.
+    /// Plans a forward over `ids` from `input`, whose step at `pos` reads the inputs of the
+    /// earlier steps `reads[pos]` (no step reads any if `reads` is empty).
     fn start(
         mut config: CheckpointConfig,
         ckpt: Option<&'c mut Checkpointer<T>>,
         ids: impl ExactSizeIterator<Item = usize> + Clone,
+        reads: &'static [&'static [usize]],
         input: &Tensor<'_, T>,
     ) -> Result<Self> {
         let n = ids.len();
+        let skips = Skips::new(reads, n)?;
         let keep = config.saving.names();
         let mut plan = RecycledVec::new();
         let records = region::records(input);
@@ -84,11 +168,12 @@ impl<'c, T: Element> Driver<'c, T> {
                     stale: None,
                     keep,
                     kept_bytes: 0,
+                    skips,
                 });
             }
         };
         let ckpt = slot.get().expect("a checkpointer was given or made");
-        let layout = ckpt.begin(ids, input, records)?;
+        let layout = ckpt.begin(ids, input, records, reads)?;
         // The segments start where checkpoints are stored, and at the first step.
         if ckpt.planned().first() != Some(&0) {
             plan.push(0);
@@ -104,6 +189,7 @@ impl<'c, T: Element> Driver<'c, T> {
             stale: None,
             keep,
             kept_bytes: 0,
+            skips,
         })
     }
 
@@ -174,10 +260,24 @@ impl<'c, T: Element> Driver<'c, T> {
         if self.check_key(pos, |_| false).is_some() {
             self.entered = x.rents_in.pool().probe_start();
         }
-        Ok(match &mut self.recording {
+        let x = match &mut self.recording {
             Some((recording, _)) if taped => recording.open(x),
             _ => x,
-        })
+        };
+        self.skips.hold(pos, &x);
+        Ok(x)
+    }
+
+    /// The inputs of earlier steps that the step at `pos` reads, as tensors of `at`: values of
+    /// its tape if it runs on one (which its region's backward gives them), else with their own
+    /// nodes.
+    fn skips_for(&mut self, pos: usize, at: &State) -> RecycledVec<Tensor<'static, T>> {
+        let taped = self.taped(pos);
+        let recording = self.recording.as_mut().filter(|_| taped);
+        match recording {
+            Some((recording, _)) => self.skips.read(pos, |v| recording.read_skip(v, at)),
+            None => self.skips.read(pos, |v| v.alias_in(at)),
+        }
     }
 
     /// Where the segment of the step at `pos` starts: its region's first step if it runs on a
@@ -231,21 +331,45 @@ impl<'c, T: Element> Driver<'c, T> {
     /// `x`, the output of the region being run (steps before `end`), with the region's node; `x`
     /// as it is if no region is open.
     fn close_region<'s>(&mut self, end: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
-        match (self.recording.take(), self.slot.get()) {
-            (Some((recording, start)), Some(ckpt)) => {
-                let least = self.stale.is_some_and(|p| start >= p);
-                recording.finish(ckpt, &self.layout, least, (start, end), x)
+        let (Some((recording, start)), Some(ckpt)) = (self.recording.take(), self.slot.get())
+        else {
+            return Ok(x);
+        };
+        let least = self.stale.is_some_and(|p| start >= p);
+        // Inputs of the region's steps that steps after it read: their gradients come to the
+        // region through nodes whose backward runs before the region's.
+        let later = |&&(p, last, _): &&(usize, usize, _)| (start..end).contains(&p) && last >= end;
+        let read_later = self
+            .skips
+            .held
+            .iter()
+            .filter(later)
+            .map(|&(p, ..)| p - start);
+        let pending = recording.pending().clone();
+        let x = recording.finish(ckpt, &self.layout, least, (start, end), read_later, x)?;
+        let inside = |(p, ..): &&mut (usize, usize, _)| (start..end).contains(p);
+        for (p, _, held) in self.skips.held.iter_mut().filter(inside) {
+            if let Some(value) = held {
+                value.node = x.node.as_ref().map(|region| {
+                    let out = SkipOut {
+                        pending: pending.clone(),
+                        pos: *p - start,
+                    };
+                    let inputs = std::iter::once(Some(region.clone())).collect();
+                    Node::op(inputs, Rule::new(recycle::slot(out)), &x.rents_in)
+                });
             }
-            _ => Ok(x),
         }
+        Ok(x)
     }
 
     /// Moves the accounting of what the tapes keep to `target`, the scope a segment's output
     /// escapes to.
-    fn settle(&self, target: &State) {
+    fn settle(&mut self, target: &State) {
         if let Some((recording, _)) = &self.recording {
             recording.settle(target);
         }
+        self.skips.settle(target);
     }
 
     /// The forward's output: `x`, with the node of the region that ends it, if one does.
@@ -315,7 +439,7 @@ impl<T: Element> Checkpointer<T> {
         let mut x = input.clone();
         let config = self.config.clone();
         let ids = layers.iter().copied();
-        let mut driver = Driver::start(config, Some(self), ids, &x)?;
+        let mut driver = Driver::start(config, Some(self), ids, &[], &x)?;
         for (pos, &layer) in layers.iter().enumerate() {
             x = driver.enter(pos, x)?;
             x = driver.leave(forward(&x, layer));
@@ -324,8 +448,10 @@ impl<T: Element> Checkpointer<T> {
     }
 }
 
-/// Runs the layer loop of a `#[checkpoint]` function: `step(segment_scope, activation, layer)` for
-/// each of `layers` in order, the layers grouped into segments by the policy's plan and each segment
+/// Runs the layer loop of a `#[checkpoint]` function: `step(segment_scope, activation, skips,
+/// layer)` for each of `layers` in order, `skips` being the inputs of the earlier steps that
+/// `reads[pos]` names for the step at `pos` (skip connections; `reads` is empty when no step
+/// reads one), the layers grouped into segments by the policy's plan and each segment
 /// run in its own child scope of the activation's (so its temporaries are that scope's to release).
 /// The input of each segment's first layer is saved into `ckpt` if there is one; with none, nothing
 /// is stored in inference, and a recording forward keeps its boundaries in a checkpointer of its
@@ -344,27 +470,35 @@ pub(crate) fn run_layers<'s, T: Element, L>(
     ckpt: Option<&mut Checkpointer<T>>,
     input: Tensor<'s, T>,
     layers: impl IntoIterator<Item = L>,
-    step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
+    reads: &'static [&'static [usize]],
+    step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, &[Tensor<'b, T>], L) -> Tensor<'b, T>,
 ) -> Result<Tensor<'s, T>> {
     let layers = layers.into_iter();
+    let chain = (config, ckpt, input, reads);
     match layers.size_hint() {
-        (low, Some(high)) if low == high => run_counted(config, ckpt, input, layers, low, step),
+        (low, Some(high)) if low == high => run_counted(chain, layers, low, step),
         _ => {
             let layers: Vec<L> = layers.collect();
             let n = layers.len();
-            run_counted(config, ckpt, input, layers.into_iter(), n, step)
+            run_counted(chain, layers.into_iter(), n, step)
         }
     }
 }
 
+/// What [`run_layers`] runs: the configuration, the checkpointer, the input and the skip reads.
+type Chain<'c, 's, T> = (
+    Option<CheckpointConfig>,
+    Option<&'c mut Checkpointer<T>>,
+    Tensor<'s, T>,
+    &'static [&'static [usize]],
+);
+
 /// [`run_layers`] over `n` layers.
 fn run_counted<'s, T: Element, L>(
-    config: Option<CheckpointConfig>,
-    ckpt: Option<&mut Checkpointer<T>>,
-    input: Tensor<'s, T>,
+    (config, ckpt, input, reads): Chain<'_, 's, T>,
     mut layers: impl Iterator<Item = L>,
     n: usize,
-    mut step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, L) -> Tensor<'b, T>,
+    mut step: impl for<'b> FnMut(&Scope<'b, 's>, Tensor<'b, T>, &[Tensor<'b, T>], L) -> Tensor<'b, T>,
 ) -> Result<Tensor<'s, T>> {
     let config = match (config, &ckpt) {
         (Some(config), _) => config,
@@ -372,14 +506,20 @@ fn run_counted<'s, T: Element, L>(
         (None, None) => {
             let state = ScopeState::child(&input.rents_in, None);
             let name = || ScopeName::Named("checkpointed layers");
+            let mut skips = Skips::new(reads, n)?;
             return Ok(run_named(state, name, |scope: &Scope<'_, 's>| {
-                let x = layers.fold(scope.rebind_owned(input), |x, layer| step(scope, x, layer));
+                let mut x = scope.rebind_owned(input);
+                for (pos, layer) in layers.enumerate() {
+                    skips.hold(pos, &x);
+                    let read = skips.read(pos, |v| v.alias_in(&x.rents_in));
+                    x = step(scope, x, &read, layer);
+                }
                 scope.escape(x)
             })
             .0);
         }
     };
-    let mut driver = Driver::start(config, ckpt, 0..n, &input)?;
+    let mut driver = Driver::start(config, ckpt, 0..n, reads, &input)?;
     let mut x = input;
     let mut taken = 0;
     for j in 0..driver.plan.len() {
@@ -392,7 +532,8 @@ fn run_counted<'s, T: Element, L>(
             for (pos, layer) in (start..end).zip(layers.by_ref()) {
                 taken += 1;
                 a = driver.enter(pos, a)?;
-                a = driver.leave(step(segment, a, layer));
+                let skips = driver.skips_for(pos, &a.rents_in);
+                a = driver.leave(step(segment, a, &skips, layer));
             }
             driver.settle(&parent);
             Ok::<_, CheckpointError>(segment.escape(a))

@@ -31,6 +31,8 @@ pub(crate) struct Memory {
     pub(crate) stale_at: Option<usize>,
     /// Whether a profiling step has been kept.
     profiled: bool,
+    /// The skip reads of the last forward planned (see [`skip_bytes`]).
+    reads: &'static [&'static [usize]],
 }
 
 /// At most this many sets of costs are kept, one per key: a batch or a sequence length that comes
@@ -54,6 +56,31 @@ struct Known {
     shared_gradient_bytes: usize,
     /// The budget the last plan was for, if it was `Layout::Least`.
     least_for: Option<usize>,
+}
+
+/// The smallest budget a plan fits: `planned`, or the measured peak of the least schedule
+/// (`least`, 0 if not measured) if that is smaller.
+fn least_of(planned: usize, least: usize) -> usize {
+    match least {
+        0 => planned,
+        least => least.min(planned),
+    }
+}
+
+/// Bytes a schedule of `steps` may hold beyond what the planner counts when the step at `pos`
+/// reads the inputs of the earlier steps `reads[pos]` (skip connections): each such input is held
+/// from its step's forward until its last reader's backward, and its gradient from then until the
+/// backward reaches it, so one of the two at any time, and both for the inputs the step being
+/// reversed reads.
+fn skip_bytes(steps: &[StepCost], reads: &[&[usize]]) -> usize {
+    let bytes = |p: usize| steps.get(p).map_or(0, |c| c.input_bytes);
+    let mut sources: Vec<usize> = reads.iter().flat_map(|r| r.iter().copied()).collect();
+    sources.sort_unstable();
+    sources.dedup();
+    let both = reads
+        .iter()
+        .map(|r| r.iter().map(|&p| bytes(p)).sum::<usize>());
+    sources.into_iter().map(bytes).sum::<usize>() + both.max().unwrap_or(0)
 }
 
 /// What determines a step's costs, as a forward sees it: the shape of its input, the fingerprint
@@ -283,7 +310,11 @@ impl<T: Element> Checkpointer<T> {
     pub fn costs(&self) -> Option<ChainCosts> {
         let measuring = self.memory.measuring.borrow();
         if measuring.done {
-            return Some(measuring.costs.clone());
+            let least_peak = self.memory.watch.measured.get().map_or(0, |(_, p)| p);
+            return Some(ChainCosts {
+                least_peak,
+                ..measuring.costs.clone()
+            });
         }
         self.memory.known.last().map(|known| known.costs.clone())
     }
@@ -295,13 +326,21 @@ impl<T: Element> Checkpointer<T> {
     /// [`Policy::Memory`]: super::Policy::Memory
     pub fn smallest_budget(&self) -> Option<usize> {
         // The last plan's fronts are those of the costs, unless a profiling step measured anew.
-        let planned = self.memory.known.last().and_then(|k| k.plan.as_ref());
-        if let Some(plan) = planned {
+        // The skip reads are those of the last forward planned.
+        let skips = |costs: &ChainCosts| skip_bytes(&costs.steps, self.memory.reads);
+        let last = self.memory.known.last();
+        if let Some((plan, known)) = last.and_then(|k| Some((k.plan.as_ref()?, k))) {
             if !self.memory.measuring.borrow().done {
-                return Some(plan.rotor.smallest_budget());
+                let planned = plan.rotor.smallest_budget() + skips(&known.costs);
+                return Some(least_of(planned, known.costs.least_peak));
             }
         }
-        self.costs().map(|costs| rotor::smallest_budget(&costs))
+        self.costs().map(|costs| {
+            least_of(
+                rotor::smallest_budget(&costs) + skips(&costs),
+                costs.least_peak,
+            )
+        })
     }
 
     /// States the costs `Policy::Memory` plans with, instead of measuring them in a profiling
@@ -323,12 +362,15 @@ impl<T: Element> Checkpointer<T> {
     /// The layout of a recording forward over `n` layers from an input of `shape` under
     /// `Policy::Memory(budget)`, with the positions it stores written into `plan`: the plan of the
     /// costs known for this input (the most recent first), or else a profiling step, which
-    /// measures them holding the least memory a schedule can.
+    /// measures them holding the least memory a schedule can. The step at `pos` reads the inputs
+    /// of the earlier steps `reads[pos]`: the plan is made for the budget less what they hold
+    /// (see [`skip_bytes`]).
     pub(crate) fn plan_memory(
         &mut self,
         budget: usize,
         n: usize,
         shape: &[usize],
+        reads: &'static [&'static [usize]],
         plan: &mut Vec<usize>,
     ) -> Result<Layout> {
         if self.config.precision != Precision::Full {
@@ -337,6 +379,7 @@ impl<T: Element> Checkpointer<T> {
                     .into(),
             ));
         }
+        self.memory.reads = reads;
         self.take_measured();
         let memory = &mut self.memory;
         let found = memory.known.iter().rposition(|known| {
@@ -372,17 +415,31 @@ impl<T: Element> Checkpointer<T> {
         let memory_plan = match current {
             Some(p) => p.clone(),
             None => {
-                let too_small = |rotor: &Rotor| CheckpointError::MemoryBudgetTooSmall {
-                    budget,
-                    smallest: rotor.smallest_budget(),
-                    layers: n,
+                let skips = skip_bytes(&known.costs.steps, reads);
+                let smallest = |rotor: &Rotor| {
+                    let planned = rotor.smallest_budget() + skips;
+                    least_of(planned, known.costs.least_peak)
                 };
                 // The fronts depend on the costs alone: a plan of another budget lends its own.
                 let rotor = match &known.plan {
                     Some(p) => p.rotor.clone(),
                     None => Rc::new(Rotor::new(&known.costs)),
                 };
-                let mut top = rotor.plan(budget as u64).ok_or_else(|| too_small(&rotor))?;
+                let planned = budget.checked_sub(skips).and_then(|b| rotor.plan(b as u64));
+                let Some(mut top) = planned else {
+                    // The schedule of the profiling step, which held the least and was measured,
+                    // fits where the planner's count with skip reads' reserve does not.
+                    if (1..=budget).contains(&known.costs.least_peak) {
+                        known.least_for = Some(budget);
+                        plan.push(0);
+                        return Ok(Layout::Least);
+                    }
+                    return Err(CheckpointError::MemoryBudgetTooSmall {
+                        budget,
+                        smallest: smallest(&rotor),
+                        layers: n,
+                    });
+                };
                 // A step recording its graph after a region, reading a value from before the
                 // chain, makes its gradient in the outer backward before the region makes its
                 // own: two at once, where the profiling step's one region held one. Such a
@@ -390,7 +447,7 @@ impl<T: Element> Checkpointer<T> {
                 let first_region = top.regions.first().map_or(usize::MAX, |r| r.start);
                 let mixed = top.graph.iter().skip(first_region).any(|&g| g);
                 if mixed && known.shared_gradient_bytes > 0 {
-                    let reserved = budget.saturating_sub(known.shared_gradient_bytes);
+                    let reserved = budget.saturating_sub(known.shared_gradient_bytes + skips);
                     let Some(reserved_top) = rotor.plan(reserved as u64) else {
                         // Every step on a tape in one region holds them once, as the profiling
                         // step did, which the budget fits (the plan did without them).
@@ -429,6 +486,7 @@ impl<T: Element> Checkpointer<T> {
         let mut measuring = self.memory.measuring.borrow_mut();
         if measuring.done {
             let mut measured = std::mem::take(&mut *measuring);
+            measured.costs.least_peak = self.memory.watch.measured.get().map_or(0, |(_, p)| p);
             for (key, cost) in measured.key.iter_mut().zip(&measured.costs.steps) {
                 key.forward_peak = cost.forward_peak;
                 key.graph_bytes = cost.graph_bytes;

@@ -329,12 +329,13 @@ impl<T: Element> Checkpointer<T> {
         layers: impl ExactSizeIterator<Item = usize> + Clone,
         input: &Tensor<'_, T>,
         records: bool,
+        reads: &'static [&'static [usize]],
     ) -> Result<Layout> {
         let n = layers.len();
         let mut plan = RecycledVec::new();
         let memory = match self.config.policy {
             Policy::Memory(budget) if records => {
-                Some(self.plan_memory(budget, n, input.shape(), &mut plan)?)
+                Some(self.plan_memory(budget, n, input.shape(), reads, &mut plan)?)
             }
             _ => None,
         };

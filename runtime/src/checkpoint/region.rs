@@ -38,7 +38,7 @@ use crate::autograd::{
 use crate::dims::Dims;
 use crate::element::{DType, Element};
 use crate::error::Result as TensorResult;
-use crate::recycle::{self, RecycledVec, Slot};
+use crate::recycle::{self, RecycledRc, RecycledVec, Slot};
 use crate::scope::State;
 use crate::tensor::Tensor;
 
@@ -69,6 +69,8 @@ pub(super) struct Recording<T: Element> {
     tapes: RecycledVec<SharedTape<T>>,
     /// The ops whose outputs the tapes keep (`Saving::names`).
     keep: &'static [&'static str],
+    /// The gradients of the region's values that later steps read, shared with the region's node.
+    pending: RecycledRc<Pending<T>>,
 }
 
 impl<T: Element> Recording<T> {
@@ -79,7 +81,25 @@ impl<T: Element> Recording<T> {
             input: input.node.take(),
             tapes: RecycledVec::new(),
             keep,
+            pending: RecycledRc::new(Pending::default()),
         }
+    }
+
+    /// The gradients the region's backward adds to its steps' inputs that later steps read.
+    pub(super) fn pending(&self) -> &RecycledRc<Pending<T>> {
+        &self.pending
+    }
+
+    /// `value`, the input of the region's step `source` (its position in the region), read by
+    /// the step being recorded: a value of that step's tape, which replays give the region's value.
+    pub(super) fn read_skip<'s>(&mut self, value: &Saved<T>, at: &State) -> Tensor<'s, T> {
+        let tape = self.tapes.last().expect("a step was opened");
+        let index = tape
+            .borrow_mut()
+            .push_skip(value.node.clone(), value.saved());
+        let mut v = value.alias_in(at);
+        v.node = Some(Node::taped(tape, index, at));
+        v
     }
 
     /// `x`, the input of the next step, with a node that opens the step's tape.
@@ -130,23 +150,30 @@ impl<T: Element> Recording<T> {
     /// replays them from what `ckpt` stored, which it takes over; without a node if nothing in the
     /// steps needs a gradient. The backward follows `layout`, or holds the least memory it can if
     /// `least`. Fails with [`CheckpointError::CrossStepValue`] if a step read a value of an
-    /// earlier step.
+    /// earlier step other than a step's input. `read_later` are the positions in the region whose
+    /// inputs steps after it read (skip connections out of the region).
     pub(super) fn finish<'s>(
         self,
         ckpt: &mut Checkpointer<T>,
         layout: &Layout,
         least: bool,
         (start, end): (usize, usize),
+        read_later: impl Iterator<Item = usize>,
         mut x: Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
         // The region's graph inputs: its input, and the values from before it that its steps read
-        // (not leaves: those get their gradients by key).
+        // (not leaves: those get their gradients by key); and which steps read which earlier
+        // step's input.
         let mut externals: RecycledVec<NodeRef<T>> = RecycledVec::new();
+        let mut reads: RecycledVec<(usize, usize)> = RecycledVec::new();
         let (mut leaves, mut cross_step) = (false, false);
-        for tape in &self.tapes {
+        for (reader, tape) in self.tapes.iter().enumerate() {
             tape.borrow().for_each_outside(&mut |(node, _)| match node {
                 Some(node) if node.is_leaf() => leaves = true,
-                Some(node) if node.tape_value().is_some() => cross_step = true,
+                Some(node) if node.tape_value().is_some() => match source_of(&self.tapes, node) {
+                    Some(source) if source < reader => reads.push((reader, source)),
+                    _ => cross_step = true,
+                },
                 Some(node) if !externals.iter().any(|e| NodeRef::ptr_eq(e, node)) => {
                     externals.push(node.clone())
                 }
@@ -156,6 +183,15 @@ impl<T: Element> Recording<T> {
         if cross_step {
             return Err(CheckpointError::CrossStepValue);
         }
+        // Empty but in a chain with skip connections: then no spare buffer is taken.
+        let mut read_later = read_later.peekable();
+        let mut sources = match reads.is_empty() && read_later.peek().is_none() {
+            true => RecycledVec::empty(),
+            false => RecycledVec::new(),
+        };
+        sources.extend(reads.iter().map(|&(_, s)| s).chain(read_later));
+        sources.sort_unstable();
+        sources.dedup();
         if self.input.is_none() && externals.is_empty() && !leaves {
             // Nothing the steps read carries a gradient: neither does their output.
             return Ok(x);
@@ -190,6 +226,9 @@ impl<T: Element> Recording<T> {
             externals,
             returns,
             shared: ckpt.externals.clone(),
+            reads,
+            sources,
+            pending: self.pending,
             stored: ckpt.hand_over(start, end),
             shapes: ckpt.shapes.iter().skip(start).cloned().collect(),
             plan: ckpt
@@ -301,6 +340,14 @@ pub(crate) struct Region<T: DType> {
     returns: RecycledVec<bool>,
     /// The gradients of external values that later regions of the forward left to earlier ones.
     shared: Rc<SharedExternals<T>>,
+    /// `(reader, source)`: step `reader` reads the input of the earlier step `source` of the region
+    /// (a skip connection), by positions in the region.
+    reads: RecycledVec<(usize, usize)>,
+    /// The positions whose inputs later steps read, in the region or after it, sorted.
+    sources: RecycledVec<usize>,
+    /// The gradients of those inputs that their readers' backwards gave, until the backward
+    /// reaches them.
+    pending: RecycledRc<Pending<T>>,
     /// The stored boundaries, by position.
     stored: ByLayer<T>,
     /// The shapes of the steps' inputs, for [`CheckpointError::ShapeDrift`].
@@ -319,6 +366,10 @@ pub(crate) struct Region<T: DType> {
 struct Keys<T: Element> {
     input: u64,
     externals: RecycledVec<(NodeRef<T>, u64)>,
+    /// The inputs of the replay's steps that its later steps read, by position, with their nodes.
+    boundaries: RecycledVec<(usize, Saved<T>)>,
+    /// The leaves standing for inputs of steps before the replay that its steps read, by position.
+    skips: RecycledVec<(usize, u64)>,
 }
 
 impl<T: Element> Keys<T> {
@@ -326,7 +377,28 @@ impl<T: Element> Keys<T> {
         Keys {
             input: autograd::next_key(),
             externals: RecycledVec::new(),
+            boundaries: RecycledVec::new(),
+            skips: RecycledVec::new(),
         }
+    }
+
+    /// `value`, the input of the region's step `source`, as a replay that records reads it: with
+    /// its node if the replay recomputed it, else with a leaf for its gradient.
+    fn skip(&mut self, source: usize, value: &Saved<T>, at: &State) -> Saved<T> {
+        if let Some((_, b)) = self.boundaries.iter().find(|(p, _)| *p == source) {
+            return b.clone();
+        }
+        let key = match self.skips.iter().find(|(p, _)| *p == source) {
+            Some(&(_, key)) => key,
+            None => {
+                let key = autograd::next_key();
+                self.skips.push((source, key));
+                key
+            }
+        };
+        let mut v = value.alias_in(at);
+        v.node = Some(Node::leaf(key, None, at));
+        v
     }
 
     /// `value` with a graph node for a replay that records: a parameter's or a marked tensor's
@@ -383,8 +455,12 @@ impl<T: Element> Region<T> {
                 tape.replay(x, at, &mut |(_, value)| value.alias_in(at), &mut replayed)
             }),
             Some(keys) => autograd::with_mode(Mode::Infer, || {
-                let outside =
-                    |(node, value): autograd::Outside<'_, T>| keys.outside(node, value, at);
+                let outside = |(node, value): autograd::Outside<'_, T>| match node
+                    .and_then(|n| source_of(&self.tapes, n))
+                {
+                    Some(source) => keys.skip(source, value, at),
+                    None => keys.outside(node, value, at),
+                };
                 tape.replay(x, at, &mut { outside }, &mut replayed)
             }),
         };
@@ -402,8 +478,8 @@ impl<T: Element> Region<T> {
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
-        if flow.grad.is_none() {
-            return Ok(());
+        if flow.grad.is_none() && !self.pending.any_in(start + 1..end) {
+            return self.arrive(start, end, flow);
         }
         let (_, graph) = self.record(start, end, x, at, flow)?;
         self.settle(graph, at, grads, flow)
@@ -423,12 +499,32 @@ impl<T: Element> Region<T> {
         let mut y = x;
         y.node = Some(Node::leaf(keys.input, None, at));
         for pos in start..end {
+            if self.sources.binary_search(&pos).is_ok() {
+                // The gradient that steps after the replay gave this input is added where the
+                // replay's backward reaches it; steps of the replay read it with its node.
+                if pos > start {
+                    y = self.add_pending(y, pos, at);
+                }
+                if self.reads.iter().any(|&(r, s)| s == pos && r < end) {
+                    keys.boundaries.push((pos, y.clone()));
+                }
+            }
             y = self.replay(pos, y, at, Some(&mut keys))?;
             check_shape(&self.shapes, &self.ids, pos + 1, &y)?;
         }
         flow.report.replayed_steps += end - start;
         let root = y.node.take();
-        Ok((y, Graph { root, keys }))
+        let dims = Dims::from_slice(y.shape());
+        keys.boundaries.clear();
+        Ok((
+            y,
+            Graph {
+                root,
+                keys,
+                steps: (start, end),
+                dims,
+            },
+        ))
     }
 
     /// Backpropagates `flow.grad` through `graph`: the gradient of the graph's input becomes
@@ -440,14 +536,28 @@ impl<T: Element> Region<T> {
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
-        let Some(seed) = flow.grad.take() else {
-            return Ok(());
+        let Graph {
+            root,
+            keys,
+            steps: (start, end),
+            dims,
+        } = graph;
+        let seed = match flow.grad.take() {
+            // Nothing flows into the output, but steps after gave inputs of these their gradients.
+            None if self.pending.any_in(start + 1..end) => {
+                Some(Tensor::try_rent_zeroed_in(at, &dims)?)
+            }
+            seed => seed,
         };
-        let Graph { root, keys } = graph;
-        if let Some(root) = root {
+        if let (Some(root), Some(seed)) = (root, seed) {
             autograd::backward(&root, seed, at, grads)?;
         }
         flow.grad = grads.take(keys.input);
+        for &(source, key) in keys.skips.iter() {
+            if let Some(g) = grads.take(key) {
+                self.pending.add(source, g)?;
+            }
+        }
         for (node, key) in keys.externals.iter() {
             if let Some(g) = grads.take(*key) {
                 let i = self
@@ -461,7 +571,34 @@ impl<T: Element> Region<T> {
                 });
             }
         }
+        self.arrive(start, end, flow)
+    }
+
+    /// The backward of steps `start..end` has run: the gradient later steps gave their first
+    /// input joins `flow.grad`, and their tapes let go of the values of earlier steps they read.
+    fn arrive(&self, start: usize, end: usize, flow: &mut Flow<T>) -> Result<()> {
+        if let Some(p) = self.pending.take(start) {
+            flow.grad = Some(match flow.grad.take() {
+                Some(g) => g.try_add_owned(&p)?,
+                None => p,
+            });
+        }
+        for tape in &self.tapes[start..end] {
+            tape.borrow_mut().release_skips();
+        }
         Ok(())
+    }
+
+    /// `y`, the input of step `pos`, with a node whose backward adds the gradient that the steps
+    /// after the replay gave it.
+    fn add_pending(&self, mut y: Saved<T>, pos: usize, at: &State) -> Saved<T> {
+        let add = AddPending {
+            pending: self.pending.clone(),
+            pos,
+        };
+        let inputs = std::iter::once(y.node.take()).collect();
+        y.node = Some(Node::op(inputs, Rule::new(recycle::slot(add)), at));
+        y
     }
 
     /// Takes the stored input of the region's step `pos` out of the region, as a tensor of `at`.
@@ -563,8 +700,13 @@ impl<T: Element> Region<T> {
             // graph of a step that recorded as it ran would hold it anew.
             let kept = self.tapes[t].borrow().kept_bytes();
             let before = pool.probe_start();
+            // The input is held while the step records, as a forward that records the step after
+            // one that saved its output holds it: a step whose first op saves nothing (a sum with
+            // a skip) is measured holding what it holds there.
+            let input = a.clone();
             let (y, graph) = self.record(t, t + 1, a, at, flow)?;
             let (held, peak) = pool.probe();
+            drop(input);
             let (held, peak) = (held + kept, peak + kept);
             let (started, gradients) = (pool.probe_start(), gradient_bytes(grads, flow));
             let clock = Instant::now();
@@ -648,10 +790,118 @@ fn gradient_bytes<T: Element>(grads: &Gradients<'_, T>, flow: &Flow<T>) -> usize
     grads.held_bytes() + externals.sum::<usize>()
 }
 
-/// A replayed step's graph, until its backward: its root and the leaves standing for its inputs.
+/// A replayed step's graph, until its backward: its root, the leaves standing for its inputs,
+/// the steps it replayed and the shape of their output.
 struct Graph<T: Element> {
     root: Option<NodeRef<T>>,
     keys: Keys<T>,
+    steps: (usize, usize),
+    dims: Dims,
+}
+
+/// The position in the region of the step whose input `node` is (value 0 of its tape), if it is
+/// a value of one of `tapes`.
+fn source_of<T: DType>(tapes: &[SharedTape<T>], node: &NodeRef<T>) -> Option<usize> {
+    let (tape, value) = node.tape_value()?;
+    (value == 0)
+        .then(|| tapes.iter().position(|t| SharedTape::ptr_eq(t, tape)))
+        .flatten()
+}
+
+/// The gradients of a region's step inputs that later steps read (skip connections), by position
+/// in the region, from the readers' backwards until the region's backward reaches the input.
+pub(crate) struct Pending<T: DType>(RefCell<RecycledVec<(usize, Saved<T>)>>);
+
+impl<T: DType> Default for Pending<T> {
+    fn default() -> Self {
+        Pending(RefCell::new(RecycledVec::new()))
+    }
+}
+
+impl<T: Element> Pending<T> {
+    /// Adds `g` to the gradient of the input of step `pos`.
+    fn add(&self, pos: usize, g: Saved<T>) -> TensorResult<()> {
+        let earlier = {
+            let mut list = self.0.borrow_mut();
+            let i = list.iter().position(|(p, _)| *p == pos);
+            i.map(|i| list.swap_remove(i).1)
+        };
+        let g = match earlier {
+            Some(earlier) => earlier.try_add_owned(&g)?,
+            None => g,
+        };
+        self.0.borrow_mut().push((pos, g));
+        Ok(())
+    }
+
+    /// The gradient given to the input of step `pos`, if any.
+    fn take(&self, pos: usize) -> Option<Saved<T>> {
+        let mut list = self.0.borrow_mut();
+        let i = list.iter().position(|(p, _)| *p == pos)?;
+        Some(list.swap_remove(i).1)
+    }
+
+    /// Whether a gradient waits for the input of a step in `range`.
+    fn any_in(&self, range: std::ops::Range<usize>) -> bool {
+        self.0.borrow().iter().any(|(p, _)| range.contains(p))
+    }
+}
+
+/// The record of a replayed step input that steps after the replay read: its backward adds
+/// the gradient they gave it.
+struct AddPending<T: DType> {
+    pending: RecycledRc<Pending<T>>,
+    pos: usize,
+}
+
+impl<T: Element> Recorded<T> for Slot<AddPending<T>> {
+    fn backward(
+        &mut self,
+        grad: Saved<T>,
+        _: &[bool],
+        _: &State,
+        _: &mut Gradients<'_, T>,
+    ) -> TensorResult<PerInput<Saved<T>>> {
+        let add = self.get();
+        let grad = match add.pending.take(add.pos) {
+            Some(p) => grad.try_add_owned(&p)?,
+            None => grad,
+        };
+        Ok(std::iter::once(Some(grad)).collect())
+    }
+
+    fn move_accounting(&self, _: &State) {}
+
+    fn recycle(self: Box<Self>) {
+        recycle::recycle_slot(self)
+    }
+}
+
+/// The record of a region step's input read after the region (a skip connection out of it): its
+/// backward, which runs before the region's, gives the gradient to the region (`pending`).
+pub(crate) struct SkipOut<T: DType> {
+    pub(crate) pending: RecycledRc<Pending<T>>,
+    pub(crate) pos: usize,
+}
+
+impl<T: Element> Recorded<T> for Slot<SkipOut<T>> {
+    fn backward(
+        &mut self,
+        grad: Saved<T>,
+        _: &[bool],
+        _: &State,
+        _: &mut Gradients<'_, T>,
+    ) -> TensorResult<PerInput<Saved<T>>> {
+        let out = self.get();
+        out.pending.add(out.pos, grad)?;
+        Ok(std::iter::once(None).collect())
+    }
+
+    fn move_accounting(&self, _: &State) {}
+
+    fn recycle(self: Box<Self>) {
+        recycle::recycle_slot(self)
+    }
 }
 
 /// A value the region keeps, or a gradient it passes: an alias without a brand.

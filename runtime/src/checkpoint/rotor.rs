@@ -96,6 +96,11 @@ pub struct ChainCosts {
     /// Most bytes held at once after the chain's backward (by the backward of what came before
     /// the chain, and until the next training forward) beyond what is held when it ends.
     pub before_peak: usize,
+    /// The pool peak of the profiling step that measured these costs, from its forward's start
+    /// to the end of its backward: what the schedule of least memory (every step on a tape,
+    /// recomputed from the chain's input) holds, as measured; 0 when not measured (costs stated
+    /// by hand), which leaves the planner's count alone.
+    pub least_peak: usize,
 }
 
 impl ChainCosts {
@@ -600,6 +605,7 @@ mod tests {
             after_peak: rng.between(0, 10),
             after_held: sizes[n] + rng.between(0, 3),
             before_peak: rng.between(0, 20),
+            least_peak: 0,
         }
     }
 
@@ -985,6 +991,7 @@ mod tests {
             after_peak: mb(rng, 0, 8),
             after_held: output + 64 * rng.between(0, 64),
             before_peak: mb(rng, 0, 16),
+            least_peak: 0,
         }
     }
 
@@ -1077,6 +1084,7 @@ mod tests {
             after_peak: 2 * out,
             after_held: out,
             before_peak: 0,
+            least_peak: 0,
         }
     }
 

@@ -107,10 +107,28 @@ pub enum CheckpointError {
     /// its own input: replaying the steps one at a time cannot give that value its gradient.
     #[error(
         "a layer step of a checkpointed forward that records a gradient graph read a value computed \
-         by an earlier step, not through its input; pass the value through the activation, or \
-         compute it before the checkpointed loop"
+         inside an earlier step, or by a step of an earlier region; a step may read the input or \
+         output of an earlier step of its chain (a skip connection: a `let` of a `#[checkpoint]` \
+         sequence naming an earlier `let`), else compute the value before the checkpointed chain"
     )]
     CrossStepValue,
+    /// A `#[checkpoint]` chain's step reads the input of a step that is not before it, or the
+    /// list of reads does not have one entry per step (`source` is `None`).
+    #[error(
+        "the checkpointed chain's step {step} of {steps} {}",
+        match read {
+            Some(read) => format!("reads the input of step {read}, which is not before it"),
+            None => "has no list of the earlier steps it reads: give one per step".to_string(),
+        }
+    )]
+    BadSkip {
+        /// The step's position in the chain.
+        step: usize,
+        /// The position of the step whose input it reads.
+        read: Option<usize>,
+        /// The chain's number of steps.
+        steps: usize,
+    },
     /// A policy that cannot be followed (e.g. `Every(0)`, a budget too small for one activation).
     #[error("invalid checkpoint policy: {0}")]
     InvalidPolicy(String),

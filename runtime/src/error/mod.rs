@@ -206,14 +206,16 @@ pub enum Error {
     /// region: the step's graph exists only when the region replays it. Either the backward was
     /// called on such a tensor, or the code after the region (the loss, or a step that records its
     /// graph) read a value of a taped step other than the region's output: a skip connection
-    /// from inside the region.
+    /// from inside the region that the chain was not told of (a `#[checkpoint]` sequence's skip
+    /// reads carry their values out of a region).
     #[error(
         "backward: the graph reaches a tensor computed inside a layer step of a #[checkpoint] \
          region, whose graph is built only when the region's backward replays it. If backward was \
          called on such a tensor, call it on the region's output or on a loss computed from it; if \
          the loss or a later step read a value of a step other than through the activation (a skip \
-         connection from inside the region), compute that value before the checkpointed loop, or \
-         pass it through the activation"
+         connection from inside the region), write the layers as a #[checkpoint] sequence of \
+         `let`s, whose later `let`s may read earlier ones, or compute that value before the \
+         checkpointed loop"
     )]
     BackwardInsideCheckpoint,
     /// One parameter's gradient would sum contributions computed from two different copies of its

@@ -340,7 +340,8 @@ impl<T: Element> Sequential<T> {
             Some(ckpt),
             x,
             self.layers.iter().map(|layer| &**layer),
-            |_: &Scope<'_, 's>, x, layer: &dyn Module<T>| match layer.forward(&x) {
+            &[],
+            |_: &Scope<'_, 's>, x, _, layer: &dyn Module<T>| match layer.forward(&x) {
                 Ok(y) => y,
                 Err(e) => {
                     // The rest of the layers run on the last good activation; the error is
