@@ -1,8 +1,10 @@
-//! Step time against peak step memory for every checkpoint policy, on three models: the 64-block
-//! residual MLP of `checkpointed_training`, a GPT of 6 blocks of width 384 over 256 tokens, and the
-//! convolutional denoiser of `diffusion_denoise` (64 channels, 64x64).
+//! Step time against peak step memory for every checkpoint policy, on four models: the 64-block
+//! residual MLP of `checkpointed_training`, a GPT of 6 blocks of width 384 over 256 tokens, the
+//! convolutional denoiser of `diffusion_denoise` (64 channels, 64x64), and a UNet with long skips
+//! (`common/unet.rs`: its whole down-and-up path one chain of 12 layers; `--unet C:SIZE:BATCH`,
+//! 32 channels at the top, 32x32, batch 4 by default).
 //!
-//! `cargo run --release --example checkpoint_curve [-- --steps 12 --models mlp,gpt,denoiser --vocab 50257 --saving both --rows none,sqrt,budget:4,memfrac:10 --json PATH]`
+//! `cargo run --release --example checkpoint_curve [-- --steps 12 --models mlp,gpt,denoiser,unet --vocab 50257 --unet 64:64:4 --saving both --rows none,sqrt,budget:4,memfrac:10 --json PATH]`
 //!
 //! Rows: no checkpointing, `Every(k)`, `Sqrt`, `Budget` at several slot counts, and
 //! `Policy::Memory` at seven budgets from the smallest that fits to the plain step's peak; or the
@@ -32,6 +34,8 @@ mod gpt;
 mod measured_training;
 #[path = "common/pre_norm_mlp.rs"]
 mod pre_norm_mlp;
+#[path = "common/unet.rs"]
+mod unet;
 
 use measured_training::Measured;
 
@@ -294,6 +298,7 @@ fn curve<M: Parameters<f32>>(
             let out = std::process::Command::new(std::env::current_exe().expect("this program"))
                 .args(["--models", model_name, "--steps", &steps.to_string()])
                 .args(["--vocab", &gpt_vocab().to_string()])
+                .args(["--unet", &unet_config().arg()])
                 .args(["--saving", SAVINGS.get().map_or("nothing", String::as_str)])
                 .args(["--row", &specs[i].arg()])
                 .output()
@@ -419,9 +424,10 @@ fn main() {
             "--row" => mode = Mode::Row(RowSpec::parse(&value)),
             "--saving" => SAVINGS.set(value).expect("--saving is given once"),
             "--rows" => ROWS.set(value).expect("--rows is given once"),
+            "--unet" => UNET.set(value).expect("--unet is given once"),
             other => panic!(
-                "unknown argument {other}; accepted: --steps --models --vocab --saving --rows \
-                 --json --row"
+                "unknown argument {other}; accepted: --steps --models --vocab --unet --saving \
+                 --rows --json --row"
             ),
         }
     }
@@ -431,7 +437,8 @@ fn main() {
             "mlp" => mlp(mode, steps),
             "gpt" => gpt_curve(mode, steps),
             "denoiser" => denoiser_curve(mode, steps),
-            other => panic!("unknown model {other}; accepted: mlp, gpt, denoiser"),
+            "unet" => unet_curve(mode, steps),
+            other => panic!("unknown model {other}; accepted: mlp, gpt, denoiser, unet"),
         });
     }
     if let Some(path) = json {
@@ -565,4 +572,70 @@ fn denoiser_curve(mode: Mode, steps: usize) -> Vec<Point> {
         64 * 64 * 64 * 4,
         &[2],
     )
+}
+
+/// `--unet C:SIZE:BATCH`.
+static UNET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The UNet's size: channels at the top level, image side, batch.
+struct UnetConfig {
+    channels: usize,
+    size: usize,
+    batch: usize,
+}
+
+impl UnetConfig {
+    fn arg(&self) -> String {
+        format!("{}:{}:{}", self.channels, self.size, self.batch)
+    }
+}
+
+/// `--unet`, else 32 channels, 32x32, batch 4.
+fn unet_config() -> UnetConfig {
+    let arg = UNET.get().map_or("32:32:4", String::as_str);
+    let parts: Vec<usize> = arg
+        .split(':')
+        .map(|p| p.parse().expect("--unet CHANNELS:SIZE:BATCH, whole numbers"))
+        .collect();
+    let [channels, size, batch] = parts[..] else {
+        panic!("--unet {arg}: expected CHANNELS:SIZE:BATCH");
+    };
+    UnetConfig {
+        channels,
+        size,
+        batch,
+    }
+}
+
+/// The UNet of `common/unet.rs` (3 channels in and out, group norm of 8), one step of a mean
+/// squared error against noise.
+fn unet_curve(mode: Mode, steps: usize) -> Vec<Point> {
+    let UnetConfig {
+        channels,
+        size,
+        batch,
+    } = unet_config();
+    let shape = [batch, 3, size, size];
+    let loss_of = |model: &unet::Unet,
+                   ckpt: Option<&mut Checkpointer>,
+                   s: &Scope<'_, '_>,
+                   step: usize,
+                   grads: &mut Gradients<'_>| {
+        let x = s.randn::<f32>(&shape, 100 + step as u64);
+        let noise = s.randn::<f32>(&shape, 200 + step as u64);
+        s.train(|t| {
+            let x = t.rebind(&x);
+            let y = match ckpt {
+                Some(ckpt) => ckpt.install(|| model.forward(x)),
+                None => model.forward(x),
+            };
+            let loss = y.mse(&noise);
+            loss.backward_into(grads).expect("the backward");
+            loss.item()
+        })
+    };
+    let make = |pool: &Pool| unet::Unet::new(pool, 3, channels, 8);
+    // The largest activation the chain stores: the top level's, at the full size.
+    let activation = batch * channels * size * size * 4;
+    curve("unet", mode, steps, &make, &loss_of, activation, &[1, 2, 4])
 }

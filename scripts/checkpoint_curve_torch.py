@@ -26,15 +26,25 @@ optimizer; PyTorch's own random numbers):
   from the first layer's output. Trained one step at a time on `[1, 4, 64, 64]` noise against a
   random target, mean squared error, Adam lr 1e-3 (no Rust example on main trains it yet; the
   Rust side of the curve is to train it the same way). The
-  checkpointed layers are the 4 that `predict_noise_checkpointed`'s `#[checkpoint]` sequence
-  covers: mid conv block, upsample + skip, up conv block, output conv (the first conv block and
-  the stride-2 block run before it; the skip source `h1` is kept, captured by the second layer).
+  checkpointed layers are the 5 that `predict_noise_checkpointed`'s `#[checkpoint]` sequence
+  covers: stride-2 block, mid conv block, upsample + skip, up conv block, output conv (the first
+  conv block runs before it; its output `h1`, the chain's input, is read by the third layer).
+- `unet`: the UNet of `examples/common/unet.rs` (`--unet C:SIZE:BATCH`, default 32:32:4): a 3x3
+  convolution in, residual blocks (group norm of 8, SiLU, 3x3 convolution, twice, plus the input
+  or its 1x1 projection) at C, 2C and 4C channels with stride-2 convolutions between, a middle
+  block, up blocks on concatenations with the down path's values (long skips) after nearest
+  upsampling and a 3x3 convolution, and a convolution out; no biases, no time embedding.
+  `[B, 3, S, S]` noise against a random target, MSE, Adam lr 1e-3. The Rust side checkpoints
+  its 12 layers after `conv_in` as one chain; skips cross every sequence of segments, so
+  `checkpoint_sequential` cannot run it: `ckpt each` checkpoints each layer on its own (the
+  skips it reads stored as its inputs, as diffusers' `gradient_checkpointing` does per block),
+  `ckpt halves` the down path and the up path as two checkpoints.
 
 Configurations per model (each from the same seed, in a model of its own):
 - `eager`: no checkpointing.
 - `ckpt_seq N`: `checkpoint_sequential(layers, N, x, use_reentrant=False)` over the checkpointed
   layers, N the powers of 2 below the layer count n, sqrt(n) rounded down and up, and n (the MLP
-  2, 4, 8, 16, 32, 64; the GPT 2, 3, 4, 6; the denoiser 2, 4). PyTorch runs the last segment
+  2, 4, 8, 16, 32, 64; the GPT 2, 3, 4, 6; the denoiser 2, 3, 4, 5; the UNet: see above). PyTorch runs the last segment
   without checkpointing (as the Rust checkpointer keeps the last segment's graph), so N = 1 is
   the same as eager and is not run; N = n stores every layer's input.
 - `compile`: `torch.compile` of the forward and loss (the default partitioner; the budget left at
@@ -239,15 +249,100 @@ class Denoiser(nn.Module):
 
     def forward(self, x, segments=None):
         h1 = self.block(x, self.conv_in)
-        h = self.block(h1, self.down, stride=2)
-        # The layers of the Rust `#[checkpoint]` sequence; the second reads `h1` (the skip).
+        # The layers of the Rust `#[checkpoint]` sequence; the third reads `h1` (the skip).
         layers = [
+            lambda h: self.block(h, self.down, stride=2),
             lambda h: self.block(h, self.mid),
             lambda h: F.interpolate(h, scale_factor=2, mode="nearest") + h1,
             lambda h: self.block(h, self.up),
             lambda h: F.conv2d(h, self.conv_out, padding=1),
         ]
         return run_layers(layers, h, segments)
+
+
+class ResBlock(nn.Module):
+    """`examples/common/unet.rs`'s `ResBlock`: group norm, SiLU, 3x3 convolution, twice, plus the
+    input (a 1x1 convolution when the channels change); no biases, no affine norms."""
+
+    def __init__(self, inp, out, groups):
+        super().__init__()
+        self.groups = groups
+
+        def kernel(o, i, k):
+            return nn.Parameter(torch.randn(o, i, k, k) / math.sqrt(i * k * k))
+
+        self.conv1, self.conv2 = kernel(out, inp, 3), kernel(out, out, 3)
+        self.skip = kernel(out, inp, 1) if inp != out else None
+
+    def forward(self, x):
+        g = self.groups
+        h = F.conv2d(F.silu(F.group_norm(x, g, eps=1e-5)), self.conv1, padding=1)
+        h = F.conv2d(F.silu(F.group_norm(h, g, eps=1e-5)), self.conv2, padding=1)
+        return h + (x if self.skip is None else F.conv2d(x, self.skip))
+
+
+class Unet(nn.Module):
+    """`examples/common/unet.rs`: a convolution in, three levels down, a middle block, three
+    levels up on concatenations with the down path's values (long skips), a convolution out. Its
+    12 layers after `conv_in` are the Rust side's one `#[checkpoint]` chain."""
+
+    def __init__(self, latent, c, groups):
+        super().__init__()
+        self.groups = groups
+
+        def kernel(o, i):
+            return nn.Parameter(torch.randn(o, i, 3, 3) / math.sqrt(i * 9))
+
+        self.conv_in = kernel(c, latent)
+        self.down1, self.downsample1 = ResBlock(c, c, groups), kernel(c, c)
+        self.down2, self.downsample2 = ResBlock(c, 2 * c, groups), kernel(2 * c, 2 * c)
+        self.down3, self.mid = ResBlock(2 * c, 4 * c, groups), ResBlock(4 * c, 4 * c, groups)
+        self.up3, self.upsample2 = ResBlock(8 * c, 4 * c, groups), kernel(2 * c, 4 * c)
+        self.up2, self.upsample1 = ResBlock(4 * c, 2 * c, groups), kernel(c, 2 * c)
+        self.up1, self.conv_out = ResBlock(2 * c, c, groups), kernel(latent, c)
+
+    @staticmethod
+    def up(x, w):
+        return F.conv2d(F.interpolate(x, scale_factor=2, mode="nearest"), w, padding=1)
+
+    def down_path(self, h):
+        d1 = self.down1(h)
+        d2 = self.down2(F.conv2d(d1, self.downsample1, stride=2, padding=1))
+        d3 = self.down3(F.conv2d(d2, self.downsample2, stride=2, padding=1))
+        return d1, d2, d3
+
+    def up_path(self, d1, d2, d3):
+        u3 = self.up3(torch.cat([self.mid(d3), d3], 1))
+        u2 = self.up2(torch.cat([self.up(u3, self.upsample2), d2], 1))
+        u1 = self.up1(torch.cat([self.up(u2, self.upsample1), d1], 1))
+        return F.conv2d(F.silu(F.group_norm(u1, self.groups, eps=1e-5)), self.conv_out, padding=1)
+
+    def forward(self, x, segments=None):
+        """`segments`: None (no checkpointing), "each" (each of the 12 layers checkpointed on
+        its own, its inputs, the skip it reads included, stored: what `gradient_checkpointing`
+        does for diffusers' blocks) or "halves" (the down path and the up path each one
+        checkpoint, the skips passed from one to the other)."""
+        h = F.conv2d(x, self.conv_in, padding=1)
+        if segments is None:
+            return self.up_path(*self.down_path(h))
+        if segments == "halves":
+            d = torch_checkpoint.checkpoint(self.down_path, h, use_reentrant=False)
+            return torch_checkpoint.checkpoint(self.up_path, *d, use_reentrant=False)
+        ck = lambda f, *a: torch_checkpoint.checkpoint(f, *a, use_reentrant=False)  # noqa: E731
+        g = self.groups
+        d1 = ck(self.down1, h)
+        s1 = ck(lambda t: F.conv2d(t, self.downsample1, stride=2, padding=1), d1)
+        d2 = ck(self.down2, s1)
+        s2 = ck(lambda t: F.conv2d(t, self.downsample2, stride=2, padding=1), d2)
+        d3 = ck(self.down3, s2)
+        m = ck(self.mid, d3)
+        u3 = ck(lambda a, b: self.up3(torch.cat([a, b], 1)), m, d3)
+        p2 = ck(lambda t: self.up(t, self.upsample2), u3)
+        u2 = ck(lambda a, b: self.up2(torch.cat([a, b], 1)), p2, d2)
+        p1 = ck(lambda t: self.up(t, self.upsample1), u2)
+        u1 = ck(lambda a, b: self.up1(torch.cat([a, b], 1)), p1, d1)
+        # The last layer runs without checkpointing, as the Rust chain keeps its last segment.
+        return F.conv2d(F.silu(F.group_norm(u1, g, eps=1e-5)), self.conv_out, padding=1)
 
 
 class Task:
@@ -307,7 +402,23 @@ def denoiser_task(latent=4, channels=64, size=64, groups=8):
 
     return Task("denoiser", f"denoiser: [1, {latent}, {size}, {size}] in, {channels} channels, "
                 f"group norm of {groups}, MSE against random targets, Adam lr 1e-3",
-                lambda: Denoiser(latent, channels, groups), make_batch, loss, 4, 1e-3)
+                lambda: Denoiser(latent, channels, groups), make_batch, loss, 5, 1e-3)
+
+
+def unet_task(channels=32, size=32, batch=4, groups=8):
+    def make_batch(step):
+        g = torch.Generator().manual_seed(42 + step)
+        x = torch.randn(batch, 3, size, size, generator=g)
+        target = torch.randn(batch, 3, size, size, generator=g)
+        return x, target
+
+    def loss(model, x, target, segments=None):
+        return F.mse_loss(model(x, segments), target)
+
+    return Task("unet", f"UNet: [{batch}, 3, {size}, {size}] in, {channels}/{2 * channels}/"
+                f"{4 * channels} channels, group norm of {groups}, long skips, MSE against random "
+                f"targets, Adam lr 1e-3", lambda: Unet(3, channels, groups), make_batch, loss, 12,
+                1e-3)
 
 
 def segment_counts(layers):
@@ -578,13 +689,14 @@ def main():
                         help="times the timed steps are run again while another process is busy")
     parser.add_argument("--max-wait", type=float, default=30.0,
                         help="seconds to wait for the machine to be quiet before a retry")
-    parser.add_argument("--models", default="mlp,gpt,denoiser")
+    parser.add_argument("--models", default="mlp,gpt,denoiser,unet")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     parser.add_argument("--mlp-blocks", type=int, default=64)
     parser.add_argument("--gpt-layers", type=int, default=6)
     parser.add_argument("--gpt-heads", type=int, default=6)
     parser.add_argument("--gpt-vocab", type=int, default=96)
     parser.add_argument("--gpt-batch", type=int, default=4)
+    parser.add_argument("--unet", default="32:32:4", help="CHANNELS:SIZE:BATCH of the UNet")
     parser.add_argument("--out", default="docs/checkpoint_curves_torch.json")
     args = parser.parse_args()
     args.warmup = max(args.warmup, 2)  # the first step compiles and allocates the state
@@ -600,6 +712,7 @@ def main():
         "gpt": lambda: gpt_task(layers=args.gpt_layers, heads=args.gpt_heads,
                                 vocab=args.gpt_vocab, rows=args.gpt_batch),
         "denoiser": denoiser_task,
+        "unet": lambda: unet_task(*(int(v) for v in args.unet.split(":"))),
     }
     rows = []
     run_started = time.perf_counter()
@@ -607,8 +720,13 @@ def main():
         task = tasks[name]()
         print(f"\n{name}: {task.describe}; {task.layers} checkpointed layers")
         configs = [("eager", "eager", None, None, False)]
-        configs += [(f"ckpt_seq {n}", "checkpoint_sequential", n, None, False)
-                    for n in segment_counts(task.layers)]
+        if name == "unet":
+            # Skips cross any sequence of segments: each layer, or the two halves, checkpointed.
+            configs += [(f"ckpt {k}", "torch.utils.checkpoint", k, None, False)
+                        for k in ("each", "halves")]
+        else:
+            configs += [(f"ckpt_seq {n}", "checkpoint_sequential", n, None, False)
+                        for n in segment_counts(task.layers)]
         if not args.no_compile:
             configs.append(("compile", "torch.compile", None, None, True))
             configs += [(f"compile budget {b}", "torch.compile", None, b, True) for b in BUDGETS]

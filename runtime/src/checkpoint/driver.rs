@@ -4,11 +4,10 @@
 //! output the region's node (see `region`).
 
 use super::memory::{self, Layout, Measuring, StepKey};
-use super::region::{self, Recording, SkipOut};
+use super::region::{self, Carry, Recording};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
-use crate::autograd::{Node, Rule};
 use crate::element::Element;
-use crate::recycle::{self, RecycledVec};
+use crate::recycle::RecycledVec;
 use crate::scope::{run_named, Scope, ScopeState, State};
 use crate::tensor::Tensor;
 use crate::trace::ScopeName;
@@ -351,12 +350,7 @@ impl<'c, T: Element> Driver<'c, T> {
         for (p, _, held) in self.skips.held.iter_mut().filter(inside) {
             if let Some(value) = held {
                 value.node = x.node.as_ref().map(|region| {
-                    let out = SkipOut {
-                        pending: pending.clone(),
-                        pos: *p - start,
-                    };
-                    let inputs = std::iter::once(Some(region.clone())).collect();
-                    Node::op(inputs, Rule::new(recycle::slot(out)), &x.rents_in)
+                    Carry::Out.node(Some(region.clone()), &pending, *p - start, &x.rents_in)
                 });
             }
         }

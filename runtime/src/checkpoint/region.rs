@@ -592,12 +592,7 @@ impl<T: Element> Region<T> {
     /// `y`, the input of step `pos`, with a node whose backward adds the gradient that the steps
     /// after the replay gave it.
     fn add_pending(&self, mut y: Saved<T>, pos: usize, at: &State) -> Saved<T> {
-        let add = AddPending {
-            pending: self.pending.clone(),
-            pos,
-        };
-        let inputs = std::iter::once(y.node.take()).collect();
-        y.node = Some(Node::op(inputs, Rule::new(recycle::slot(add)), at));
+        y.node = Some(Carry::In.node(y.node.take(), &self.pending, pos, at));
         y
     }
 
@@ -847,14 +842,46 @@ impl<T: Element> Pending<T> {
     }
 }
 
-/// The record of a replayed step input that steps after the replay read: its backward adds
-/// the gradient they gave it.
-struct AddPending<T: DType> {
+/// Which way a [`Carry`] node moves a skip source's gradient.
+#[derive(Clone, Copy)]
+pub(crate) enum Carry {
+    /// A source's input read after its region (a skip connection out of it), with the region's
+    /// node as the node's input: its backward, which runs before the region's, gives the
+    /// gradient to the region.
+    Out,
+    /// A source's input replayed with recording on, that steps after the replay read: its
+    /// backward adds the gradient they gave it.
+    In,
+}
+
+impl Carry {
+    /// `input`'s node for a source's input at `pos` of the region whose gradients wait in
+    /// `pending`, made in `at`.
+    pub(crate) fn node<T: Element>(
+        self,
+        input: Option<NodeRef<T>>,
+        pending: &RecycledRc<Pending<T>>,
+        pos: usize,
+        at: &State,
+    ) -> NodeRef<T> {
+        let record = Carried {
+            carry: self,
+            pending: pending.clone(),
+            pos,
+        };
+        let inputs = std::iter::once(input).collect();
+        Node::op(inputs, Rule::new(recycle::slot(record)), at)
+    }
+}
+
+/// The record of a [`Carry`] node.
+struct Carried<T: DType> {
+    carry: Carry,
     pending: RecycledRc<Pending<T>>,
     pos: usize,
 }
 
-impl<T: Element> Recorded<T> for Slot<AddPending<T>> {
+impl<T: Element> Recorded<T> for Slot<Carried<T>> {
     fn backward(
         &mut self,
         grad: Saved<T>,
@@ -862,39 +889,18 @@ impl<T: Element> Recorded<T> for Slot<AddPending<T>> {
         _: &State,
         _: &mut Gradients<'_, T>,
     ) -> TensorResult<PerInput<Saved<T>>> {
-        let add = self.get();
-        let grad = match add.pending.take(add.pos) {
-            Some(p) => grad.try_add_owned(&p)?,
-            None => grad,
+        let c = self.get();
+        let grad = match c.carry {
+            Carry::Out => {
+                c.pending.add(c.pos, grad)?;
+                None
+            }
+            Carry::In => Some(match c.pending.take(c.pos) {
+                Some(p) => grad.try_add_owned(&p)?,
+                None => grad,
+            }),
         };
-        Ok(std::iter::once(Some(grad)).collect())
-    }
-
-    fn move_accounting(&self, _: &State) {}
-
-    fn recycle(self: Box<Self>) {
-        recycle::recycle_slot(self)
-    }
-}
-
-/// The record of a region step's input read after the region (a skip connection out of it): its
-/// backward, which runs before the region's, gives the gradient to the region (`pending`).
-pub(crate) struct SkipOut<T: DType> {
-    pub(crate) pending: RecycledRc<Pending<T>>,
-    pub(crate) pos: usize,
-}
-
-impl<T: Element> Recorded<T> for Slot<SkipOut<T>> {
-    fn backward(
-        &mut self,
-        grad: Saved<T>,
-        _: &[bool],
-        _: &State,
-        _: &mut Gradients<'_, T>,
-    ) -> TensorResult<PerInput<Saved<T>>> {
-        let out = self.get();
-        out.pending.add(out.pos, grad)?;
-        Ok(std::iter::once(None).collect())
+        Ok(std::iter::once(grad).collect())
     }
 
     fn move_accounting(&self, _: &State) {}
