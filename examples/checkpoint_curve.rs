@@ -595,7 +595,10 @@ fn unet_config() -> UnetConfig {
     let arg = UNET.get().map_or("32:32:4", String::as_str);
     let parts: Vec<usize> = arg
         .split(':')
-        .map(|p| p.parse().expect("--unet CHANNELS:SIZE:BATCH, whole numbers"))
+        .map(|p| {
+            p.parse()
+                .expect("--unet CHANNELS:SIZE:BATCH, whole numbers")
+        })
         .collect();
     let [channels, size, batch] = parts[..] else {
         panic!("--unet {arg}: expected CHANNELS:SIZE:BATCH");

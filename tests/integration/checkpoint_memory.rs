@@ -16,15 +16,15 @@ use crate::pre_norm_mlp::Model;
 /// One training step into gradients kept from an earlier step (their buffers are the training
 /// loop's, as the parameters are): its loss, every parameter's gradient, and the pool's peak above
 /// what was in use when the forward started (the input and the target made).
-fn step(
+pub(crate) fn step(
     pool: &Pool,
     model: &Model,
     ckpt: Option<&mut Checkpointer>,
-    width: usize,
+    shape: [usize; 2],
 ) -> (f32, Vec<Vec<f32>>, usize) {
     pool.train(|s| {
-        let x = s.randn::<f32>(&[16, width], 100);
-        let target = s.randn::<f32>(&[16, width], 101);
+        let x = s.randn::<f32>(&shape, 100);
+        let target = s.randn::<f32>(&shape, 101);
         let mut grads = model
             .forward_plain(x.clone())
             .mse(&target)
@@ -53,10 +53,10 @@ fn the_step_stays_within_the_budget_with_the_plain_gradients() {
     let pool = Pool::with_max_memory_mb(256);
     let width = 32;
     let model = Model::new(&pool, 64, width);
-    let (loss, grads, plain_peak) = step(&pool, &model, None, width);
+    let (loss, grads, plain_peak) = step(&pool, &model, None, [16, width]);
     // The smallest budget, from the error of one far too small. The first step measures.
     let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(1)));
-    let (_, _, profiling_peak) = step(&pool, &model, Some(&mut probe), width);
+    let (_, _, profiling_peak) = step(&pool, &model, Some(&mut probe), [16, width]);
     let smallest = match pool.train(|s| {
         let x = s.randn::<f32>(&[16, width], 100);
         let layers: Vec<usize> = (0..64).collect();
@@ -87,7 +87,7 @@ fn the_step_stays_within_the_budget_with_the_plain_gradients() {
     ] {
         let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
         for round in 0..4 {
-            let (got_loss, got, peak) = step(&pool, &model, Some(&mut ckpt), width);
+            let (got_loss, got, peak) = step(&pool, &model, Some(&mut ckpt), [16, width]);
             assert_eq!(got_loss.to_bits(), loss.to_bits(), "budget {budget}");
             assert!(
                 got == grads,
@@ -398,7 +398,7 @@ fn the_attribute_keeps_what_it_measured_without_a_checkpointer() {
     let pool = Pool::with_max_memory_mb(256);
     let width = 32;
     let model = Attributed(Model::new(&pool, 64, width));
-    let (loss, grads, plain_peak) = step(&pool, &model.0, None, width);
+    let (loss, grads, plain_peak) = step(&pool, &model.0, None, [16, width]);
     assert!(
         plain_peak > 4 * 128 * 1024,
         "{plain_peak} B: the budget is a real constraint"

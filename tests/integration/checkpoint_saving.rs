@@ -288,34 +288,15 @@ fn kept_outputs_are_pool_memory_released_by_the_backward() {
     });
 }
 
-/// A training step of `model` into gradients a plain step made (as a training loop's are, kept from
-/// step to step): every gradient, and the pool's peak above what was in use when the checkpointed
-/// forward started.
+/// One training step of the MLP under `ckpt` (none: the plain forward) into kept gradients: its
+/// gradients and peak (see `checkpoint_memory::step`).
 fn kept_gradients_step(
     pool: &Pool,
     model: &Model,
     ckpt: Option<&mut Checkpointer>,
 ) -> (Vec<Vec<f32>>, usize) {
-    pool.train(|s| {
-        let x = s.randn::<f32>(&[128, 32], 1);
-        let target = s.randn::<f32>(&[128, 32], 2);
-        let plain = model.forward_plain(x.clone()).mse(&target);
-        let mut grads = plain.backward().unwrap();
-        grads.zero().unwrap();
-        let start = pool.stats().bytes_in_use;
-        pool.reset_peak();
-        let y = match ckpt {
-            Some(ckpt) => model.forward(ckpt, x),
-            None => model.forward_plain(x),
-        };
-        y.mse(&target).backward_into(&mut grads).unwrap();
-        let peak = pool.stats().peak_bytes_in_use - start;
-        let mut all = Vec::new();
-        model.visit_params(&ParamPath::ROOT, &mut |_, p| {
-            all.push(grads.get(p).unwrap().to_vec())
-        });
-        (all, peak)
-    })
+    let (_, grads, peak) = crate::checkpoint_memory::step(pool, model, ckpt, [128, 32]);
+    (grads, peak)
 }
 
 #[test]

@@ -194,7 +194,7 @@ impl<'c, T: Element> Driver<'c, T> {
 
     /// Whether the step at `pos` runs on a tape.
     fn taped(&self, pos: usize) -> bool {
-        self.stale.is_some_and(|p| pos >= p) || self.layout.taped(pos)
+        self.layout.taped_when(pos, self.stale)
     }
 
     /// Whether a new region starts at `pos` (a taped step).

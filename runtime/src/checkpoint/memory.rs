@@ -228,6 +228,12 @@ impl Layout {
         }
     }
 
+    /// Whether the step at `pos` runs on a tape in a forward that went stale at `stale` (from
+    /// there on every step does).
+    pub(crate) fn taped_when(&self, pos: usize, stale: Option<usize>) -> bool {
+        stale.is_some_and(|p| pos >= p) || self.taped(pos)
+    }
+
     /// Whether a new region starts at `pos` (a taped step).
     pub(crate) fn starts_region(&self, pos: usize) -> bool {
         match self {

@@ -81,7 +81,7 @@ impl<T: Element> Checkpointer<T> {
         let layout = self.memory.layout.as_ref()?;
         let steps = (0..self.layers.len())
             .map(|pos| {
-                let taped = layout.taped(pos) || self.memory.stale_at.is_some_and(|p| pos >= p);
+                let taped = layout.taped_when(pos, self.memory.stale_at);
                 if taped {
                     StepRun::Taped {
                         stored: self.plan.binary_search(&pos).is_ok(),
