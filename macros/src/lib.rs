@@ -200,9 +200,12 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// read later is kept from when its layer runs until the last layer that reads it has run its
 /// backward (it is not recomputed), its gradient from that layer's backward is held until the
 /// backward reaches it, and the gradients are bit-identical to the function without the
-/// attribute under every policy (tested on a UNet, nested skips and a step reading four earlier
-/// ones). `Policy::Memory` reserves, out of the budget, each such value once and the values the
-/// layer being reversed reads twice (see `docs/design.md`, "Skip connections"). Only the last
+/// attribute under every policy (tested on a UNet, nested skips, a step reading four earlier
+/// ones, a value read by three steps or twice in one; each input's gradients add in the plain
+/// graph's order). `Policy::Memory` plans a schedule with regions for the budget less a reserve:
+/// each such value once, and the values the layer being reversed reads twice; a schedule that
+/// records every layer, or the measured least-memory one, needs none (see `docs/design.md`, "Skip
+/// connections"). Only the last
 /// `let` of the sequence (and the first, its input) can be read after it: a value inside is a
 /// compile error there, as is `replay` on a sequence with skips.
 ///

@@ -345,6 +345,20 @@ pub(crate) fn backward<T: Element>(
     at: &State,
     grads: &mut Gradients<'_, T>,
 ) -> Result<()> {
+    backward_seeded(root, Some(seed), &mut RecycledVec::new(), at, grads)
+}
+
+/// [`backward`] from `root` with `seed` (none: nothing flows from the root), where the nodes of
+/// `seeds` under `root` start with their gradient so far (`seeds` keeps those not under it): a
+/// node's gradients add in the order the walk reaches its consumers, after what it started with,
+/// as one walk over the graph these seeds were cut from would add them.
+pub(crate) fn backward_seeded<T: Element>(
+    root: &NodeRef<T>,
+    seed: Option<Tensor<'static, T>>,
+    seeds: &mut RecycledVec<(NodeRef<T>, Tensor<'static, T>)>,
+    at: &State,
+    grads: &mut Gradients<'_, T>,
+) -> Result<()> {
     with_mode(Mode::Off, || {
         let order = topological(root);
         check(&order, grads)?;
@@ -352,7 +366,17 @@ pub(crate) fn backward<T: Element>(
         let mut pending: RecycledVec<Option<Tensor<'static, T>>> =
             order.iter().map(|_| None).collect();
         if let Some(last) = pending.last_mut() {
-            *last = Some(seed);
+            *last = seed;
+        }
+        let walk = WALKS.get();
+        let mut i = 0;
+        while i < seeds.len() {
+            match seeds[i].0.walk.get() {
+                (w, place) if w == walk && place < pending.len() => {
+                    pending[place] = Some(seeds.swap_remove(i).1);
+                }
+                _ => i += 1,
+            }
         }
         // Consumers come after their inputs in `order`: walking it backwards, a node's gradient is
         // complete when its turn comes.

@@ -4,7 +4,7 @@
 //! output the region's node (see `region`).
 
 use super::memory::{self, Layout, Measuring, StepKey};
-use super::region::{self, Carry, Recording};
+use super::region::{self, Recording, SkipOut};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
 use crate::element::Element;
 use crate::recycle::RecycledVec;
@@ -45,6 +45,20 @@ struct Driver<'c, T: Element> {
     kept_bytes: usize,
     /// The inputs of steps that later steps read (skip connections).
     skips: Skips<'c, T>,
+    /// Whether the forward ran to its end (see `Drop`).
+    finished: bool,
+}
+
+impl<T: Element> Drop for Driver<'_, T> {
+    /// A forward that did not end (a step panicked, or failed) lets go of the boundaries it
+    /// stored, which nothing will replay: the unwind gives the pool back what the step rented.
+    fn drop(&mut self) {
+        if !self.finished {
+            if let Some(ckpt) = self.slot.get() {
+                ckpt.clear();
+            }
+        }
+    }
 }
 
 /// The inputs of steps that later steps read (skip connections), held from when their step starts
@@ -168,6 +182,7 @@ impl<'c, T: Element> Driver<'c, T> {
                     keep,
                     kept_bytes: 0,
                     skips,
+                    finished: false,
                 });
             }
         };
@@ -189,6 +204,7 @@ impl<'c, T: Element> Driver<'c, T> {
             keep,
             kept_bytes: 0,
             skips,
+            finished: false,
         })
     }
 
@@ -349,9 +365,8 @@ impl<'c, T: Element> Driver<'c, T> {
         let inside = |(p, ..): &&mut (usize, usize, _)| (start..end).contains(p);
         for (p, _, held) in self.skips.held.iter_mut().filter(inside) {
             if let Some(value) = held {
-                value.node = x.node.as_ref().map(|region| {
-                    Carry::Out.node(Some(region.clone()), &pending, *p - start, &x.rents_in)
-                });
+                value.node = (x.node.as_ref())
+                    .map(|region| SkipOut::node(region, &pending, *p - start, &x.rents_in));
             }
         }
         Ok(x)
@@ -370,6 +385,7 @@ impl<'c, T: Element> Driver<'c, T> {
     fn finish<'s>(mut self, n: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         crate::trace::set_segment(|| None);
         let x = self.close_region(n, x)?;
+        self.finished = true;
         let kept_bytes = self.kept_bytes;
         if let Some(mut measuring) = self.measuring() {
             measuring.forward_ended(x.rents_in.pool(), x.data_bytes());

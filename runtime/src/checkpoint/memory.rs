@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::rotor::{self, ChainCosts, Rotor, StepCost, TopPlan};
+use super::rotor::{ChainCosts, Rotor, StepCost, TopPlan};
 use super::{CheckpointError, Checkpointer, Precision, Result};
 use crate::autograd;
 use crate::dims::Dims;
@@ -58,12 +58,29 @@ struct Known {
     least_for: Option<usize>,
 }
 
-/// The smallest budget a plan fits: `planned`, or the measured peak of the least schedule
-/// (`least`, 0 if not measured) if that is smaller.
-fn least_of(planned: usize, least: usize) -> usize {
+/// The fastest schedule of `rotor` within `budget` for steps whose skip reads hold `skips` bytes
+/// beyond the planner's count (see [`skip_bytes`]): a schedule that records every step holds
+/// them in its graphs, as the planner counts them, and needs no reserve; any other is planned
+/// for the budget less the reserve.
+fn plan_with_skips(rotor: &Rotor, budget: usize, skips: usize) -> Option<TopPlan> {
+    match rotor.plan(budget as u64) {
+        Some(top) if skips == 0 || top.regions.is_empty() => Some(top),
+        _ => budget.checked_sub(skips).and_then(|b| rotor.plan(b as u64)),
+    }
+}
+
+/// The smallest budget a schedule of `rotor` fits with `skips` bytes of skip reads: the planner's
+/// with the reserve, the fastest schedule's if it records every step, or the measured peak of
+/// the least-memory schedule (`least`, 0 if not measured), whichever is least.
+fn smallest_with_skips(rotor: &Rotor, skips: usize, least: usize) -> usize {
+    let mut smallest = rotor.smallest_budget() + skips;
+    let fastest = rotor.fastest_budget();
+    if skips > 0 && plan_with_skips(rotor, fastest, 0).is_some_and(|t| t.regions.is_empty()) {
+        smallest = smallest.min(fastest);
+    }
     match least {
-        0 => planned,
-        least => least.min(planned),
+        0 => smallest,
+        least => least.min(smallest),
     }
 }
 
@@ -333,20 +350,18 @@ impl<T: Element> Checkpointer<T> {
     pub fn smallest_budget(&self) -> Option<usize> {
         // The last plan's fronts are those of the costs, unless a profiling step measured anew.
         // The skip reads are those of the last forward planned.
-        let skips = |costs: &ChainCosts| skip_bytes(&costs.steps, self.memory.reads);
+        let smallest = |rotor: &Rotor, costs: &ChainCosts| {
+            let skips = skip_bytes(&costs.steps, self.memory.reads);
+            smallest_with_skips(rotor, skips, costs.least_peak)
+        };
         let last = self.memory.known.last();
         if let Some((plan, known)) = last.and_then(|k| Some((k.plan.as_ref()?, k))) {
             if !self.memory.measuring.borrow().done {
-                let planned = plan.rotor.smallest_budget() + skips(&known.costs);
-                return Some(least_of(planned, known.costs.least_peak));
+                return Some(smallest(&plan.rotor, &known.costs));
             }
         }
-        self.costs().map(|costs| {
-            least_of(
-                rotor::smallest_budget(&costs) + skips(&costs),
-                costs.least_peak,
-            )
-        })
+        self.costs()
+            .map(|costs| smallest(&Rotor::new(&costs), &costs))
     }
 
     /// States the costs `Policy::Memory` plans with, instead of measuring them in a profiling
@@ -422,17 +437,12 @@ impl<T: Element> Checkpointer<T> {
             Some(p) => p.clone(),
             None => {
                 let skips = skip_bytes(&known.costs.steps, reads);
-                let smallest = |rotor: &Rotor| {
-                    let planned = rotor.smallest_budget() + skips;
-                    least_of(planned, known.costs.least_peak)
-                };
                 // The fronts depend on the costs alone: a plan of another budget lends its own.
                 let rotor = match &known.plan {
                     Some(p) => p.rotor.clone(),
                     None => Rc::new(Rotor::new(&known.costs)),
                 };
-                let planned = budget.checked_sub(skips).and_then(|b| rotor.plan(b as u64));
-                let Some(mut top) = planned else {
+                let Some(mut top) = plan_with_skips(&rotor, budget, skips) else {
                     // The schedule of the profiling step, which held the least and was measured,
                     // fits where the planner's count with skip reads' reserve does not.
                     if (1..=budget).contains(&known.costs.least_peak) {
@@ -442,7 +452,7 @@ impl<T: Element> Checkpointer<T> {
                     }
                     return Err(CheckpointError::MemoryBudgetTooSmall {
                         budget,
-                        smallest: smallest(&rotor),
+                        smallest: smallest_with_skips(&rotor, skips, known.costs.least_peak),
                         layers: n,
                     });
                 };

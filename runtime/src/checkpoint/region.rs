@@ -364,22 +364,48 @@ pub(crate) struct Region<T: DType> {
 /// A replay's gradient bookkeeping: the keys of the leaves standing for the region's input and
 /// for its external values.
 struct Keys<T: Element> {
-    input: u64,
+    /// The leaf standing for the replay's input: its key and node.
+    input: (u64, NodeRef<T>),
     externals: RecycledVec<(NodeRef<T>, u64)>,
     /// The inputs of the replay's steps that its later steps read, by position, with their nodes.
     boundaries: RecycledVec<(usize, Saved<T>)>,
-    /// The leaves standing for inputs of steps before the replay that its steps read, by position.
-    skips: RecycledVec<(usize, u64)>,
+    /// The leaves standing for inputs of steps before the replay that its steps read: position,
+    /// key and node, one node per position, so that every read of it adds into one node.
+    skips: RecycledVec<(usize, u64, NodeRef<T>)>,
+    /// Where the replay's graph is cut, at the inputs of its steps (after its first) that steps
+    /// after the replay read.
+    cuts: RecycledVec<Cut<T>>,
+}
+
+/// A replay's graph cut at the input of the step at `pos`: the leaf standing for the input after
+/// the cut (its key and node), and the input's node before it.
+struct Cut<T: DType> {
+    pos: usize,
+    key: u64,
+    leaf: NodeRef<T>,
+    before: Option<NodeRef<T>>,
 }
 
 impl<T: Element> Keys<T> {
-    fn new() -> Self {
+    fn new(at: &State) -> Self {
+        let input = autograd::next_key();
         Keys {
-            input: autograd::next_key(),
+            input: (input, Node::leaf(input, None, at)),
             externals: RecycledVec::new(),
             boundaries: RecycledVec::new(),
             skips: RecycledVec::new(),
+            cuts: RecycledVec::new(),
         }
+    }
+
+    /// The leaves of the replay's own that later gradients may reach: its input's, its skip
+    /// reads' and its cuts'.
+    fn leaves(&self) -> impl Iterator<Item = (u64, &NodeRef<T>)> {
+        let skips = self.skips.iter().map(|(_, key, node)| (*key, node));
+        let cuts = self.cuts.iter().map(|c| (c.key, &c.leaf));
+        std::iter::once((self.input.0, &self.input.1))
+            .chain(skips)
+            .chain(cuts)
     }
 
     /// `value`, the input of the region's step `source`, as a replay that records reads it: with
@@ -388,16 +414,17 @@ impl<T: Element> Keys<T> {
         if let Some((_, b)) = self.boundaries.iter().find(|(p, _)| *p == source) {
             return b.clone();
         }
-        let key = match self.skips.iter().find(|(p, _)| *p == source) {
-            Some(&(_, key)) => key,
+        let node = match self.skips.iter().find(|(p, ..)| *p == source) {
+            Some((.., node)) => node.clone(),
             None => {
                 let key = autograd::next_key();
-                self.skips.push((source, key));
-                key
+                let node = Node::leaf(key, None, at);
+                self.skips.push((source, key, node.clone()));
+                node
             }
         };
         let mut v = value.alias_in(at);
-        v.node = Some(Node::leaf(key, None, at));
+        v.node = Some(node);
         v
     }
 
@@ -478,8 +505,9 @@ impl<T: Element> Region<T> {
         grads: &mut Gradients<'_, T>,
         flow: &mut Flow<T>,
     ) -> Result<()> {
-        if flow.grad.is_none() && !self.pending.any_in(start + 1..end) {
-            return self.arrive(start, end, flow);
+        if flow.grad.is_none() && !self.pending.any_in(start..end) {
+            self.release(start, end);
+            return Ok(());
         }
         let (_, graph) = self.record(start, end, x, at, flow)?;
         self.settle(graph, at, grads, flow)
@@ -495,15 +523,24 @@ impl<T: Element> Region<T> {
         at: &State,
         flow: &mut Flow<T>,
     ) -> Result<(Saved<T>, Graph<T>)> {
-        let mut keys = Keys::new();
+        let mut keys = Keys::new(at);
         let mut y = x;
-        y.node = Some(Node::leaf(keys.input, None, at));
+        y.node = Some(keys.input.1.clone());
         for pos in start..end {
             if self.sources.binary_search(&pos).is_ok() {
-                // The gradient that steps after the replay gave this input is added where the
-                // replay's backward reaches it; steps of the replay read it with its node.
+                // The graph is cut at an input that steps after the replay read: its leaf starts
+                // with the gradient they gave it (see `settle`); steps of the replay read it with
+                // the leaf.
                 if pos > start {
-                    y = self.add_pending(y, pos, at);
+                    let key = autograd::next_key();
+                    let leaf = Node::leaf(key, None, at);
+                    let before = y.node.replace(leaf.clone());
+                    keys.cuts.push(Cut {
+                        pos,
+                        key,
+                        leaf,
+                        before,
+                    });
                 }
                 if self.reads.iter().any(|&(r, s)| s == pos && r < end) {
                     keys.boundaries.push((pos, y.clone()));
@@ -514,7 +551,6 @@ impl<T: Element> Region<T> {
         }
         flow.report.replayed_steps += end - start;
         let root = y.node.take();
-        let dims = Dims::from_slice(y.shape());
         keys.boundaries.clear();
         Ok((
             y,
@@ -522,7 +558,6 @@ impl<T: Element> Region<T> {
                 root,
                 keys,
                 steps: (start, end),
-                dims,
             },
         ))
     }
@@ -538,24 +573,52 @@ impl<T: Element> Region<T> {
     ) -> Result<()> {
         let Graph {
             root,
-            keys,
+            mut keys,
             steps: (start, end),
-            dims,
         } = graph;
-        let seed = match flow.grad.take() {
-            // Nothing flows into the output, but steps after gave inputs of these their gradients.
-            None if self.pending.any_in(start + 1..end) => {
-                Some(Tensor::try_rent_zeroed_in(at, &dims)?)
+        // The replay's leaves start with what steps after it gave their inputs, so that each
+        // input's gradients add in the order the plain graph's backward adds them: the latest
+        // reader's first.
+        let mut seeds = RecycledVec::new();
+        let mut seed_from = |pos: usize, node: &NodeRef<T>| {
+            if let Some(p) = self.pending.take(pos) {
+                seeds.push((node.clone(), p));
             }
-            seed => seed,
         };
-        if let (Some(root), Some(seed)) = (root, seed) {
-            autograd::backward(&root, seed, at, grads)?;
+        seed_from(start, &keys.input.1);
+        for (source, _, node) in keys.skips.iter() {
+            seed_from(*source, node);
         }
-        flow.grad = grads.take(keys.input);
-        for &(source, key) in keys.skips.iter() {
-            if let Some(g) = grads.take(key) {
-                self.pending.add(source, g)?;
+        for cut in keys.cuts.iter() {
+            seed_from(cut.pos, &cut.leaf);
+        }
+        // Part by part, the last first: a cut's leaf has its whole gradient from the parts after
+        // it, which the part before it goes on from; a leaf's gradient so far starts its walk.
+        let (mut from, mut seed) = (root, flow.grad.take());
+        loop {
+            if let Some(node) = &from {
+                for (key, leaf) in keys.leaves() {
+                    if let Some(g) = grads.take(key) {
+                        seeds.push((leaf.clone(), g));
+                    }
+                }
+                autograd::backward_seeded(node, seed.take(), &mut seeds, at, grads)?;
+            }
+            let Some(cut) = keys.cuts.pop() else {
+                break;
+            };
+            seed = grads
+                .take(cut.key)
+                .or_else(|| take_seed(&mut seeds, &cut.leaf));
+            from = cut.before;
+        }
+        flow.grad = grads
+            .take(keys.input.0)
+            .or_else(|| take_seed(&mut seeds, &keys.input.1));
+        for (source, key, node) in keys.skips.iter() {
+            let g = grads.take(*key).or_else(|| take_seed(&mut seeds, node));
+            if let Some(g) = g {
+                self.pending.add(*source, g)?;
             }
         }
         for (node, key) in keys.externals.iter() {
@@ -571,29 +634,16 @@ impl<T: Element> Region<T> {
                 });
             }
         }
-        self.arrive(start, end, flow)
-    }
-
-    /// The backward of steps `start..end` has run: the gradient later steps gave their first
-    /// input joins `flow.grad`, and their tapes let go of the values of earlier steps they read.
-    fn arrive(&self, start: usize, end: usize, flow: &mut Flow<T>) -> Result<()> {
-        if let Some(p) = self.pending.take(start) {
-            flow.grad = Some(match flow.grad.take() {
-                Some(g) => g.try_add_owned(&p)?,
-                None => p,
-            });
-        }
-        for tape in &self.tapes[start..end] {
-            tape.borrow_mut().release_skips();
-        }
+        self.release(start, end);
         Ok(())
     }
 
-    /// `y`, the input of step `pos`, with a node whose backward adds the gradient that the steps
-    /// after the replay gave it.
-    fn add_pending(&self, mut y: Saved<T>, pos: usize, at: &State) -> Saved<T> {
-        y.node = Some(Carry::In.node(y.node.take(), &self.pending, pos, at));
-        y
+    /// The backward of steps `start..end` has run: their tapes let go of the values of earlier
+    /// steps they read.
+    fn release(&self, start: usize, end: usize) {
+        for tape in &self.tapes[start..end] {
+            tape.borrow_mut().release_skips();
+        }
     }
 
     /// Takes the stored input of the region's step `pos` out of the region, as a tensor of `at`.
@@ -785,13 +835,21 @@ fn gradient_bytes<T: Element>(grads: &Gradients<'_, T>, flow: &Flow<T>) -> usize
     grads.held_bytes() + externals.sum::<usize>()
 }
 
-/// A replayed step's graph, until its backward: its root, the leaves standing for its inputs,
-/// the steps it replayed and the shape of their output.
+/// A replayed step's graph, until its backward: its root, the leaves standing for its inputs and
+/// the steps it replayed.
 struct Graph<T: Element> {
     root: Option<NodeRef<T>>,
     keys: Keys<T>,
     steps: (usize, usize),
-    dims: Dims,
+}
+
+/// The gradient `seeds` holds for `node`, taken out.
+fn take_seed<T: DType>(
+    seeds: &mut RecycledVec<(NodeRef<T>, Saved<T>)>,
+    node: &NodeRef<T>,
+) -> Option<Saved<T>> {
+    let i = seeds.iter().position(|(n, _)| NodeRef::ptr_eq(n, node))?;
+    Some(seeds.swap_remove(i).1)
 }
 
 /// The position in the region of the step whose input `node` is (value 0 of its tape), if it is
@@ -842,46 +900,33 @@ impl<T: Element> Pending<T> {
     }
 }
 
-/// Which way a [`Carry`] node moves a skip source's gradient.
-#[derive(Clone, Copy)]
-pub(crate) enum Carry {
-    /// A source's input read after its region (a skip connection out of it), with the region's
-    /// node as the node's input: its backward, which runs before the region's, gives the
-    /// gradient to the region.
-    Out,
-    /// A source's input replayed with recording on, that steps after the replay read: its
-    /// backward adds the gradient they gave it.
-    In,
-}
-
-impl Carry {
-    /// `input`'s node for a source's input at `pos` of the region whose gradients wait in
-    /// `pending`, made in `at`.
-    pub(crate) fn node<T: Element>(
-        self,
-        input: Option<NodeRef<T>>,
-        pending: &RecycledRc<Pending<T>>,
-        pos: usize,
-        at: &State,
-    ) -> NodeRef<T> {
-        let record = Carried {
-            carry: self,
-            pending: pending.clone(),
-            pos,
-        };
-        let inputs = std::iter::once(input).collect();
-        Node::op(inputs, Rule::new(recycle::slot(record)), at)
-    }
-}
-
-/// The record of a [`Carry`] node.
-struct Carried<T: DType> {
-    carry: Carry,
+/// The record of a region step's input read after the region (a skip connection out of it),
+/// whose node's input is the region's node: its backward, which runs before the region's, gives
+/// the gradient to the region (`pending`).
+pub(crate) struct SkipOut<T: DType> {
     pending: RecycledRc<Pending<T>>,
     pos: usize,
 }
 
-impl<T: Element> Recorded<T> for Slot<Carried<T>> {
+impl<T: Element> SkipOut<T> {
+    /// The node of the input of the step at `pos` of the region whose node is `region` and whose
+    /// gradients wait in `pending`, made in `at`.
+    pub(crate) fn node(
+        region: &NodeRef<T>,
+        pending: &RecycledRc<Pending<T>>,
+        pos: usize,
+        at: &State,
+    ) -> NodeRef<T> {
+        let record = SkipOut {
+            pending: pending.clone(),
+            pos,
+        };
+        let inputs = std::iter::once(Some(region.clone())).collect();
+        Node::op(inputs, Rule::new(recycle::slot(record)), at)
+    }
+}
+
+impl<T: Element> Recorded<T> for Slot<SkipOut<T>> {
     fn backward(
         &mut self,
         grad: Saved<T>,
@@ -889,18 +934,9 @@ impl<T: Element> Recorded<T> for Slot<Carried<T>> {
         _: &State,
         _: &mut Gradients<'_, T>,
     ) -> TensorResult<PerInput<Saved<T>>> {
-        let c = self.get();
-        let grad = match c.carry {
-            Carry::Out => {
-                c.pending.add(c.pos, grad)?;
-                None
-            }
-            Carry::In => Some(match c.pending.take(c.pos) {
-                Some(p) => grad.try_add_owned(&p)?,
-                None => grad,
-            }),
-        };
-        Ok(std::iter::once(grad).collect())
+        let out = self.get();
+        out.pending.add(out.pos, grad)?;
+        Ok(std::iter::once(None).collect())
     }
 
     fn move_accounting(&self, _: &State) {}

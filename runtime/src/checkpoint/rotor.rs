@@ -502,6 +502,14 @@ impl Rotor {
         (self.reserve + least.max(after)) as usize
     }
 
+    /// The least budget in bytes the fastest schedule fits in (it records every step, unless
+    /// measured times make a schedule that replays faster).
+    pub(crate) fn fastest_budget(&self) -> usize {
+        let after = self.d[0] + self.k[0] + self.before_peak;
+        let need = self.top_front(0, false).last().map_or(0, |p| p.need);
+        (self.reserve + need.max(after)) as usize
+    }
+
     /// The optimal schedule within `budget` bytes, if one fits.
     pub(crate) fn plan(&self, budget: u64) -> Option<TopPlan> {
         let budget = free(budget) - self.reserve;
@@ -551,11 +559,6 @@ impl Rotor {
         let largest = largest.max().unwrap_or(0);
         (self.n, self.points.len(), largest, self.splits)
     }
-}
-
-/// The smallest budget in bytes for which a plan of `costs` fits.
-pub(crate) fn smallest_budget(costs: &ChainCosts) -> usize {
-    Rotor::new(costs).smallest_budget()
 }
 
 #[cfg(test)]
@@ -946,7 +949,11 @@ mod tests {
             let n = if round < 6 { 10 } else { rng.between(1, 8) };
             let chain = random_chain(&mut rng, n);
             let (least, _) = least_budgets(&chain);
-            assert_eq!(smallest_budget(&chain), least as usize, "{chain:?}");
+            assert_eq!(
+                Rotor::new(&chain).smallest_budget(),
+                least as usize,
+                "{chain:?}"
+            );
             compared += compare(&chain, least - 2..least + 40);
         }
         assert!(compared > 1000, "{compared}");
@@ -1003,7 +1010,11 @@ mod tests {
             let n = rng.between(1, 9);
             let chain = realistic_chain(&mut rng, n, 1 + round % 3);
             let (least, peaks) = least_budgets(&chain);
-            assert_eq!(smallest_budget(&chain), least as usize, "{chain:?}");
+            assert_eq!(
+                Rotor::new(&chain).smallest_budget(),
+                least as usize,
+                "{chain:?}"
+            );
             let (_, plain) = plain_step(&chain);
             // Each schedule's exact peak, a byte either side, and budgets between.
             let mut budgets: Vec<i64> = peaks
@@ -1121,7 +1132,7 @@ mod tests {
                 }
                 let plans = clock.elapsed().as_secs_f64();
                 let clock = Instant::now();
-                assert_eq!(smallest_budget(&chain), least);
+                assert_eq!(Rotor::new(&chain).smallest_budget(), least);
                 let smallest = clock.elapsed().as_secs_f64();
                 let (steps, points, largest, (joined, skipped)) = rotor.size();
                 println!(
