@@ -360,3 +360,60 @@ fn every_budget_an_explicit_schedule_fits_is_planned_within_it_and_no_slower() {
     }
     assert!(missed.is_empty(), "{}", missed.join("\n"));
 }
+
+/// The GPT's block keeps its attention's output bound until it returns, while its replay drops it
+/// after the residual sum: recording its graph in a planned forward, a block peaks above what the
+/// profiling step's replay measured. That step's peak is kept with its costs (once per block),
+/// and the plans that follow hold: before, every planned step met it, went stale, and the next profiled
+/// again (a `Memory` row of the GPT's curve ran its least-memory schedule every step).
+#[test]
+fn a_step_that_holds_values_longer_than_its_replay_is_planned_again_not_profiled() {
+    let pool = Pool::with_max_memory_mb(512);
+    let gpt = crate::checkpoint_memory::small_gpt(&pool);
+    let ids: Vec<i64> = (0..64).map(|i| i * 7 % 96).collect();
+    let step = |ckpt: Option<&mut Checkpointer>| {
+        pool.train(|s| {
+            let ids = s.from_slice::<i64>(&[2, 32], &ids);
+            let start = pool.stats().bytes_in_use;
+            pool.reset_peak();
+            let logits = match ckpt {
+                Some(ckpt) => gpt.forward_checkpointed(ckpt, &ids),
+                None => gpt.forward(&ids),
+            };
+            let grads = Gpt::loss(&logits, &ids).backward().unwrap();
+            let peak = pool.stats().peak_bytes_in_use - start;
+            let all: Vec<Vec<f32>> = gpt
+                .named_params()
+                .iter()
+                .map(|(_, p)| grads.get(p).unwrap().to_vec())
+                .collect();
+            (all, peak)
+        })
+    };
+    let (plain, plain_peak) = step(None);
+    let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(plain_peak)));
+    step(Some(&mut probe));
+    step(Some(&mut probe));
+    let smallest = probe.smallest_budget().unwrap();
+    // Between the least and the plain step: plans that record some blocks.
+    let budget = smallest + (plain_peak - smallest) / 2;
+    let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
+    let mut kinds = Vec::new();
+    for i in 0..7 {
+        let (grads, peak) = step(Some(&mut ckpt));
+        let report = ckpt.plan_report().unwrap();
+        println!("step {i}: peak {peak} B of {budget} (plain {plain_peak})\n{report}");
+        assert!(grads == plain, "step {i}: the plain gradients");
+        assert!(peak <= budget, "step {i}: {peak} > {budget}");
+        kinds.push(report.kind);
+    }
+    // Profiled twice (the first step made the gradients), then planned: each block that peaks
+    // above its replay is met once (4 blocks), and the plans after that hold.
+    let profiled = kinds.iter().filter(|k| **k == PlanKind::Profiled).count();
+    assert_eq!(profiled, 2, "the first two steps only: {kinds:?}");
+    let replanned = kinds
+        .iter()
+        .filter(|k| matches!(k, PlanKind::Replanned { .. }));
+    assert!(replanned.count() <= 4, "{kinds:?}");
+    assert_eq!(kinds[5..], [PlanKind::Planned; 2], "{kinds:?}");
+}

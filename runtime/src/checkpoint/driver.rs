@@ -139,6 +139,16 @@ impl<'r, T: Element> Skips<'r, T> {
     }
 }
 
+/// How a step compared with the key of the plan it ran under.
+enum Verdict {
+    Same,
+    /// Recording its graph, it peaked at this many bytes, above its profile; the rest was as
+    /// measured.
+    Peak(usize),
+    /// It read or held other than what the plan was made for.
+    Other,
+}
+
 impl<'c, T: Element> Driver<'c, T> {
     /// Plans a forward over `ids` from `input`, whose step at `pos` reads the inputs of the
     /// earlier steps `reads[pos]` (no step reads any if `reads` is empty).
@@ -223,7 +233,7 @@ impl<'c, T: Element> Driver<'c, T> {
 
     /// `differs(key)` of the key of `Policy::Memory`'s plan at `pos`: `None` if the forward is not
     /// checked against one (another policy, a profiling step, stated costs) or has gone stale.
-    fn check_key(&mut self, pos: usize, differs: impl FnOnce(&StepKey) -> bool) -> Option<bool> {
+    fn check_key<R>(&mut self, pos: usize, differs: impl FnOnce(&StepKey) -> R) -> Option<R> {
         if self.stale.is_some() {
             return None;
         }
@@ -234,13 +244,20 @@ impl<'c, T: Element> Driver<'c, T> {
     /// The step at `pos` is not the one the plan was made for: the plan's costs are forgotten (the
     /// next forward measures these steps), the regions already run reverse with the least memory,
     /// and the steps from `pos` on run on tapes in one region that does too.
-    fn go_stale(&mut self, pos: usize) {
+    ///
+    /// With `peak`, the step before `pos` did what the plan was made for but, recording its
+    /// graph, held `peak` at most, above what its profile measured: the costs are kept with that
+    /// peak, and the next forward plans anew with them.
+    fn go_stale(&mut self, pos: usize, peak: Option<usize>) {
         self.stale = Some(pos);
         if let Layout::Rotor(plan) = &self.layout {
             plan.stale.set(true);
         }
         if let Some(ckpt) = self.slot.get() {
-            ckpt.forget_checked();
+            match peak {
+                Some(peak) => ckpt.raise_record_peak(pos - 1, peak),
+                None => ckpt.forget_checked(),
+            }
             ckpt.store_at(pos);
             ckpt.memory.stale_at = Some(pos);
         }
@@ -252,7 +269,7 @@ impl<'c, T: Element> Driver<'c, T> {
     fn enter<'s>(&mut self, pos: usize, x: Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         self.pos = pos;
         if self.check_key(pos, |key| key.input.slice() != x.shape()) == Some(true) {
-            self.go_stale(pos);
+            self.go_stale(pos, None);
         }
         let taped = self.taped(pos);
         let mut x = if !taped || self.starts_region(pos) {
@@ -331,14 +348,25 @@ impl<'c, T: Element> Driver<'c, T> {
             measuring.leave(y.rents_in.pool(), reads);
         }
         let (pool, entered) = (y.rents_in.pool(), self.entered);
-        let differs = self.check_key(self.pos, |key| {
+        let verdict = self.check_key(self.pos, |key| {
             let (level, peak) = pool.probe();
             let (held, peak) = (level.wrapping_sub(entered), peak.saturating_sub(entered));
             let read_other = matches!((key.reads, reads), (Some(was), Some(now)) if was != now);
-            read_other || key.exceeded(reads.is_some(), held, peak)
+            match key.exceeded(reads.is_some(), held, peak) {
+                false if !read_other => Verdict::Same,
+                // A step's own code may keep values alive longer than its replay, which drops
+                // each after its last reader (a local bound until the step returns): recording
+                // in the forward, it peaks above what the profile's replay measured.
+                true if !read_other && reads.is_none() && held <= key.graph_bytes => {
+                    Verdict::Peak(peak)
+                }
+                _ => Verdict::Other,
+            }
         });
-        if differs == Some(true) {
-            self.go_stale(self.pos + 1);
+        match verdict {
+            Some(Verdict::Other) => self.go_stale(self.pos + 1, None),
+            Some(Verdict::Peak(peak)) => self.go_stale(self.pos + 1, Some(peak)),
+            _ => {}
         }
         y
     }

@@ -487,6 +487,27 @@ impl<T: Element> Checkpointer<T> {
         Ok(Layout::Rotor(memory_plan))
     }
 
+    /// Raises to `peak` the recording peak of the step at `pos` in the costs the forward in
+    /// progress planned with (a step whose own code holds values longer than its replay does):
+    /// the next forward of these steps plans with them anew.
+    pub(crate) fn raise_record_peak(&mut self, pos: usize, peak: usize) {
+        let Some(key) = self.memory.checking.take() else {
+            return;
+        };
+        let same = |k: &Known| k.key.as_ref().is_some_and(|k| Rc::ptr_eq(k, &key));
+        let Some(known) = self.memory.known.iter_mut().find(|k| same(k)) else {
+            return;
+        };
+        let mut steps = key.to_vec();
+        if let (Some(step), Some(cost)) = (steps.get_mut(pos), known.costs.steps.get_mut(pos)) {
+            step.record_peak = step.record_peak.max(peak);
+            cost.record_peak = step.record_peak;
+        }
+        known.key = Some(steps.into());
+        known.plan = None;
+        known.least_for = None;
+    }
+
     /// Forgets the costs the forward in progress planned with, which one of its steps does not
     /// match: the next forward of these steps measures them again.
     pub(crate) fn forget_checked(&mut self) {
