@@ -152,6 +152,34 @@ fn weights_swapped_for_wider_ones_replan_before_exceeding_the_budget() {
     assert_eq!(kinds[4], PlanKind::Planned, "{kinds:?}");
 }
 
+/// One training step of `gpt` on 2 sequences of `len` tokens: every gradient, and the pool's peak
+/// above what was in use when the forward started.
+fn gpt_step(
+    pool: &Pool,
+    gpt: &Gpt,
+    len: usize,
+    ckpt: Option<&mut Checkpointer>,
+) -> (Vec<Vec<f32>>, usize) {
+    let ids: Vec<i64> = (0..2 * len as i64).map(|i| i * 7 % 96).collect();
+    pool.train(|s| {
+        let ids = s.from_slice::<i64>(&[2, len], &ids);
+        let start = pool.stats().bytes_in_use;
+        pool.reset_peak();
+        let logits = match ckpt {
+            Some(ckpt) => gpt.forward_checkpointed(ckpt, &ids),
+            None => gpt.forward(&ids),
+        };
+        let grads = Gpt::loss(&logits, &ids).backward().unwrap();
+        let peak = pool.stats().peak_bytes_in_use - start;
+        let all: Vec<Vec<f32>> = gpt
+            .named_params()
+            .iter()
+            .map(|(_, p)| grads.get(p).unwrap().to_vec())
+            .collect();
+        (all, peak)
+    })
+}
+
 #[test]
 fn sequence_lengths_that_vary_step_by_step_keep_the_budget() {
     let pool = Pool::with_max_memory_mb(512);
@@ -159,26 +187,7 @@ fn sequence_lengths_that_vary_step_by_step_keep_the_budget() {
     let budget = 3 << 20;
     let mut ckpt = Checkpointer::new(CheckpointConfig::new(Policy::Memory(budget)));
     for (i, len) in [32usize, 16, 24, 32, 16, 8, 24, 32].into_iter().enumerate() {
-        let ids: Vec<i64> = (0..2 * len as i64).map(|i| i * 7 % 96).collect();
-        let step = |ckpt: Option<&mut Checkpointer>| {
-            pool.train(|s| {
-                let ids = s.from_slice::<i64>(&[2, len], &ids);
-                let start = pool.stats().bytes_in_use;
-                pool.reset_peak();
-                let logits = match ckpt {
-                    Some(ckpt) => gpt.forward_checkpointed(ckpt, &ids),
-                    None => gpt.forward(&ids),
-                };
-                let grads = Gpt::loss(&logits, &ids).backward().unwrap();
-                let peak = pool.stats().peak_bytes_in_use - start;
-                let all: Vec<Vec<f32>> = gpt
-                    .named_params()
-                    .iter()
-                    .map(|(_, p)| grads.get(p).unwrap().to_vec())
-                    .collect();
-                (all, peak)
-            })
-        };
+        let step = |ckpt: Option<&mut Checkpointer>| gpt_step(&pool, &gpt, len, ckpt);
         let (plain, plain_peak) = step(None);
         let (grads, peak) = step(Some(&mut ckpt));
         let report = ckpt.plan_report().unwrap();
@@ -370,26 +379,7 @@ fn every_budget_an_explicit_schedule_fits_is_planned_within_it_and_no_slower() {
 fn a_step_that_holds_values_longer_than_its_replay_is_planned_again_not_profiled() {
     let pool = Pool::with_max_memory_mb(512);
     let gpt = crate::checkpoint_memory::small_gpt(&pool);
-    let ids: Vec<i64> = (0..64).map(|i| i * 7 % 96).collect();
-    let step = |ckpt: Option<&mut Checkpointer>| {
-        pool.train(|s| {
-            let ids = s.from_slice::<i64>(&[2, 32], &ids);
-            let start = pool.stats().bytes_in_use;
-            pool.reset_peak();
-            let logits = match ckpt {
-                Some(ckpt) => gpt.forward_checkpointed(ckpt, &ids),
-                None => gpt.forward(&ids),
-            };
-            let grads = Gpt::loss(&logits, &ids).backward().unwrap();
-            let peak = pool.stats().peak_bytes_in_use - start;
-            let all: Vec<Vec<f32>> = gpt
-                .named_params()
-                .iter()
-                .map(|(_, p)| grads.get(p).unwrap().to_vec())
-                .collect();
-            (all, peak)
-        })
-    };
+    let step = |ckpt: Option<&mut Checkpointer>| gpt_step(&pool, &gpt, 32, ckpt);
     let (plain, plain_peak) = step(None);
     let mut probe = Checkpointer::new(CheckpointConfig::new(Policy::Memory(plain_peak)));
     step(Some(&mut probe));
