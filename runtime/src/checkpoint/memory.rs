@@ -88,15 +88,19 @@ fn smallest_with_skips(rotor: &Rotor, skips: usize, least: usize) -> usize {
 /// reads the inputs of the earlier steps `reads[pos]` (skip connections): each such input is held
 /// from its step's forward until its last reader's backward, and its gradient from then until the
 /// backward reaches it, so one of the two at any time, and both for the inputs the step being
-/// reversed reads.
+/// reversed reads. The chain's input is in use when the step starts (the budget counts above
+/// that): holding it longer holds nothing more, so only its gradient counts.
 fn skip_bytes(steps: &[StepCost], reads: &[&[usize]]) -> usize {
     let bytes = |p: usize| steps.get(p).map_or(0, |c| c.input_bytes);
     let mut sources: Vec<usize> = reads.iter().flat_map(|r| r.iter().copied()).collect();
     sources.sort_unstable();
     sources.dedup();
-    let both = reads
-        .iter()
-        .map(|r| r.iter().map(|&p| bytes(p)).sum::<usize>());
+    let both = reads.iter().map(|r| {
+        r.iter()
+            .filter(|&&p| p > 0)
+            .map(|&p| bytes(p))
+            .sum::<usize>()
+    });
     sources.into_iter().map(bytes).sum::<usize>() + both.max().unwrap_or(0)
 }
 
