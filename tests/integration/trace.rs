@@ -140,6 +140,13 @@ fn a_checkpointed_training_step_is_traced_with_its_scopes_segments_and_ops() {
         segments,
         BTreeSet::from([(0, 0, true), (0, 1, true), (0, 2, false), (0, 3, false)])
     );
+    // The backward's replays of the taped blocks are tagged with their segment too.
+    let replays: BTreeSet<(usize, usize, bool)> = events
+        .iter()
+        .filter(|e| e.backward && is_rent(e))
+        .filter_map(|e| e.segment.map(|s| (s.start, s.layer, s.replayed)))
+        .collect();
+    assert_eq!(replays, BTreeSet::from([(0, 0, true), (0, 1, true)]));
     // Ops: the blocks' products rent in the blocks' scopes, within a segment, in the forward;
     // their backward rents the products' gradients.
     let block_matmuls = events

@@ -222,6 +222,7 @@ impl<T: Element> Recording<T> {
             .collect();
         let region = Region {
             ids: (0..self.tapes.len()).collect(),
+            start,
             tapes: self.tapes,
             externals,
             returns,
@@ -330,6 +331,8 @@ enum Reverse {
 pub(crate) struct Region<T: DType> {
     /// The steps' ids in the stored maps and errors: their positions.
     ids: RecycledVec<usize>,
+    /// The position of the region's first step in its forward (a trace's segment tag).
+    start: usize,
     /// One tape per layer step.
     tapes: RecycledVec<SharedTape<T>>,
     /// The graph nodes from before the region that its steps read, after its input in the node's
@@ -475,6 +478,8 @@ impl<T: Element> Region<T> {
         at: &State,
         keys: Option<&mut Keys<T>>,
     ) -> TensorResult<Saved<T>> {
+        // A trace tags what the replay rents with the step's segment, as the forward's were.
+        crate::trace::set_segment(|| Some((self.start, self.start + pos, true)));
         let tape = self.tapes[pos].borrow();
         let mut replayed = self.replayed.get();
         let y = match keys {
@@ -1019,6 +1024,7 @@ impl<T: Element> Region<T> {
                 self.least(Some(&measuring), at, grads, &mut flow)
             }
         };
+        crate::trace::set_segment(|| None);
         result.map_err(|e| match e {
             CheckpointError::Tensor(e) => e,
             e => crate::error::Error::Checkpoint(Box::new(e)),
