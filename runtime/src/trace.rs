@@ -40,7 +40,8 @@ impl fmt::Display for ScopeName {
 /// happened: the layer's position in the loop, and the segment it belongs to, named by the position
 /// of its first layer. A layer that runs on a tape (`replayed`) belongs to the region a backward
 /// replays from one stored input; the others (the last segment of a training forward, whose graph
-/// is recorded; every layer of an inference) to a segment of the forward's plan.
+/// is recorded; every layer of an inference) to a segment of the forward's plan. The backward's
+/// replays of a taped layer carry its segment too (with [`TraceEvent::backward`] set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Segment {
