@@ -270,6 +270,14 @@ impl<X: 'static> RecycledVec<X> {
     pub(crate) fn empty() -> Self {
         RecycledVec(Vec::new())
     }
+
+    /// Pushes `x`, on a spare buffer if the list has none yet (made by [`RecycledVec::empty`]).
+    pub(crate) fn push_spared(&mut self, x: X) {
+        if self.0.capacity() == 0 {
+            self.0 = take::<Vec<X>>().unwrap_or_default();
+        }
+        self.0.push(x);
+    }
 }
 
 impl<X: 'static> Default for RecycledVec<X> {

@@ -115,14 +115,15 @@ impl<'r, T: Element> Skips<'r, T> {
         pos: usize,
         mut give: impl FnMut(&Tensor<'static, T>) -> Tensor<'static, T>,
     ) -> RecycledVec<Tensor<'static, T>> {
-        let mut out = RecycledVec::new();
+        // No spare buffer taken for a step that reads none (every step of most chains).
+        let mut out = RecycledVec::empty();
         for &source in self.reads.get(pos).copied().unwrap_or(&[]) {
             let (_, last, held) = self
                 .held
                 .iter_mut()
                 .find(|(p, ..)| *p == source)
                 .expect("every position read is held");
-            out.push(give(held.as_ref().expect("held until its last reader")));
+            out.push_spared(give(held.as_ref().expect("held until its last reader")));
             if *last == pos {
                 *held = None;
             }

@@ -162,16 +162,16 @@ impl<T: Element> Recording<T> {
         mut x: Tensor<'s, T>,
     ) -> Result<Tensor<'s, T>> {
         // The region's graph inputs: its input, and the values from before it that its steps read
-        // (not leaves: those get their gradients by key); and which steps read which earlier
-        // step's input.
+        // (not leaves: those get their gradients by key); and the steps whose inputs later steps
+        // read (none but in a chain with skip connections: then no spare buffer is taken).
         let mut externals: RecycledVec<NodeRef<T>> = RecycledVec::new();
-        let mut reads: RecycledVec<(usize, usize)> = RecycledVec::new();
+        let mut sources: RecycledVec<usize> = RecycledVec::empty();
         let (mut leaves, mut cross_step) = (false, false);
         for (reader, tape) in self.tapes.iter().enumerate() {
             tape.borrow().for_each_outside(&mut |(node, _)| match node {
                 Some(node) if node.is_leaf() => leaves = true,
                 Some(node) if node.tape_value().is_some() => match source_of(&self.tapes, node) {
-                    Some(source) if source < reader => reads.push((reader, source)),
+                    Some(source) if source < reader => sources.push_spared(source),
                     _ => cross_step = true,
                 },
                 Some(node) if !externals.iter().any(|e| NodeRef::ptr_eq(e, node)) => {
@@ -183,13 +183,7 @@ impl<T: Element> Recording<T> {
         if cross_step {
             return Err(CheckpointError::CrossStepValue);
         }
-        // Empty but in a chain with skip connections: then no spare buffer is taken.
-        let mut read_later = read_later.peekable();
-        let mut sources = match reads.is_empty() && read_later.peek().is_none() {
-            true => RecycledVec::empty(),
-            false => RecycledVec::new(),
-        };
-        sources.extend(reads.iter().map(|&(_, s)| s).chain(read_later));
+        read_later.for_each(|p| sources.push_spared(p));
         sources.sort_unstable();
         sources.dedup();
         if self.input.is_none() && externals.is_empty() && !leaves {
@@ -227,7 +221,6 @@ impl<T: Element> Recording<T> {
             externals,
             returns,
             shared: ckpt.externals.clone(),
-            reads,
             sources,
             pending: self.pending,
             stored: ckpt.hand_over(start, end),
@@ -343,9 +336,6 @@ pub(crate) struct Region<T: DType> {
     returns: RecycledVec<bool>,
     /// The gradients of external values that later regions of the forward left to earlier ones.
     shared: Rc<SharedExternals<T>>,
-    /// `(reader, source)`: step `reader` reads the input of the earlier step `source` of the region
-    /// (a skip connection), by positions in the region.
-    reads: RecycledVec<(usize, usize)>,
     /// The positions whose inputs later steps read, in the region or after it, sorted.
     sources: RecycledVec<usize>,
     /// The gradients of those inputs that their readers' backwards gave, until the backward
@@ -367,11 +357,11 @@ pub(crate) struct Region<T: DType> {
 /// A replay's gradient bookkeeping: the keys of the leaves standing for the region's input and
 /// for its external values.
 struct Keys<T: Element> {
-    /// The leaf standing for the replay's input: its key and node.
+    /// The position of the replay's first step, and the key and node of the leaf standing for
+    /// its input.
+    start: usize,
     input: (u64, NodeRef<T>),
     externals: RecycledVec<(NodeRef<T>, u64)>,
-    /// The inputs of the replay's steps that its later steps read, by position, with their nodes.
-    boundaries: RecycledVec<(usize, Saved<T>)>,
     /// The leaves standing for inputs of steps before the replay that its steps read: position,
     /// key and node, one node per position, so that every read of it adds into one node.
     skips: RecycledVec<(usize, u64, NodeRef<T>)>,
@@ -389,13 +379,19 @@ struct Cut<T: DType> {
     before: Option<NodeRef<T>>,
 }
 
+/// A leaf of a replay's own (no parameter's, no marked tensor's): its new key and its node.
+fn fresh_leaf<T: DType>(at: &State) -> (u64, NodeRef<T>) {
+    let key = autograd::next_key();
+    (key, Node::leaf(key, None, at))
+}
+
 impl<T: Element> Keys<T> {
-    fn new(at: &State) -> Self {
-        let input = autograd::next_key();
+    /// The keys of a replay from the input of step `start`.
+    fn new(start: usize, at: &State) -> Self {
         Keys {
-            input: (input, Node::leaf(input, None, at)),
+            start,
+            input: fresh_leaf(at),
             externals: RecycledVec::new(),
-            boundaries: RecycledVec::new(),
             skips: RecycledVec::new(),
             cuts: RecycledVec::new(),
         }
@@ -411,20 +407,21 @@ impl<T: Element> Keys<T> {
             .chain(cuts)
     }
 
-    /// `value`, the input of the region's step `source`, as a replay that records reads it: with
-    /// its node if the replay recomputed it, else with a leaf for its gradient.
+    /// `value`, the input of the region's step `source` as the tape kept it (the value the
+    /// replay recomputes, bit for bit), as a replay that records reads it: with the leaf standing
+    /// for that input, the replay's own if it starts there or is cut there (see `Cut`), else one
+    /// for its gradient.
     fn skip(&mut self, source: usize, value: &Saved<T>, at: &State) -> Saved<T> {
-        if let Some((_, b)) = self.boundaries.iter().find(|(p, _)| *p == source) {
-            return b.clone();
-        }
-        let node = match self.skips.iter().find(|(p, ..)| *p == source) {
-            Some((.., node)) => node.clone(),
-            None => {
-                let key = autograd::next_key();
-                let node = Node::leaf(key, None, at);
-                self.skips.push((source, key, node.clone()));
-                node
-            }
+        let node = if source == self.start {
+            self.input.1.clone()
+        } else if let Some(cut) = self.cuts.iter().find(|c| c.pos == source) {
+            cut.leaf.clone()
+        } else if let Some((.., node)) = self.skips.iter().find(|(p, ..)| *p == source) {
+            node.clone()
+        } else {
+            let (key, node) = fresh_leaf(at);
+            self.skips.push((source, key, node.clone()));
+            node
         };
         let mut v = value.alias_in(at);
         v.node = Some(node);
@@ -528,35 +525,28 @@ impl<T: Element> Region<T> {
         at: &State,
         flow: &mut Flow<T>,
     ) -> Result<(Saved<T>, Graph<T>)> {
-        let mut keys = Keys::new(at);
+        let mut keys = Keys::new(start, at);
         let mut y = x;
         y.node = Some(keys.input.1.clone());
         for pos in start..end {
-            if self.sources.binary_search(&pos).is_ok() {
-                // The graph is cut at an input that steps after the replay read: its leaf starts
-                // with the gradient they gave it (see `settle`); steps of the replay read it with
-                // the leaf.
-                if pos > start {
-                    let key = autograd::next_key();
-                    let leaf = Node::leaf(key, None, at);
-                    let before = y.node.replace(leaf.clone());
-                    keys.cuts.push(Cut {
-                        pos,
-                        key,
-                        leaf,
-                        before,
-                    });
-                }
-                if self.reads.iter().any(|&(r, s)| s == pos && r < end) {
-                    keys.boundaries.push((pos, y.clone()));
-                }
+            if pos > start && self.sources.binary_search(&pos).is_ok() {
+                // The graph is cut at an input that later steps read: its leaf starts with the
+                // gradient steps after the replay gave it (see `settle`); steps of the replay
+                // read it with the leaf.
+                let (key, leaf) = fresh_leaf(at);
+                let before = y.node.replace(leaf.clone());
+                keys.cuts.push(Cut {
+                    pos,
+                    key,
+                    leaf,
+                    before,
+                });
             }
             y = self.replay(pos, y, at, Some(&mut keys))?;
             check_shape(&self.shapes, &self.ids, pos + 1, &y)?;
         }
         flow.report.replayed_steps += end - start;
         let root = y.node.take();
-        keys.boundaries.clear();
         Ok((
             y,
             Graph {
