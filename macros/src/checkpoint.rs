@@ -263,6 +263,12 @@ fn assigned(stmt: &Stmt) -> Option<&Ident> {
 
 /// The name and initial value of `let name = init;` (optionally typed, no `else`).
 fn rebinding(stmt: &Stmt) -> Option<(&Ident, &Expr)> {
+    binding(stmt).map(|(p, init)| (&p.ident, init))
+}
+
+/// The pattern (one name, maybe `mut`) and initial value of `let name = init;` (optionally
+/// typed, no `else`).
+fn binding(stmt: &Stmt) -> Option<(&syn::PatIdent, &Expr)> {
     let Stmt::Local(Local {
         pat,
         init: Some(init),
@@ -279,21 +285,9 @@ fn rebinding(stmt: &Stmt) -> Option<(&Ident, &Expr)> {
         pat => pat,
     };
     match pat {
-        Pat::Ident(p) if p.subpat.is_none() && p.by_ref.is_none() => Some((&p.ident, &init.expr)),
+        Pat::Ident(p) if p.subpat.is_none() && p.by_ref.is_none() => Some((p, &init.expr)),
         _ => None,
     }
-}
-
-/// Whether `stmt` is a `let mut`.
-fn is_mut(stmt: &Stmt) -> bool {
-    let Stmt::Local(Local { pat, .. }) = stmt else {
-        return false;
-    };
-    let pat = match pat {
-        Pat::Type(typed) => &*typed.pat,
-        pat => pat,
-    };
-    matches!(pat, Pat::Ident(p) if p.mutability.is_some())
 }
 
 /// The single names an expression reads (`x`, not `self.x` or `a::x`), closures' and macros'
@@ -579,8 +573,8 @@ fn generate(settings: &Settings, mut func: ItemFn) -> syn::Result<TokenStream> {
         let lets: Vec<(&Ident, &Expr, bool)> = stmts[start..start + len]
             .iter()
             .map(|s| {
-                let (name, init) = rebinding(s).expect("found above");
-                (name, init, is_mut(s))
+                let (pat, init) = binding(s).expect("found above");
+                (&pat.ident, init, pat.mutability.is_some())
             })
             .collect();
         let steps = &lets[1..];

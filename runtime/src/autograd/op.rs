@@ -950,6 +950,14 @@ struct KeptRun<O: Op<T>, T: DType> {
     inputs: RecycledVec<(usize, usize)>,
 }
 
+impl<T: DType, O: Op<T>> Keeping<O, T> {
+    /// The kept output, as a tensor of `at` (the tape still keeps it).
+    fn kept_output(&self, at: &State) -> Tensor<'static, T> {
+        let kept = self.kept.borrow();
+        kept.as_ref().expect("kept until taken").output.alias_in(at)
+    }
+}
+
 impl<T: DType, O: Op<T>> Replayable<T> for Slot<Keeping<O, T>> {
     fn replay(&self, args: Inputs<'_, 'static, T>, at: &State) -> Result<Tensor<'static, T>> {
         let keeping = self.get();
@@ -960,9 +968,7 @@ impl<T: DType, O: Op<T>> Replayable<T> for Slot<Keeping<O, T>> {
         let mut args = args;
         if args.len() == 0 {
             // A values-only replay: the kept output, without running the op or its inputs.
-            let kept = keeping.kept.borrow();
-            let output = &kept.as_ref().expect("checked above").output;
-            return Ok(output.alias_in(at));
+            return Ok(keeping.kept_output(at));
         }
         let (recorder, cx) = prepare(&mut args, keeping.op.held(), keeping.op.reads_views())?;
         match recorder {
@@ -971,12 +977,8 @@ impl<T: DType, O: Op<T>> Replayable<T> for Slot<Keeping<O, T>> {
                 Ok(bind_kept(keeping.op.clone(), recorder, &cx, run))
             }
             Some(recorder) => run_prepared(keeping.op.clone(), Some(recorder), cx),
-            None => {
-                // Nothing it read carries a graph: the values are all a replay needs.
-                let kept = keeping.kept.borrow();
-                let output = &kept.as_ref().expect("checked above").output;
-                Ok(output.alias_in(cx.scope()))
-            }
+            // Nothing it read carries a graph: the values are all a replay needs.
+            None => Ok(keeping.kept_output(cx.scope())),
         }
     }
 

@@ -133,6 +133,13 @@ impl StepKey {
     }
 }
 
+impl Known {
+    /// Whether these are the costs measured for `key`.
+    fn keyed_by(&self, key: &Rc<[StepKey]>) -> bool {
+        self.key.as_ref().is_some_and(|k| Rc::ptr_eq(k, key))
+    }
+}
+
 /// A training step's time and pool peak, from its forward's start to the end of its backward.
 #[derive(Default)]
 pub(crate) struct Watch {
@@ -150,6 +157,11 @@ impl Watch {
     pub(crate) fn start(&self, pool: &Pool) {
         *self.started.borrow_mut() = Some((pool.clone(), pool.probe_step_start(), Instant::now()));
         self.measured.set(None);
+    }
+
+    /// The pool peak of the last training step measured, 0 before one was.
+    pub(crate) fn peak(&self) -> usize {
+        self.measured.get().map_or(0, |(_, peak)| peak)
     }
 
     /// The forward has ended: `watch` is told when the next backward ends.
@@ -337,9 +349,8 @@ impl<T: Element> Checkpointer<T> {
     pub fn costs(&self) -> Option<ChainCosts> {
         let measuring = self.memory.measuring.borrow();
         if measuring.done {
-            let least_peak = self.memory.watch.measured.get().map_or(0, |(_, p)| p);
             return Some(ChainCosts {
-                least_peak,
+                least_peak: self.memory.watch.peak(),
                 ..measuring.costs.clone()
             });
         }
@@ -498,8 +509,7 @@ impl<T: Element> Checkpointer<T> {
         let Some(key) = self.memory.checking.take() else {
             return;
         };
-        let same = |k: &Known| k.key.as_ref().is_some_and(|k| Rc::ptr_eq(k, &key));
-        let Some(known) = self.memory.known.iter_mut().find(|k| same(k)) else {
+        let Some(known) = self.memory.known.iter_mut().find(|k| k.keyed_by(&key)) else {
             return;
         };
         let mut steps = key.to_vec();
@@ -516,9 +526,7 @@ impl<T: Element> Checkpointer<T> {
     /// match: the next forward of these steps measures them again.
     pub(crate) fn forget_checked(&mut self) {
         if let Some(key) = self.memory.checking.take() {
-            self.memory
-                .known
-                .retain(|known| !known.key.as_ref().is_some_and(|k| Rc::ptr_eq(k, &key)));
+            self.memory.known.retain(|known| !known.keyed_by(&key));
         }
     }
 
@@ -527,7 +535,7 @@ impl<T: Element> Checkpointer<T> {
         let mut measuring = self.memory.measuring.borrow_mut();
         if measuring.done {
             let mut measured = std::mem::take(&mut *measuring);
-            measured.costs.least_peak = self.memory.watch.measured.get().map_or(0, |(_, p)| p);
+            measured.costs.least_peak = self.memory.watch.peak();
             for (key, cost) in measured.key.iter_mut().zip(&measured.costs.steps) {
                 key.forward_peak = cost.forward_peak;
                 key.graph_bytes = cost.graph_bytes;
