@@ -281,6 +281,16 @@ pub(crate) fn within_budgets(
                 peak <= budget,
                 "{name}, budget {budget}, round {round}: peak {peak} B"
             );
+            // The plan's predicted peak bounds what the step measured, within the budget.
+            let report = ckpt.plan_report().unwrap();
+            let (_, measured) = report.measured.unwrap();
+            let predicted = report.predicted_peak.unwrap();
+            println!("{report}");
+            assert!(
+                measured <= predicted && predicted <= budget,
+                "{name}, budget {budget}, round {round}: measured {measured} B, predicted \
+                 {predicted} B"
+            );
         }
     }
 }

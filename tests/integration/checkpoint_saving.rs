@@ -6,7 +6,7 @@
 //! kept bytes released by the backward, and `Policy::Memory`'s plan within its budget with the
 //! kept bytes counted.
 
-use tensorscope::checkpoint::{ReverseReport, Saving};
+use tensorscope::checkpoint::{ReverseReport, Saving, StepRun};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy};
 
@@ -326,6 +326,15 @@ fn a_memory_plan_with_kept_products_holds_its_budget_with_the_plain_gradients() 
             println!("{saving:?}, plain {plain_peak}, budget {budget}: peak {peak}, {report:?}");
             assert!(grads == plain, "{saving:?}, budget {budget}");
             assert!(peak <= budget, "{saving:?}, budget {budget}: peak {peak}");
+            // The plan report says what the taped steps kept.
+            let plan = ckpt.plan_report().unwrap();
+            assert_eq!(plan.saving, saving);
+            let taped = plan
+                .steps
+                .iter()
+                .any(|s| matches!(s, StepRun::Taped { .. }));
+            let says = plan.to_string().contains("outputs of matmul, conv1d");
+            assert_eq!(says, taped && saving == Saving::Products, "{plan}");
         }
     }
 }

@@ -705,6 +705,14 @@ fn memory_budgets_hold_with_fresh_gradients() {
                 peak <= budget,
                 "budget {budget} round {round}: peak {peak}; {seen:?}"
             );
+            // With skip reads too, the plan's predicted peak bounds the measured one.
+            let report = ckpt.plan_report().unwrap();
+            let (_, measured) = report.measured.unwrap();
+            let predicted = report.predicted_peak.unwrap();
+            assert!(
+                measured <= predicted && predicted <= budget,
+                "budget {budget} round {round}: measured {measured}\n{report}"
+            );
         }
     }
 }

@@ -65,8 +65,15 @@ struct Known {
 fn plan_with_skips(rotor: &Rotor, budget: usize, skips: usize) -> Option<TopPlan> {
     match rotor.plan(budget as u64) {
         Some(top) if skips == 0 || top.regions.is_empty() => Some(top),
-        _ => budget.checked_sub(skips).and_then(|b| rotor.plan(b as u64)),
+        _ => plan_reserving(rotor, budget, skips),
     }
+}
+
+/// The fastest schedule of `rotor` within `budget` less `reserve` bytes, its peak counting them.
+fn plan_reserving(rotor: &Rotor, budget: usize, reserve: usize) -> Option<TopPlan> {
+    let mut top = rotor.plan(budget.checked_sub(reserve)? as u64)?;
+    top.peak += reserve;
+    Some(top)
 }
 
 /// The smallest budget a schedule of `rotor` fits with `skips` bytes of skip reads: the planner's
@@ -108,6 +115,14 @@ fn skip_bytes(steps: &[StepCost], reads: &[&[usize]]) -> usize {
 /// of its tape (how many ops, on values from outside of which shapes; see `Tape::fingerprint`),
 /// and the pool bytes it was measured to hold. A planned forward whose step differs from its key
 /// replans.
+impl Memory {
+    /// The measured peak of the least-memory schedule of the costs planned with last (0 if not
+    /// measured).
+    pub(crate) fn least_peak(&self) -> usize {
+        self.known.last().map_or(0, |k| k.costs.least_peak)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct StepKey {
     pub(crate) input: Dims,
@@ -478,8 +493,8 @@ impl<T: Element> Checkpointer<T> {
                 let first_region = top.regions.first().map_or(usize::MAX, |r| r.start);
                 let mixed = top.graph.iter().skip(first_region).any(|&g| g);
                 if mixed && known.shared_gradient_bytes > 0 {
-                    let reserved = budget.saturating_sub(known.shared_gradient_bytes + skips);
-                    let Some(reserved_top) = rotor.plan(reserved as u64) else {
+                    let reserve = known.shared_gradient_bytes + skips;
+                    let Some(reserved_top) = plan_reserving(&rotor, budget, reserve) else {
                         // Every step on a tape in one region holds them once, as the profiling
                         // step did, which the budget fits (the plan did without them).
                         known.least_for = Some(budget);

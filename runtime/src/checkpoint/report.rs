@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::memory::Layout;
-use super::{Checkpointer, Policy};
+use super::{Checkpointer, Policy, Saving};
 use crate::element::Element;
 
 /// How a training forward under [`Policy::Memory`] ran its steps and what the step measured
@@ -21,6 +21,14 @@ pub struct PlanReport {
     /// The schedule's time by the costs it was planned with, in seconds (`None` for a profiling
     /// step, which has no plan).
     pub predicted_secs: Option<f64>,
+    /// The schedule's pool peak in bytes above the forward's start by the costs it was planned
+    /// with: the planner's count, plus what it reserved for skip reads and for gradients of values
+    /// from before the chain (an upper bound, so the measured peak is at most this); for
+    /// [`PlanKind::Least`], the least-memory schedule's measured peak. `None` for a profiling or
+    /// a replanned step, and for a least schedule of stated costs.
+    pub predicted_peak: Option<usize>,
+    /// What the taped steps kept for their replays: the outputs of the ops it names.
+    pub saving: Saving,
     /// The step's seconds and its pool peak in bytes above what was in use when the forward
     /// started, both from the forward's start to the end of the backward it was part of, on the
     /// thread that ran it; `None` until that backward has ended.
@@ -71,13 +79,20 @@ impl<T: Element> Checkpointer<T> {
         let Policy::Memory(budget) = self.config.policy else {
             return None;
         };
-        let (kind, predicted_secs) = match (&self.memory.layout, self.memory.stale_at) {
-            (None, _) => return None,
-            (Some(_), Some(at)) => (PlanKind::Replanned { at }, None),
-            (Some(Layout::Rotor(plan)), None) => (PlanKind::Planned, Some(plan.top.secs)),
-            (Some(Layout::Least), None) => (PlanKind::Least, None),
-            (Some(_), None) => (PlanKind::Profiled, None),
-        };
+        let (kind, predicted_secs, predicted_peak) =
+            match (&self.memory.layout, self.memory.stale_at) {
+                (None, _) => return None,
+                (Some(_), Some(at)) => (PlanKind::Replanned { at }, None, None),
+                (Some(Layout::Rotor(plan)), None) => {
+                    (PlanKind::Planned, Some(plan.top.secs), Some(plan.top.peak))
+                }
+                (Some(Layout::Least), None) => (
+                    PlanKind::Least,
+                    None,
+                    Some(self.memory.least_peak()).filter(|&p| p > 0),
+                ),
+                (Some(_), None) => (PlanKind::Profiled, None, None),
+            };
         let layout = self.memory.layout.as_ref()?;
         let steps = (0..self.layers.len())
             .map(|pos| {
@@ -96,6 +111,8 @@ impl<T: Element> Checkpointer<T> {
             budget,
             steps,
             predicted_secs,
+            predicted_peak,
+            saving: self.config.saving,
             measured: self.memory.watch.measured.get(),
         })
     }
@@ -113,18 +130,22 @@ impl fmt::Display for PlanReport {
         if let PlanKind::Replanned { at } = self.kind {
             writeln!(f, "  step {at} differed: least memory from there on")?;
         }
-        match self.predicted_secs {
-            Some(secs) => write!(f, "  predicted {:.3} ms", secs * 1e3)?,
-            None => write!(f, "  predicted -")?,
-        }
+        let ms = |secs: Option<f64>| secs.map_or("-".to_owned(), |s| format!("{:.3} ms", s * 1e3));
+        let bytes = |b: Option<usize>| b.map_or("-".to_owned(), |b| format!("{b} B"));
+        writeln!(
+            f,
+            "  predicted  {}, peak {}",
+            ms(self.predicted_secs),
+            bytes(self.predicted_peak)
+        )?;
         match self.measured {
             Some((secs, peak)) => writeln!(
                 f,
-                ", measured {:.3} ms, peak {peak} B ({:.1}% of the budget)",
-                secs * 1e3,
+                "  measured   {}, peak {peak} B ({:.1}% of the budget)",
+                ms(Some(secs)),
                 peak as f64 * 100.0 / self.budget.max(1) as f64
             )?,
-            None => writeln!(f, ", not measured yet (its backward has not ended)")?,
+            None => writeln!(f, "  measured   - (its backward has not ended)")?,
         }
         writeln!(f, "  steps      run")?;
         let mut start = 0;
@@ -140,8 +161,14 @@ impl fmt::Display for PlanReport {
                 })
                 .unwrap_or(self.steps.len());
             let what = match run {
-                StepRun::Recorded => "recorded (graph kept)",
-                StepRun::Taped { .. } => "on tapes, input stored, replayed in the backward",
+                StepRun::Recorded => "recorded (graph kept)".to_owned(),
+                StepRun::Taped { .. } if self.saving.names().is_empty() => {
+                    "on tapes, input stored, replayed in the backward".to_owned()
+                }
+                StepRun::Taped { .. } => format!(
+                    "on tapes, input stored, outputs of {} kept, the rest replayed",
+                    self.saving.names().join(", ")
+                ),
             };
             let steps = if end - start == 1 {
                 format!("{start}")

@@ -188,6 +188,9 @@ pub(crate) struct TopPlan {
     pub(crate) regions: Vec<RegionPlan>,
     /// The schedule's time by the measured costs, in seconds.
     pub(crate) secs: f64,
+    /// The most pool bytes the schedule holds above the step's start by the measured costs (the
+    /// chain's output and what follows it included), plus any reserve it was planned with.
+    pub(crate) peak: usize,
 }
 
 /// The buffers of the state being solved, and counts of the splits it joined and skipped.
@@ -513,14 +516,16 @@ impl Rotor {
     /// The optimal schedule within `budget` bytes, if one fits.
     pub(crate) fn plan(&self, budget: u64) -> Option<TopPlan> {
         let budget = free(budget) - self.reserve;
-        if self.d[0] + self.k[0] + self.before_peak > budget {
+        let after = self.d[0] + self.k[0] + self.before_peak;
+        if after > budget {
             return None;
         }
-        let secs = front::best(self.top_front(0, false), budget)?.secs;
+        let best = front::best(self.top_front(0, false), budget)?;
         let mut plan = TopPlan {
             graph: vec![false; self.at[self.n]],
             regions: Vec::new(),
-            secs,
+            secs: best.secs,
+            peak: (self.reserve + best.need.max(after)) as usize,
         };
         let (mut s, mut m, mut fresh) = (0, budget, false);
         while s < self.n {
