@@ -253,7 +253,8 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// GiB; or none of them: the checkpointer's configuration),
 /// with a policy `precision = "f32" | "f16" | "bf16"`, `saving = "products" | "nothing"` (keep the
 /// outputs of matrix products, convolutions and attention for the backward's replay instead of
-/// running them again: `Saving::Products`) and `max = M` (at most `M` checkpoints),
+/// running them again: `Saving::Products`; under `memory = ..` the planner keeps them where
+/// that is faster within the budget) and `max = M` (at most `M` checkpoints),
 /// `replay = "name"`, `crate = "path"`. Misuse is a compile error at the offending tokens, and the
 /// function is still emitted as written.
 #[proc_macro_attribute]

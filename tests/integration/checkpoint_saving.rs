@@ -6,7 +6,7 @@
 //! kept bytes released by the backward, and `Policy::Memory`'s plan within its budget with the
 //! kept bytes counted.
 
-use tensorscope::checkpoint::{ReverseReport, Saving, StepRun};
+use tensorscope::checkpoint::{PlanKind, ReverseReport, Saving, StepRun};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Policy};
 
@@ -180,8 +180,9 @@ fn kept_products_give_the_plain_gradients_bit_for_bit_and_are_not_run_again() {
                 case.name
             );
         }
-        // Policy::Memory: the first step runs as Sqrt, the second profiles (every step replayed
-        // from the input), the third follows the plan at the smallest budget.
+        // Policy::Memory: the first step profiles keeping nothing, the second (under a saving)
+        // keeping the products, the third follows the plan at the smallest budget, which keeps
+        // nothing (keeping needs more).
         for saving in [Saving::Nothing, Saving::Products] {
             let config = |budget| CheckpointConfig::new(Policy::Memory(budget)).with_saving(saving);
             let mut ckpt = Checkpointer::new(config(1 << 30));
@@ -203,12 +204,7 @@ fn kept_products_give_the_plain_gradients_bit_for_bit_and_are_not_run_again() {
             );
             let report = ckpt.last_backward().unwrap_or_default();
             println!("{}, Memory({smallest}), {saving:?}: {report:?}", case.name);
-            let replays = report.replayed_steps + report.recomputed_steps;
-            assert!(
-                (saving == Saving::Products) == (report.kept_ops > 0) || replays == 0,
-                "{}, {saving:?}: {report:?}",
-                case.name
-            );
+            assert_eq!(report.kept_ops, 0, "{}, {saving:?}: {report:?}", case.name);
         }
         // Naming an elementwise op keeps it too, with the same gradients.
         let named = Saving::Ops(&["gelu", "silu", "matmul"]);
@@ -326,15 +322,81 @@ fn a_memory_plan_with_kept_products_holds_its_budget_with_the_plain_gradients() 
             println!("{saving:?}, plain {plain_peak}, budget {budget}: peak {peak}, {report:?}");
             assert!(grads == plain, "{saving:?}, budget {budget}");
             assert!(peak <= budget, "{saving:?}, budget {budget}: peak {peak}");
-            // The plan report says what the taped steps kept.
+            // Stated costs are those of steps keeping nothing, and the plan keeps nothing.
             let plan = ckpt.plan_report().unwrap();
-            assert_eq!(plan.saving, saving);
-            let taped = plan
+            assert_eq!(plan.saving, Saving::Nothing);
+            assert!(!plan.to_string().contains("outputs of"), "{plan}");
+        }
+    }
+}
+
+/// Under `Policy::Memory` a saving policy is offered to the planner: it measures the steps
+/// keeping nothing (counting what the saving would keep), then, if the least-memory schedule fits
+/// the budget with those bytes, keeping what the saving names; each budget runs the faster of the
+/// two plans that fit. So the smallest budget is that of keeping nothing, and every step holds
+/// its budget, the profiling ones included, with the plain gradients.
+#[test]
+fn memory_offers_the_saving_to_its_planner_and_keeps_every_budget() {
+    let pool = Pool::with_max_memory_mb(256);
+    let model: Model = Model::new(&pool, 32, 32);
+    let (plain, plain_peak) = kept_gradients_step(&pool, &model, None);
+    let config = |budget, saving| CheckpointConfig::new(Policy::Memory(budget)).with_saving(saving);
+    let run = |budget, saving| {
+        let mut ckpt = Checkpointer::new(config(budget, saving));
+        let mut runs = Vec::new();
+        for round in 0..4 {
+            let (grads, peak) = kept_gradients_step(&pool, &model, Some(&mut ckpt));
+            let report = ckpt.plan_report().unwrap();
+            println!("{saving:?}, budget {budget}, round {round}: peak {peak}\n{report}");
+            assert!(grads == plain, "{saving:?}, budget {budget}, round {round}");
+            assert!(
+                peak <= budget,
+                "{saving:?}, budget {budget}, round {round}: {peak}"
+            );
+            // The report says what the taped steps kept.
+            let taped = report
                 .steps
                 .iter()
                 .any(|s| matches!(s, StepRun::Taped { .. }));
-            let says = plan.to_string().contains("outputs of matmul, conv1d");
-            assert_eq!(says, taped && saving == Saving::Products, "{plan}");
+            let says = report.to_string().contains("outputs of matmul, conv1d");
+            assert_eq!(says, taped && report.saving == Saving::Products, "{report}");
+            runs.push((report.kind, report.saving, ckpt.smallest_budget().unwrap()));
         }
-    }
+        runs
+    };
+    let nothing = run(plain_peak, Saving::Nothing);
+    let smallest = nothing[3].2;
+    assert!(
+        nothing[1..].iter().all(|r| r.0 == PlanKind::Planned),
+        "{nothing:?}"
+    );
+    // At the plain step's peak: one profiling step more, keeping the products; the smallest
+    // budget is that of keeping nothing all along.
+    let offered = run(plain_peak, Saving::Products);
+    let kinds: Vec<PlanKind> = offered.iter().map(|r| r.0).collect();
+    assert_eq!(
+        kinds,
+        [
+            PlanKind::Profiled,
+            PlanKind::Profiled,
+            PlanKind::Planned,
+            PlanKind::Planned
+        ]
+    );
+    assert!(
+        offered.iter().all(|r| r.2 == smallest),
+        "{offered:?} vs {smallest}"
+    );
+    assert_eq!(offered[1].1, Saving::Products, "the second profile keeps");
+    let shown = offered.iter().filter(|r| r.1 == Saving::Products);
+    assert!(shown.count() >= 1);
+    // At the smallest budget the least schedule cannot keep the products: no second profile,
+    // and schedules that keep nothing.
+    let least = run(smallest, Saving::Products);
+    assert!(
+        least[1..]
+            .iter()
+            .all(|r| r.0 != PlanKind::Profiled && r.1 == Saving::Nothing),
+        "{least:?}"
+    );
 }

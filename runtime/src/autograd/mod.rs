@@ -44,7 +44,7 @@ pub use check::{check_gradients, GradCheck};
 pub use grads::Gradients;
 pub(crate) use op::{args, opaque, run, run_opaque, Arg, Inputs, Recorded, Rule, RuleCell};
 pub use op::{Backward, Forward, Grads, Held, Kept, Op, Saved};
-pub(crate) use tape::{Arg as TapeArg, Outside, Replayed, SharedTape, Tape};
+pub(crate) use tape::{Arg as TapeArg, Keep, Outside, Replayed, SharedTape, Tape};
 
 use crate::element::{DType, Element};
 use crate::error::{Error, Result, Shape};

@@ -1170,7 +1170,12 @@ fn run_prepared<'s, T: DType, O: Op<T>>(
     }?;
     out.set_scope(cx.scope);
     match recorder {
-        Some(recorder) => finish(recorder, &mut out, op, saved, shapes),
+        Some(recorder) => {
+            if let Some((tape, _)) = &recorder.tape {
+                tape.borrow_mut().count(op.name(), out.data_bytes());
+            }
+            finish(recorder, &mut out, op, saved, shapes)
+        }
         // An output written into an input's buffer, or aliasing it, must not keep that input's
         // node when nothing records (inside a backward).
         None => out.node = None,

@@ -53,8 +53,19 @@ pub(crate) struct Tape<T: DType> {
     args: RecycledVec<Arg<T>>,
     /// What the step returned; `None` until the driver closes the tape.
     output: Option<Arg<T>>,
-    /// The names of the ops whose outputs the tape keeps.
-    keep: &'static [&'static str],
+    /// What the tape does with the outputs of the ops a saving policy names.
+    keep: Keep,
+    /// Pool bytes of the outputs of the ops `Keep::Count` names.
+    counted: usize,
+}
+
+/// What a tape does with the outputs of the ops a saving policy names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Keeps them for replays (selective saving).
+    Outputs(&'static [&'static str]),
+    /// Keeps nothing and counts their pool bytes: what `Outputs` would keep.
+    Count(&'static [&'static str]),
 }
 
 /// A tape's entry for a value of an earlier step that the step reads (a skip connection): its
@@ -139,7 +150,19 @@ impl<T: DType> Tape<T> {
 
     /// Whether the tape keeps the outputs of ops named `name`.
     pub(crate) fn keeps(&self, name: &str) -> bool {
-        self.keep.contains(&name)
+        matches!(self.keep, Keep::Outputs(names) if names.contains(&name))
+    }
+
+    /// Counts `bytes`, the output of an op named `name`, if the tape counts those.
+    pub(crate) fn count(&mut self, name: &str, bytes: usize) {
+        if matches!(self.keep, Keep::Count(names) if names.contains(&name)) {
+            self.counted += crate::pool::class_bytes_of(bytes);
+        }
+    }
+
+    /// Pool bytes of the outputs of the ops `Keep::Count` names (0 for a tape that keeps them).
+    pub(crate) fn counted_bytes(&self) -> usize {
+        self.counted
     }
 
     /// Whether the step is still running (its tape not closed).
@@ -193,9 +216,9 @@ impl<T: DType> Tape<T> {
         }
     }
 
-    /// An empty tape, for a step whose input is value 0, keeping the outputs of the ops named
-    /// in `keep`.
-    pub(crate) fn new(keep: &'static [&'static str]) -> SharedTape<T> {
+    /// An empty tape, for a step whose input is value 0, doing with the outputs of the ops a
+    /// saving policy names what `keep` says.
+    pub(crate) fn new(keep: Keep) -> SharedTape<T> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         RecycledRc::new(RefCell::new(Tape {
             seq: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -203,6 +226,7 @@ impl<T: DType> Tape<T> {
             args: RecycledVec::new(),
             output: None,
             keep,
+            counted: 0,
         }))
     }
 

@@ -55,6 +55,14 @@ pub enum Policy {
     /// length, to one layer), each stored, recorded or replayed as a whole; planning takes about
     /// as long as for 100 layers.
     ///
+    /// A saving policy ([`CheckpointConfig::with_saving`]) is offered to the planner, not
+    /// imposed: the profiling step keeps nothing and counts the bytes the saving would keep; if
+    /// the least-memory schedule fits the budget with them, one more profiling step measures the
+    /// steps keeping what the saving names (their kept bytes counted as held for the whole step,
+    /// the dynamic program not placing them). Each budget then runs the faster of the two
+    /// fastest schedules that fit, keeping nothing when they tie, so a saving never makes a
+    /// budget fail that keeping nothing fits. Stated costs are those of steps keeping nothing.
+    ///
     /// Storage is at full precision. A forward that records no graph has no backward to plan
     /// for: it stores the checkpoints of [`Policy::Sqrt`].
     Memory(usize),
@@ -99,9 +107,9 @@ impl Precision {
 /// recomputing a boundary) skips whatever only a kept output depended on.
 ///
 /// The bytes kept are on top of what a policy counts: [`Policy::Budget`] counts stored
-/// activations only; [`Policy::Memory`]'s profiling step measures with the saving in force and
-/// reserves the kept bytes of every step for the whole training step, so its plans still hold the
-/// budget (see [`Policy::Memory`]).
+/// activations only. [`Policy::Memory`] takes a saving as a choice of its planner: it measures
+/// the steps keeping nothing and keeping, and runs whichever plan that fits is faster (see
+/// [`Policy::Memory`]).
 ///
 /// [`ReverseReport::replayed_ops`](super::ReverseReport::replayed_ops) and
 /// [`ReverseReport::kept_ops`](super::ReverseReport::kept_ops) count what a backward ran again

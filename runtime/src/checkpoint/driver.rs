@@ -6,6 +6,7 @@
 use super::memory::{self, Layout, Measuring, StepKey};
 use super::region::{self, Recording, SkipOut};
 use super::{CheckpointConfig, CheckpointError, Checkpointer, Result};
+use crate::autograd::Keep;
 use crate::element::Element;
 use crate::recycle::RecycledVec;
 use crate::scope::{run_named, Scope, ScopeState, State};
@@ -39,10 +40,11 @@ struct Driver<'c, T: Element> {
     /// Where a step first differed from the key of `Policy::Memory`'s plan: from there on every
     /// step runs on a tape in one region that reverses with the least memory.
     stale: Option<usize>,
-    /// The ops whose outputs the steps' tapes keep (the config's `Saving`).
-    keep: &'static [&'static str],
-    /// The pool bytes the tapes of a profiling step keep (see `finish`).
-    kept_bytes: usize,
+    /// What the steps' tapes do with the outputs of the ops the config's `Saving` names.
+    keep: Keep,
+    /// The pool bytes the tapes of a profiling step keep, and those they would keep (counted,
+    /// keeping nothing; see `finish`).
+    kept_bytes: (usize, usize),
     /// The inputs of steps that later steps read (skip connections).
     skips: Skips<'c, T>,
     /// Whether the forward ran to its end (see `Drop`).
@@ -162,7 +164,7 @@ impl<'c, T: Element> Driver<'c, T> {
     ) -> Result<Self> {
         let n = ids.len();
         let skips = Skips::new(reads, n)?;
-        let keep = config.saving.names();
+        let keep = Keep::Outputs(config.saving.names());
         let mut plan = RecycledVec::new();
         let records = region::records(input);
         let mut slot = match ckpt {
@@ -191,7 +193,7 @@ impl<'c, T: Element> Driver<'c, T> {
                     entered: 0,
                     stale: None,
                     keep,
-                    kept_bytes: 0,
+                    kept_bytes: (0, 0),
                     skips,
                     finished: false,
                 });
@@ -199,6 +201,13 @@ impl<'c, T: Element> Driver<'c, T> {
         };
         let ckpt = slot.get().expect("a checkpointer was given or made");
         let layout = ckpt.begin(ids, input, records, reads)?;
+        // `Policy::Memory` runs each plan keeping what the saving names or nothing, as planned;
+        // a profiling step that keeps nothing counts what it would keep.
+        let keep = match (&layout, keep) {
+            (Layout::Profile, Keep::Outputs(names)) if !ckpt.memory.keeps => Keep::Count(names),
+            (Layout::Least | Layout::Rotor(_), _) if !ckpt.memory.keeps => Keep::Outputs(&[]),
+            _ => keep,
+        };
         // The segments start where checkpoints are stored, and at the first step.
         if ckpt.planned().first() != Some(&0) {
             plan.push(0);
@@ -213,7 +222,7 @@ impl<'c, T: Element> Driver<'c, T> {
             entered: 0,
             stale: None,
             keep,
-            kept_bytes: 0,
+            kept_bytes: (0, 0),
             skips,
             finished: false,
         })
@@ -339,7 +348,9 @@ impl<'c, T: Element> Driver<'c, T> {
             Some((recording, _)) => {
                 let y = recording.close(y);
                 if matches!(self.layout, Layout::Profile) {
-                    self.kept_bytes += recording.kept_bytes();
+                    let (kept, counted) = recording.kept_bytes();
+                    self.kept_bytes.0 += kept;
+                    self.kept_bytes.1 += counted;
                 }
                 (y, Some(recording.fingerprint()))
             }
@@ -421,7 +432,8 @@ impl<'c, T: Element> Driver<'c, T> {
             // The planner does not know that a taped step keeps outputs (`Saving`) until its
             // backward: the kept bytes of every step are counted as held for the whole step, as
             // the chain's output is, so that every plan still holds its budget.
-            measuring.costs.output_bytes += kept_bytes;
+            measuring.costs.output_bytes += kept_bytes.0;
+            measuring.would_keep = kept_bytes.1;
         }
         if let (Layout::Profile | Layout::Least | Layout::Rotor(_), Some(ckpt)) =
             (&self.layout, self.slot.get())

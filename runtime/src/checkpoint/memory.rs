@@ -33,6 +33,9 @@ pub(crate) struct Memory {
     profiled: bool,
     /// The skip reads of the last forward planned (see [`skip_bytes`]).
     reads: &'static [&'static [usize]],
+    /// Whether the taped steps of the forward in progress keep what the saving policy names:
+    /// `Policy::Memory` offers the saving to its planner, which runs each plan with it or not.
+    pub(crate) keeps: bool,
 }
 
 /// At most this many sets of costs are kept, one per key: a batch or a sequence length that comes
@@ -56,6 +59,64 @@ struct Known {
     shared_gradient_bytes: usize,
     /// The budget the last plan was for, if it was `Layout::Least`.
     least_for: Option<usize>,
+    /// Pool bytes of the outputs of the ops a saving policy names, as the profiling step (which
+    /// keeps nothing) counted them: what its tapes would have kept.
+    would_keep: usize,
+    /// Under a saving policy, the same steps measured keeping what it names (a second profiling
+    /// step, run once the budget fits it), which the planner chooses from as well; `None` until
+    /// measured, and for stated costs.
+    kept: Option<Kept>,
+}
+
+/// The costs of a chain's steps measured keeping what a saving policy names, the key they were
+/// measured for, and their fronts once built.
+struct Kept {
+    costs: ChainCosts,
+    key: Rc<[StepKey]>,
+    rotor: Option<Rc<Rotor>>,
+}
+
+/// What one set of costs makes of a budget.
+enum Planned {
+    Top(TopPlan),
+    /// No schedule of the dynamic program fits, and the least-memory schedule, measured, does.
+    Least,
+    /// Nothing fits: the smallest budget that does.
+    TooSmall(usize),
+}
+
+/// The fastest schedule of `rotor` (the fronts of `costs`) within `budget`, whose steps' skip
+/// reads hold `skips` bytes beyond the planner's count and whose values from before the chain
+/// have gradients of `shared` bytes.
+fn plan_costs(
+    rotor: &Rotor,
+    costs: &ChainCosts,
+    budget: usize,
+    skips: usize,
+    shared: usize,
+) -> Planned {
+    let Some(top) = plan_with_skips(rotor, budget, skips) else {
+        // The schedule of the profiling step, which held the least and was measured, fits where
+        // the planner's count with skip reads' reserve does not.
+        return match (1..=budget).contains(&costs.least_peak) {
+            true => Planned::Least,
+            false => Planned::TooSmall(smallest_with_skips(rotor, skips, costs.least_peak)),
+        };
+    };
+    // A step recording its graph after a region, reading a value from before the chain, makes
+    // its gradient in the outer backward before the region makes its own: two at once, where the
+    // profiling step's one region held one. Such a schedule is planned with them reserved.
+    let first_region = top.regions.first().map_or(usize::MAX, |r| r.start);
+    let mixed = top.graph.iter().skip(first_region).any(|&g| g);
+    if !mixed || shared == 0 {
+        return Planned::Top(top);
+    }
+    match plan_reserving(rotor, budget, shared + skips) {
+        Some(top) => Planned::Top(top),
+        // Every step on a tape in one region holds them once, as the profiling step did, which
+        // the budget fits (the plan did without them).
+        None => Planned::Least,
+    }
 }
 
 /// The fastest schedule of `rotor` within `budget` for steps whose skip reads hold `skips` bytes
@@ -116,6 +177,20 @@ fn skip_bytes(steps: &[StepCost], reads: &[&[usize]]) -> usize {
 /// and the pool bytes it was measured to hold. A planned forward whose step differs from its key
 /// replans.
 impl Memory {
+    /// Starts a profiling step (`kept`: keeping what a saving policy names; else keeping
+    /// nothing and counting what it would keep), the one position it stores in `plan`.
+    fn profile(&mut self, plan: &mut Vec<usize>, kept: bool) -> Layout {
+        *self.measuring.borrow_mut() = Measuring {
+            kept,
+            ..Measuring::default()
+        };
+        self.checking = None;
+        self.keeps = kept;
+        plan.clear();
+        plan.push(0);
+        Layout::Profile
+    }
+
     /// The measured peak of the least-memory schedule of the costs planned with last (0 if not
     /// measured).
     pub(crate) fn least_peak(&self) -> usize {
@@ -152,6 +227,7 @@ impl Known {
     /// Whether these are the costs measured for `key`.
     fn keyed_by(&self, key: &Rc<[StepKey]>) -> bool {
         self.key.as_ref().is_some_and(|k| Rc::ptr_eq(k, key))
+            || self.kept.as_ref().is_some_and(|k| Rc::ptr_eq(&k.key, key))
     }
 }
 
@@ -229,6 +305,11 @@ pub(crate) struct Measuring {
     step_start: Option<(usize, Instant)>,
     /// Whether every step and what followed the chain's backward are measured.
     pub(crate) done: bool,
+    /// Whether the steps run keeping what a saving policy names: its second profile.
+    pub(crate) kept: bool,
+    /// Pool bytes of the outputs of the ops a saving policy names, counted by a profile that
+    /// keeps nothing.
+    pub(crate) would_keep: usize,
     /// Bytes of the gradients of the values from before the chain, once the chain's backward
     /// has made them.
     pub(crate) shared_gradient_bytes: usize,
@@ -243,6 +324,9 @@ pub(crate) struct MemoryPlan {
     pub(crate) rotor: Rc<Rotor>,
     pub(crate) top: TopPlan,
     budget: usize,
+    /// Whether its taped steps keep what the saving policy names (the costs it was planned with
+    /// were measured so).
+    keeps: bool,
     /// Set when a forward under this plan met a step that differs from the plan's key: the
     /// regions run under it reverse with the least memory instead of the plan's schedule.
     pub(crate) stale: std::cell::Cell<bool>,
@@ -361,43 +445,70 @@ impl autograd::BackwardEnd for RefCell<Measuring> {
 impl<T: Element> Checkpointer<T> {
     /// The costs `Policy::Memory` plans with: measured by the last profiling step (once its
     /// backward has run), or those of the last planned forward, or stated; `None` before any.
+    /// Under a saving policy, these are the costs measured keeping nothing (see
+    /// [`Policy::Memory`](super::Policy::Memory)).
     pub fn costs(&self) -> Option<ChainCosts> {
+        match self.fresh_costs() {
+            Some((costs, false)) => Some(costs),
+            _ => self.memory.known.last().map(|known| known.costs.clone()),
+        }
+    }
+
+    /// The costs a finished profiling step measured and not yet kept, and whether its steps kept
+    /// what a saving policy names.
+    fn fresh_costs(&self) -> Option<(ChainCosts, bool)> {
         let measuring = self.memory.measuring.borrow();
-        if measuring.done {
-            return Some(ChainCosts {
+        measuring.done.then(|| {
+            let costs = ChainCosts {
                 least_peak: self.memory.watch.peak(),
                 ..measuring.costs.clone()
-            });
-        }
-        self.memory.known.last().map(|known| known.costs.clone())
+            };
+            (costs, measuring.kept)
+        })
     }
 
     /// The smallest budget in bytes `Policy::Memory` finds a schedule for with
     /// [`Checkpointer::costs`], exactly (see [`Policy::Memory`] for the schedules it plans
-    /// among); `None` before costs are known.
+    /// among), or with the same steps measured keeping what a saving policy names, which the
+    /// planner chooses from too; `None` before costs are known.
     ///
     /// [`Policy::Memory`]: super::Policy::Memory
     pub fn smallest_budget(&self) -> Option<usize> {
-        // The last plan's fronts are those of the costs, unless a profiling step measured anew.
-        // The skip reads are those of the last forward planned.
-        let smallest = |rotor: &Rotor, costs: &ChainCosts| {
+        // The skip reads are those of the last forward planned; built fronts serve as they are.
+        let smallest = |costs: &ChainCosts, rotor: Option<&Rc<Rotor>>| {
             let skips = skip_bytes(&costs.steps, self.memory.reads);
-            smallest_with_skips(rotor, skips, costs.least_peak)
+            match rotor {
+                Some(rotor) => smallest_with_skips(rotor, skips, costs.least_peak),
+                None => smallest_with_skips(&Rotor::new(costs), skips, costs.least_peak),
+            }
         };
         let last = self.memory.known.last();
-        if let Some((plan, known)) = last.and_then(|k| Some((k.plan.as_ref()?, k))) {
-            if !self.memory.measuring.borrow().done {
-                return Some(smallest(&plan.rotor, &known.costs));
+        let base = || {
+            last.map(|k| {
+                let rotor = k.plan.as_ref().filter(|p| !p.keeps).map(|p| &p.rotor);
+                smallest(&k.costs, rotor)
+            })
+        };
+        let (base, kept) = match self.fresh_costs() {
+            // A measured key replaces what was known of it.
+            Some((costs, false)) => (Some(smallest(&costs, None)), None),
+            Some((costs, true)) => (base(), Some(smallest(&costs, None))),
+            None => {
+                let kept = last.and_then(|k| k.kept.as_ref());
+                (base(), kept.map(|k| smallest(&k.costs, k.rotor.as_ref())))
             }
+        };
+        match (base, kept) {
+            (Some(b), Some(k)) => Some(b.min(k)),
+            (b, k) => b.or(k),
         }
-        self.costs()
-            .map(|costs| smallest(&Rotor::new(&costs), &costs))
     }
 
     /// States the costs `Policy::Memory` plans with, instead of measuring them in a profiling
     /// step: one [`StepCost`] per layer of the forwards it will run, whatever their input shape
     /// (they replace every measured cost). Costs measured by a profiling step can be kept (see
-    /// [`Checkpointer::costs`]) and stated to a checkpointer of a later run.
+    /// [`Checkpointer::costs`]) and stated to a checkpointer of a later run. They are the costs
+    /// of steps keeping nothing: under a saving policy, plans of stated costs keep nothing.
     pub fn set_costs(&mut self, costs: ChainCosts) {
         self.memory.known.clear();
         self.memory.known.push(Known {
@@ -407,6 +518,8 @@ impl<T: Element> Checkpointer<T> {
             cold: false,
             shared_gradient_bytes: 0,
             least_for: None,
+            would_keep: 0,
+            kept: None,
         });
     }
 
@@ -442,79 +555,92 @@ impl<T: Element> Checkpointer<T> {
                     .is_none_or(|key| key.first().is_none_or(|first| first.input.slice() == shape))
         });
         let Some(found) = found else {
-            // Nothing known of these steps: this one measures them.
-            *memory.measuring.borrow_mut() = Measuring::default();
-            memory.checking = None;
-            plan.clear();
-            plan.push(0);
-            return Ok(Layout::Profile);
+            // Nothing known of these steps: this one measures them, keeping nothing.
+            return Ok(memory.profile(plan, false));
         };
         // The most recently used last; moved within the list, which keeps its buffer.
         let last = memory.known.len() - 1;
         memory.known[found..].rotate_left(1);
         let known = &mut memory.known[last];
+        let offered = !self.config.saving.names().is_empty();
+        // Measured keeping nothing, with the bytes the saving would keep counted: if the least
+        // schedule fits them too, this one measures the steps keeping them.
+        let kept_fits = known.costs.least_peak + known.would_keep <= budget;
+        if offered && known.key.is_some() && known.kept.is_none() && kept_fits {
+            return Ok(memory.profile(plan, true));
+        }
         memory.checking = known.key.clone();
+        memory.keeps = false;
         plan.clear();
         if known.least_for == Some(budget) {
             plan.push(0);
             return Ok(Layout::Least);
         }
-        let current = known
+        if let Some(p) = known
             .plan
             .as_ref()
-            .filter(|p| p.budget == budget && !p.stale.get());
-        let memory_plan = match current {
-            Some(p) => p.clone(),
-            None => {
-                let skips = skip_bytes(&known.costs.steps, reads);
-                // The fronts depend on the costs alone: a plan of another budget lends its own.
-                let rotor = match &known.plan {
-                    Some(p) => p.rotor.clone(),
-                    None => Rc::new(Rotor::new(&known.costs)),
-                };
-                let Some(mut top) = plan_with_skips(&rotor, budget, skips) else {
-                    // The schedule of the profiling step, which held the least and was measured,
-                    // fits where the planner's count with skip reads' reserve does not.
-                    if (1..=budget).contains(&known.costs.least_peak) {
-                        known.least_for = Some(budget);
-                        plan.push(0);
-                        return Ok(Layout::Least);
-                    }
-                    return Err(CheckpointError::MemoryBudgetTooSmall {
-                        budget,
-                        smallest: smallest_with_skips(&rotor, skips, known.costs.least_peak),
-                        layers: n,
-                    });
-                };
-                // A step recording its graph after a region, reading a value from before the
-                // chain, makes its gradient in the outer backward before the region makes its
-                // own: two at once, where the profiling step's one region held one. Such a
-                // schedule is planned with them reserved.
-                let first_region = top.regions.first().map_or(usize::MAX, |r| r.start);
-                let mixed = top.graph.iter().skip(first_region).any(|&g| g);
-                if mixed && known.shared_gradient_bytes > 0 {
-                    let reserve = known.shared_gradient_bytes + skips;
-                    let Some(reserved_top) = plan_reserving(&rotor, budget, reserve) else {
-                        // Every step on a tape in one region holds them once, as the profiling
-                        // step did, which the budget fits (the plan did without them).
-                        known.least_for = Some(budget);
-                        plan.push(0);
-                        return Ok(Layout::Least);
-                    };
-                    top = reserved_top;
-                }
-                let p = Rc::new(MemoryPlan {
-                    rotor,
-                    top,
+            .filter(|p| p.budget == budget && !p.stale.get())
+        {
+            if p.keeps {
+                memory.keeps = true;
+                memory.checking = known.kept.as_ref().map(|k| k.key.clone());
+            }
+            plan.extend(p.top.regions.iter().map(|r| r.start));
+            return Ok(Layout::Rotor(p.clone()));
+        }
+        let (skips, shared) = (
+            skip_bytes(&known.costs.steps, reads),
+            known.shared_gradient_bytes,
+        );
+        // The fronts depend on the costs alone: a plan of another budget lends its own.
+        let rotor = match &known.plan {
+            Some(p) if !p.keeps => p.rotor.clone(),
+            _ => Rc::new(Rotor::new(&known.costs)),
+        };
+        let planned = plan_costs(&rotor, &known.costs, budget, skips, shared);
+        // With the steps measured keeping what the saving names too, the faster of the two
+        // plans that fit (the one keeping nothing if as fast); the least schedule keeps nothing.
+        let kept = known.kept.as_mut().filter(|_| offered).map(|k| {
+            let rotor = k.rotor.get_or_insert_with(|| Rc::new(Rotor::new(&k.costs)));
+            let planned = plan_costs(rotor, &k.costs, budget, skips, shared);
+            (rotor.clone(), planned, k.key.clone())
+        });
+        let (rotor, planned) = match (planned, kept) {
+            (Planned::Top(a), Some((rotor, Planned::Top(b), key))) if b.secs < a.secs => {
+                memory.keeps = true;
+                memory.checking = Some(key);
+                (rotor, Planned::Top(b))
+            }
+            (Planned::TooSmall(a), Some((_, Planned::TooSmall(b), _))) => {
+                (rotor, Planned::TooSmall(a.min(b)))
+            }
+            (planned, _) => (rotor, planned),
+        };
+        let top = match planned {
+            Planned::Top(top) => top,
+            Planned::Least => {
+                known.least_for = Some(budget);
+                plan.push(0);
+                return Ok(Layout::Least);
+            }
+            Planned::TooSmall(smallest) => {
+                return Err(CheckpointError::MemoryBudgetTooSmall {
                     budget,
-                    stale: std::cell::Cell::new(false),
-                });
-                known.plan = Some(p.clone());
-                p
+                    smallest,
+                    layers: n,
+                })
             }
         };
-        plan.extend(memory_plan.top.regions.iter().map(|r| r.start));
-        Ok(Layout::Rotor(memory_plan))
+        let p = Rc::new(MemoryPlan {
+            rotor,
+            top,
+            budget,
+            keeps: memory.keeps,
+            stale: std::cell::Cell::new(false),
+        });
+        known.plan = Some(p.clone());
+        plan.extend(p.top.regions.iter().map(|r| r.start));
+        Ok(Layout::Rotor(p))
     }
 
     /// Raises to `peak` the recording peak of the step at `pos` in the costs the forward in
@@ -527,12 +653,22 @@ impl<T: Element> Checkpointer<T> {
         let Some(known) = self.memory.known.iter_mut().find(|k| k.keyed_by(&key)) else {
             return;
         };
-        let mut steps = key.to_vec();
-        if let (Some(step), Some(cost)) = (steps.get_mut(pos), known.costs.steps.get_mut(pos)) {
-            step.record_peak = step.record_peak.max(peak);
-            cost.record_peak = step.record_peak;
+        // A recorded step keeps nothing: its peak is the same whichever costs planned it.
+        let raise = |key: &mut Rc<[StepKey]>, costs: &mut ChainCosts| {
+            let mut steps = key.to_vec();
+            if let (Some(step), Some(cost)) = (steps.get_mut(pos), costs.steps.get_mut(pos)) {
+                step.record_peak = step.record_peak.max(peak);
+                cost.record_peak = step.record_peak;
+            }
+            *key = steps.into();
+        };
+        if let Some(key) = &mut known.key {
+            raise(key, &mut known.costs);
         }
-        known.key = Some(steps.into());
+        if let Some(kept) = &mut known.kept {
+            raise(&mut kept.key, &mut kept.costs);
+            kept.rotor = None;
+        }
         known.plan = None;
         known.least_for = None;
     }
@@ -566,6 +702,24 @@ impl<T: Element> Checkpointer<T> {
                         .zip(key.iter())
                         .all(|(a, b)| a.input == b.input && a.reads == b.reads)
             };
+            if measured.kept {
+                // The second profile of a saving policy: the same steps keeping what it names,
+                // beside their costs keeping nothing (the last used). Steps that differ from
+                // those measure again.
+                match known.last_mut() {
+                    Some(k) if k.key.as_ref().is_some_and(|k| same_steps(k)) => {
+                        k.kept = Some(Kept {
+                            costs: measured.costs,
+                            key,
+                            rotor: None,
+                        });
+                        k.plan = None;
+                        k.least_for = None;
+                    }
+                    _ => known.retain(|k| k.key.as_ref().is_some_and(|k| !same_steps(k))),
+                }
+                return;
+            }
             let again = known
                 .iter()
                 .any(|k| k.key.as_ref().is_some_and(|k| same_steps(k)));
@@ -582,6 +736,8 @@ impl<T: Element> Checkpointer<T> {
                 cold: made_gradients && first && !again,
                 shared_gradient_bytes: measured.shared_gradient_bytes,
                 least_for: None,
+                would_keep: measured.would_keep,
+                kept: None,
             });
         }
     }

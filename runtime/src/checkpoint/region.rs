@@ -32,8 +32,8 @@ use super::stored::ByLayer;
 use super::sweep::{check_shape, ReverseReport, Sweep};
 use super::{CheckpointError, Checkpointer, Result};
 use crate::autograd::{
-    self, Gradients, Mode, Node, NodeRef, PerInput, Recorded, Replayed, Rule, SharedTape, Tape,
-    TapeArg,
+    self, Gradients, Keep, Mode, Node, NodeRef, PerInput, Recorded, Replayed, Rule, SharedTape,
+    Tape, TapeArg,
 };
 use crate::dims::Dims;
 use crate::element::{DType, Element};
@@ -67,16 +67,16 @@ pub(super) struct Recording<T: Element> {
     /// The graph node of the region's input.
     input: Option<NodeRef<T>>,
     tapes: RecycledVec<SharedTape<T>>,
-    /// The ops whose outputs the tapes keep (`Saving::names`).
-    keep: &'static [&'static str],
+    /// What the tapes do with the outputs of the ops the saving names.
+    keep: Keep,
     /// The gradients of the region's values that later steps read, shared with the region's node.
     pending: RecycledRc<Pending<T>>,
 }
 
 impl<T: Element> Recording<T> {
     /// Starts recording a forward from `input`, taking its graph node (the steps see only values);
-    /// its tapes keep the outputs of the ops named in `keep`.
-    pub(super) fn start(input: &mut Tensor<'_, T>, keep: &'static [&'static str]) -> Self {
+    /// its tapes do with the outputs of the ops the saving names what `keep` says.
+    pub(super) fn start(input: &mut Tensor<'_, T>, keep: Keep) -> Self {
         Recording {
             input: input.node.take(),
             tapes: RecycledVec::new(),
@@ -124,11 +124,13 @@ impl<T: Element> Recording<T> {
         y.without_grad()
     }
 
-    /// The pool bytes the last step's tape keeps for replays (see `Saving`).
-    pub(super) fn kept_bytes(&self) -> usize {
-        self.tapes
-            .last()
-            .map_or(0, |tape| tape.borrow().kept_bytes())
+    /// The pool bytes the last step's tape keeps for replays (see `Saving`), and those it would
+    /// keep (counted, keeping nothing).
+    pub(super) fn kept_bytes(&self) -> (usize, usize) {
+        self.tapes.last().map_or((0, 0), |tape| {
+            let tape = tape.borrow();
+            (tape.kept_bytes(), tape.counted_bytes())
+        })
     }
 
     /// Moves the accounting of what the tapes keep from scopes that end to `target` (as an escape

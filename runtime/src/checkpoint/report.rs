@@ -112,7 +112,10 @@ impl<T: Element> Checkpointer<T> {
             steps,
             predicted_secs,
             predicted_peak,
-            saving: self.config.saving,
+            saving: match self.memory.keeps {
+                true => self.config.saving,
+                false => Saving::Nothing,
+            },
             measured: self.memory.watch.measured.get(),
         })
     }
