@@ -43,6 +43,7 @@ mod custom_op;
 mod display;
 mod dispose_scope;
 mod gpt_parity;
+mod hostile_review2;
 mod hostile_skips;
 mod kv_cache;
 mod llama_parity;
