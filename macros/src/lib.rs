@@ -198,11 +198,14 @@ pub fn dispose_scope(args: TokenStream, item: TokenStream) -> TokenStream {
 /// UNet's up path concatenating the down path's values, a residual from the sequence's input, a
 /// DenseNet's step reading every earlier one. The whole path is one checkpointed chain: each value
 /// read later is kept from when its layer runs until the last layer that reads it has run its
-/// backward (it is not recomputed), its gradient from that layer's backward is held until the
-/// backward reaches it, and the gradients are bit-identical to the function without the
-/// attribute under every policy (tested on a UNet, nested skips, a step reading four earlier
-/// ones, a value read by three steps or twice in one; each input's gradients add in the plain
-/// graph's order). `Policy::Memory` plans a schedule with regions for the budget less a reserve:
+/// backward (it is not recomputed), and its gradient from that layer's backward is held until the
+/// backward reaches it. Each value's gradients add latest reader first, as the plain graph's walk
+/// adds them when every read is an operand of the reader's ops (added, concatenated): then the
+/// gradients are bit-identical to the function without the attribute under every policy (tested
+/// on a UNet, nested skips, a step reading four earlier ones, a value read by three steps or
+/// twice in one). A value read through an op of its own (`(&a).tanh()`) or multiplied by itself
+/// may be reached by the plain walk in another order: its gradient, and those before it, are
+/// then equal up to that sum's rounding. `Policy::Memory` plans a schedule with regions for the budget less a reserve:
 /// each such value once, and the values the layer being reversed reads twice; a schedule that
 /// records every layer, or the measured least-memory one, needs none (see `docs/design.md`, "Skip
 /// connections"). Only the last

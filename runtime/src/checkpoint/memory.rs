@@ -98,9 +98,10 @@ fn plan_costs(
     let Some(top) = plan_with_skips(rotor, budget, skips) else {
         // The schedule of the profiling step, which held the least and was measured, fits where
         // the planner's count with skip reads' reserve does not.
-        return match (1..=budget).contains(&costs.least_peak) {
+        let least = costs.credible_least_peak();
+        return match (1..=budget).contains(&least) {
             true => Planned::Least,
-            false => Planned::TooSmall(smallest_with_skips(rotor, skips, costs.least_peak)),
+            false => Planned::TooSmall(smallest_with_skips(rotor, skips, least)),
         };
     };
     // A step recording its graph after a region, reading a value from before the chain, makes
@@ -194,7 +195,9 @@ impl Memory {
     /// The measured peak of the least-memory schedule of the costs planned with last (0 if not
     /// measured).
     pub(crate) fn least_peak(&self) -> usize {
-        self.known.last().map_or(0, |k| k.costs.least_peak)
+        self.known
+            .last()
+            .map_or(0, |k| k.costs.credible_least_peak())
     }
 }
 
@@ -470,7 +473,9 @@ impl<T: Element> Checkpointer<T> {
     /// The smallest budget in bytes `Policy::Memory` finds a schedule for with
     /// [`Checkpointer::costs`], exactly (see [`Policy::Memory`] for the schedules it plans
     /// among), or with the same steps measured keeping what a saving policy names, which the
-    /// planner chooses from too; `None` before costs are known.
+    /// planner chooses from too; `None` before costs are known. The skip reads counted are those
+    /// of the last forward run: costs stated before any forward are counted as a chain without
+    /// skip connections, and the first forward with them may fail naming a larger one.
     ///
     /// [`Policy::Memory`]: super::Policy::Memory
     pub fn smallest_budget(&self) -> Option<usize> {
@@ -478,8 +483,8 @@ impl<T: Element> Checkpointer<T> {
         let smallest = |costs: &ChainCosts, rotor: Option<&Rc<Rotor>>| {
             let skips = skip_bytes(&costs.steps, self.memory.reads);
             match rotor {
-                Some(rotor) => smallest_with_skips(rotor, skips, costs.least_peak),
-                None => smallest_with_skips(&Rotor::new(costs), skips, costs.least_peak),
+                Some(rotor) => smallest_with_skips(rotor, skips, costs.credible_least_peak()),
+                None => smallest_with_skips(&Rotor::new(costs), skips, costs.credible_least_peak()),
             }
         };
         let last = self.memory.known.last();
@@ -509,6 +514,9 @@ impl<T: Element> Checkpointer<T> {
     /// (they replace every measured cost). Costs measured by a profiling step can be kept (see
     /// [`Checkpointer::costs`]) and stated to a checkpointer of a later run. They are the costs
     /// of steps keeping nothing: under a saving policy, plans of stated costs keep nothing.
+    /// Stated costs are trusted as if measured (a step that holds more than stated can take its
+    /// step over the budget), except a [`ChainCosts::least_peak`] below what every schedule
+    /// holds by the other costs, which is ignored.
     pub fn set_costs(&mut self, costs: ChainCosts) {
         self.memory.known.clear();
         self.memory.known.push(Known {

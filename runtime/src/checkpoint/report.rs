@@ -24,8 +24,10 @@ pub struct PlanReport {
     /// The schedule's pool peak in bytes above the forward's start by the costs it was planned
     /// with: the planner's count, plus what it reserved for skip reads and for gradients of values
     /// from before the chain (an upper bound, so the measured peak is at most this); for
-    /// [`PlanKind::Least`], the least-memory schedule's measured peak. `None` for a profiling or
-    /// a replanned step, and for a least schedule of stated costs.
+    /// [`PlanKind::Least`], the least-memory schedule's peak as measured, or as stated in
+    /// [`ChainCosts::least_peak`](super::ChainCosts::least_peak). `None` for a profiling or a
+    /// replanned step. Stated costs are trusted: a step that holds more than stated holds more
+    /// than predicted.
     pub predicted_peak: Option<usize>,
     /// What the taped steps kept for their replays: the outputs of the ops it names.
     pub saving: Saving,

@@ -99,11 +99,30 @@ pub struct ChainCosts {
     /// The pool peak of the profiling step that measured these costs, from its forward's start
     /// to the end of its backward: what the schedule of least memory (every step on a tape,
     /// recomputed from the chain's input) holds, as measured; 0 when not measured (costs stated
-    /// by hand), which leaves the planner's count alone.
+    /// by hand), which leaves the planner's count alone. A stated value below what every
+    /// schedule holds by the other costs (a step's input and forward peak, the output and what
+    /// follows it) is ignored as 0.
     pub least_peak: usize,
 }
 
 impl ChainCosts {
+    /// [`least_peak`](Self::least_peak), or 0 if it is below what every schedule holds: each
+    /// step runs its forward once at least, holding its input (the chain's own is in use before
+    /// the step starts) and its forward's peak, and the code after the chain holds the output
+    /// and its own peak.
+    pub(crate) fn credible_least_peak(&self) -> usize {
+        let steps = self.steps.iter().enumerate();
+        let forward = steps.map(|(i, c)| c.forward_peak + if i > 0 { c.input_bytes } else { 0 });
+        let floor = forward
+            .max()
+            .unwrap_or(0)
+            .max(self.output_bytes + self.after_peak);
+        match self.least_peak >= floor {
+            true => self.least_peak,
+            false => 0,
+        }
+    }
+
     /// The same costs with the chain's output taken out of the last step's peaks and graph: the
     /// output is reserved out of the budget from the start (the caller holds it to the end of the
     /// step), so the step that makes it does not hold it again.
