@@ -7,7 +7,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use tensorscope::checkpoint::{ChainCosts, PlanKind, PlanReport, Saving, StepRun};
+use tensorscope::checkpoint::{ChainCosts, PlanKind, Saving, StepRun};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Parameters, Policy};
 
@@ -562,7 +562,6 @@ struct Stated {
     smallest: Option<usize>,
     /// The step's peak, or the panic's message.
     ran: Result<usize, String>,
-    report: Option<PlanReport>,
 }
 
 fn under_stated(pool: &Pool, net: &Net, costs: &ChainCosts, budget: usize) -> Stated {
@@ -573,11 +572,7 @@ fn under_stated(pool: &Pool, net: &Net, costs: &ChainCosts, budget: usize) -> St
         step(pool, net, Net::l_plain, Net::l_ckpt, Some(&mut ckpt)).peak
     }))
     .map_err(|e| panic_message(&*e));
-    Stated {
-        smallest,
-        ran,
-        report: ckpt.plan_report(),
-    }
+    Stated { smallest, ran }
 }
 
 /// `least_peak` stated as measured, as 0 (the docs' "not measured") and as huge (up to
