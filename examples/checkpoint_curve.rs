@@ -339,35 +339,44 @@ fn curve<M: Parameters<f32>>(
         specs.len()
     );
     println!(
-        "{:<26} {:>10} {:>11} {:>10} {:>9} {:>11}",
-        "policy", "peak MiB", "median ms", "recomputed", "replayed", "final loss"
+        "{:<26} {:>10} {:>11} {:>10} {:>9} {:>11} {:>6}",
+        "policy", "peak MiB", "median ms", "recomputed", "replayed", "final loss", "kept"
     );
     let points = specs
         .iter()
         .zip(results)
-        .filter_map(|(spec, (peak, recomputed, replayed, loss, mut times))| {
-            if times.is_empty() {
-                println!("{:<26} does not fit its budget", spec.name());
-                return None;
-            }
-            times.sort_by(f64::total_cmp);
-            let median = times[times.len() / 2];
-            println!(
-                "{:<26} {:>10.3} {:>11.2} {:>10} {:>9} {:>11.5}",
-                spec.name(),
-                mib(peak),
-                median,
-                recomputed,
-                replayed,
-                loss
-            );
-            Some(Point {
-                model: model_name,
-                config: spec.name(),
-                step_ms: median,
-                peak_bytes: peak,
-            })
-        })
+        .zip(&plans)
+        .filter_map(
+            |((spec, (peak, recomputed, replayed, loss, mut times)), plan)| {
+                // Whether a Memory row's plan kept the saving's outputs (its planner's choice).
+                let kept = match plan.as_str() {
+                    "" => "-",
+                    plan if plan.contains("kept, the rest replayed") => "yes",
+                    _ => "no",
+                };
+                if times.is_empty() {
+                    println!("{:<26} does not fit its budget", spec.name());
+                    return None;
+                }
+                times.sort_by(f64::total_cmp);
+                let median = times[times.len() / 2];
+                println!(
+                    "{:<26} {:>10.3} {:>11.2} {:>10} {:>9} {:>11.5} {kept:>6}",
+                    spec.name(),
+                    mib(peak),
+                    median,
+                    recomputed,
+                    replayed,
+                    loss
+                );
+                Some(Point {
+                    model: model_name,
+                    config: spec.name(),
+                    step_ms: median,
+                    peak_bytes: peak,
+                })
+            },
+        )
         .collect();
     // The plans of the smallest budget and of the middle one.
     let memory: Vec<usize> = (0..specs.len()).filter(|&i| !plans[i].is_empty()).collect();

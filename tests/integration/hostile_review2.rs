@@ -11,12 +11,10 @@ use tensorscope::checkpoint::{ChainCosts, PlanKind, Saving, StepRun};
 use tensorscope::prelude::*;
 use tensorscope::{CheckpointConfig, Checkpointer, Parameters, Policy};
 
+use crate::hostile_skips::{is_budget_error, weight};
+
 const R: usize = 64;
 const W: usize = 32;
-
-fn weight(pool: &Pool, rows: usize, cols: usize, seed: u64) -> Param {
-    pool.scope(|s| (s.randn::<f32>(&[rows, cols], seed) * (1.0 / (rows as f32).sqrt())).detach())
-}
 
 #[derive(Parameters)]
 struct Net {
@@ -343,10 +341,7 @@ fn diffs(label: &str, got: &Step, want: &Step) -> Vec<String> {
 }
 
 fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
-    e.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
+    is_budget_error(e).unwrap_or_default()
 }
 
 /// The count policies over `steps` steps of activations of `act` bytes at most.

@@ -20,7 +20,7 @@ use crate::checkpoint_memory::kept_step;
 const W: usize = 8;
 const SHAPE: [usize; 2] = [4, W];
 
-fn weight(pool: &Pool, rows: usize, cols: usize, seed: u64) -> Param {
+pub(crate) fn weight(pool: &Pool, rows: usize, cols: usize, seed: u64) -> Param {
     pool.scope(|s| (s.randn::<f32>(&[rows, cols], seed) * (1.0 / (rows as f32).sqrt())).detach())
 }
 
@@ -409,7 +409,7 @@ fn run_from(
     })
 }
 
-fn is_budget_error(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+pub(crate) fn is_budget_error(payload: &(dyn std::any::Any + Send)) -> Option<String> {
     let msg = payload
         .downcast_ref::<String>()
         .cloned()
