@@ -670,8 +670,9 @@ fn smallest_budget_after_set_costs_counts_the_skips_once_a_forward_has_run() {
 /// Two threads at once on one pool, each with its own checkpointers running `E` (and `G`) under
 /// `Policy::Memory` (the least schedule's peak, and a budget halfway to the plain peak) and under
 /// `Sqrt`: the gradients equal the unannotated step's bit for bit, and each thread's measured peak
-/// (the report's, counted on its thread) is within its budget, below a planned step's predicted
-/// peak, and the same as the same step's alone.
+/// (the report's, counted on its thread) is within its budget and below a planned step's
+/// predicted peak (printed beside the peak of the same step alone: the plans follow measured
+/// times, which the other thread changes, so the two can differ).
 #[test]
 fn skip_chains_on_two_threads_keep_their_budgets_and_gradients() {
     let mut failures = Vec::new();
@@ -723,7 +724,9 @@ fn on_two_threads(f: Fwd, c: CkptFwd) -> Vec<String> {
                         out.extend(diffs(&label, &got, plain));
                         let report = ckpt.plan_report().unwrap();
                         let (_, measured) = report.measured.unwrap();
-                        if measured > budget || measured != alone {
+                        // The plan follows measured times, which another thread changes: the
+                        // peak need not equal the one alone, only keep the budget.
+                        if measured > budget {
                             out.push(format!("{label}: peak {measured}, alone {alone}\n{report}"));
                         }
                         if let Some(pred) = report.predicted_peak {

@@ -705,3 +705,81 @@ fn a_checkpointed_sequential_gives_the_plain_gradients_and_reports_layer_errors(
     let weights: usize = handles.iter().map(Param::allocated_bytes).sum();
     assert_eq!(pool.stats().bytes_in_use, weights, "nothing else is held");
 }
+
+/// `Conv2d` is the convolution plus its bias per channel: against a hand-computed 1x1 case, its
+/// gradients (the bias's: the output gradient summed over batch and positions), the names of its
+/// parameters, and its errors for bad groups and bad parameter shapes.
+#[test]
+fn conv2d_adds_its_bias_per_channel_and_differentiates_it() {
+    use tensorscope::nn::Conv2d;
+    use tensorscope::ops::ConvOptions;
+    let pool = Pool::with_max_memory_mb(16);
+    // 1x1 kernels: out[c] = sum_i w[c, i] x[i] + b[c].
+    let weight = Param::from_slice(&pool, &[2, 3, 1, 1], &[1.0, 2.0, 3.0, -1.0, 0.5, 0.0]);
+    let bias = Param::from_slice(&pool, &[2], &[10.0, -10.0]);
+    let conv = Conv2d::from_params(weight, bias, ConvOptions::default()).unwrap();
+    let names: Vec<String> = conv
+        .named_params()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(names, ["weight", "bias"]);
+    pool.train(|s| {
+        // Two images of 3 channels, 1x2 positions.
+        let x = s.from_slice::<f32>(
+            &[2, 3, 1, 2],
+            &[1., 2., 3., 4., 5., 6., 0., 1., 0., 1., 0., 1.],
+        );
+        let y = conv.forward(&x).unwrap();
+        assert_eq!(y.shape(), &[2, 2, 1, 2]);
+        assert_eq!(
+            y.to_vec(),
+            vec![
+                10. + 1. + 6. + 15.,
+                10. + 2. + 8. + 18.,
+                -10. - 1. + 1.5,
+                -10. - 2. + 2.,
+                10.,
+                10. + 1. + 2. + 3.,
+                -10.,
+                -10. - 1. + 0.5,
+            ]
+        );
+        let grads = y.sum_all().backward().unwrap();
+        assert_eq!(grads.get(conv.bias()).unwrap().to_vec(), vec![4.0, 4.0]);
+        // d/dw[c, i] = sum over images and positions of x[i]: 1+2+0+1, 3+4+0+1, 5+6+0+1.
+        assert_eq!(
+            grads.get(conv.weight()).unwrap().to_vec(),
+            vec![4.0, 8.0, 12.0, 4.0, 8.0, 12.0]
+        );
+    });
+    // Padding and stride reach the op; the default init gives the fan-in's scale.
+    let strided = ConvOptions {
+        stride: 2,
+        padding: 1,
+        ..Default::default()
+    };
+    let made = Conv2d::<f32>::new(&pool, 4, 6, 3, strided, 1).unwrap();
+    assert_eq!(made.weight().shape(), &[6, 4, 3, 3]);
+    pool.scope(|s| {
+        let y = made.forward(&s.ones::<f32>(&[1, 4, 8, 8])).unwrap();
+        assert_eq!(y.shape(), &[1, 6, 4, 4]);
+    });
+    let grouped = ConvOptions {
+        groups: 4,
+        ..Default::default()
+    };
+    let e = Conv2d::<f32>::new(&pool, 6, 8, 3, grouped, 1)
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string().contains("4 groups must divide the 6 input"),
+        "{e}"
+    );
+    let w = Param::from_slice(&pool, &[2, 3, 1, 1], &[0.0; 6]);
+    let b = Param::from_slice(&pool, &[3], &[0.0; 3]);
+    let e = Conv2d::from_params(w, b, ConvOptions::default())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("Conv2d::from_params"), "{e}");
+}

@@ -7,7 +7,7 @@ use super::NnError;
 use crate::checkpoint::{self, Checkpointer};
 use crate::element::Element;
 use crate::error::{Error, Result, Shape};
-use crate::ops::{check_probability, Unary};
+use crate::ops::{check_probability, ConvOptions, Unary};
 use crate::param::{Param, ParamPath, Parameters};
 use crate::pool::Pool;
 use crate::scope::Scope;
@@ -106,6 +106,108 @@ impl<T: Element> Module<T> for Linear<T> {
             // Leading axes are rows of one matrix product.
             _ => x.try_matmul(&self.weight)?.try_add(&self.bias),
         }
+    }
+}
+
+/// `y = conv2d(x, W) + b` over images `[n, in, h, w]`, as PyTorch's `nn.Conv2d`: `W` of shape
+/// `[out, in / groups, k, k]`, `b` `[out]` added to every position of its channel, the options
+/// (stride, padding, dilation, groups) those of [`Tensor::try_conv2d_with`]. Its parameters are
+/// named `weight` and `bias`, as PyTorch's, so a state dict of `nn.Conv2d` loads into it.
+///
+/// ```
+/// use tensorscope::nn::{Conv2d, Module};
+/// use tensorscope::ops::ConvOptions;
+/// use tensorscope::Pool;
+/// let pool = Pool::with_max_memory_mb(16);
+/// let conv = Conv2d::<f32>::new(&pool, 3, 8, 3, ConvOptions { padding: 1, ..Default::default() }, 7)?;
+/// pool.scope(|s| {
+///     let y = conv.forward(&s.ones::<f32>(&[2, 3, 16, 16]))?;
+///     assert_eq!(y.shape(), &[2, 8, 16, 16]);
+///     Ok::<_, tensorscope::Error>(())
+/// })?;
+/// # Ok::<_, tensorscope::Error>(())
+/// ```
+#[derive(Parameters)]
+#[param(crate = "crate")]
+pub struct Conv2d<T: Element = f32> {
+    weight: Param<T>,
+    bias: Param<T>,
+    #[param(skip)]
+    options: ConvOptions,
+}
+
+impl<T: Element> Conv2d<T> {
+    /// A `kernel` x `kernel` convolution from `inputs` to `outputs` channels: weights of normal
+    /// samples with standard deviation `1/sqrt(inputs / groups * kernel^2)` (the fan-in) from
+    /// `seed`, bias zeros. Fails with [`Error::InvalidArgument`] for zero groups or groups that
+    /// do not divide both channel counts.
+    pub fn new(
+        pool: &Pool,
+        inputs: usize,
+        outputs: usize,
+        kernel: usize,
+        options: ConvOptions,
+        seed: u64,
+    ) -> Result<Self> {
+        let groups = options.groups;
+        if groups == 0 || !inputs.is_multiple_of(groups) || !outputs.is_multiple_of(groups) {
+            return Err(Error::InvalidArgument {
+                op: "Conv2d::new",
+                arg: "groups",
+                reason: format!(
+                    "{groups} groups must divide the {inputs} input and {outputs} output channels"
+                ),
+            });
+        }
+        let fan_in = inputs / groups * kernel * kernel;
+        let std = 1.0 / (fan_in.max(1) as f64).sqrt();
+        let shape = [outputs, inputs / groups, kernel, kernel];
+        Conv2d::from_params(
+            randn(pool, &shape, std, seed)?,
+            full(pool, &[outputs], T::zero())?,
+            options,
+        )
+    }
+
+    /// A convolution over these parameters (a weight `[out, in / groups, kh, kw]` and a bias
+    /// `[out]`). Fails with [`Error::ShapeMismatch`] if their shapes do not fit.
+    pub fn from_params(weight: Param<T>, bias: Param<T>, options: ConvOptions) -> Result<Self> {
+        if weight.shape().len() != 4 || bias.shape() != [weight.shape()[0]] {
+            return Err(Error::ShapeMismatch {
+                op: "Conv2d::from_params",
+                lhs: Shape::from(weight.shape()),
+                rhs: Shape::from(bias.shape()),
+                reason: "the weight must be [out, in / groups, kh, kw] and the bias [out]".into(),
+            });
+        }
+        Ok(Conv2d {
+            weight,
+            bias,
+            options,
+        })
+    }
+
+    /// The weight, `[out, in / groups, kh, kw]`.
+    pub fn weight(&self) -> &Param<T> {
+        &self.weight
+    }
+
+    /// The bias, `[out]`.
+    pub fn bias(&self) -> &Param<T> {
+        &self.bias
+    }
+
+    /// The stride, padding, dilation and groups.
+    pub fn options(&self) -> ConvOptions {
+        self.options
+    }
+}
+
+impl<T: Element> Module<T> for Conv2d<T> {
+    fn forward<'s>(&self, x: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+        let y = x.try_conv2d_with(&self.weight, self.options)?;
+        let bias = x.bind(&self.bias).try_reshape(&[self.bias.len(), 1, 1])?;
+        y.try_add(&bias)
     }
 }
 

@@ -96,7 +96,7 @@ mod schedule;
 pub use error::NnError;
 pub use generate::{generate, CacheLayout, CausalLm, GenerateOptions, Generation, Sampling};
 pub use kv_cache::KvCache;
-pub use layers::{Activation, Dropout, LayerNorm, Linear, Module, Residual, Sequential};
+pub use layers::{Activation, Conv2d, Dropout, LayerNorm, Linear, Module, Residual, Sequential};
 pub use optim::{Adam, Group, Optimizer, Sgd};
 pub use params::ParamStore;
 pub use safetensors::{
