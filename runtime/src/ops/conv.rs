@@ -4,10 +4,11 @@
 
 use std::ops::Range;
 
-use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2, Dimension, IxDyn};
+use ndarray::{Dimension, IxDyn};
 
+use super::gemm::Matrix;
 use super::lanes::LaneOp;
+use super::linalg::{product, Products};
 use super::{check_addressable, dimension_overflow, work, Operand};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
@@ -76,28 +77,20 @@ impl<T: Element> Op<T> for Conv2d {
         let conv = Conv::new(self, x, weight)?;
         let mut out = cx.rent(conv.out_shape().slice())?;
         if !out.is_empty() {
-            let (rows, positions) = (conv.rows(), conv.positions());
-            let mut cols = cx.rent::<T>(&[rows, positions])?;
-            // Every image and group is visited, also an empty one (no channels, or no pixels but
-            // padding): its output is the product with all-zero patches, and must be written.
-            work::visit(conv.n * conv.groups);
-            for block in conv.blocks() {
-                conv.im2col(&x.slice()[block.x], cols.unique_slice_mut());
-                let kernel = ArrayView2::from_shape((conv.og, rows), &weight.slice()[block.w])
-                    .expect("a group's kernels are og x rows");
-                let patches = ArrayView2::from_shape((rows, positions), cols.slice())
-                    .expect("cols holds rows x positions");
-                let out_group = &mut out.unique_slice_mut()[block.out];
-                let mut result = ArrayViewMut2::from_shape((conv.og, positions), out_group)
-                    .expect("a group's output is og x positions");
-                general_mat_mul(T::one(), &kernel, &patches, T::zero(), &mut result);
-            }
+            let mut cols = cx.rent::<T>(&conv.cols_shape())?;
+            conv.forward_into(
+                x.slice(),
+                weight.slice(),
+                out.unique_slice_mut(),
+                cols.unique_slice_mut(),
+            );
         }
         Ok((out, cx.saving().then(|| (cx.save(x), cx.save(weight)))))
     }
 
-    /// Per image and group, `dW_g += g_g cols_g^T` and `dx_g = col2im(W_g^T g_g)`, each only if
-    /// needed.
+    /// Per image and group, `dW_g += g_g cols_g^T`, if needed; and `dx`, if needed: with stride 1
+    /// the forward of the transposed convolution ([`Conv::transposed`]) on `g`, else per image and
+    /// group `dx_g = col2im(W_g^T g_g)`.
     fn backward<'b>(
         &self,
         (x, weight): Self::Saved<'b>,
@@ -115,27 +108,40 @@ impl<T: Element> Op<T> for Conv2d {
         if g.is_empty() || rows == 0 {
             return Ok(Grads::from([dx, dw]));
         }
-        let mut cols = cx.rent::<T>(&[rows, positions])?;
+        let transposed = conv.transposed().filter(|_| dx.is_some());
+        if let (Some(dx), Some(back)) = (&mut dx, &transposed) {
+            let mut flipped = cx.rent::<T>(weight.shape())?;
+            conv.flip_kernels(weight.slice(), flipped.unique_slice_mut());
+            let mut cols = cx.rent::<T>(&back.cols_shape())?;
+            back.forward_into(
+                g.slice(),
+                flipped.slice(),
+                dx.unique_slice_mut(),
+                cols.unique_slice_mut(),
+            );
+        }
+        let by_columns = dw.is_some() || (dx.is_some() && transposed.is_none());
+        if !by_columns {
+            return Ok(Grads::from([dx, dw]));
+        }
+        let mut cols = cx.rent::<T>(&conv.cols_shape())?;
         work::visit(conv.n * conv.groups);
         for block in conv.blocks() {
-            let gi = ArrayView2::from_shape((conv.og, positions), &g.slice()[block.out])
-                .expect("a group's gradient is og x positions");
+            let gi = Matrix::row_major(&g.slice()[block.out], conv.og, positions);
             if let Some(dw) = &mut dw {
-                conv.im2col(&x.slice()[block.x.clone()], cols.unique_slice_mut());
-                let patches = ArrayView2::from_shape((rows, positions), cols.slice())
-                    .expect("cols holds rows x positions");
+                let patches = conv.patches(&x.slice()[block.x.clone()], cols.unique_slice_mut());
                 let dw_group = &mut dw.unique_slice_mut()[block.w.clone()];
-                let mut acc = ArrayViewMut2::from_shape((conv.og, rows), dw_group)
-                    .expect("a group's kernel gradient is og x rows");
-                general_mat_mul(T::one(), &gi, &patches.t(), T::one(), &mut acc);
+                product(Products::F32, gi, patches.t(), dw_group, true);
             }
-            if let Some(dx) = &mut dx {
-                let kernel = ArrayView2::from_shape((conv.og, rows), &weight.slice()[block.w])
-                    .expect("a group's kernels are og x rows");
-                let mut dcols =
-                    ArrayViewMut2::from_shape((rows, positions), cols.unique_slice_mut())
-                        .expect("cols holds rows x positions");
-                general_mat_mul(T::one(), &kernel.t(), &gi, T::zero(), &mut dcols);
+            if let (Some(dx), None) = (&mut dx, &transposed) {
+                let kernel = Matrix::row_major(&weight.slice()[block.w], conv.og, rows);
+                product(
+                    Products::F32,
+                    kernel.t(),
+                    gi,
+                    cols.unique_slice_mut(),
+                    false,
+                );
                 conv.col2im(cols.slice(), &mut dx.unique_slice_mut()[block.x]);
             }
         }
@@ -225,6 +231,7 @@ pub(crate) fn nchw<T: Element>(op: &'static str, t: &Tensor<'_, T>) -> Result<[u
 /// axis stride 1, no padding, no dilation). Each group has `cg = c_in / groups` input and
 /// `og = c_out / groups` output channels; its patch matrix (im2col) has `rows = cg kh kw` rows and
 /// `positions = ho wo` columns.
+#[derive(Clone, Copy)]
 struct Conv {
     one_d: bool,
     n: usize,
@@ -408,6 +415,81 @@ impl Conv {
         })
     }
 
+    /// Whether a group's patch matrix is its image as it lies (a 1x1 kernel, stride 1, no
+    /// padding): then no patches are gathered.
+    fn pointwise(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.stride == [1, 1] && self.padding == [0, 0]
+    }
+
+    /// The shape of the patch matrix a call rents: `[rows, positions]`, none if pointwise.
+    fn cols_shape(&self) -> [usize; 2] {
+        match self.pointwise() {
+            true => [0, 0],
+            false => [self.rows(), self.positions()],
+        }
+    }
+
+    /// The patch matrix of one group of one image: the image itself if pointwise, else gathered
+    /// into `cols` (im2col).
+    fn patches<'a, T: Element>(&self, image: &'a [T], cols: &'a mut [T]) -> Matrix<'a, T> {
+        let (rows, positions) = (self.rows(), self.positions());
+        if self.pointwise() {
+            return Matrix::row_major(image, rows, positions);
+        }
+        self.im2col(image, cols);
+        Matrix::row_major(cols, rows, positions)
+    }
+
+    /// `out = conv(x, weight)`, every image and group: each group's kernels times its patches
+    /// (through `cols`, [`Conv::cols_shape`]), on the packed product split over the threads.
+    /// Every image and group is written, also an empty one (no channels, or no pixels but
+    /// padding): its output is the product with all-zero patches.
+    fn forward_into<T: Element>(&self, x: &[T], weight: &[T], out: &mut [T], cols: &mut [T]) {
+        work::visit(self.n * self.groups);
+        for block in self.blocks() {
+            let patches = self.patches(&x[block.x], cols);
+            let kernel = Matrix::row_major(&weight[block.w], self.og, self.rows());
+            product(Products::F32, kernel, patches, &mut out[block.out], false);
+        }
+    }
+
+    /// For a convolution of stride 1 whose padding is at most its dilated kernel's reach, the
+    /// convolution whose forward on the output's gradient is the input's gradient: over `ho x wo`
+    /// images with the input and output channels swapped, padding `dilation (k - 1) - padding`,
+    /// by the kernels of [`Conv::flip_kernels`]. Its output is `h x w`: `ho + 2 (d (k - 1) - p)
+    /// - d (k - 1) = h`. One product the size of the forward's, where `col2im(W^T g)` writes and
+    /// reads a patch matrix `k_h k_w` times the image's size.
+    fn transposed(&self) -> Option<Conv> {
+        if self.stride != [1, 1] {
+            return None;
+        }
+        let pad =
+            |axis: usize, k: usize| (self.dilation[axis] * (k - 1)).checked_sub(self.padding[axis]);
+        Some(Conv {
+            h: self.ho,
+            w: self.wo,
+            cg: self.og,
+            og: self.cg,
+            padding: [pad(0, self.kh)?, pad(1, self.kw)?],
+            ho: self.h,
+            wo: self.w,
+            ..*self
+        })
+    }
+
+    /// The kernels of [`Conv::transposed`] from `weight` (`[groups og, cg, kh, kw]`): per group,
+    /// `[cg, og, kh, kw]` with each kernel turned by 180 degrees.
+    fn flip_kernels<T: Element>(&self, weight: &[T], flipped: &mut [T]) {
+        let taps = self.kh * self.kw;
+        for (i, kernel) in weight.chunks_exact(taps).enumerate() {
+            let (g, o, c) = (i / (self.og * self.cg), i / self.cg % self.og, i % self.cg);
+            let at = ((g * self.cg + c) * self.og + o) * taps;
+            for (t, &v) in kernel.iter().enumerate() {
+                flipped[at + taps - 1 - t] = v;
+            }
+        }
+    }
+
     /// Calls `f(patch offset, image offset, count)` for every run of patch entries of one group
     /// that lie inside the image (the others are the zero border): `count` entries of one patch row
     /// and output row, consecutive in the patch matrix and `stride` apart in the image. The
@@ -496,9 +578,18 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// `weight` `[c_out, c_in / groups, k_h, k_w]` (a tensor or a [`Param`](crate::Param)) and
     /// `options` (stride, zero padding, dilation, groups; see [`ConvOptions`]). The output is
     /// `[n, c_out, h_out, w_out]`, with
-    /// `h_out = (h + 2 padding - dilation (k_h - 1) - 1) / stride + 1` and `w_out` alike. Computed by im2col: each image's patches of one group go into one
-    /// rented `[c_in / groups k_h k_w, h_out w_out]` matrix, multiplied by the group's kernels
-    /// straight into the output. Fails with [`Error::InvalidShape`] for an input that is not 4-D;
+    /// `h_out = (h + 2 padding - dilation (k_h - 1) - 1) / stride + 1` and `w_out` alike.
+    ///
+    /// Computed by im2col: each image's patches of one group go into one rented
+    /// `[c_in / groups k_h k_w, h_out w_out]` matrix (none for a 1x1 kernel with stride 1 and no
+    /// padding, whose patches are the image), multiplied by the group's kernels straight into the
+    /// output on the packed `f32`/`f64` product that [`Tensor::matmul`] runs, split over the
+    /// [`threads`](crate::threads). That matrix is `k_h k_w` times one image's group: 9.4 MB for
+    /// a 3x3 kernel over `[64, 64, 64]`. The input's gradient of a stride-1 convolution is the
+    /// convolution of the output's gradient by the kernels turned and transposed; of a strided
+    /// one, the patch matrix's product scattered back (col2im).
+    ///
+    /// Fails with [`Error::InvalidShape`] for an input that is not 4-D;
     /// [`Error::InvalidArgument`] for zero groups or dilation, or groups that do not divide the
     /// input or output channels; [`Error::ShapeMismatch`] naming both shapes (a weight that is not
     /// 4-D, channels that differ, a kernel larger than the padded image, a zero stride); and

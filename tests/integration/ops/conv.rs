@@ -67,6 +67,13 @@ fn gradients_match_finite_differences_in_every_configuration() {
             x[0].try_conv1d(&x[1], options)
         });
     }
+    // A 1x1 kernel: pointwise without padding (its patches are the image itself), and padded
+    // beyond its reach (its input gradient is not a convolution of the output's, but col2im).
+    for padding in [0, 1] {
+        check("conv2d 1x1", &[&[2, 4, 3, 3], &[6, 4, 1, 1]], |x| {
+            x[0].try_conv2d_with(&x[1], opts(padding, 1, 1))
+        });
+    }
 }
 
 #[test]
