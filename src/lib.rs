@@ -25,7 +25,7 @@ pub mod prelude {
     // Links to the items' own pages, as std's prelude does, rather than second copies of them.
     // `checkpoint` is named from the macro crate: `crate::checkpoint` is also the module.
     #[doc(no_inline)]
-    pub use crate::nn::Weights;
+    pub use crate::nn::{Module, Weights};
     #[doc(no_inline)]
     pub use crate::{
         dispose_scope, scope, Escape, Param, ParamPath, Parameters, Pool, Scope, Tensor, TensorOps,

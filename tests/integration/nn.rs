@@ -783,3 +783,38 @@ fn conv2d_adds_its_bias_per_channel_and_differentiates_it() {
         .unwrap();
     assert!(e.to_string().contains("Conv2d::from_params"), "{e}");
 }
+
+#[test]
+fn group_norm_scales_and_shifts_each_channel_and_differentiates_both() {
+    use tensorscope::nn::GroupNorm;
+    let pool = Pool::with_max_memory_mb(16);
+    let weight = Param::from_slice(&pool, &[4], &[1.0, 2.0, 3.0, 4.0]);
+    let bias = Param::from_slice(&pool, &[4], &[10.0, 20.0, 30.0, 40.0]);
+    let norm = GroupNorm::from_params(weight, bias, 2, 0.0).unwrap();
+    let names: Vec<String> = norm
+        .named_params()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(names, ["weight", "bias"]);
+    pool.train(|s| {
+        // Each group of two channels has mean 4 (then 1) and variance 1: normalized, the values
+        // are -1 and 1 exactly.
+        let x = s.from_slice::<f32>(&[1, 4, 1, 2], &[3., 3., 5., 5., 0., 2., 0., 2.]);
+        let y = norm.forward(&x).unwrap();
+        assert_eq!(y.to_vec(), vec![9., 9., 22., 22., 27., 33., 36., 44.]);
+        let grads = y.sum_all().backward().unwrap();
+        assert_eq!(grads.get(norm.bias()).unwrap().to_vec(), vec![2.0; 4]);
+        // d/dweight[c] = the sum of channel c's normalized values.
+        assert_eq!(
+            grads.get(norm.weight()).unwrap().to_vec(),
+            vec![-2.0, 2.0, 0.0, 0.0]
+        );
+    });
+    pool.scope(|s| {
+        let e = norm.forward(&s.ones::<f32>(&[1, 6, 2, 2])).err().unwrap();
+        assert!(e.to_string().contains("6 channels, the layer 4"), "{e}");
+    });
+    let e = GroupNorm::<f32>::new(&pool, 3, 4, 1e-5).err().unwrap();
+    assert!(e.to_string().contains("3 groups must divide the 4"), "{e}");
+}

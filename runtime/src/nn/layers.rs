@@ -33,6 +33,31 @@ fn full<T: Element>(pool: &Pool, shape: &[usize], value: T) -> Result<Param<T>> 
     pool.scope(|s| s.try_full::<T>(shape, value)?.try_detach())
 }
 
+/// `Ok(())` if `fits`, else [`Error::ShapeMismatch`] from `op` naming both parameters' shapes and
+/// what `reason` says they must be.
+fn check_shapes<T: Element>(
+    op: &'static str,
+    fits: bool,
+    (first, second): (&Param<T>, &Param<T>),
+    reason: &str,
+) -> Result<()> {
+    match fits {
+        true => Ok(()),
+        false => Err(Error::ShapeMismatch {
+            op,
+            lhs: Shape::from(first.shape()),
+            rhs: Shape::from(second.shape()),
+            reason: reason.into(),
+        }),
+    }
+}
+
+/// `param` (`[c]`) as a tensor of `x`'s scope of shape `[c, 1, 1]`: one value per channel of
+/// images `[n, c, h, w]`, added or multiplied to every position of its channel.
+fn per_channel<'s, T: Element>(x: &Tensor<'s, T>, param: &Param<T>) -> Result<Tensor<'s, T>> {
+    x.bind(param).try_reshape(&[param.len(), 1, 1])
+}
+
 /// `y = x W + b` over the last axis of `x` (any leading axes: `[.., inputs]` to `[.., outputs]`),
 /// `W` of shape `[inputs, outputs]`, `b` `[outputs]`. Its parameters are named `weight` and `bias`.
 #[derive(Parameters)]
@@ -67,14 +92,12 @@ impl<T: Element> Linear<T> {
     /// A layer over these parameters (a weight `[inputs, outputs]` and a bias `[outputs]`). Fails
     /// with [`Error::ShapeMismatch`] if their shapes do not fit.
     pub fn from_params(weight: Param<T>, bias: Param<T>) -> Result<Self> {
-        if weight.shape().len() != 2 || bias.shape() != [weight.shape()[1]] {
-            return Err(Error::ShapeMismatch {
-                op: "Linear::from_params",
-                lhs: Shape::from(weight.shape()),
-                rhs: Shape::from(bias.shape()),
-                reason: "the weight must be [inputs, outputs] and the bias [outputs]".into(),
-            });
-        }
+        check_shapes(
+            "Linear::from_params",
+            weight.shape().len() == 2 && bias.shape() == [weight.shape()[1]],
+            (&weight, &bias),
+            "the weight must be [inputs, outputs] and the bias [outputs]",
+        )?;
         Ok(Linear { weight, bias })
     }
 
@@ -172,14 +195,12 @@ impl<T: Element> Conv2d<T> {
     /// A convolution over these parameters (a weight `[out, in / groups, kh, kw]` and a bias
     /// `[out]`). Fails with [`Error::ShapeMismatch`] if their shapes do not fit.
     pub fn from_params(weight: Param<T>, bias: Param<T>, options: ConvOptions) -> Result<Self> {
-        if weight.shape().len() != 4 || bias.shape() != [weight.shape()[0]] {
-            return Err(Error::ShapeMismatch {
-                op: "Conv2d::from_params",
-                lhs: Shape::from(weight.shape()),
-                rhs: Shape::from(bias.shape()),
-                reason: "the weight must be [out, in / groups, kh, kw] and the bias [out]".into(),
-            });
-        }
+        check_shapes(
+            "Conv2d::from_params",
+            weight.shape().len() == 4 && bias.shape() == [weight.shape()[0]],
+            (&weight, &bias),
+            "the weight must be [out, in / groups, kh, kw] and the bias [out]",
+        )?;
         Ok(Conv2d {
             weight,
             bias,
@@ -206,8 +227,7 @@ impl<T: Element> Conv2d<T> {
 impl<T: Element> Module<T> for Conv2d<T> {
     fn forward<'s>(&self, x: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
         let y = x.try_conv2d_with(&self.weight, self.options)?;
-        let bias = x.bind(&self.bias).try_reshape(&[self.bias.len(), 1, 1])?;
-        y.try_add(&bias)
+        y.try_add(&per_channel(x, &self.bias)?)
     }
 }
 
@@ -294,14 +314,12 @@ impl<T: Element> LayerNorm<T> {
     /// loaded from a file. Fails with [`Error::ShapeMismatch`] if their shapes differ or are not
     /// one axis.
     pub fn from_params(gamma: Param<T>, beta: Param<T>, eps: T) -> Result<Self> {
-        if gamma.shape().len() != 1 || beta.shape() != gamma.shape() {
-            return Err(Error::ShapeMismatch {
-                op: "LayerNorm::from_params",
-                lhs: Shape::from(gamma.shape()),
-                rhs: Shape::from(beta.shape()),
-                reason: "gamma and beta must both have shape [width]".into(),
-            });
-        }
+        check_shapes(
+            "LayerNorm::from_params",
+            gamma.shape().len() == 1 && beta.shape() == gamma.shape(),
+            (&gamma, &beta),
+            "gamma and beta must both have shape [width]",
+        )?;
         Ok(LayerNorm { gamma, beta, eps })
     }
 
@@ -321,6 +339,115 @@ impl<T: Element> Module<T> for LayerNorm<T> {
         x.try_layer_norm(self.eps)?
             .try_mul(&self.gamma)?
             .try_add(&self.beta)
+    }
+}
+
+/// Group normalization with a learned scale and shift per channel, as PyTorch's `nn.GroupNorm`:
+/// over images `[n, c, h, w]`, [`Tensor::try_group_norm`] (each image's channels in `groups`
+/// groups, each group normalized over its channels and positions), then
+/// `y = weight[c] x_hat + bias[c]`. Its parameters are named `weight` and `bias`, as PyTorch's.
+///
+/// ```
+/// use tensorscope::nn::{GroupNorm, Module};
+/// use tensorscope::Pool;
+/// let pool = Pool::with_max_memory_mb(16);
+/// let norm = GroupNorm::<f32>::new(&pool, 2, 4, 1e-5)?;
+/// pool.scope(|s| {
+///     let x = s.arange::<f32>(0.0, 32.0, 1.0).reshape(&[1, 4, 2, 4]);
+///     let y = norm.forward(&x)?;
+///     // A new layer scales by one and shifts by zero: each group has mean 0.
+///     let first: f32 = y.to_vec()[..16].iter().sum();
+///     assert!(first.abs() < 1e-4);
+///     Ok::<_, tensorscope::Error>(())
+/// })?;
+/// # Ok::<_, tensorscope::Error>(())
+/// ```
+#[derive(Parameters)]
+#[param(crate = "crate")]
+pub struct GroupNorm<T: Element = f32> {
+    weight: Param<T>,
+    bias: Param<T>,
+    #[param(skip)]
+    groups: usize,
+    #[param(skip)]
+    eps: T,
+}
+
+impl<T: Element> GroupNorm<T> {
+    /// `groups` groups over `channels` channels (PyTorch's argument order), the scale ones and
+    /// the shift zeros. Fails with [`Error::InvalidArgument`] for zero groups or groups that do not
+    /// divide the channels.
+    pub fn new(pool: &Pool, groups: usize, channels: usize, eps: T) -> Result<Self> {
+        GroupNorm::from_params(
+            full(pool, &[channels], T::one())?,
+            full(pool, &[channels], T::zero())?,
+            groups,
+            eps,
+        )
+    }
+
+    /// A layer over these parameters (a scale `weight` and a shift `bias`, both `[channels]`),
+    /// e.g. loaded from a file. Fails with [`Error::ShapeMismatch`] if their shapes differ or are
+    /// not one axis, and with [`Error::InvalidArgument`] for groups that do not divide the
+    /// channels.
+    pub fn from_params(weight: Param<T>, bias: Param<T>, groups: usize, eps: T) -> Result<Self> {
+        check_shapes(
+            "GroupNorm::from_params",
+            weight.shape().len() == 1 && bias.shape() == weight.shape(),
+            (&weight, &bias),
+            "the weight and the bias must both have shape [channels]",
+        )?;
+        let channels = weight.len();
+        if groups == 0 || !channels.is_multiple_of(groups) {
+            return Err(Error::InvalidArgument {
+                op: "GroupNorm",
+                arg: "groups",
+                reason: format!("{groups} groups must divide the {channels} channels"),
+            });
+        }
+        Ok(GroupNorm {
+            weight,
+            bias,
+            groups,
+            eps,
+        })
+    }
+
+    /// The scale, `[channels]`.
+    pub fn weight(&self) -> &Param<T> {
+        &self.weight
+    }
+
+    /// The shift, `[channels]`.
+    pub fn bias(&self) -> &Param<T> {
+        &self.bias
+    }
+
+    /// The number of groups.
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+}
+
+impl<T: Element> Module<T> for GroupNorm<T> {
+    /// Fails with [`Error::ShapeMismatch`] for images whose channels are not the layer's, and
+    /// with the op's errors otherwise (an input that is not 4-D).
+    fn forward<'s>(&self, x: &Tensor<'s, T>) -> Result<Tensor<'s, T>> {
+        let channels = self.weight.len();
+        if x.ndim() == 4 && x.shape()[1] != channels {
+            return Err(Error::ShapeMismatch {
+                op: "GroupNorm",
+                lhs: Shape::from(x.shape()),
+                rhs: Shape::from(self.weight.shape()),
+                reason: format!(
+                    "the images have {} channels, the layer {channels}",
+                    x.shape()[1]
+                ),
+            });
+        }
+        x.try_group_norm(self.groups, self.eps)?
+            .try_mul(&per_channel(x, &self.weight)?)?
+            .try_add(&per_channel(x, &self.bias)?)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Modules, optimizers and named parameters for training.
 //!
-//! [`Module`]s ([`Linear`] over any leading batch axes, [`LayerNorm`], [`Activation`]s,
-//! [`Dropout`], [`Residual`], [`Sequential`]) are forward passes over the [`Param`](crate::Param)s they own; in
+//! [`Module`]s ([`Linear`] over any leading batch axes, [`Conv2d`], [`LayerNorm`],
+//! [`GroupNorm`], [`Activation`]s, [`Dropout`], [`Residual`], [`Sequential`]) are forward passes over the [`Param`](crate::Param)s they own; in
 //! a training scope their ops record a graph like any other ops, so [`Tensor::backward`](crate::Tensor::backward)
 //! differentiates a model written with them, with tensor ops, or with both. [`Optimizer`]s update
 //! any [`Parameters`](crate::Parameters) in place. A [`ParamStore`] keeps parameters by name, and
@@ -96,7 +96,9 @@ mod schedule;
 pub use error::NnError;
 pub use generate::{generate, CacheLayout, CausalLm, GenerateOptions, Generation, Sampling};
 pub use kv_cache::KvCache;
-pub use layers::{Activation, Conv2d, Dropout, LayerNorm, Linear, Module, Residual, Sequential};
+pub use layers::{
+    Activation, Conv2d, Dropout, GroupNorm, LayerNorm, Linear, Module, Residual, Sequential,
+};
 pub use optim::{Adam, Group, Optimizer, Sgd};
 pub use params::ParamStore;
 pub use safetensors::{
