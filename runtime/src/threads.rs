@@ -108,9 +108,6 @@ static SET_THREADS: AtomicUsize = AtomicUsize::new(0);
 /// an op splits its output into parts that are each computed as they would be on one thread, so
 /// the same inputs give the same bits on any number of threads.
 ///
-/// The matrix products inside the convolutions run on `matrixmultiply` (through `ndarray`),
-/// which has threads of its own, set by its variable `MATMUL_NUM_THREADS`, not by this count.
-///
 /// # Panics
 ///
 /// If `n` is 0: the count includes the calling thread, so it is at least 1.

@@ -9,11 +9,12 @@ use ndarray::{Dimension, IxDyn};
 use super::gemm::Matrix;
 use super::lanes::LaneOp;
 use super::linalg::{product, Products};
-use super::{check_addressable, dimension_overflow, work, Operand};
+use super::{check_addressable, dimension_overflow, gemm, work, Operand};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
 use crate::error::{panicking, Error, Result, Shape};
 use crate::tensor::Tensor;
+use crate::threads;
 
 /// The options of a convolution ([`Tensor::conv2d_with`], [`Tensor::conv1d`]), as PyTorch's
 /// `Conv2d` and `Conv1d` take them: `stride`, zero `padding` on every side, `dilation` (the
@@ -77,7 +78,7 @@ impl<T: Element> Op<T> for Conv2d {
         let conv = Conv::new(self, x, weight)?;
         let mut out = cx.rent(conv.out_shape().slice())?;
         if !out.is_empty() {
-            let mut cols = cx.rent::<T>(&conv.cols_shape())?;
+            let mut cols = cx.rent::<T>(&conv.forward_cols_shape())?;
             conv.forward_into(
                 x.slice(),
                 weight.slice(),
@@ -112,7 +113,7 @@ impl<T: Element> Op<T> for Conv2d {
         if let (Some(dx), Some(back)) = (&mut dx, &transposed) {
             let mut flipped = cx.rent::<T>(weight.shape())?;
             conv.flip_kernels(weight.slice(), flipped.unique_slice_mut());
-            let mut cols = cx.rent::<T>(&back.cols_shape())?;
+            let mut cols = cx.rent::<T>(&back.forward_cols_shape())?;
             back.forward_into(
                 g.slice(),
                 flipped.slice(),
@@ -440,17 +441,56 @@ impl Conv {
         Matrix::row_major(cols, rows, positions)
     }
 
+    /// How many images' patch matrices [`Conv::forward_into`] gathers at once: one per thread it
+    /// splits the images over (at most the batch), none if pointwise.
+    fn forward_cols_shape(&self) -> [usize; 3] {
+        let [rows, positions] = self.cols_shape();
+        [threads::threads().min(self.n).max(1), rows, positions]
+    }
+
     /// `out = conv(x, weight)`, every image and group: each group's kernels times its patches
-    /// (through `cols`, [`Conv::cols_shape`]), on the packed product split over the threads.
-    /// Every image and group is written, also an empty one (no channels, or no pixels but
-    /// padding): its output is the product with all-zero patches.
+    /// (through `cols`, [`Conv::forward_cols_shape`]), on the packed product. The images are
+    /// split over the threads, each part with its own patch matrix from `cols`, so that gathering
+    /// the patches runs in parallel too; the product of a part runs on its thread (one image's
+    /// product is split over the threads instead). Each image is computed as on one thread: the
+    /// same bits on any number of threads. Every image and group is written, also an empty one
+    /// (no channels, or no pixels but padding): its output is the product with all-zero patches.
     fn forward_into<T: Element>(&self, x: &[T], weight: &[T], out: &mut [T], cols: &mut [T]) {
         work::visit(self.n * self.groups);
-        for block in self.blocks() {
-            let patches = self.patches(&x[block.x], cols);
-            let kernel = Matrix::row_major(&weight[block.w], self.og, self.rows());
-            product(Products::F32, kernel, patches, &mut out[block.out], false);
-        }
+        let (rows, positions) = (self.rows(), self.positions());
+        let per_part = self.cols_shape().iter().product::<usize>();
+        // The parts `cols` has a patch matrix for (any number if none is needed).
+        let most = cols.len().checked_div(per_part).unwrap_or(self.n).max(1);
+        let (x_len, out_len) = (self.cg * self.h * self.w, self.og * positions);
+        let w_len = self.og * rows;
+        let work = self.groups * self.og * rows * positions;
+        let min_images = gemm::PER_PART.div_ceil(work.max(1));
+        let image_out = self.groups * out_len;
+        super::for_each_part(
+            self.n,
+            min_images,
+            |parts| {
+                let run = self.n.div_ceil(parts.min(most));
+                let mut cols = cols;
+                out.chunks_mut(run * image_out)
+                    .enumerate()
+                    .map(move |(i, out)| {
+                        let (mine, rest) = std::mem::take(&mut cols).split_at_mut(per_part);
+                        cols = rest;
+                        (i * run, out, mine)
+                    })
+            },
+            |(first, out, cols)| {
+                for (i, out) in out.chunks_exact_mut(out_len).enumerate() {
+                    let (image, g) = (first + i / self.groups, i % self.groups);
+                    let at = (image * self.groups + g) * x_len;
+                    let patches = self.patches(&x[at..at + x_len], cols);
+                    let kernel =
+                        Matrix::row_major(&weight[g * w_len..(g + 1) * w_len], self.og, rows);
+                    product(Products::F32, kernel, patches, out, false);
+                }
+            },
+        );
     }
 
     /// For a convolution of stride 1 whose padding is at most its dilated kernel's reach, the
