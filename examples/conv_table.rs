@@ -171,11 +171,12 @@ fn main() {
                     }),
                     Mode::Dx | Mode::Dw => time(budget, || {
                         pool.train(|s| {
-                            let (mut xs, mut ws) = (s.bind(&x), s.bind(&w));
-                            match mode {
-                                Mode::Dx => xs = xs.requires_grad(),
-                                _ => ws = ws.requires_grad(),
-                            }
+                            // A bound parameter is a leaf in a training scope: the operand
+                            // not differentiated is made a constant.
+                            let (xs, ws) = match mode {
+                                Mode::Dx => (s.bind(&x).requires_grad(), s.bind(&w).without_grad()),
+                                _ => (s.bind(&x).without_grad(), s.bind(&w).requires_grad()),
+                            };
                             let y = xs.conv2d_with(&ws, options);
                             let grads = y.backward_with(&s.ones::<f32>(y.shape())).unwrap();
                             let leaf = if matches!(mode, Mode::Dx) { &xs } else { &ws };
