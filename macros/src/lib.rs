@@ -297,13 +297,19 @@ pub fn derive_escape(input: TokenStream) -> TokenStream {
     escape::derive(input.into()).into()
 }
 
-/// Implements `Parameters` for a model struct: each field is walked under its name (the elements of
+/// Implements `Parameters` for a model struct or enum: each field is walked under its name (the elements of
 /// a `Vec` or an array under their index, an `Option` when it holds a value), so the parameters'
 /// names are their field paths, `blocks.3.mlp.w1`, as in PyTorch's `state_dict()`. A field's type
 /// must be a set of parameters (`Param`, a module, a `Vec`, array, `Box` or `Option` of them);
 /// another is a compile error at the field. Two fields may hold one parameter (a clone of one
 /// `Param`, as a head tied to an embedding): it is trained and counted once and saved under both
 /// names (see `Parameters`' "Tied parameters").
+///
+/// An enum (a list of mixed blocks, as `nn.ModuleList` holds them) walks the variant it holds: a
+/// variant of one unnamed value (`Res(ResBlock)`) is that value, so a `Vec<Block>` names its
+/// parameters `blocks.0.conv1.weight` whichever variant each block is; other variants' fields
+/// are named as a struct's (`Pair(Param, Param)`: `0` and `1`); a unit variant holds none. A
+/// union is refused.
 ///
 /// Field options: `#[param(rename = "c_fc.weight")]` walks the field under another name (a file's);
 /// `#[param(flatten)]` walks it under its parent's path (a wrapper's fields as its own);

@@ -208,51 +208,132 @@ fn field_options(field: &syn::Field) -> syn::Result<FieldOptions> {
     Ok(options)
 }
 
+/// A field to walk: how the walk reaches it (`self.name` in a struct, a binding in an enum's
+/// variant), its name in the path, its type and its options.
+struct Field<'a> {
+    access: TokenStream,
+    name: String,
+    ty: &'a Type,
+    options: FieldOptions,
+}
+
+/// The fields of a struct or of one variant, their options parsed (each problem pushed to
+/// `errors`). A variant's fields are reached through bindings `__field_N`.
+fn fields_of<'a>(
+    fields: &'a syn::Fields,
+    bound: bool,
+    errors: &mut Vec<syn::Error>,
+) -> Vec<Field<'a>> {
+    fields
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| {
+            let mut options = field_options(f).map_err(|e| errors.push(e)).ok()?;
+            let name = f
+                .ident
+                .as_ref()
+                .map_or_else(|| i.to_string(), ToString::to_string);
+            // A variant holding one unnamed value (`Res(ResBlock)`) is that value, as a
+            // `ModuleList` holds its modules: walked at the enum's path.
+            let newtype = bound && f.ident.is_none() && fields.len() == 1;
+            if newtype && !options.skip && options.rename.is_none() {
+                options.flatten = true;
+            }
+            let access = match (bound, &f.ident) {
+                (true, _) => {
+                    syn::Ident::new(&format!("__field_{i}"), Span::call_site()).into_token_stream()
+                }
+                (false, Some(ident)) => quote!(#ident),
+                (false, None) => syn::Index::from(i).into_token_stream(),
+            };
+            Some(Field {
+                access,
+                name,
+                ty: &f.ty,
+                options,
+            })
+        })
+        .collect()
+}
+
 fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
-    let Data::Struct(data) = &input.data else {
-        return Err(syn::Error::new_spanned(
-            &input.ident,
-            "derive(Parameters) supports structs; implement `Parameters` by hand for an enum, \
-             walking the variant it holds",
-        ));
-    };
-    // Every mistake in the struct's options and all its fields' is reported at once.
+    // Every mistake in the options and all the fields' is reported at once.
     let mut errors = Vec::new();
     let settings = container(input)
         .and_then(|(krate, element)| Ok((krate, element_type(input, element)?)))
         .map_err(|e| errors.push(e))
         .ok();
-    let fields: Vec<(TokenStream, String, &Type, FieldOptions)> = data
-        .fields
-        .iter()
-        .enumerate()
-        .filter_map(|(i, f)| {
-            let options = field_options(f).map_err(|e| errors.push(e)).ok()?;
-            Some(match &f.ident {
-                Some(ident) => (quote!(#ident), ident.to_string(), &f.ty, options),
-                None => {
-                    let index = syn::Index::from(i);
-                    (quote!(#index), i.to_string(), &f.ty, options)
-                }
+    // The struct's fields, or each variant's with the pattern that binds them.
+    let parts: Vec<(Option<TokenStream>, Vec<Field<'_>>)> = match &input.data {
+        Data::Struct(data) => vec![(None, fields_of(&data.fields, false, &mut errors))],
+        Data::Enum(data) => data
+            .variants
+            .iter()
+            .map(|v| {
+                let ident = &v.ident;
+                let fields = fields_of(&v.fields, true, &mut errors);
+                // A skipped field is not bound (with errors, the fields may be fewer; the
+                // derive then fails before the patterns are used).
+                let bindings: Vec<TokenStream> = (0..v.fields.len())
+                    .map(|i| match fields.get(i) {
+                        Some(f) if !f.options.skip => f.access.clone(),
+                        _ => quote!(_),
+                    })
+                    .collect();
+                let pattern = match &v.fields {
+                    syn::Fields::Named(named) => {
+                        let names = named.named.iter().map(|f| &f.ident);
+                        quote!(Self::#ident { #(#names: #bindings),* })
+                    }
+                    syn::Fields::Unnamed(_) => quote!(Self::#ident(#(#bindings),*)),
+                    syn::Fields::Unit => quote!(Self::#ident),
+                };
+                (Some(pattern), fields)
             })
-        })
-        .collect();
+            .collect(),
+        Data::Union(_) => {
+            return Err(syn::Error::new_spanned(
+                &input.ident,
+                "derive(Parameters) supports structs and enums, not unions",
+            ))
+        }
+    };
     args::combine(errors)?;
     let (krate, element) = settings.expect("no error");
     let walk = |method: TokenStream, reference: TokenStream| {
-        let calls = fields.iter().filter(|(.., o)| !o.skip).map(|(access, name, ty, o)| {
-            let path = if o.flatten {
-                quote!(__path)
-            } else {
-                let name = o.rename.as_ref().map_or_else(|| name.clone(), LitStr::value);
-                quote!(&__path.field(#name))
-            };
-            // At the field's type, so that a field that is no set of parameters is an error there.
-            quote_spanned! {ty.span()=>
-                <#ty as #krate::Parameters<#element>>::#method(#reference self.#access, #path, __f);
+        let arms = parts.iter().map(|(pattern, fields)| {
+            let calls = fields.iter().filter(|f| !f.options.skip).map(|f| {
+                let path = if f.options.flatten {
+                    quote!(__path)
+                } else {
+                    let name = f
+                        .options
+                        .rename
+                        .as_ref()
+                        .map_or_else(|| f.name.clone(), LitStr::value);
+                    quote!(&__path.field(#name))
+                };
+                let (ty, access) = (f.ty, &f.access);
+                let value = match pattern {
+                    None => quote!(#reference self.#access),
+                    Some(_) => quote!(#access),
+                };
+                // At the field's type, so that a field that is no set of parameters is an error
+                // there.
+                quote_spanned! {ty.span()=>
+                    <#ty as #krate::Parameters<#element>>::#method(#value, #path, __f);
+                }
+            });
+            match pattern {
+                None => quote!(#(#calls)*),
+                Some(pattern) => quote!(#pattern => { #(#calls)* }),
             }
         });
-        quote!(#(#calls)*)
+        match &input.data {
+            Data::Enum(data) if data.variants.is_empty() => quote!(match *self {}),
+            Data::Enum(_) => quote!(match self { #(#arms)* }),
+            _ => quote!(#(#arms)*),
+        }
     };
     let visit = walk(quote!(visit_params), quote!(&));
     let visit_mut = walk(quote!(visit_params_mut), quote!(&mut));
@@ -262,11 +343,12 @@ fn generate(input: &DeriveInput) -> syn::Result<TokenStream> {
     let mut generics = input.generics.clone();
     let type_params: Vec<&syn::Ident> = input.generics.type_params().map(|t| &t.ident).collect();
     let element_name = element.to_string();
-    for (.., ty, o) in &fields {
+    for f in parts.iter().flat_map(|(_, fields)| fields) {
         let generic = type_params
             .iter()
-            .any(|t| **t != element_name && mentions(ty, t));
-        if generic && !o.skip {
+            .any(|t| **t != element_name && mentions(f.ty, t));
+        if generic && !f.options.skip {
+            let ty = f.ty;
             generics
                 .make_where_clause()
                 .predicates
