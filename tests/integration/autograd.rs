@@ -716,3 +716,20 @@ fn gradients_never_alias_a_tensor_of_a_shorter_scope() {
     });
     assert_eq!(pool.stats().bytes_in_use, w.allocated_bytes());
 }
+
+#[test]
+fn data_bound_without_grad_crosses_ops_without_a_derivative() {
+    let pool = Pool::with_max_memory_mb(16);
+    let w = Param::from_slice(&pool, &[2], &[1.0f32, 2.0]);
+    let labels = Param::from_slice(&pool, &[2], &[0.0f32, 1.0]);
+    pool.train(|s| {
+        // Bound in a training scope, a parameter is a gradient leaf: the cast is on the path.
+        let leaf = s.bind(&labels).cast::<f64>().cast::<f32>();
+        let err = (&leaf * &w).sum_all().backward().unwrap_err();
+        assert_eq!(err, Error::NotDifferentiable { op: "cast" });
+        assert!(err.to_string().contains("without_grad()"), "{err}");
+        let data = s.bind(&labels).without_grad().cast::<f64>().cast::<f32>();
+        let grads = (&data * &w).sum_all().backward().unwrap();
+        assert_eq!(grads.get(&w).unwrap().to_vec(), vec![0.0, 1.0]);
+    });
+}

@@ -155,9 +155,13 @@ pub enum Error {
     )]
     GraphConsumed,
     /// `backward` through an op that has no derivative (`map`, `zip_map`, `map_lanes`, `cast`).
+    /// Data brought in from a [`Param`](crate::Param) (a batch, labels) meets this when bound
+    /// with [`Scope::bind`](crate::Scope::bind) in a training scope, where a bound parameter is a
+    /// gradient leaf: `s.bind(&batch).without_grad()` brings it in as data.
     #[error(
         "backward: {op} has no derivative; use map_with_derivative for an elementwise function, or \
-         keep it out of the differentiated path (without_grad)"
+         keep it out of the differentiated path (without_grad); data bound from a Param in a \
+         training scope is a gradient leaf unless bound as s.bind(&data).without_grad()"
     )]
     NotDifferentiable {
         /// The op.
