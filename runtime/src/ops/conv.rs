@@ -8,7 +8,7 @@ use ndarray::{Dimension, IxDyn};
 
 use super::gemm::Matrix;
 use super::lanes::LaneOp;
-use super::linalg::{product, Products};
+use super::linalg::product_band;
 use super::{check_addressable, dimension_overflow, gemm, work, Operand};
 use crate::autograd::{self, args, Arg, Backward, Forward, Grads, Op, Saved};
 use crate::element::Element;
@@ -78,7 +78,7 @@ impl<T: Element> Op<T> for Conv2d {
         let conv = Conv::new(self, x, weight)?;
         let mut out = cx.rent(conv.out_shape().slice())?;
         if !out.is_empty() {
-            let mut cols = cx.rent::<T>(&conv.forward_cols_shape())?;
+            let mut cols = cx.rent::<T>(&conv.forward_cols_shape::<T>())?;
             conv.forward_into(
                 x.slice(),
                 weight.slice(),
@@ -113,7 +113,7 @@ impl<T: Element> Op<T> for Conv2d {
         if let (Some(dx), Some(back)) = (&mut dx, &transposed) {
             let mut flipped = cx.rent::<T>(weight.shape())?;
             conv.flip_kernels(weight.slice(), flipped.unique_slice_mut());
-            let mut cols = cx.rent::<T>(&back.forward_cols_shape())?;
+            let mut cols = cx.rent::<T>(&back.forward_cols_shape::<T>())?;
             back.forward_into(
                 g.slice(),
                 flipped.slice(),
@@ -121,28 +121,37 @@ impl<T: Element> Op<T> for Conv2d {
                 cols.unique_slice_mut(),
             );
         }
-        let by_columns = dw.is_some() || (dx.is_some() && transposed.is_none());
-        if !by_columns {
-            return Ok(Grads::from([dx, dw]));
-        }
-        let mut cols = cx.rent::<T>(&conv.cols_shape())?;
-        work::visit(conv.n * conv.groups);
-        for block in conv.blocks() {
-            let gi = Matrix::row_major(&g.slice()[block.out], conv.og, positions);
-            if let Some(dw) = &mut dw {
-                let patches = conv.patches(&x.slice()[block.x.clone()], cols.unique_slice_mut());
-                let dw_group = &mut dw.unique_slice_mut()[block.w.clone()];
-                product(Products::F32, gi, patches.t(), dw_group, true);
+        if let Some(dw) = &mut dw {
+            // Tile by tile of output rows: `dW_g += g_g[.., tile] cols_g(tile)^T`.
+            let mut cols = cx.rent::<T>(&conv.cols_shape::<T>())?;
+            work::visit(conv.n * conv.groups);
+            for block in conv.blocks() {
+                let g_block = &g.slice()[block.out];
+                for oys in conv.tiles::<T>() {
+                    let columns = oys.len() * conv.wo;
+                    let gi = Matrix {
+                        data: &g_block[oys.start * conv.wo..],
+                        rows: conv.og,
+                        cols: columns,
+                        rs: positions,
+                        cs: 1,
+                    };
+                    let image = &x.slice()[block.x.clone()];
+                    let patches = conv.patches(image, oys, cols.unique_slice_mut());
+                    let dw_group = &mut dw.unique_slice_mut()[block.w.clone()];
+                    product_band(gi, patches.t(), dw_group, (rows, 0), true);
+                }
             }
-            if let (Some(dx), None) = (&mut dx, &transposed) {
+        }
+        if let (Some(dx), None) = (&mut dx, &transposed) {
+            // A strided convolution: `W_g^T g_g` into a whole patch matrix, scattered back.
+            let mut cols = cx.rent::<T>(&[rows, positions])?;
+            work::visit(conv.n * conv.groups);
+            for block in conv.blocks() {
+                let gi = Matrix::row_major(&g.slice()[block.out], conv.og, positions);
                 let kernel = Matrix::row_major(&weight.slice()[block.w], conv.og, rows);
-                product(
-                    Products::F32,
-                    kernel.t(),
-                    gi,
-                    cols.unique_slice_mut(),
-                    false,
-                );
+                let dcols = cols.unique_slice_mut();
+                product_band(kernel.t(), gi, dcols, (positions, 0), false);
                 conv.col2im(cols.slice(), &mut dx.unique_slice_mut()[block.x]);
             }
         }
@@ -226,6 +235,17 @@ pub(crate) fn nchw<T: Element>(op: &'static str, t: &Tensor<'_, T>) -> Result<[u
         }),
     }
 }
+
+/// Bytes of the patches one tile of output rows gathers (im2col), at most (or one output row's):
+/// they stay in a core's L2 cache beside the product's packed panels while the product reads
+/// them, instead of a whole image's patch matrix (`k_h k_w` times the image: 9.4 MB for a 3x3
+/// kernel over 64 channels of 64x64) written out and read back.
+const TILE_BYTES: usize = 256 << 10;
+/// Output positions per tile, at least: a product with fewer columns of patches than this runs
+/// its tiles part empty and its calls' overheads too often (one row of 16 positions, what
+/// [`TILE_BYTES`] holds of a 3x3 kernel over 256 channels of 16x16, made that forward 2.9x
+/// slower than its untiled one).
+const TILE_COLUMNS: usize = 256;
 
 /// The sizes of a convolution, checked: input `[n, c_in, h, w]`, weight `[c_out, c_in / groups,
 /// kh, kw]`, output `[n, c_out, ho, wo]` (a 1-D convolution has `h = kh = ho = 1`, and the height
@@ -422,34 +442,67 @@ impl Conv {
         self.kh == 1 && self.kw == 1 && self.stride == [1, 1] && self.padding == [0, 0]
     }
 
-    /// The shape of the patch matrix a call rents: `[rows, positions]`, none if pointwise.
-    fn cols_shape(&self) -> [usize; 2] {
+    /// Output rows per tile of patches: as many as fit [`TILE_BYTES`], but at least
+    /// [`TILE_COLUMNS`] positions' worth; all of them if pointwise (its patches are the image,
+    /// nothing is gathered).
+    fn tile_rows<T: Element>(&self) -> usize {
+        let row = self.rows() * self.wo * std::mem::size_of::<T>();
+        let least = TILE_COLUMNS.div_ceil(self.wo.max(1));
         match self.pointwise() {
-            true => [0, 0],
-            false => [self.rows(), self.positions()],
+            true => self.ho,
+            false => (TILE_BYTES / row.max(1)).max(least).clamp(1, self.ho),
         }
     }
 
-    /// The patch matrix of one group of one image: the image itself if pointwise, else gathered
-    /// into `cols` (im2col).
-    fn patches<'a, T: Element>(&self, image: &'a [T], cols: &'a mut [T]) -> Matrix<'a, T> {
-        let (rows, positions) = (self.rows(), self.positions());
-        if self.pointwise() {
-            return Matrix::row_major(image, rows, positions);
+    /// The tiles of output rows, first to last.
+    fn tiles<T: Element>(&self) -> impl Iterator<Item = Range<usize>> {
+        let (rows, ho) = (self.tile_rows::<T>(), self.ho);
+        (0..ho)
+            .step_by(rows)
+            .map(move |start| start..(start + rows).min(ho))
+    }
+
+    /// The shape of the patch matrix of one tile: `[rows, tile_rows wo]`, none if pointwise.
+    fn cols_shape<T: Element>(&self) -> [usize; 2] {
+        match self.pointwise() {
+            true => [0, 0],
+            false => [self.rows(), self.tile_rows::<T>() * self.wo],
         }
-        self.im2col(image, cols);
-        Matrix::row_major(cols, rows, positions)
+    }
+
+    /// The patch matrix of one group of one image at output rows `oys`, `[rows, oys.len() wo]`:
+    /// the image itself if pointwise, else gathered into `cols` (im2col).
+    fn patches<'a, T: Element>(
+        &self,
+        image: &'a [T],
+        oys: Range<usize>,
+        cols: &'a mut [T],
+    ) -> Matrix<'a, T> {
+        let (rows, columns) = (self.rows(), oys.len() * self.wo);
+        if self.pointwise() {
+            return Matrix {
+                data: &image[oys.start * self.wo..],
+                rows,
+                cols: columns,
+                rs: self.positions(),
+                cs: 1,
+            };
+        }
+        let cols = &mut cols[..rows * columns];
+        self.im2col(image, oys, cols);
+        Matrix::row_major(cols, rows, columns)
     }
 
     /// How many images' patch matrices [`Conv::forward_into`] gathers at once: one per thread it
     /// splits the images over (at most the batch), none if pointwise.
-    fn forward_cols_shape(&self) -> [usize; 3] {
-        let [rows, positions] = self.cols_shape();
-        [threads::threads().min(self.n).max(1), rows, positions]
+    fn forward_cols_shape<T: Element>(&self) -> [usize; 3] {
+        let [rows, columns] = self.cols_shape::<T>();
+        [threads::threads().min(self.n).max(1), rows, columns]
     }
 
-    /// `out = conv(x, weight)`, every image and group: each group's kernels times its patches
-    /// (through `cols`, [`Conv::forward_cols_shape`]), on the packed product. The images are
+    /// `out = conv(x, weight)`, every image and group: each group's kernels times its patches,
+    /// tile by tile of output rows (through `cols`, [`Conv::forward_cols_shape`]), each product
+    /// into its band of the output's columns, on the packed product. The images are
     /// split over the threads, each part with its own patch matrix from `cols`, so that gathering
     /// the patches runs in parallel too; the product of a part runs on its thread (one image's
     /// product is split over the threads instead). Each image is computed as on one thread: the
@@ -458,7 +511,7 @@ impl Conv {
     fn forward_into<T: Element>(&self, x: &[T], weight: &[T], out: &mut [T], cols: &mut [T]) {
         work::visit(self.n * self.groups);
         let (rows, positions) = (self.rows(), self.positions());
-        let per_part = self.cols_shape().iter().product::<usize>();
+        let per_part = self.cols_shape::<T>().iter().product::<usize>();
         // The parts `cols` has a patch matrix for (any number if none is needed).
         let most = cols.len().checked_div(per_part).unwrap_or(self.n).max(1);
         let (x_len, out_len) = (self.cg * self.h * self.w, self.og * positions);
@@ -484,10 +537,13 @@ impl Conv {
                 for (i, out) in out.chunks_exact_mut(out_len).enumerate() {
                     let (image, g) = (first + i / self.groups, i % self.groups);
                     let at = (image * self.groups + g) * x_len;
-                    let patches = self.patches(&x[at..at + x_len], cols);
                     let kernel =
                         Matrix::row_major(&weight[g * w_len..(g + 1) * w_len], self.og, rows);
-                    product(Products::F32, kernel, patches, out, false);
+                    for oys in self.tiles::<T>() {
+                        let first = oys.start * self.wo;
+                        let patches = self.patches(&x[at..at + x_len], oys, cols);
+                        product_band(kernel, patches, out, (positions, first), false);
+                    }
                 }
             },
         );
@@ -531,12 +587,13 @@ impl Conv {
     }
 
     /// Calls `f(patch offset, image offset, count)` for every run of patch entries of one group
-    /// that lie inside the image (the others are the zero border): `count` entries of one patch row
+    /// at output rows `oys` (the patch matrix of those rows, `[rows, oys.len() wo]`) that lie
+    /// inside the image (the others are the zero border): `count` entries of one patch row
     /// and output row, consecutive in the patch matrix and `stride` apart in the image. The
     /// columns inside the image are a range, found once per kernel tap rather than checked per
     /// entry: `ox` is inside when `0 <= ox stride + kx dilation - padding < w`.
-    fn for_each_run(&self, mut f: impl FnMut(usize, usize, usize)) {
-        let (sx, positions) = (self.stride[1], self.positions());
+    fn for_each_run(&self, oys: Range<usize>, mut f: impl FnMut(usize, usize, usize)) {
+        let (sx, columns) = (self.stride[1], oys.len() * self.wo);
         // The first output position `o` with `o step + tap >= padding`, and the first with
         // `o step + tap >= padding + len`: the inside columns are the range between them.
         let first_at =
@@ -551,7 +608,7 @@ impl Conv {
                     if lo >= hi {
                         continue;
                     }
-                    for oy in 0..self.ho {
+                    for oy in oys.clone() {
                         let iy = (oy * self.stride[0] + ky * self.dilation[0])
                             .checked_sub(self.padding[0])
                             .filter(|&i| i < self.h);
@@ -560,19 +617,19 @@ impl Conv {
                         };
                         let ix = lo * sx + tap - self.padding[1];
                         let at = (c * self.h + iy) * self.w + ix;
-                        f(row * positions + oy * self.wo + lo, at, hi - lo);
+                        f(row * columns + (oy - oys.start) * self.wo + lo, at, hi - lo);
                     }
                 }
             }
         }
     }
 
-    /// The patch matrix of one group of one image (im2col), written whole: the border entries are
-    /// zeros.
-    fn im2col<T: Element>(&self, image: &[T], patches: &mut [T]) {
+    /// The patch matrix of one group of one image at output rows `oys` (im2col), written whole:
+    /// the border entries are zeros.
+    fn im2col<T: Element>(&self, image: &[T], oys: Range<usize>, patches: &mut [T]) {
         patches.fill(T::zero());
         let sx = self.stride[1];
-        self.for_each_run(|col, at, count| {
+        self.for_each_run(oys, |col, at, count| {
             let out = &mut patches[col..col + count];
             if sx == 1 {
                 out.copy_from_slice(&image[at..at + count]);
@@ -587,7 +644,7 @@ impl Conv {
     /// The transpose of im2col: each patch entry added into the image pixel it came from.
     fn col2im<T: Element>(&self, patches: &[T], image: &mut [T]) {
         let sx = self.stride[1];
-        self.for_each_run(|col, at, count| {
+        self.for_each_run(0..self.ho, |col, at, count| {
             let pixels = image[at..].iter_mut().step_by(sx);
             for (pixel, &p) in pixels.zip(&patches[col..col + count]) {
                 *pixel = *pixel + p;
@@ -620,14 +677,15 @@ impl<'s, T: Element> Tensor<'s, T> {
     /// `[n, c_out, h_out, w_out]`, with
     /// `h_out = (h + 2 padding - dilation (k_h - 1) - 1) / stride + 1` and `w_out` alike.
     ///
-    /// Computed by im2col: each image's patches of one group go into one rented
-    /// `[c_in / groups k_h k_w, h_out w_out]` matrix (none for a 1x1 kernel with stride 1 and no
-    /// padding, whose patches are the image), multiplied by the group's kernels straight into the
-    /// output on the packed `f32`/`f64` product that [`Tensor::matmul`] runs, split over the
-    /// [`threads`](crate::threads). That matrix is `k_h k_w` times one image's group: 9.4 MB for
-    /// a 3x3 kernel over `[64, 64, 64]`. The input's gradient of a stride-1 convolution is the
-    /// convolution of the output's gradient by the kernels turned and transposed; of a strided
-    /// one, the patch matrix's product scattered back (col2im).
+    /// Computed by im2col in tiles: the patches of a tile of output rows of one image's group go
+    /// into a rented `[c_in / groups k_h k_w, tile]` matrix of about 256 KiB (at least 256
+    /// positions; none for a 1x1 kernel with stride 1 and no padding, whose patches are the
+    /// image), multiplied by the group's kernels straight into the output's columns on the packed
+    /// `f32`/`f64` product that [`Tensor::matmul`] runs. The images are split over the
+    /// [`threads`](crate::threads), each with its own tile. The input's gradient of a stride-1
+    /// convolution is the convolution of the output's gradient by the kernels turned and
+    /// transposed; of a strided one, a whole patch matrix's product scattered back (col2im), which
+    /// rents `k_h k_w` times one image's group (9.4 MB for a 3x3 kernel over `[64, 64, 64]`).
     ///
     /// Fails with [`Error::InvalidShape`] for an input that is not 4-D;
     /// [`Error::InvalidArgument`] for zero groups or dilation, or groups that do not divide the

@@ -144,7 +144,9 @@ impl<T: Copy> Matrix<'_, T> {
 }
 
 /// `c = a b` for `a: [m, k]`, `b: [k, n]` and a row-major `c: [m, n]`, with `T` `f32` or `f64`
-/// ([`Element::GEMM`]).
+/// ([`Element::GEMM`]). The ops call [`product_band`] (through `linalg`), of which this is the
+/// whole-width case; the tests call this.
+#[cfg(test)]
 pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
     multiply::<T, Exact>(a, b, c, false)
 }
@@ -152,34 +154,59 @@ pub(crate) fn product<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T
 /// `c += a b`, as [`product`] otherwise: the sums go into what `c` holds, as the tiles of the
 /// later steps along `k` do, so an accumulation over many products (attention's tiles) needs no
 /// temporary and no pass of its own.
+#[cfg(test)]
 pub(crate) fn product_add<T: Element>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T]) {
     multiply::<T, Exact>(a, b, c, true)
 }
 
+/// `c[.., first..first + n] = a b` (or `+=` if `add`) for `a: [m, k]`, `b: [k, n]` and a
+/// row-major `c` of `width` columns: a product into a band of columns of a wider output (a
+/// convolution's tile of output positions), as [`product`] otherwise.
+pub(crate) fn product_band<T: Element>(
+    a: Matrix<'_, T>,
+    b: Matrix<'_, T>,
+    c: &mut [T],
+    band: (usize, usize),
+    add: bool,
+) {
+    multiply_band::<T, Exact>(a, b, c, band, add)
+}
+
 /// `c = a b`, or `c += a b` if `add`, the operands packed as `P` says.
 fn multiply<T: Element, P: Packing<T>>(a: Matrix<'_, T>, b: Matrix<'_, T>, c: &mut [T], add: bool) {
+    multiply_band::<T, P>(a, b, c, (b.cols, 0), add)
+}
+
+/// [`multiply`] into columns `first..first + n` of a row-major `c` of `width` columns.
+fn multiply_band<T: Element, P: Packing<T>>(
+    a: Matrix<'_, T>,
+    b: Matrix<'_, T>,
+    c: &mut [T],
+    (width, first): (usize, usize),
+    add: bool,
+) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let last = |x: &Matrix<'_, T>| (x.rows - 1) * x.rs + (x.cols - 1) * x.cs;
     assert!(
         b.rows == k
-            && c.len() >= m * n
+            && first + n <= width
+            && c.len() >= m * width
             && (m * k == 0 || last(&a) < a.data.len())
             && (k * n == 0 || last(&b) < b.data.len()),
-        "gemm: operands do not fit [{m}, {k}] x [{}, {n}] -> [{m}, {n}]",
+        "gemm: operands do not fit [{m}, {k}] x [{}, {n}] -> columns {first}.. of [{m}, {width}]",
         b.rows
     );
-    let c = &mut c[..m * n];
     if m == 0 || n == 0 {
         return;
     }
+    let c = Window::band(&mut c[..m * width], width, first, n);
     if k == 0 {
         // An empty sum: zeros, whatever the buffer held (or nothing added).
         if !add {
-            c.fill(T::zero());
+            c.into_rows().for_each(|row| row.fill(T::zero()));
         }
         return;
     }
-    let c = Window::new(c, n);
     if P::AS_IS && skinny::takes(&a, &b) {
         return skinny::product(a, b, c, add);
     }

@@ -323,14 +323,25 @@ pub(super) fn product<T: Element>(
         let c = bytemuck::cast_slice_mut::<T, f32>(c);
         return gemm::bf16::product_bf16(a, b, c, add);
     }
+    product_band(a, b, c, (b.cols, 0), add)
+}
+
+/// `c[.., first..first + n] = a b` (or `+=` if `add`) for strided `a: [m, k]`, `b: [k, n]` and a
+/// row-major output slice of `width` columns: the library's packed product for `f32` and `f64`,
+/// ndarray's `general_mat_mul` for the others (no bf16 rounding: the convolutions' products).
+pub(super) fn product_band<T: Element>(
+    a: Matrix<'_, T>,
+    b: Matrix<'_, T>,
+    c: &mut [T],
+    (width, first): (usize, usize),
+    add: bool,
+) {
     if T::GEMM {
-        return match add {
-            true => gemm::product_add(a, b, c),
-            false => gemm::product(a, b, c),
-        };
+        return gemm::product_band(a, b, c, (width, first), add);
     }
     let (m, n) = (a.rows, b.cols);
-    let mut c = ArrayViewMut2::from_shape((m, n), &mut c[..m * n]).expect("an [m, n] output");
+    let shape = (m, n).strides((width, 1));
+    let mut c = ArrayViewMut2::from_shape(shape, &mut c[first..]).expect("an [m, n] band");
     let beta = if add { T::one() } else { T::zero() };
     general_mat_mul(T::one(), &ndarray_view(a), &ndarray_view(b), beta, &mut c);
 }

@@ -11,7 +11,7 @@ use std::ptr::NonNull;
 
 /// Rows `rows` and columns `cols` of a row-major matrix of `n` columns, borrowed mutably for `'a`.
 ///
-/// A window is made from the matrix's whole slice ([`Window::new`]) and split into windows that
+/// A window is made from the matrix's whole slice, or a band of its columns ([`Window::band`]), and split into windows that
 /// do not overlap ([`Window::split_rows`], [`Window::split_columns`]), or lends out a part of
 /// itself ([`Window::sub`]); no two windows made from one slice share an element while they live,
 /// and the rows of a window are slices ([`Window::into_rows`]).
@@ -31,18 +31,28 @@ pub(crate) struct Window<'a, T> {
 unsafe impl<T: Send> Send for Window<'_, T> {}
 
 impl<'a, T> Window<'a, T> {
-    /// All of `data` as a matrix of `n` columns (its length a multiple of `n`, `n > 0`).
+    /// All of `data` as a matrix of `n` columns (its length a multiple of `n`, `n > 0`): the
+    /// whole-width [`Window::band`].
+    #[cfg(test)]
     pub(crate) fn new(data: &'a mut [T], n: usize) -> Self {
+        Window::band(data, n, 0, n)
+    }
+
+    /// Columns `first..first + cols` of all of `data` as a matrix of `n` columns, as a window of
+    /// `cols` columns numbered from 0 (a product's output band: its columns are `b`'s). The
+    /// window's element `(i, j)` is `data[first + i n + j]`.
+    pub(crate) fn band(data: &'a mut [T], n: usize, first: usize, cols: usize) -> Self {
         assert!(
-            n > 0 && data.len().is_multiple_of(n),
-            "a window of {n} columns over {} elements",
+            n > 0 && data.len().is_multiple_of(n) && first + cols <= n,
+            "a band of columns {first}..{} of {n} over {} elements",
+            first + cols,
             data.len()
         );
         Window {
             rows: 0..data.len() / n,
-            cols: 0..n,
+            cols: 0..cols,
             n,
-            data: NonNull::from(data).cast(),
+            data: NonNull::from(&mut data[first..]).cast(),
             borrow: PhantomData,
         }
     }
@@ -99,8 +109,9 @@ impl<'a, T> Window<'a, T> {
         } = self;
         rows.map(move |i| {
             // SAFETY: the `cols` of row `i` are elements of this window, so they lie in the slice
-            // the window came from (`new`: rows below `len / n`, columns below `n`; splits and
-            // `sub` only narrow the ranges), which is borrowed mutably for `'a`; no other window
+            // the window came from (`band`: rows below `len / n`, columns below `n - first` from
+            // `first`; splits and `sub` only narrow the
+            // ranges), which is borrowed mutably for `'a`; no other window
             // shares them (splits consume the window and give disjoint ranges, and `sub` borrows
             // its window for as long as the part lives), and this iterator, which took the window,
             // gives each row once.
