@@ -718,12 +718,7 @@ fn conv2d_adds_its_bias_per_channel_and_differentiates_it() {
     let weight = Param::from_slice(&pool, &[2, 3, 1, 1], &[1.0, 2.0, 3.0, -1.0, 0.5, 0.0]);
     let bias = Param::from_slice(&pool, &[2], &[10.0, -10.0]);
     let conv = Conv2d::from_params(weight, bias, ConvOptions::default()).unwrap();
-    let names: Vec<String> = conv
-        .named_params()
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
-    assert_eq!(names, ["weight", "bias"]);
+    assert_eq!(param_names(&conv), ["weight", "bias"]);
     pool.train(|s| {
         // Two images of 3 channels, 1x2 positions.
         let x = s.from_slice::<f32>(
@@ -791,12 +786,7 @@ fn group_norm_scales_and_shifts_each_channel_and_differentiates_both() {
     let weight = Param::from_slice(&pool, &[4], &[1.0, 2.0, 3.0, 4.0]);
     let bias = Param::from_slice(&pool, &[4], &[10.0, 20.0, 30.0, 40.0]);
     let norm = GroupNorm::from_params(weight, bias, 2, 0.0).unwrap();
-    let names: Vec<String> = norm
-        .named_params()
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
-    assert_eq!(names, ["weight", "bias"]);
+    assert_eq!(param_names(&norm), ["weight", "bias"]);
     pool.train(|s| {
         // Each group of two channels has mean 4 (then 1) and variance 1: normalized, the values
         // are -1 and 1 exactly.
@@ -817,4 +807,13 @@ fn group_norm_scales_and_shifts_each_channel_and_differentiates_both() {
     });
     let e = GroupNorm::<f32>::new(&pool, 3, 4, 1e-5).err().unwrap();
     assert!(e.to_string().contains("3 groups must divide the 4"), "{e}");
+}
+
+/// The names of a module's parameters, in order.
+fn param_names(module: &impl Parameters<f32>) -> Vec<String> {
+    module
+        .named_params()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
 }
