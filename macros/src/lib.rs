@@ -309,7 +309,9 @@ pub fn derive_escape(input: TokenStream) -> TokenStream {
 /// variant of one unnamed value (`Res(ResBlock)`) is that value, so a `Vec<Block>` names its
 /// parameters `blocks.0.conv1.weight` whichever variant each block is; other variants' fields
 /// are named as a struct's (`Pair(Param, Param)`: `0` and `1`); a unit variant holds none. A
-/// union is refused.
+/// variant holding a bare `Param` is named by the enum's path, so at the root it is named `""`,
+/// as a `Param` walked alone is: give it a name with `#[param(rename = "..")]`. A union is
+/// refused.
 ///
 /// Field options: `#[param(rename = "c_fc.weight")]` walks the field under another name (a file's);
 /// `#[param(flatten)]` walks it under its parent's path (a wrapper's fields as its own);
