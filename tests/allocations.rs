@@ -547,3 +547,69 @@ fn steady_state_steps_of_a_chain_with_skips_allocate_nothing() {
         "heap allocations over {STEADY_STEPS} steady-state steps of a chain with skips: {counts:?}"
     );
 }
+
+/// A list of mixed layers, as a diffusion model's blocks are kept (`#[derive(Parameters)]` on an
+/// enum): convolutions with their biases, group norm with its scale and shift, SiLU.
+#[derive(Parameters)]
+enum Layer {
+    Conv(tensorscope::nn::Conv2d),
+    Norm(tensorscope::nn::GroupNorm),
+    Silu,
+}
+
+impl Layer {
+    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
+        match self {
+            Layer::Conv(conv) => conv.forward(x).expect("conv"),
+            Layer::Norm(norm) => norm.forward(x).expect("norm"),
+            Layer::Silu => x.silu(),
+        }
+    }
+}
+
+/// Convolutions (3x3, strided, 1x1) trained with group norm and SiLU between them: their tiles of
+/// patches, turned kernels and gradients come from the pool, and the images split over the
+/// threads take nothing from the heap.
+#[test]
+fn steady_state_convolution_training_steps_allocate_nothing() {
+    use tensorscope::nn::{Conv2d, GroupNorm};
+    use tensorscope::ops::ConvOptions;
+    let pool = Pool::with_max_memory_mb(256);
+    let pad = ConvOptions {
+        padding: 1,
+        ..ConvOptions::default()
+    };
+    let strided = ConvOptions { stride: 2, ..pad };
+    let mut layers = vec![
+        Layer::Conv(Conv2d::new(&pool, 4, 16, 3, pad, 1).expect("conv")),
+        Layer::Norm(GroupNorm::new(&pool, 4, 16, 1e-5).expect("norm")),
+        Layer::Silu,
+        Layer::Conv(Conv2d::new(&pool, 16, 16, 3, pad, 2).expect("conv")),
+        Layer::Conv(Conv2d::new(&pool, 16, 16, 3, strided, 3).expect("conv")),
+        Layer::Conv(Conv2d::new(&pool, 16, 8, 1, ConvOptions::default(), 4).expect("conv")),
+    ];
+    let images = Param::from_slice(&pool, &[4, 4, 32, 32], &vec![0.25; 4 * 4 * 32 * 32]);
+    let n = per_step(|steps, boundary| {
+        let mut adam = Adam::new(1e-3);
+        pool.scope(|outer| {
+            let mut grads = tensorscope::Gradients::new(outer);
+            for step in 0..steps {
+                boundary(step);
+                outer.train(|s| {
+                    let mut h = s.bind(&images).without_grad();
+                    for layer in &layers {
+                        h = layer.forward(&h);
+                    }
+                    h.sum_all().backward_into(&mut grads).expect("backward");
+                });
+                adam.step(&mut layers, &grads).expect("adam");
+                grads.zero().expect("zero");
+            }
+            boundary(steps);
+        });
+    });
+    assert_eq!(
+        n, 0,
+        "heap allocations over {STEADY_STEPS} steady-state steps of convolutions"
+    );
+}
