@@ -49,19 +49,6 @@ impl Mode {
     }
 }
 
-/// Deterministic values in [-1, 1).
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
 /// The median of `times`.
 fn median(times: &mut [f64]) -> f64 {
     times.sort_by(f64::total_cmp);
@@ -145,17 +132,13 @@ fn main() {
     for round in 0..args.rounds {
         for (i, &&(name, c_in, side, c_out, k, stride)) in shapes.iter().enumerate() {
             let n = args.batch;
-            let x = Param::from_slice(
-                &pool,
-                &[n, c_in, side, side],
-                &values(n * c_in * side * side, 1),
-            );
-            let bound = (1.0 / (c_in * k * k) as f32).sqrt();
-            let w: Vec<f32> = values(c_out * c_in * k * k, 2)
-                .into_iter()
-                .map(|v| v * bound)
-                .collect();
-            let w = Param::from_slice(&pool, &[c_out, c_in, k, k], &w);
+            // Uniform on [-1, 1), the weight on PyTorch's default bound 1/sqrt(fan-in).
+            let bound = 1.0 / ((c_in * k * k) as f64).sqrt();
+            let (x, w) = pool.scope(|s| {
+                let x = s.uniform::<f32>(&[n, c_in, side, side], -1.0, 1.0, 1);
+                let w = s.uniform::<f32>(&[c_out, c_in, k, k], -bound, bound, 2);
+                (x.detach(), w.detach())
+            });
             let options = ConvOptions {
                 stride,
                 padding: k / 2,
