@@ -11,9 +11,9 @@ use std::ptr::NonNull;
 
 /// Rows `rows` and columns `cols` of a row-major matrix of `n` columns, borrowed mutably for `'a`.
 ///
-/// A window is made from the matrix's whole slice, or a band of its columns ([`Window::band`]), and split into windows that
-/// do not overlap ([`Window::split_rows`], [`Window::split_columns`]), or lends out a part of
-/// itself ([`Window::sub`]); no two windows made from one slice share an element while they live,
+/// A window is made from the matrix's whole slice, or a band of its columns ([`Window::band`]),
+/// and split into windows that do not overlap ([`Window::split_rows`], [`Window::split_columns`]),
+/// or lends out a part of itself ([`Window::sub`]); no two windows made from one slice share an element while they live,
 /// and the rows of a window are slices ([`Window::into_rows`]).
 pub(crate) struct Window<'a, T> {
     /// The matrix's first element.
@@ -110,11 +110,10 @@ impl<'a, T> Window<'a, T> {
         rows.map(move |i| {
             // SAFETY: the `cols` of row `i` are elements of this window, so they lie in the slice
             // the window came from (`band`: rows below `len / n`, columns below `n - first` from
-            // `first`; splits and `sub` only narrow the
-            // ranges), which is borrowed mutably for `'a`; no other window
-            // shares them (splits consume the window and give disjoint ranges, and `sub` borrows
-            // its window for as long as the part lives), and this iterator, which took the window,
-            // gives each row once.
+            // `first`; splits and `sub` only narrow the ranges), which is borrowed mutably for
+            // `'a`; no other window shares them (splits consume the window and give disjoint
+            // ranges, and `sub` borrows its window for as long as the part lives), and this
+            // iterator, which took the window, gives each row once.
             unsafe {
                 std::slice::from_raw_parts_mut(data.as_ptr().add(i * n + cols.start), cols.len())
             }
