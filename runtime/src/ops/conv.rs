@@ -493,8 +493,8 @@ impl Conv {
         Matrix::row_major(cols, rows, columns)
     }
 
-    /// How many images' patch matrices [`Conv::forward_into`] gathers at once: one per thread it
-    /// splits the images over (at most the batch), none if pointwise.
+    /// The tiles of patches [`Conv::forward_into`] gathers at once: one per thread it splits the
+    /// images over (at most the batch), each [`Conv::cols_shape`]; none if pointwise.
     fn forward_cols_shape<T: Element>(&self) -> [usize; 3] {
         let [rows, columns] = self.cols_shape::<T>();
         [threads::threads().min(self.n).max(1), rows, columns]
@@ -503,7 +503,7 @@ impl Conv {
     /// `out = conv(x, weight)`, every image and group: each group's kernels times its patches,
     /// tile by tile of output rows (through `cols`, [`Conv::forward_cols_shape`]), each product
     /// into its band of the output's columns, on the packed product. The images are
-    /// split over the threads, each part with its own patch matrix from `cols`, so that gathering
+    /// split over the threads, each part with its own tile from `cols`, so that gathering
     /// the patches runs in parallel too; the product of a part runs on its thread (one image's
     /// product is split over the threads instead). Each image is computed as on one thread: the
     /// same bits on any number of threads. Every image and group is written, also an empty one
@@ -512,7 +512,7 @@ impl Conv {
         work::visit(self.n * self.groups);
         let (rows, positions) = (self.rows(), self.positions());
         let per_part = self.cols_shape::<T>().iter().product::<usize>();
-        // The parts `cols` has a patch matrix for (any number if none is needed).
+        // The parts `cols` has a tile for (any number if none is needed).
         let most = cols.len().checked_div(per_part).unwrap_or(self.n).max(1);
         let (x_len, out_len) = (self.cg * self.h * self.w, self.og * positions);
         let w_len = self.og * rows;
