@@ -19,79 +19,17 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use tensorscope::nn::{
-    Adam, Group, Linear, LoadOptions, Module, NnError, Optimizer, SafeTensorsFile, SaveOptions,
-    Schedule, WarmupCosine,
+    Adam, Group, LoadOptions, NnError, Optimizer, SafeTensorsFile, SaveOptions, Schedule,
+    WarmupCosine,
 };
 use tensorscope::prelude::*;
-use tensorscope::Gradients;
 
 const DATA: &str = "examples/data/digits.safetensors";
 
-/// A 3x3 convolution, padding 1, with a bias per output channel.
-#[derive(Parameters)]
-struct Conv {
-    weight: Param,
-    bias: Param,
-}
+#[path = "common/digits_classifier.rs"]
+mod digits_classifier;
 
-/// PyTorch's default initialisation of a layer with `fan_in` inputs: uniform in
-/// `±1/sqrt(fan_in)`, weights and bias alike.
-fn uniform(pool: &Pool, shape: &[usize], fan_in: usize, seed: u64) -> Param {
-    let bound = 1.0 / (fan_in as f64).sqrt();
-    pool.scope(|s| s.uniform::<f32>(shape, -bound, bound, seed).detach())
-}
-
-impl Conv {
-    fn new(pool: &Pool, inputs: usize, outputs: usize, seed: u64) -> Conv {
-        let fan_in = inputs * 9;
-        Conv {
-            weight: uniform(pool, &[outputs, inputs, 3, 3], fan_in, seed),
-            bias: uniform(pool, &[outputs], fan_in, seed + 1),
-        }
-    }
-
-    /// `relu(conv(x) + b)` pooled 2x2: `[b, c, h, w]` to `[b, outputs, h/2, w/2]`.
-    #[dispose_scope]
-    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
-        let channels = self.bias.len();
-        let y = x.conv2d(&self.weight, 1, 1) + &x.bind(&self.bias).reshape(&[1, channels, 1, 1]);
-        y.relu().max_pool2d(2, 2)
-    }
-}
-
-/// Two convolutions and two linear layers, as in `scripts/digits_torch.py`.
-#[derive(Parameters)]
-struct Classifier {
-    conv1: Conv,
-    conv2: Conv,
-    fc1: Linear,
-    fc2: Linear,
-}
-
-impl Classifier {
-    fn new(pool: &Pool, seed: u64) -> Classifier {
-        let linear = |inputs, outputs, seed| {
-            let weight = uniform(pool, &[inputs, outputs], inputs, seed);
-            let bias = uniform(pool, &[outputs], inputs, seed + 1);
-            Linear::from_params(weight, bias).expect("the shapes fit")
-        };
-        Classifier {
-            conv1: Conv::new(pool, 1, 16, seed),
-            conv2: Conv::new(pool, 16, 32, seed + 2),
-            fc1: linear(128, 64, seed + 4),
-            fc2: linear(64, 10, seed + 6),
-        }
-    }
-
-    /// The logits of `x` (`[b, 1, 8, 8]`): `[b, 10]`.
-    #[dispose_scope]
-    fn forward<'a>(&self, x: &Tensor<'a>) -> Tensor<'a> {
-        let h = self.conv2.forward(&self.conv1.forward(x));
-        let h = h.reshape(&[x.shape()[0], 128]);
-        let h = self.fc1.forward(&h).expect("[b, 128]").relu();
-        self.fc2.forward(&h).expect("[b, 64]")
-    }
-}
+use digits_classifier::{shuffled, train_epoch, Classifier};
 
 struct Args {
     epochs: usize,
@@ -146,20 +84,6 @@ fn args() -> Args {
 fn fail(message: &str) -> ! {
     eprintln!("digits: {message}");
     std::process::exit(2)
-}
-
-/// `0..n` shuffled by a Fisher-Yates pass of SplitMix64 seeded with `seed`.
-fn shuffled(n: usize, seed: u64, order: &mut Vec<i64>) {
-    order.clear();
-    order.extend(0..n as i64);
-    let mut state = seed;
-    for i in (1..n).rev() {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        order.swap(i, ((z ^ (z >> 31)) % (i as u64 + 1)) as usize);
-    }
 }
 
 /// The model, the optimizer and the epoch reached, from `dir` (as [`save`] wrote them).
@@ -247,41 +171,29 @@ fn main() {
     let (mut order, mut losses, mut times) = (Vec::new(), Vec::new(), Vec::new());
     for epoch in first..a.stop.unwrap_or(a.epochs).min(a.epochs) {
         shuffled(n, a.seed + epoch as u64, &mut order);
-        let mut epoch_loss = 0.0;
-        pool.scope(|outer| {
-            let mut grads = Gradients::new(outer);
-            for (i, ids) in order.chunks(a.batch).enumerate() {
-                let step = (epoch * steps_per_epoch + i) as u64;
-                adam.set_lr(schedule.lr(step) as f32);
-                let start = Instant::now();
-                let loss = outer.train(|s| {
-                    let ids = s.from_slice::<i64>(&[ids.len()], ids);
-                    let x = s.bind(&train_x).index_select(0, &ids);
-                    let y = s.bind(&train_y).index_select(0, &ids);
-                    let loss = model.forward(&x).cross_entropy_ids(&y);
-                    loss.backward_into(&mut grads).expect("backward");
-                    loss.item()
-                });
-                grads.clip_norm(1.0).expect("clip");
-                adam.step(&mut model, &grads).expect("step");
-                grads.zero().expect("zero");
-                if epoch > first {
-                    times.push(start.elapsed().as_secs_f64() * 1e3);
-                }
-                epoch_loss += loss as f64 * ids.len() as f64;
-                if bar {
-                    let done = (i + 1) * 30 / steps_per_epoch;
-                    eprint!(
-                        "\r{:>3}/{} [{:<30}] loss {loss:.4}",
-                        epoch + 1,
-                        a.epochs,
-                        "#".repeat(done)
-                    );
-                    let _ = std::io::stderr().flush();
-                }
+        let mut start = Instant::now();
+        let lr = |i: usize| schedule.lr((epoch * steps_per_epoch + i) as u64) as f32;
+        let mut after = |i: usize, loss: f32| {
+            if epoch > first {
+                times.push(start.elapsed().as_secs_f64() * 1e3);
             }
-        });
-        let loss = epoch_loss / n as f64;
+            if bar {
+                let done = (i + 1) * 30 / steps_per_epoch;
+                eprint!(
+                    "\r{:>3}/{} [{:<30}] loss {loss:.4}",
+                    epoch + 1,
+                    a.epochs,
+                    "#".repeat(done)
+                );
+                let _ = std::io::stderr().flush();
+            }
+            start = Instant::now();
+        };
+        let data = (&train_x, &train_y);
+        let loss = train_epoch(
+            &pool, &mut model, &mut adam, data, &order, a.batch, &lr, &mut after,
+        )
+        .unwrap_or_else(|e| fail(&e.to_string()));
         losses.push(loss);
         let held_out = accuracy(&pool, &model, &test_x, &test_y);
         if bar {

@@ -1,6 +1,10 @@
 //! Heap allocations per steady-state forward and training step, counted by a global allocator (a
 //! count, not a time).
 
+#[path = "../examples/common/ddpm_unet.rs"]
+mod ddpm_unet;
+#[path = "../examples/common/diffusion.rs"]
+mod diffusion;
 #[path = "../examples/common/gpt.rs"]
 mod gpt;
 #[path = "../examples/common/llama.rs"]
@@ -612,4 +616,55 @@ fn steady_state_convolution_training_steps_allocate_nothing() {
         n, 0,
         "heap allocations over {STEADY_STEPS} steady-state steps of convolutions"
     );
+}
+
+/// Sampling a diffusion model (`examples/ddpm.rs`'s UNet, with time embedding and attention):
+/// each denoising step's temporaries (the UNet's, the noise drawn) go back to the pool, so every
+/// step after the first allocates nothing from the heap and nothing from the system (no pool
+/// miss), and no later step holds more at once than the first.
+#[test]
+fn steady_state_diffusion_sampling_steps_allocate_nothing_and_miss_nothing() {
+    use diffusion::{Diffusion, Sampler};
+    const STEPS: usize = WARM_UP + STEADY_STEPS;
+    let pool = Pool::with_max_memory_mb(64);
+    let model = ddpm_unet::Unet::new(&pool, 1, 8, 0).expect("the UNet");
+    // DDIM visits every fourth timestep of its schedule, DDPM every one.
+    let cases = [
+        (Sampler::Ddpm, STEPS),
+        (Sampler::Ddim { steps: STEPS }, 4 * STEPS),
+    ];
+    for (sampler, timesteps) in cases {
+        let diffusion = Diffusion::linear(&pool, timesteps);
+        let mut stats = [pool.stats(); STEPS + 1];
+        let n = per_step(|steps, boundary| {
+            assert_eq!(sampler.steps(timesteps), steps);
+            let mut each = |i: usize| {
+                boundary(i);
+                stats[i] = pool.stats();
+            };
+            let shape = [2, 1, 8, 8];
+            diffusion
+                .sample(&pool, &model, sampler, shape, 7, &mut each)
+                .expect("sampling");
+        });
+        assert_eq!(
+            n, 0,
+            "{sampler}: heap allocations over {STEADY_STEPS} sampling steps"
+        );
+        let (first, last) = (stats[1], stats[STEPS]);
+        assert_eq!(
+            last.misses, first.misses,
+            "{sampler}: pool misses after the first step"
+        );
+        let held = |s: tensorscope::PoolStats| s.bytes_in_use + s.bytes_cached;
+        assert_eq!(
+            held(last),
+            held(first),
+            "{sampler}: the pool grew after the first step"
+        );
+        assert_eq!(
+            last.peak_bytes_in_use, first.peak_bytes_in_use,
+            "{sampler}: a later step needed more at once than the first"
+        );
+    }
 }
