@@ -125,7 +125,27 @@ impl<T: Element> Op<T> for Conv2d {
             // Tile by tile of output rows: `dW_g += g_g[.., tile] cols_g(tile)^T`.
             let mut cols = cx.rent::<T>(&conv.cols_shape::<T>())?;
             work::visit(conv.n * conv.groups);
-            for block in conv.blocks() {
+            let per_tile = conv.images_per_tile::<T>();
+            if per_tile > 1 {
+                // Several whole images per tile: their gradients gathered side by side too.
+                let out_len = conv.og * positions;
+                let (patches, gathered) = cols
+                    .unique_slice_mut()
+                    .split_at_mut(rows * per_tile * positions);
+                for (tile, g) in g.slice().chunks(per_tile * out_len).enumerate() {
+                    let images = tile * per_tile..tile * per_tile + g.len() / out_len;
+                    let patches = conv.gather(x.slice(), images, patches);
+                    let ld = patches.cols;
+                    for (j, g) in g.chunks_exact(out_len).enumerate() {
+                        for (o, row) in g.chunks_exact(positions).enumerate() {
+                            gathered[o * ld + j * positions..][..positions].copy_from_slice(row);
+                        }
+                    }
+                    let gi = Matrix::row_major(&gathered[..conv.og * ld], conv.og, ld);
+                    product_band(gi, patches.t(), dw.unique_slice_mut(), (rows, 0), true);
+                }
+            }
+            for block in conv.blocks().filter(|_| per_tile == 1) {
                 let g_block = &g.slice()[block.out];
                 for oys in conv.tiles::<T>() {
                     let columns = oys.len() * conv.wo;
@@ -462,11 +482,31 @@ impl Conv {
             .map(move |start| start..(start + rows).min(ho))
     }
 
-    /// The shape of the patch matrix of one tile: `[rows, tile_rows wo]`, none if pointwise.
+    /// Whole images per tile of patches: as many as reach [`TILE_COLUMNS`] positions (or fill
+    /// [`TILE_BYTES`], if more) when one image has fewer positions, so that the products are as
+    /// wide as a large image's; else one. At 4x4, one image's product is 16 columns wide, half
+    /// the register tile, and its calls' overheads are paid per 16 positions. Grouped and
+    /// pointwise convolutions take one image at a time.
+    fn images_per_tile<T: Element>(&self) -> usize {
+        let positions = self.positions();
+        if self.groups != 1 || self.pointwise() || positions == 0 || positions >= TILE_COLUMNS {
+            return 1;
+        }
+        let image = self.rows() * positions * std::mem::size_of::<T>();
+        (TILE_BYTES / image.max(1))
+            .max(TILE_COLUMNS.div_ceil(positions))
+            .clamp(1, self.n.max(1))
+    }
+
+    /// The shape of one tile's buffer: the patch matrix `[rows, tile_rows wo]`, or with several
+    /// images per tile ([`Conv::images_per_tile`]) their patches side by side and, below them,
+    /// `og` rows for the product's output or the gathered gradient (`[rows + og, images
+    /// positions]`); none if pointwise.
     fn cols_shape<T: Element>(&self) -> [usize; 2] {
-        match self.pointwise() {
-            true => [0, 0],
-            false => [self.rows(), self.tile_rows::<T>() * self.wo],
+        match (self.pointwise(), self.images_per_tile::<T>()) {
+            (true, _) => [0, 0],
+            (false, 1) => [self.rows(), self.tile_rows::<T>() * self.wo],
+            (false, k) => [self.rows() + self.og, k * self.positions()],
         }
     }
 
@@ -489,7 +529,7 @@ impl Conv {
             };
         }
         let cols = &mut cols[..rows * columns];
-        self.im2col(image, oys, cols);
+        self.im2col(image, oys, cols, columns);
         Matrix::row_major(cols, rows, columns)
     }
 
@@ -534,6 +574,10 @@ impl Conv {
                     })
             },
             |(first, out, cols)| {
+                if self.images_per_tile::<T>() > 1 {
+                    let kernel = Matrix::row_major(weight, self.og, rows);
+                    return self.forward_images(x, kernel, first, out, cols);
+                }
                 for (i, out) in out.chunks_exact_mut(out_len).enumerate() {
                     let (image, g) = (first + i / self.groups, i % self.groups);
                     let at = (image * self.groups + g) * x_len;
@@ -547,6 +591,56 @@ impl Conv {
                 }
             },
         );
+    }
+
+    /// [`Conv::forward_into`] for images `first..` (those `out` holds) with several images per
+    /// tile: their patches side by side in `cols`, one product into the rows below them, each
+    /// image's columns of it copied to its place in `out`. One group.
+    fn forward_images<T: Element>(
+        &self,
+        x: &[T],
+        kernel: Matrix<'_, T>,
+        first: usize,
+        out: &mut [T],
+        cols: &mut [T],
+    ) {
+        let (positions, per_tile) = (self.positions(), self.images_per_tile::<T>());
+        let out_len = self.og * positions;
+        let (patches, product) = cols.split_at_mut(self.rows() * per_tile * positions);
+        for (tile, out) in out.chunks_mut(per_tile * out_len).enumerate() {
+            let images = first + tile * per_tile..first + tile * per_tile + out.len() / out_len;
+            let patches = self.gather(x, images, patches);
+            let ld = patches.cols;
+            product_band(
+                kernel,
+                patches,
+                &mut product[..self.og * ld],
+                (ld, 0),
+                false,
+            );
+            for (j, out) in out.chunks_exact_mut(out_len).enumerate() {
+                for (o, row) in out.chunks_exact_mut(positions).enumerate() {
+                    row.copy_from_slice(&product[o * ld + j * positions..][..positions]);
+                }
+            }
+        }
+    }
+
+    /// The patches of whole `images` of `x` side by side in `cols` (image `j`'s in columns `j
+    /// positions..`): `[rows, images.len() positions]`. One group.
+    fn gather<'a, T: Element>(
+        &self,
+        x: &[T],
+        images: Range<usize>,
+        cols: &'a mut [T],
+    ) -> Matrix<'a, T> {
+        let (positions, x_len) = (self.positions(), self.cg * self.h * self.w);
+        let ld = images.len() * positions;
+        for (j, image) in images.enumerate() {
+            let image = &x[image * x_len..(image + 1) * x_len];
+            self.im2col(image, 0..self.ho, &mut cols[j * positions..], ld);
+        }
+        Matrix::row_major(&cols[..self.rows() * ld], self.rows(), ld)
     }
 
     /// For a convolution of stride 1 whose padding is at most its dilated kernel's reach, the
@@ -586,14 +680,14 @@ impl Conv {
         }
     }
 
-    /// Calls `f(patch offset, image offset, count)` for every run of patch entries of one group
+    /// Calls `f(patch row, column, image offset, count)` for every run of patch entries of one group
     /// at output rows `oys` (the patch matrix of those rows, `[rows, oys.len() wo]`) that lie
     /// inside the image (the others are the zero border): `count` entries of one patch row
     /// and output row, consecutive in the patch matrix and `stride` apart in the image. The
     /// columns inside the image are a range, found once per kernel tap rather than checked per
     /// entry: `ox` is inside when `0 <= ox stride + kx dilation - padding < w`.
-    fn for_each_run(&self, oys: Range<usize>, mut f: impl FnMut(usize, usize, usize)) {
-        let (sx, columns) = (self.stride[1], oys.len() * self.wo);
+    fn for_each_run(&self, oys: Range<usize>, mut f: impl FnMut(usize, usize, usize, usize)) {
+        let sx = self.stride[1];
         // The first output position `o` with `o step + tap >= padding`, and the first with
         // `o step + tap >= padding + len`: the inside columns are the range between them.
         let first_at =
@@ -617,7 +711,7 @@ impl Conv {
                         };
                         let ix = lo * sx + tap - self.padding[1];
                         let at = (c * self.h + iy) * self.w + ix;
-                        f(row * columns + (oy - oys.start) * self.wo + lo, at, hi - lo);
+                        f(row, (oy - oys.start) * self.wo + lo, at, hi - lo);
                     }
                 }
             }
@@ -626,19 +720,41 @@ impl Conv {
 
     /// The patch matrix of one group of one image at output rows `oys` (im2col), written whole:
     /// the border entries are zeros.
-    fn im2col<T: Element>(&self, image: &[T], oys: Range<usize>, patches: &mut [T]) {
+    /// Patch row `r` is written to `patches[r ld..r ld + oys.len() wo]` (`ld` at least that).
+    fn im2col<T: Element>(&self, image: &[T], oys: Range<usize>, patches: &mut [T], ld: usize) {
         match self.stride == [1, 1] && self.wo == self.w {
-            true => self.im2col_shifted(image, oys, patches),
-            false => self.im2col_runs(image, oys, patches),
+            true => self.im2col_shifted(image, oys, patches, ld),
+            false => self.im2col_runs(image, oys, patches, ld),
         }
     }
 
+    /// The first `rows` rows of `ld` of `patches`, each cut to its first `columns`.
+    fn patch_rows<'a, T>(
+        &self,
+        patches: &'a mut [T],
+        ld: usize,
+        columns: usize,
+    ) -> impl Iterator<Item = &'a mut [T]> {
+        patches
+            .chunks_mut(ld.max(1))
+            .take(self.rows())
+            .map(move |row| &mut row[..columns])
+    }
+
     /// [`Conv::im2col`] by runs of one tap and output row.
-    fn im2col_runs<T: Element>(&self, image: &[T], oys: Range<usize>, patches: &mut [T]) {
-        patches.fill(T::zero());
+    fn im2col_runs<T: Element>(
+        &self,
+        image: &[T],
+        oys: Range<usize>,
+        patches: &mut [T],
+        ld: usize,
+    ) {
+        let columns = oys.len() * self.wo;
+        self.patch_rows(patches, ld, columns)
+            .for_each(|row| row.fill(T::zero()));
         let sx = self.stride[1];
-        self.for_each_run(oys, |col, at, count| {
-            let out = &mut patches[col..col + count];
+        self.for_each_run(oys, |row, col, at, count| {
+            let out = &mut patches[row * ld + col..row * ld + col + count];
             if sx == 1 {
                 out.copy_from_slice(&image[at..at + count]);
             } else {
@@ -656,54 +772,59 @@ impl Conv {
     /// per tap where [`Conv::im2col_runs`] copies one per tap and output row, and writes each
     /// entry once: at 16x16 those runs were 14-16 values, and their calls and the zeroing first
     /// outweighed the copying (a fifth of a small UNet's training step).
-    fn im2col_shifted<T: Element>(&self, image: &[T], oys: Range<usize>, patches: &mut [T]) {
+    fn im2col_shifted<T: Element>(
+        &self,
+        image: &[T],
+        oys: Range<usize>,
+        patches: &mut [T],
+        ld: usize,
+    ) {
         let (w, columns) = (self.w, oys.len() * self.wo);
         let signed = |v: usize| v as isize;
         if columns == 0 {
             return;
         }
-        for (row, patch_row) in patches[..self.rows() * columns]
-            .chunks_exact_mut(columns)
-            .enumerate()
-        {
-            let (c, ky, kx) = (
-                row / (self.kh * self.kw),
-                row / self.kw % self.kh,
-                row % self.kw,
-            );
-            let dy = signed(ky * self.dilation[0]) - signed(self.padding[0]);
-            let dx = signed(kx * self.dilation[1]) - signed(self.padding[1]);
-            // The output rows whose input row `oy + dy` is inside the image.
-            let first = oys.start.max((-dy).max(0) as usize).min(oys.end);
-            let end = oys
-                .end
-                .min((signed(self.h) - dy).max(0) as usize)
-                .max(first);
-            let (above, rest) = patch_row.split_at_mut((first - oys.start) * w);
-            let (out, below) = rest.split_at_mut((end - first) * w);
-            above.fill(T::zero());
-            below.fill(T::zero());
-            // Output (oy, ox) reads image (oy + dy, ox + dx): one span, clipped to the image
-            // (what it clips lands in wrapped columns only).
-            let start = (signed(c * self.h + first) + dy) * signed(w) + dx;
-            let len = signed(out.len());
-            let from = (-start).clamp(0, len);
-            let to = (signed(image.len()) - start).clamp(from, len);
-            let (head, rest) = out.split_at_mut(from as usize);
-            let (copied, tail) = rest.split_at_mut((to - from) as usize);
-            head.fill(T::zero());
-            if from < to {
-                copied.copy_from_slice(&image[(start + from) as usize..(start + to) as usize]);
-            }
-            tail.fill(T::zero());
-            // The columns whose `ox + dx` is outside the row read a neighbour's pixels.
-            let wrapped = match dx {
-                0 => continue,
-                d if d < 0 => 0..(-d as usize).min(w),
-                d => w.saturating_sub(d as usize)..w,
-            };
-            for line in out.chunks_exact_mut(w) {
-                line[wrapped.clone()].fill(T::zero());
+        let mut patch_rows = self.patch_rows(patches, ld, columns);
+        for c in 0..self.cg {
+            for ky in 0..self.kh {
+                let dy = signed(ky * self.dilation[0]) - signed(self.padding[0]);
+                // The output rows whose input row `oy + dy` is inside the image.
+                let first = oys.start.max((-dy).max(0) as usize).min(oys.end);
+                let end = oys
+                    .end
+                    .min((signed(self.h) - dy).max(0) as usize)
+                    .max(first);
+                for kx in 0..self.kw {
+                    let dx = signed(kx * self.dilation[1]) - signed(self.padding[1]);
+                    let patch_row = patch_rows.next().expect("a patch row per tap");
+                    let (above, rest) = patch_row.split_at_mut((first - oys.start) * w);
+                    let (out, below) = rest.split_at_mut((end - first) * w);
+                    above.fill(T::zero());
+                    below.fill(T::zero());
+                    // Output (oy, ox) reads image (oy + dy, ox + dx): one span, clipped to the
+                    // image (what it clips lands in wrapped columns only).
+                    let start = (signed(c * self.h + first) + dy) * signed(w) + dx;
+                    let len = signed(out.len());
+                    let from = (-start).clamp(0, len);
+                    let to = (signed(image.len()) - start).clamp(from, len);
+                    let (head, rest) = out.split_at_mut(from as usize);
+                    let (copied, tail) = rest.split_at_mut((to - from) as usize);
+                    head.fill(T::zero());
+                    if from < to {
+                        let span = (start + from) as usize..(start + to) as usize;
+                        copied.copy_from_slice(&image[span]);
+                    }
+                    tail.fill(T::zero());
+                    // The columns whose `ox + dx` is outside the row read a neighbour's pixels.
+                    let wrapped = match dx {
+                        0 => continue,
+                        d if d < 0 => 0..(-d as usize).min(w),
+                        d => w.saturating_sub(d as usize)..w,
+                    };
+                    for line in out.chunks_exact_mut(w) {
+                        line[wrapped.clone()].fill(T::zero());
+                    }
+                }
             }
         }
     }
@@ -711,9 +832,10 @@ impl Conv {
     /// The transpose of im2col: each patch entry added into the image pixel it came from.
     fn col2im<T: Element>(&self, patches: &[T], image: &mut [T]) {
         let sx = self.stride[1];
-        self.for_each_run(0..self.ho, |col, at, count| {
+        let positions = self.positions();
+        self.for_each_run(0..self.ho, |row, col, at, count| {
             let pixels = image[at..].iter_mut().step_by(sx);
-            for (pixel, &p) in pixels.zip(&patches[col..col + count]) {
+            for (pixel, &p) in pixels.zip(&patches[row * positions + col..][..count]) {
                 *pixel = *pixel + p;
             }
         });
@@ -906,8 +1028,9 @@ mod tests {
                 for oys in [0..size[0], 1.min(size[0])..size[0], 0..size[0].div_ceil(2)] {
                     let len = conv.rows() * oys.len() * conv.wo;
                     let (mut shifted, mut runs) = (vec![f32::NAN; len], vec![f32::NAN; len]);
-                    conv.im2col_shifted(&image, oys.clone(), &mut shifted);
-                    conv.im2col_runs(&image, oys.clone(), &mut runs);
+                    let ld = oys.len() * conv.wo;
+                    conv.im2col_shifted(&image, oys.clone(), &mut shifted, ld);
+                    conv.im2col_runs(&image, oys.clone(), &mut runs, ld);
                     assert_eq!(
                         shifted, runs,
                         "{size:?} kernel {kernel:?} dilation {dilation} rows {oys:?}"

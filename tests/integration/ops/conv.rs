@@ -76,6 +76,55 @@ fn gradients_match_finite_differences_in_every_configuration() {
     }
 }
 
+/// Small images are gathered several to a tile of patches (20 images of 4x4 over 64 channels
+/// make tiles of 16 and a last one of 4): a batch's outputs and input gradients are each
+/// image's alone, bit for bit, and its weight gradient their sum up to the sum's rounding.
+#[test]
+fn a_batch_of_small_images_is_each_image_alone() {
+    let pool = test_pool(64);
+    let draw = |shape: &[usize], seed| pool.scope(|s| s.randn::<f32>(shape, seed).detach());
+    let (x, w) = (draw(&[20, 64, 4, 4], 1), draw(&[8, 64, 3, 3], 2));
+    let image = 64 * 4 * 4;
+    for stride in [1, 2] {
+        let options = ConvOptions {
+            stride,
+            ..opts(1, 1, 1)
+        };
+        let side = 3 / stride + 1;
+        // Weights of the outputs, so that each output's gradient differs.
+        let r = draw(&[20, 8, side, side], 3);
+        // The outputs, dx and dW of images `first..first + n`.
+        let run = |first: usize, n: usize| {
+            pool.train(|s| {
+                let xs = s.bind(&x).narrow(0, first, n);
+                let y = xs.conv2d_with(&s.bind(&w), options);
+                let r = s.bind(&r).without_grad().narrow(0, first, n);
+                let grads = (&y * &r).sum_all().backward().expect("backward");
+                let dx = grads.get(&x).expect("dx").to_vec();
+                let dx = dx[first * image..(first + n) * image].to_vec();
+                (y.to_vec(), dx, grads.get(&w).expect("dW").to_vec())
+            })
+        };
+        let (y, dx, dw) = run(0, 20);
+        let (mut y_alone, mut dx_alone) = (Vec::new(), Vec::new());
+        let mut dw_sum = vec![0.0; dw.len()];
+        for i in 0..20 {
+            let (y, dx, dw) = run(i, 1);
+            y_alone.extend(y);
+            dx_alone.extend(dx);
+            dw_sum.iter_mut().zip(dw).for_each(|(s, d)| *s += d);
+        }
+        assert_eq!(y, y_alone, "stride {stride}: the outputs");
+        assert_eq!(dx, dx_alone, "stride {stride}: the input gradients");
+        for (k, (a, b)) in dw.iter().zip(&dw_sum).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "stride {stride}: dW[{k}] {a} against {b} summed image by image"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_plain_form_is_the_options_form_with_stride_and_padding() {
     test_pool(16).scope(|s| {
