@@ -769,9 +769,9 @@ impl Conv {
     /// keeping the width): a patch row of output rows `oys` is then one span of its channel
     /// shifted by its tap, copied at once, with the entries outside the image zeroed (the rows
     /// above and below it, and the columns that wrapped around a row's end). It copies one run
-    /// per tap where [`Conv::im2col_runs`] copies one per tap and output row, and writes each
-    /// entry once: at 16x16 those runs were 14-16 values, and their calls and the zeroing first
-    /// outweighed the copying (a fifth of a small UNet's training step).
+    /// per tap where [`Conv::im2col_runs`] copies one per tap and output row (14-16 values at
+    /// 16x16), and writes each entry once where that path zeroes the tile first (`memset` was 7%
+    /// of a small UNet's training step).
     fn im2col_shifted<T: Element>(
         &self,
         image: &[T],
