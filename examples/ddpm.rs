@@ -353,19 +353,19 @@ fn main() {
             draw(&mut rng, &mut ids, &mut ts);
             adam.set_lr(schedule.lr(step as u64) as f32);
             let start = Instant::now();
-            let loss = outer.train(|s| {
-                let x0 = s
-                    .bind(&train)
-                    .without_grad()
-                    .index_select(0, &s.from_slice(&[a.batch], &ids));
-                let t = s.from_slice(&[a.batch], &ts);
-                let noise = s.randn::<f32>(x0.shape(), a.seed ^ ((step as u64) << 20));
+            let loss = outer.train(|s| -> tensorscope::Result<f32> {
+                let ids = s.try_from_slice(&[a.batch], &ids)?;
+                let x0 = s.bind(&train).without_grad().try_index_select(0, &ids)?;
+                let t = s.try_from_slice(&[a.batch], &ts)?;
+                let noise = s.try_randn::<f32>(x0.shape(), a.seed ^ ((step as u64) << 20))?;
                 let noisy = diffusion.add_noise(&x0, &noise, &t);
-                let predicted = model.forward(&noisy, &t.cast::<f32>());
-                let loss = predicted.expect("the UNet's shapes fit").mse(&noise);
-                loss.backward_into(&mut grads).expect("backward");
-                loss.item()
+                let loss = model
+                    .forward(&noisy, &t.try_cast::<f32>()?)?
+                    .try_mse(&noise)?;
+                loss.backward_into(&mut grads)?;
+                loss.try_item()
             });
+            let loss = loss.unwrap_or_else(|e| fail(&format!("step {}: {e}", step + 1)));
             grads.clip_norm(1.0).expect("clip");
             adam.step(&mut model, &grads).expect("step");
             grads.zero().expect("zero");
