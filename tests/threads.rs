@@ -41,7 +41,8 @@ const SHORT: Duration = Duration::from_millis(300);
 
 /// The bits of ops that split over the threads: a product on the packed path and one on the
 /// path of a decode step, elementwise and lane ops, the fused attention, a convolution (its
-/// images split over the threads; its input's gradient is another convolution's forward), and a
+/// images split over the threads; its input's gradient is another convolution's forward, or with
+/// stride 2 scattered back image by image; its weight's gradient split by channels), and a
 /// training step's gradients through all of them.
 fn results(pool: &Pool, w: &Param, head: &Param) -> Vec<Vec<u32>> {
     let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
@@ -58,9 +59,12 @@ fn results(pool: &Pool, w: &Param, head: &Param) -> Vec<Vec<u32>> {
         };
         let attended = q.scaled_dot_product_attention(&k, &v, causal);
         let images = s.randn::<f32>(&[4, 16, 32, 32], 3).requires_grad();
-        let convolved = images.conv2d(&s.bind(w).reshape(&[16, 16, 16, 16]), 1, 1);
+        let kernels = s.bind(w).reshape(&[16, 16, 16, 16]);
+        let convolved = images.conv2d(&kernels, 1, 1);
+        let strided = images.conv2d(&kernels, 2, 1);
         let loss = &(&logits.sum_all() + &probs.mean_all()) + &(&h).tanh().sum_all();
         let loss = &loss + &(&convolved * &convolved).mean_all();
+        let loss = &loss + &(&strided * &strided).mean_all();
         let grads = loss.backward().unwrap();
         vec![
             bits(h.to_vec()),
@@ -68,6 +72,7 @@ fn results(pool: &Pool, w: &Param, head: &Param) -> Vec<Vec<u32>> {
             bits(probs.to_vec()),
             bits(attended.to_vec()),
             bits(convolved.to_vec()),
+            bits(strided.to_vec()),
             bits(grads.of(&images).unwrap().to_vec()),
             bits(grads.get(w).unwrap().to_vec()),
             bits(grads.get(head).unwrap().to_vec()),

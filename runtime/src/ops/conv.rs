@@ -148,15 +148,11 @@ impl<T: Element> Op<T> for Conv2d {
         }
         if let (Some(dx), None) = (&mut dx, &transposed) {
             // A strided convolution: `W_g^T g_g` into a whole patch matrix, scattered back.
-            let mut cols = cx.rent::<T>(&[rows, positions])?;
+            let parts = threads::threads().min(conv.n).max(1);
+            let mut cols = cx.rent::<T>(&[parts, rows, positions])?;
             work::visit(conv.n * conv.groups);
-            for block in conv.blocks() {
-                let gi = Matrix::row_major(&g.slice()[block.out], conv.og, positions);
-                let kernel = Matrix::row_major(&weight.slice()[block.w], conv.og, rows);
-                let dcols = cols.unique_slice_mut();
-                product_band(kernel.t(), gi, dcols, (positions, 0), false);
-                conv.col2im(cols.slice(), &mut dx.unique_slice_mut()[block.x]);
-            }
+            let (g, weight) = (g.slice(), weight.slice());
+            conv.strided_input_grad_into(g, weight, dx.unique_slice_mut(), cols.unique_slice_mut());
         }
         Ok(Grads::from([dx, dw]))
     }
@@ -624,6 +620,58 @@ impl Conv {
             self.im2col(image, 0..self.ho, &mut cols[j * positions..], ld);
         }
         Matrix::row_major(&cols[..self.rows() * ld], self.rows(), ld)
+    }
+
+    /// `dx = col2im(W_g^T g_g)` for every image and group (a strided convolution's input
+    /// gradient), the images split over the threads, each part with its own whole patch matrix
+    /// from `cols` (`[rows, positions]` each, for at most one part per thread). Each image is
+    /// computed as on one thread. With the images on one thread, a 64-channel 64x64 stride-2
+    /// `fwd+dx` took 1.56x PyTorch's time at 2 threads and 1.00x at 1.
+    fn strided_input_grad_into<T: Element>(
+        &self,
+        g: &[T],
+        weight: &[T],
+        dx: &mut [T],
+        cols: &mut [T],
+    ) {
+        let (rows, positions) = (self.rows(), self.positions());
+        let (x_len, out_len, w_len) = (
+            self.cg * self.h * self.w,
+            self.og * positions,
+            self.og * rows,
+        );
+        let per_part = rows * positions;
+        if x_len == 0 || per_part == 0 {
+            return;
+        }
+        let most = (cols.len() / per_part).max(1);
+        let min_images = gemm::PER_PART.div_ceil(self.groups * self.og * per_part);
+        super::for_each_part(
+            self.n,
+            min_images,
+            |parts| {
+                let run = self.n.div_ceil(parts.min(most));
+                let mut cols = cols;
+                dx.chunks_mut(run * self.groups * x_len)
+                    .enumerate()
+                    .map(move |(i, dx)| {
+                        let (mine, rest) = std::mem::take(&mut cols).split_at_mut(per_part);
+                        cols = rest;
+                        (i * run * self.groups, dx, mine)
+                    })
+            },
+            |(first, dx, cols)| {
+                for (i, dx) in dx.chunks_exact_mut(x_len).enumerate() {
+                    let (block, group) = (first + i, (first + i) % self.groups);
+                    let gi =
+                        Matrix::row_major(&g[block * out_len..][..out_len], self.og, positions);
+                    let kernel =
+                        Matrix::row_major(&weight[group * w_len..][..w_len], self.og, rows);
+                    product_band(kernel.t(), gi, cols, (positions, 0), false);
+                    self.col2im(cols, dx);
+                }
+            },
+        );
     }
 
     /// The output gradient of one image (`g`, `[og, positions]`) at output rows `oys`.
