@@ -615,7 +615,8 @@ impl Conv {
     ) -> Matrix<'a, T> {
         let (positions, x_len) = (self.positions(), self.cg * self.h * self.w);
         let ld = images.len() * positions;
-        for (j, image) in images.enumerate() {
+        // No input channels: no patch rows to gather.
+        for (j, image) in images.enumerate().filter(|_| self.rows() > 0) {
             let image = &x[image * x_len..(image + 1) * x_len];
             self.im2col(image, 0..self.ho, &mut cols[j * positions..], ld);
         }

@@ -125,6 +125,22 @@ fn a_batch_of_small_images_is_each_image_alone() {
     }
 }
 
+/// Small images with no input channels (no patch rows): several share a tile, and their output
+/// is the product with nothing, zeros (a random sequence of ops found this).
+#[test]
+fn small_images_without_input_channels_give_zeros() {
+    let pool = test_pool(16);
+    for stride in [1, 2] {
+        let y = pool.scope(|s| {
+            let x = s.ones::<f32>(&[3, 0, 3, 3]);
+            let w = s.ones::<f32>(&[2, 0, 3, 3]);
+            x.conv2d(&w, stride, 1).to_vec()
+        });
+        let side = 2 / stride + 1;
+        assert_eq!(y, vec![0.0; 3 * 2 * side * side], "stride {stride}");
+    }
+}
+
 #[test]
 fn the_plain_form_is_the_options_form_with_stride_and_padding() {
     test_pool(16).scope(|s| {
