@@ -538,21 +538,11 @@ impl Conv {
         let work = self.groups * self.og * rows * positions;
         let min_images = gemm::PER_PART.div_ceil(work.max(1));
         let image_out = self.groups * out_len;
-        super::for_each_part(
-            self.n,
+        self.for_each_image_part(
+            (out, image_out),
+            (cols, per_part, most),
             min_images,
-            |parts| {
-                let run = self.n.div_ceil(parts.min(most));
-                let mut cols = cols;
-                out.chunks_mut(run * image_out)
-                    .enumerate()
-                    .map(move |(i, out)| {
-                        let (mine, rest) = std::mem::take(&mut cols).split_at_mut(per_part);
-                        cols = rest;
-                        (i * run, out, mine)
-                    })
-            },
-            |(first, out, cols)| {
+            |first, out, cols| {
                 if self.images_per_tile::<T>() > 1 {
                     let kernel = Matrix::row_major(weight, self.og, rows);
                     return self.forward_images(x, kernel, first, out, cols);
@@ -569,6 +559,34 @@ impl Conv {
                     }
                 }
             },
+        );
+    }
+
+    /// `f(first image, its images' part of `data`, its `per_part` of `cols`)` for parts of the
+    /// images split over the threads (at least `min_images` each, at most `most` parts, the
+    /// parts `cols` has room for); `data` holds `image_len` values per image.
+    fn for_each_image_part<T: Element>(
+        &self,
+        (data, image_len): (&mut [T], usize),
+        (cols, per_part, most): (&mut [T], usize, usize),
+        min_images: usize,
+        f: impl Fn(usize, &mut [T], &mut [T]) + Sync,
+    ) {
+        super::for_each_part(
+            self.n,
+            min_images,
+            |parts| {
+                let run = self.n.div_ceil(parts.min(most));
+                let mut cols = cols;
+                data.chunks_mut(run * image_len)
+                    .enumerate()
+                    .map(move |(i, data)| {
+                        let (mine, rest) = std::mem::take(&mut cols).split_at_mut(per_part);
+                        cols = rest;
+                        (i * run, data, mine)
+                    })
+            },
+            |(first, data, cols)| f(first, data, cols),
         );
     }
 
@@ -647,23 +665,14 @@ impl Conv {
         }
         let most = (cols.len() / per_part).max(1);
         let min_images = gemm::PER_PART.div_ceil(self.groups * self.og * per_part);
-        super::for_each_part(
-            self.n,
+        self.for_each_image_part(
+            (dx, self.groups * x_len),
+            (cols, per_part, most),
             min_images,
-            |parts| {
-                let run = self.n.div_ceil(parts.min(most));
-                let mut cols = cols;
-                dx.chunks_mut(run * self.groups * x_len)
-                    .enumerate()
-                    .map(move |(i, dx)| {
-                        let (mine, rest) = std::mem::take(&mut cols).split_at_mut(per_part);
-                        cols = rest;
-                        (i * run * self.groups, dx, mine)
-                    })
-            },
-            |(first, dx, cols)| {
+            |first, dx, cols| {
                 for (i, dx) in dx.chunks_exact_mut(x_len).enumerate() {
-                    let (block, group) = (first + i, (first + i) % self.groups);
+                    let block = first * self.groups + i;
+                    let group = block % self.groups;
                     let gi =
                         Matrix::row_major(&g[block * out_len..][..out_len], self.og, positions);
                     let kernel =
