@@ -432,7 +432,7 @@ fn main() {
     );
     write_png(&a.png, &images, a.samples, SIDE).unwrap_or_else(|e| fail(&e));
     println!("wrote {}", a.png.display());
-    let (confident, counts) = recognised(&pool, &file, &images, a.samples);
+    let (confident, counts) = recognised(&pool, &file, &digits, &images, a.samples);
     println!(
         "the digits classifier is at least 90% sure of {confident} of {} samples; as digits 0..9: \
          {counts:?}",
@@ -440,23 +440,20 @@ fn main() {
     );
 }
 
-/// How many of `images` (`[n, 1, SIDE, SIDE]` in [-1, 1]) the digits example's classifier, trained
-/// here for 20 epochs on the real digits, gives one class at least 90%, and how many it puts in
-/// each class.
+/// How many of `images` (`[n, 1, SIDE, SIDE]` in [-1, 1]) the digits example's classifier,
+/// trained here for 20 epochs on the real `digits` (`[n, 1, 8, 8]`), gives one class at least
+/// 90%, and how many it puts in each class.
 fn recognised(
     pool: &Pool,
     file: &SafeTensorsFile,
+    digits: &Param,
     images: &[f32],
     n: usize,
 ) -> (usize, [usize; 10]) {
-    let read = |name: &str| {
-        file.param::<f32>(pool, name)
-            .unwrap_or_else(|e| fail(&e.to_string()))
-    };
     let labels = file
         .param::<i64>(pool, "train.labels")
         .unwrap_or_else(|e| fail(&e.to_string()));
-    let classifier = digits_classifier::train(pool, &read("train.images"), &labels, 20, 0)
+    let classifier = digits_classifier::train(pool, digits, &labels, 20, 0)
         .unwrap_or_else(|e| fail(&e.to_string()));
     digits_classifier::confident(pool, &classifier, images, n, SIDE, 0.9)
 }
