@@ -699,13 +699,20 @@ impl Conv {
     /// patches split between the threads by channels, and per thread, with several images per
     /// tile, their gathered output gradients.
     fn weight_grad_len<T: Element>(&self) -> usize {
-        let [_, columns] = self.cols_shape::<T>();
+        let (columns, gathered) = self.weight_grad_tile::<T>();
         let parts = threads::threads().min(self.cg).max(1);
-        let gathered = match self.images_per_tile::<T>() {
-            1 => 0,
-            _ => self.og * columns,
-        };
         self.rows() * self.og + self.rows() * columns + parts * gathered
+    }
+
+    /// The columns of [`Conv::weight_grad_into`]'s tiles of patches (none if pointwise: its
+    /// patches are the image's channels), and the length of a part's gathered output gradients
+    /// (none with one image per tile).
+    fn weight_grad_tile<T: Element>(&self) -> (usize, usize) {
+        let [_, columns] = self.cols_shape::<T>();
+        match self.images_per_tile::<T>() {
+            1 => (columns, 0),
+            _ => (columns, self.og * columns),
+        }
     }
 
     /// `dW = sum over images and tiles of g cols^T` (one group), split over the threads by input
@@ -718,9 +725,7 @@ impl Conv {
     fn weight_grad_into<T: Element>(&self, x: &[T], g: &[T], dw: &mut [T], cols: &mut [T]) {
         let (rows, og, taps, hw) = (self.rows(), self.og, self.kh * self.kw, self.h * self.w);
         let (positions, per_tile) = (self.positions(), self.images_per_tile::<T>());
-        // No columns if pointwise: its patches are the image's channels.
-        let [_, columns] = self.cols_shape::<T>();
-        let gathered_len = if per_tile > 1 { og * columns } else { 0 };
+        let (columns, gathered_len) = self.weight_grad_tile::<T>();
         let (dw_t, mut rest) = cols.split_at_mut(rows * og);
         dw_t.fill(T::zero());
         let (x_len, out_len) = (self.cg * hw, og * positions);
